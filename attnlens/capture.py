@@ -1,0 +1,239 @@
+"""Capture: the one place that reads and changes a model's attention.
+
+Transformers >= 5 routes every attention layer through ``AttentionInterface``. attnlens
+registers one implementation there, ``"attnlens"``, that computes attention exactly as
+the model's eager code does, but in the open:
+
+    scores = q·kᵀ·scaling (soft-capped where the architecture does)   <- recorded, may be replaced
+    weights = softmax(scores where valid, else the dtype's minimum)    <- optionally recorded
+    output  = weights·v
+
+and the matching ``AttentionMaskInterface`` entry, which hands it the boolean **valid**
+mask (padding, causal structure, sliding windows). Without that entry a custom
+implementation receives no mask at all and causal masking silently vanishes.
+
+When no :class:`Capture` is active the implementation is a plain eager attention, so a
+model loaded by :func:`attnlens.load_model` behaves exactly like the original.
+
+>>> import torch
+>>> from attnlens import Capture, load_model
+>>> model = load_model("minilm-l6")
+>>> ids = torch.tensor([[101, 7592, 2088, 102]])
+>>> with Capture(layers=[0]) as cap:
+...     _ = model.forward(ids)
+>>> tuple(cap.scores[0].shape)       # (batch, head, query, key)
+(1, 12, 4, 4)
+>>> bool(cap.valid[0].all())         # an encoder sees every key
+True
+"""
+
+from __future__ import annotations
+
+import contextvars
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch import nn
+
+ATTENTION_IMPLEMENTATION = "attnlens"
+
+Intervention = Callable[[int, torch.Tensor, torch.Tensor], "torch.Tensor | None"]
+"""``intervene(layer, scores, valid) -> new scores or None``.
+
+``scores`` has shape (batch, head, query, key); ``valid`` (batch, query, key) is boolean.
+Return a tensor of the same shape to replace the scores before softmax (use a large
+negative number or ``-inf`` to remove a position), or ``None`` to leave them unchanged.
+Invalid positions stay masked whatever the intervention returns.
+"""
+
+Sink = Callable[[int, torch.Tensor, torch.Tensor, "torch.Tensor | None"], None]
+"""``sink(layer, scores, valid, weights)``: receives each recorded layer as it is computed."""
+
+_ACTIVE: contextvars.ContextVar[Capture | None] = contextvars.ContextVar("attnlens_capture", default=None)
+
+
+class Capture:
+    """Record pre-softmax scores (and optionally weights) and intervene in attention.
+
+    Use it as a context manager around forward passes of a model loaded with
+    :func:`attnlens.load_model`. Recorded tensors are detached.
+
+    Parameters
+    ----------
+    layers:
+        Layers to record and intervene in; ``None`` means all.
+    weights:
+        Also record the post-softmax weights (after any intervention).
+    intervene:
+        Optional :data:`Intervention` applied to the scores of each chosen layer.
+    sink:
+        Optional :data:`Sink` that receives each recorded layer instead of keeping it.
+        Without a sink, :attr:`scores`, :attr:`valid` and :attr:`weights` hold the
+        tensors of the most recent forward pass, keyed by layer.
+    record:
+        Set to ``False`` to intervene without keeping anything.
+    """
+
+    def __init__(
+        self,
+        layers: Iterable[int] | None = None,
+        *,
+        weights: bool = False,
+        intervene: Intervention | None = None,
+        sink: Sink | None = None,
+        record: bool = True,
+    ) -> None:
+        self.layers = None if layers is None else frozenset(int(layer) for layer in layers)
+        self.record_weights = weights
+        self.intervene = intervene
+        self.sink = sink
+        self.record = record
+        self.scores: dict[int, torch.Tensor] = {}
+        self.valid: dict[int, torch.Tensor] = {}
+        self.weights: dict[int, torch.Tensor] = {}
+        self._token: contextvars.Token | None = None
+
+    def __enter__(self) -> Capture:
+        self._token = _ACTIVE.set(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _ACTIVE.reset(self._token)
+        self._token = None
+
+    def wants(self, layer: int) -> bool:
+        return self.layers is None or layer in self.layers
+
+    def _keep(self, layer: int, scores: torch.Tensor, valid: torch.Tensor, weights: torch.Tensor | None) -> None:
+        if self.sink is not None:
+            self.sink(layer, scores, valid, weights)
+            return
+        self.scores[layer] = scores
+        self.valid[layer] = valid
+        if weights is not None:
+            self.weights[layer] = weights
+
+
+def layer_index(module: nn.Module) -> int:
+    """The layer number of an attention module, as :func:`attnlens.load_model` assigned it."""
+    index = getattr(module, "attnlens_layer", None)
+    if index is None:
+        index = getattr(module, "layer_idx", None)
+    if index is None:
+        raise RuntimeError(
+            f"{type(module).__name__} has no layer index; load the model with attnlens.load_model"
+        )
+    return int(index)
+
+
+def _valid_and_bias(attention_mask: torch.Tensor | None, scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Split the mask the model passes into the boolean valid mask and an additive bias.
+
+    With attnlens' mask entry registered, models pass a boolean (batch, 1, q, k) mask.
+    A float mask (from a model that builds its own) is additive: very negative entries
+    are invalid, the rest are a bias that belongs to the scores (e.g. ALiBi).
+    """
+    batch, _, q_len, k_len = scores.shape
+    if attention_mask is None:
+        return torch.ones(1, 1, 1, dtype=torch.bool, device=scores.device).expand(batch, q_len, k_len), None
+    mask = attention_mask[:, 0, :, -k_len:]
+    if mask.dtype == torch.bool:
+        return mask.expand(batch, q_len, k_len), None
+    valid = mask > torch.finfo(mask.dtype).min / 2
+    bias = torch.where(valid, mask, torch.zeros((), dtype=mask.dtype, device=mask.device))
+    return valid.expand(batch, q_len, k_len), bias[:, None].to(scores.dtype)
+
+
+def attention_scores(
+    query: torch.Tensor, key: torch.Tensor, scaling: float, softcap: float | None = None
+) -> torch.Tensor:
+    """Pre-softmax scores (batch, head, q, k), sharing each key head among its query group.
+
+    Grouped-query attention: query head ``h`` reads key head ``h // (heads / kv_heads)``,
+    as transformers' ``repeat_kv`` does, computed without copying the keys.
+
+    >>> q = torch.randn(2, 4, 3, 8); k = torch.randn(2, 1, 3, 8)
+    >>> s = attention_scores(q, k, 8 ** -0.5)
+    >>> torch.allclose(s[:, 2], q[:, 2] @ k[:, 0].transpose(-1, -2) * 8 ** -0.5, atol=1e-6)
+    True
+    """
+    batch, heads, q_len, dim = query.shape
+    kv_heads, k_len = key.shape[1], key.shape[2]
+    group = heads // kv_heads
+    grouped = query.reshape(batch, kv_heads, group * q_len, dim)
+    # In place: the matmul's output is fresh and not needed for backward, so this saves a copy.
+    scores = torch.matmul(grouped, key.transpose(-1, -2)).reshape(batch, heads, q_len, k_len).mul_(scaling)
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    return scores
+
+
+def _attend(weights: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    batch, heads, q_len, k_len = weights.shape
+    kv_heads = value.shape[1]
+    grouped = weights.reshape(batch, kv_heads, (heads // kv_heads) * q_len, k_len)
+    return torch.matmul(grouped, value).reshape(batch, heads, q_len, value.shape[-1])
+
+
+def attnlens_attention(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    softcap: float | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``AttentionInterface`` implementation registered as ``"attnlens"``."""
+    if kwargs.get("s_aux") is not None:
+        raise NotImplementedError("attention sinks (s_aux) are not supported by attnlens capture")
+    if scaling is None:
+        scaling = query.shape[-1] ** -0.5
+    scores = attention_scores(query, key, scaling, softcap)
+    valid, bias = _valid_and_bias(attention_mask, scores)
+    if bias is not None:
+        scores = scores + bias
+
+    capture = _ACTIVE.get()
+    layer = layer_index(module) if capture is not None else -1
+    active = capture is not None and capture.wants(layer)
+    if active and capture.intervene is not None:
+        replaced = capture.intervene(layer, scores, valid)
+        recorded_scores, scores = scores, (scores if replaced is None else replaced)
+    else:
+        recorded_scores = scores
+
+    # Masking is a full pass over the scores; encoders on unpadded blocks need none.
+    masked = scores if bool(valid.all()) else torch.where(valid[:, None], scores, torch.finfo(scores.dtype).min)
+    weights = nn.functional.softmax(masked, dim=-1, dtype=torch.float32).to(query.dtype)
+    if active and capture.record:
+        capture._keep(
+            layer,
+            recorded_scores.detach(),
+            valid,
+            weights.detach() if capture.record_weights else None,
+        )
+    weights = nn.functional.dropout(weights, p=dropout, training=module.training)
+    output = _attend(weights, value)
+    return output.transpose(1, 2).contiguous(), weights
+
+
+def attnlens_mask(*args: Any, **kwargs: Any) -> torch.Tensor | None:
+    """The ``AttentionMaskInterface`` entry: always a boolean mask, never the "skip" ``None``."""
+    from transformers.masking_utils import sdpa_mask
+
+    kwargs["allow_is_causal_skip"] = False
+    kwargs["allow_is_bidirectional_skip"] = False
+    return sdpa_mask(*args, **kwargs)
+
+
+def register() -> None:
+    """Register ``"attnlens"`` with transformers' attention and mask interfaces (idempotent)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    AttentionInterface.register(ATTENTION_IMPLEMENTATION, attnlens_attention)
+    AttentionMaskInterface.register(ATTENTION_IMPLEMENTATION, attnlens_mask)

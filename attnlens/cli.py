@@ -1,0 +1,119 @@
+"""The ``attnlens`` command line: parse options, call one library function, say where the result went.
+
+Bad input never shows a traceback: :class:`AttnlensError` and click's usage errors
+become one line on stderr and exit status 2.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from .errors import AttnlensError
+
+app = typer.Typer(
+    name="attnlens",
+    help="Look inside the self-attention of pretrained transformers.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+
+# ------------------------------------------------------------------ shared options
+ModelOption = Annotated[str, typer.Option("--model", "-m", help="Alias (see 'attnlens models'), local directory or Hub id.")]
+CorpusOption = Annotated[str, typer.Option("--corpus", "-c", help="Built-in name (kjv, wordnet), .txt/.jsonl file, or folder.")]
+OutOption = Annotated[Path, typer.Option("--out", "-o", help="Directory to write the result to.")]
+SeqLenOption = Annotated[int, typer.Option("--seq-len", "-n", help="Tokens per block, special tokens included.")]
+NumSeqsOption = Annotated[int, typer.Option("--num-seqs", help="Number of blocks (chosen by --seed when the corpus has more).")]
+BatchSizeOption = Annotated[int, typer.Option("--batch-size", help="Blocks per forward pass.")]
+LayersOption = Annotated[str | None, typer.Option("--layers", help="Comma-separated layer numbers; default all.")]
+DeviceOption = Annotated[str, typer.Option("--device", help="cpu, cuda, cuda:1, ...")]
+SeedOption = Annotated[int, typer.Option("--seed", help="Seed for every random choice.")]
+ProgressOption = Annotated[bool, typer.Option("--progress/--no-progress", help="Show a progress bar.")]
+
+
+def parse_int_list(text: str | None, option: str) -> list[int] | None:
+    """``"0,2,5"`` -> ``[0, 2, 5]``; ``None`` stays ``None``.
+
+    >>> parse_int_list("0, 2,5", "--layers")
+    [0, 2, 5]
+    """
+    if text is None:
+        return None
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise AttnlensError(f"{option} '{text}' is not a comma-separated list of integers, e.g. {option} 0,1,2") from None
+
+
+# ------------------------------------------------------------------ commands
+@app.command()
+def models() -> None:
+    """List the model aliases and whether each is installed."""
+    from .models import cache_dir, list_models
+
+    rows = list_models()
+    width = max(len(row["alias"]) for row in rows)
+    for row in rows:
+        state = "installed" if row["installed"] else f"not installed ({row['install']})"
+        typer.echo(f"{row['alias']:<{width}}  {state}\n{'':<{width}}  {row['description']}")
+    typer.echo(f"\nConverted models are cached in {cache_dir() / 'models'}")
+
+
+@app.command()
+def extract(
+    out: OutOption,
+    model: ModelOption = "minilm-l6",
+    corpus: CorpusOption = "kjv",
+    seq_len: SeqLenOption = 128,
+    num_seqs: NumSeqsOption = 256,
+    batch_size: BatchSizeOption = 32,
+    dtype: Annotated[str, typer.Option("--dtype", help="float16 or float32.")] = "float16",
+    layers: LayersOption = None,
+    weights: Annotated[bool, typer.Option("--weights", help="Also store post-softmax weights.")] = False,
+    device: DeviceOption = "cpu",
+    seed: SeedOption = 0,
+    resume: Annotated[bool, typer.Option("--resume", help="Finish an interrupted extraction in --out.")] = False,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing store in --out.")] = False,
+    progress: ProgressOption = True,
+) -> None:
+    """Capture pre-softmax attention scores of corpus blocks into a store."""
+    from .extract import extract as run
+
+    store = run(
+        model, corpus, out, seq_len=seq_len, num_seqs=num_seqs, batch_size=batch_size, dtype=dtype,
+        layers=parse_int_list(layers, "--layers"), weights=weights, device=device, seed=seed,
+        resume=resume, overwrite=overwrite, progress=progress,
+    )
+    typer.echo(f"wrote {store.num_seqs} sequences x {len(store.layers)} layers x {store.num_heads} heads of {store.n}x{store.n} scores to {out}")
+
+
+# ------------------------------------------------------------------ entry point
+def main(argv: list[str] | None = None) -> None:
+    """Run the CLI; user errors become one line on stderr and exit status 2."""
+    command = typer.main.get_command(app)
+    try:
+        status = command.main(args=argv, prog_name="attnlens", standalone_mode=False)
+    except AttnlensError as error:
+        _fail(str(error))
+    except typer.TyperException as error:  # click's usage errors, as vendored by typer
+        if type(error).__name__ == "NoArgsIsHelpError":
+            print(error.format_message())
+            sys.exit(0)
+        context = getattr(error, "ctx", None)
+        hint = f" (see '{context.command_path} --help')" if context is not None else ""
+        _fail(" ".join(error.format_message().split()) + hint)
+    except typer.Abort:
+        status = 130
+    if status == 130:
+        _fail("interrupted; finished work is kept (rerun with --resume where the command has it)", status=130)
+    sys.exit(status if isinstance(status, int) else 0)
+
+
+def _fail(message: str, status: int = 2) -> None:
+    print(f"attnlens: error: {message}", file=sys.stderr)
+    sys.exit(status)

