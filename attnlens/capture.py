@@ -29,8 +29,9 @@ True
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -113,6 +114,16 @@ class Capture:
         self.valid[layer] = valid
         if weights is not None:
             self.weights[layer] = weights
+
+
+@contextlib.contextmanager
+def no_capture() -> Iterator[None]:
+    """Run the model untouched inside an active :class:`Capture` (e.g. for a reference output)."""
+    token = _ACTIVE.set(None)
+    try:
+        yield
+    finally:
+        _ACTIVE.reset(token)
 
 
 def layer_index(module: nn.Module) -> int:

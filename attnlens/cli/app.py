@@ -1,4 +1,4 @@
-"""The ``attnlens`` command line: parse options, call one library function, say where the result went.
+"""The typer app, the option types every command shares, and the entry point.
 
 Bad input never shows a traceback: :class:`AttnlensError` and click's usage errors
 become one line on stderr and exit status 2.
@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from .errors import AttnlensError
+from ..errors import AttnlensError
 
 app = typer.Typer(
     name="attnlens",
@@ -48,48 +48,6 @@ def parse_int_list(text: str | None, option: str) -> list[int] | None:
         return [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
         raise AttnlensError(f"{option} '{text}' is not a comma-separated list of integers, e.g. {option} 0,1,2") from None
-
-
-# ------------------------------------------------------------------ commands
-@app.command()
-def models() -> None:
-    """List the model aliases and whether each is installed."""
-    from .models import cache_dir, list_models
-
-    rows = list_models()
-    width = max(len(row["alias"]) for row in rows)
-    for row in rows:
-        state = "installed" if row["installed"] else f"not installed ({row['install']})"
-        typer.echo(f"{row['alias']:<{width}}  {state}\n{'':<{width}}  {row['description']}")
-    typer.echo(f"\nConverted models are cached in {cache_dir() / 'models'}")
-
-
-@app.command()
-def extract(
-    out: OutOption,
-    model: ModelOption = "minilm-l6",
-    corpus: CorpusOption = "kjv",
-    seq_len: SeqLenOption = 128,
-    num_seqs: NumSeqsOption = 256,
-    batch_size: BatchSizeOption = 32,
-    dtype: Annotated[str, typer.Option("--dtype", help="float16 or float32.")] = "float16",
-    layers: LayersOption = None,
-    weights: Annotated[bool, typer.Option("--weights", help="Also store post-softmax weights.")] = False,
-    device: DeviceOption = "cpu",
-    seed: SeedOption = 0,
-    resume: Annotated[bool, typer.Option("--resume", help="Finish an interrupted extraction in --out.")] = False,
-    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing store in --out.")] = False,
-    progress: ProgressOption = True,
-) -> None:
-    """Capture pre-softmax attention scores of corpus blocks into a store."""
-    from .extract import extract as run
-
-    store = run(
-        model, corpus, out, seq_len=seq_len, num_seqs=num_seqs, batch_size=batch_size, dtype=dtype,
-        layers=parse_int_list(layers, "--layers"), weights=weights, device=device, seed=seed,
-        resume=resume, overwrite=overwrite, progress=progress,
-    )
-    typer.echo(f"wrote {store.num_seqs} sequences x {len(store.layers)} layers x {store.num_heads} heads of {store.n}x{store.n} scores to {out}")
 
 
 # ------------------------------------------------------------------ entry point

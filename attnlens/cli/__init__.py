@@ -1,0 +1,9 @@
+"""The ``attnlens`` command line: parse options, call one library function, say where the result went.
+
+One module per pipeline step registers its commands on the shared app.
+"""
+
+from . import extract  # noqa: F401  (registers its commands)
+from .app import app, main
+
+__all__ = ["app", "main"]

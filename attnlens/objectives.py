@@ -1,0 +1,123 @@
+"""Objectives: what a model's outputs lose when its attention is changed.
+
+Every intervention (ablation, learned mask, reconstruction) is judged by one of three
+objectives, chosen by ``--objective auto|clm|mlm|hidden``:
+
+- ``clm``: next-token cross-entropy (causal language models);
+- ``mlm``: cross-entropy on masked tokens (models with a masked-LM head); a seeded
+  15% of the non-special tokens of each block are replaced by ``[MASK]``;
+- ``hidden``: for encoders without a head, how far the final hidden states move from
+  the unmodified model's: ``loss = 1 - mean token cosine``; the cosine of mean-pooled
+  sentence embeddings is reported beside it.
+
+``auto`` takes what the model supports (``LoadedModel.objective``). Losses are per
+block and differentiable, so the same objective trains DAM masks and learned R.
+
+>>> import torch
+>>> from attnlens import Capture, load_model
+>>> from attnlens.objectives import Objective
+>>> model = load_model("minilm-l6")
+>>> objective = Objective(model)                     # auto -> hidden for a bare encoder
+>>> batch = objective.prepare(torch.tensor([[101, 1999, 1996, 2927, 102]]))
+>>> round(float(objective.evaluate(batch)["loss"][0]), 6)      # unmodified: no loss
+0.0
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from .capture import no_capture
+from .errors import AttnlensError
+from .models import LoadedModel
+
+OBJECTIVES = ("auto", "clm", "mlm", "hidden")
+MASK_RATE = 0.15
+
+
+def resolve_objective(model: LoadedModel, objective: str = "auto") -> str:
+    """The objective to use for ``model``; an error if it cannot support the one asked for."""
+    if objective not in OBJECTIVES:
+        raise AttnlensError(f"--objective {objective} is unknown; use one of {', '.join(OBJECTIVES)}")
+    if objective == "auto":
+        return model.objective
+    if objective in ("clm", "mlm") and model.objective != objective:
+        head = {"clm": "a causal language-model head", "mlm": "a masked language-model head"}[objective]
+        raise AttnlensError(
+            f"--objective {objective} needs {head}, which model '{model.name}' ({model.architecture}) does not have; "
+            f"use --objective {model.objective} or auto"
+        )
+    return objective
+
+
+@dataclass
+class PreparedBatch:
+    """Inputs of one batch, with what the objective compares the outputs to."""
+
+    input_ids: torch.Tensor
+    labels: torch.Tensor | None = None  # clm / mlm: target ids, -100 where not scored
+    reference: torch.Tensor | None = None  # hidden: the unmodified model's final hidden states
+
+
+class Objective:
+    """One objective for one model; see the module docstring."""
+
+    def __init__(self, model: LoadedModel, objective: str = "auto", *, seed: int = 0) -> None:
+        self.model = model
+        self.name = resolve_objective(model, objective)
+        self.seed = seed
+
+    def prepare(self, input_ids: torch.Tensor, *, offset: int = 0) -> PreparedBatch:
+        """Masks (mlm) or reference outputs (hidden) for a batch of blocks.
+
+        ``offset`` is the index of the batch's first block in the corpus sample, so that
+        each block's masked positions depend on the seed and the block, not the batching.
+        """
+        input_ids = input_ids.to(self.model.device)
+        if self.name == "clm":
+            labels = input_ids.clone()
+            labels[:, 0] = -100  # nothing predicts the first token
+            return PreparedBatch(input_ids, labels=labels)
+        if self.name == "mlm":
+            return self._mask(input_ids, offset)
+        with torch.no_grad(), no_capture():
+            reference = self._hidden(input_ids)
+        return PreparedBatch(input_ids, reference=reference)
+
+    def evaluate(self, batch: PreparedBatch) -> dict[str, torch.Tensor]:
+        """Run the model (inside whatever :class:`Capture` is active); per-block metrics.
+
+        ``"loss"`` is the one to minimise; ``hidden`` adds ``token_cosine`` and ``pooled_cosine``.
+        """
+        if self.name == "hidden":
+            hidden = self._hidden(batch.input_ids)
+            token_cosine = nn.functional.cosine_similarity(hidden, batch.reference, dim=-1).mean(-1)
+            pooled_cosine = nn.functional.cosine_similarity(hidden.mean(1), batch.reference.mean(1), dim=-1)
+            return {"loss": 1 - token_cosine, "token_cosine": token_cosine, "pooled_cosine": pooled_cosine}
+        logits = self.model.forward(batch.input_ids).logits
+        labels = batch.labels
+        if self.name == "clm":  # position t predicts token t + 1
+            logits, labels = logits[:, :-1], labels[:, 1:]
+        losses = nn.functional.cross_entropy(logits.transpose(1, 2).float(), labels, reduction="none", ignore_index=-100)
+        counted = (labels != -100).sum(1).clamp(min=1)
+        return {"loss": losses.sum(1) / counted}
+
+    def _hidden(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model.forward(input_ids, output_hidden_states=True).hidden_states[-1].float()
+
+    def _mask(self, input_ids: torch.Tensor, offset: int) -> PreparedBatch:
+        special = torch.tensor(sorted(self.model.special.all_special), device=input_ids.device)
+        maskable = ~torch.isin(input_ids, special)
+        chosen = torch.zeros_like(maskable)
+        for row in range(input_ids.shape[0]):
+            generator = torch.Generator().manual_seed(self.seed * 1_000_003 + offset + row)
+            draws = torch.rand(input_ids.shape[1], generator=generator).to(input_ids.device)
+            chosen[row] = maskable[row] & (draws < MASK_RATE)
+            if not chosen[row].any() and maskable[row].any():  # every block scores at least one token
+                chosen[row, maskable[row].nonzero()[0, 0]] = True
+        labels = torch.where(chosen, input_ids, torch.full_like(input_ids, -100))
+        masked = torch.where(chosen, torch.full_like(input_ids, self.model.special.mask), input_ids)
+        return PreparedBatch(masked, labels=labels)
