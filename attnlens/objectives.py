@@ -19,7 +19,7 @@ block and differentiable, so the same objective trains DAM masks and learned R.
 >>> model = load_model("minilm-l6")
 >>> objective = Objective(model)                     # auto -> hidden for a bare encoder
 >>> batch = objective.prepare(torch.tensor([[101, 1999, 1996, 2927, 102]]))
->>> round(float(objective.evaluate(batch)["loss"][0]), 6)      # unmodified: no loss
+>>> round(objective.evaluate(batch)["loss"].detach()[0].item(), 6)   # unmodified: no loss
 0.0
 """
 
