@@ -48,6 +48,13 @@ negative number or ``-inf`` to remove a position), or ``None`` to leave them unc
 Invalid positions stay masked whatever the intervention returns.
 """
 
+WeightsIntervention = Callable[[int, torch.Tensor, torch.Tensor], "torch.Tensor | None"]
+"""``intervene_weights(layer, weights, valid) -> new weights or None``, after softmax.
+
+For gates that multiply attention weights (e.g. head or position-class importance,
+Michel et al. 2019); the result is used as is, without renormalising.
+"""
+
 Sink = Callable[[int, torch.Tensor, torch.Tensor, "torch.Tensor | None"], None]
 """``sink(layer, scores, valid, weights)``: receives each recorded layer as it is computed."""
 
@@ -68,6 +75,8 @@ class Capture:
         Also record the post-softmax weights (after any intervention).
     intervene:
         Optional :data:`Intervention` applied to the scores of each chosen layer.
+    intervene_weights:
+        Optional :data:`WeightsIntervention` applied to the weights after softmax.
     sink:
         Optional :data:`Sink` that receives each recorded layer instead of keeping it.
         Without a sink, :attr:`scores`, :attr:`valid` and :attr:`weights` hold the
@@ -82,12 +91,14 @@ class Capture:
         *,
         weights: bool = False,
         intervene: Intervention | None = None,
+        intervene_weights: WeightsIntervention | None = None,
         sink: Sink | None = None,
         record: bool = True,
     ) -> None:
         self.layers = None if layers is None else frozenset(int(layer) for layer in layers)
         self.record_weights = weights
         self.intervene = intervene
+        self.intervene_weights = intervene_weights
         self.sink = sink
         self.record = record
         self.scores: dict[int, torch.Tensor] = {}
@@ -227,6 +238,9 @@ def attnlens_attention(
             valid,
             weights.detach() if capture.record_weights else None,
         )
+    if active and capture.intervene_weights is not None:
+        gated = capture.intervene_weights(layer, weights, valid)
+        weights = weights if gated is None else gated
     weights = nn.functional.dropout(weights, p=dropout, training=module.training)
     output = _attend(weights, value)
     return output.transpose(1, 2).contiguous(), weights

@@ -207,3 +207,17 @@ def test_gemma3_layer0_scores_rebuilt_by_hand(gemma3, kjv):
     got = cap.scores[0][0].double().numpy()
     valid = cap.valid[0][0].numpy()
     np.testing.assert_allclose(got[:, valid], expected[:, valid], atol=2e-3, rtol=1e-4)
+
+
+def test_weights_intervention_scales_attention_output(minilm_l6, kjv_blocks):
+    """A gate of 0 on every weight of a layer removes its attention output (the value path)."""
+    ids = torch.from_numpy(kjv_blocks.ids[:2])
+    layer = minilm_l6.model.encoder.layer[1].attention
+    seen = {}
+    hook = layer.output.dense.register_forward_hook(lambda module, inputs, output: seen.__setitem__("context", inputs[0]))
+    try:
+        with torch.no_grad(), Capture(layers=[1], intervene_weights=lambda layer, weights, valid: weights * 0):
+            minilm_l6.forward(ids)
+    finally:
+        hook.remove()
+    assert seen["context"].abs().max() == 0
