@@ -3,14 +3,20 @@
 The pipeline, one module per step: :mod:`~attnlens.models` (load a model),
 :mod:`~attnlens.corpus` (text into blocks of n tokens), :mod:`~attnlens.capture`
 (record or change attention), :mod:`~attnlens.store` (captured scores on disk),
-:mod:`~attnlens.extract` (corpus -> capture -> store).
+:mod:`~attnlens.extract` (corpus -> capture -> store), :mod:`~attnlens.moments`
+(streaming row sums), :mod:`~attnlens.eigen` and :mod:`~attnlens.overlap` (spectra and
+shared subspaces), :mod:`~attnlens.figures` (one function per figure).
 """
 
 from .capture import Capture
 from .corpus import Blocks, Corpus, load_corpus
+from .eigen import EigenResult, eigen
 from .errors import AttnlensError
 from .extract import extract
 from .models import LoadedModel, list_models, load_model
+from .moments import Moments
+from .overlap import OverlapResult, overlap
+from .results import load_result
 from .store import Store, open_store
 
 __all__ = [
@@ -18,11 +24,17 @@ __all__ = [
     "Blocks",
     "Capture",
     "Corpus",
+    "EigenResult",
     "LoadedModel",
+    "Moments",
+    "OverlapResult",
     "Store",
+    "eigen",
     "extract",
     "list_models",
     "load_corpus",
     "load_model",
+    "load_result",
     "open_store",
+    "overlap",
 ]

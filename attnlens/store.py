@@ -275,6 +275,20 @@ class Store:
             raise AttnlensError(f"the store {self.path} holds no weights; extract again with --weights")
         return np.load(self.path / layer_file(kind, layer), mmap_mode="r")[: self.complete]
 
+    def read(self, kind: str, layer: int, start: int, stop: int) -> np.ndarray:
+        """Sequences ``start:stop`` of one layer's ``scores``, ``valid`` or ``weights``, read into memory.
+
+        Unlike slicing the memory map, this leaves no file pages mapped into the
+        process, so streaming over a large store keeps its memory bounded.
+        """
+        array = self._layer_array(kind, layer)  # validates layer and kind; the header gives the layout
+        stop = min(stop, self.complete)
+        per_sequence = int(np.prod(array.shape[1:]))
+        with open(array.filename, "rb") as handle:
+            data = np.fromfile(handle, dtype=array.dtype, count=(stop - start) * per_sequence,
+                               offset=array.offset + start * per_sequence * array.dtype.itemsize)
+        return data.reshape(stop - start, *array.shape[1:])
+
     def scores(self, layer: int) -> np.ndarray:
         """(seq, head, n, n) pre-softmax scores of one layer; invalid entries are meaningless."""
         return self._layer_array("scores", layer)

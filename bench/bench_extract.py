@@ -17,13 +17,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _memory import peak_rss_mb  # noqa: E402
 
 MODES = ("plain", "eager", "capture", "extract")
 
@@ -63,7 +66,7 @@ def run_mode(mode: str, num_seqs: int, seq_len: int, batch_size: int) -> dict:
             seconds = time.perf_counter() - start
     finally:
         shutil.rmtree(out, ignore_errors=True)
-    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    peak_mb = peak_rss_mb()
     return {"mode": mode, "seconds": seconds, "seqs_per_s": num_seqs / seconds, "peak_rss_mb": peak_mb}
 
 

@@ -34,6 +34,7 @@ LayersOption = Annotated[str | None, typer.Option("--layers", help="Comma-separa
 DeviceOption = Annotated[str, typer.Option("--device", help="cpu, cuda, cuda:1, ...")]
 SeedOption = Annotated[int, typer.Option("--seed", help="Seed for every random choice.")]
 ProgressOption = Annotated[bool, typer.Option("--progress/--no-progress", help="Show a progress bar.")]
+OverwriteOption = Annotated[bool, typer.Option("--overwrite", help="Replace an existing result in --out.")]
 
 
 def parse_int_list(text: str | None, option: str) -> list[int] | None:

@@ -1,0 +1,331 @@
+"""Moments: streaming float64 sums of attention rows, per layer and head, mergeable.
+
+For every (layer, head) — and, with ``queries``, every chosen query position — a
+:class:`Moments` keeps the number of rows, Σx and Σxxᵀ of the rows ``x ∈ R^n`` (the
+scores of one query over all keys, or its weights / log-weights). Eigen analysis,
+overlap and reconstruction read these sums; no analysis needs all rows in memory.
+Moments of two shards add up (``a + b``) to the moments of the whole, exactly up to
+float64 summation order.
+
+**Which rows enter.** Only valid entries are data. Pooled over queries (the default),
+a row enters only if all ``n`` of its keys are valid: for encoders on unpadded blocks
+that is every row; for causal models it is only the last query of each block, so use
+per-query moments there. Per query position, a row enters over its valid keys (a
+causal row of query ``i`` has keys ``0…i``); ``key_count`` records in how many rows
+each key was valid, and analyses use the keys valid in every row of the unit (the
+"complete" keys: the valid prefix for causal models).
+
+>>> import torch
+>>> from attnlens.moments import Moments
+>>> m = Moments.empty("scores", n=3, layers=[0], num_heads=1)
+>>> rows = torch.tensor([[[[1., 2., 3.], [3., 2., 1.]]]])            # (batch, head, query, key)
+>>> m.accumulate(0, rows, torch.ones(1, 2, 3, dtype=torch.bool))
+>>> m.count[0, 0, 0], m.sum[0, 0, 0].tolist()
+(2.0, [4.0, 4.0, 4.0])
+>>> (m + m).count[0, 0, 0]
+4.0
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .capture import Capture
+from .corpus import Corpus
+from .errors import AttnlensError
+from .models import LoadedModel
+from .progress import progress_bar
+from .store import Store
+
+QUANTITIES = ("scores", "weights", "log-weights")
+LEVELS = ("head", "layer", "model")
+
+
+def row_values(scores: torch.Tensor, valid: torch.Tensor, quantity: str) -> torch.Tensor:
+    """Rows of the chosen quantity in float64, with invalid entries set to 0.
+
+    ``scores`` (batch, head, q, k), ``valid`` (batch, q, k). ``weights`` and
+    ``log-weights`` are the softmax (log-softmax) over the valid keys of each row.
+    """
+    x = scores.to(torch.float64)
+    mask = valid[:, None].expand_as(x)
+    if quantity == "weights":
+        x = torch.softmax(x.masked_fill(~mask, float("-inf")), dim=-1)
+    elif quantity == "log-weights":
+        x = torch.log_softmax(x.masked_fill(~mask, float("-inf")), dim=-1)
+    elif quantity != "scores":
+        raise AttnlensError(f"--quantity {quantity} is unknown; use one of {', '.join(QUANTITIES)}")
+    return x.masked_fill(~mask, 0.0)
+
+
+@dataclass
+class Moments:
+    """Row sums for each (layer, head, query unit); see the module docstring.
+
+    Arrays (float64), with ``Q = len(queries)`` per query position or 1 when pooled:
+    ``count`` (L, H, Q), ``key_count`` (L, H, Q, n), ``sum`` (L, H, Q, n),
+    ``sum_outer`` (L, H, Q, n, n).
+    """
+
+    quantity: str
+    n: int
+    layers: tuple[int, ...]
+    num_heads: int
+    queries: tuple[int, ...] | None
+    count: np.ndarray
+    key_count: np.ndarray
+    sum: np.ndarray
+    sum_outer: np.ndarray
+    _layer_position: dict[int, int] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.layers = tuple(int(layer) for layer in self.layers)
+        self.queries = None if self.queries is None else tuple(int(q) for q in self.queries)
+        self._layer_position = {layer: position for position, layer in enumerate(self.layers)}
+
+    @classmethod
+    def empty(
+        cls, quantity: str, n: int, layers: Iterable[int], num_heads: int, queries: Iterable[int] | None = None
+    ) -> Moments:
+        if quantity not in QUANTITIES:
+            raise AttnlensError(f"--quantity {quantity} is unknown; use one of {', '.join(QUANTITIES)}")
+        layers = tuple(layers)
+        queries = None if queries is None else tuple(queries)
+        units = (len(layers), num_heads, 1 if queries is None else len(queries))
+        return cls(
+            quantity, n, layers, num_heads, queries,
+            count=np.zeros(units), key_count=np.zeros((*units, n)),
+            sum=np.zeros((*units, n)), sum_outer=np.zeros((*units, n, n)),
+        )
+
+    @property
+    def per_query(self) -> bool:
+        return self.queries is not None
+
+    def settings(self) -> dict[str, object]:
+        return {"quantity": self.quantity, "n": self.n, "layers": list(self.layers), "num_heads": self.num_heads,
+                "queries": None if self.queries is None else list(self.queries)}
+
+    # ------------------------------------------------------------------ accumulation
+    def accumulate(self, layer: int, scores: torch.Tensor, valid: torch.Tensor) -> None:
+        """Add the rows of one layer for a batch: ``scores`` (batch, head, n, n), ``valid`` (batch, n, n)."""
+        if scores.shape[-1] != self.n or scores.shape[1] != self.num_heads:
+            raise ValueError(f"rows of shape {tuple(scores.shape)} do not fit moments of n={self.n}, heads={self.num_heads}")
+        position = self._layer_position[layer]
+        x = row_values(scores, valid, self.quantity)
+        if self.queries is None:
+            self._add_pooled(position, x, valid)
+        else:
+            self._add_per_query(position, x, valid)
+
+    def _add_pooled(self, position: int, x: torch.Tensor, valid: torch.Tensor) -> None:
+        full = valid.all(-1)  # (batch, q): rows whose every key is valid
+        rows = x.transpose(0, 1)  # (head, batch, q, k)
+        rows = rows.reshape(self.num_heads, -1, self.n) if bool(full.all()) else rows[:, full]
+        count = rows.shape[1]
+        if count == 0:
+            return
+        self.count[position, :, 0] += count
+        self.key_count[position, :, 0] += count
+        self.sum[position, :, 0] += rows.sum(1).numpy()
+        self.sum_outer[position, :, 0] += torch.bmm(rows.transpose(1, 2), rows).numpy()
+
+    def _add_per_query(self, position: int, x: torch.Tensor, valid: torch.Tensor) -> None:
+        queries = list(self.queries)
+        rows = x[:, :, queries].permute(1, 2, 0, 3)  # (head, Q, batch, k)
+        self.count[position] += x.shape[0]
+        self.key_count[position] += valid[:, queries].sum(0).to(torch.float64).numpy()[None]
+        self.sum[position] += rows.sum(2).numpy()
+        self.sum_outer[position] += torch.matmul(rows.transpose(-1, -2), rows).numpy()
+
+    # ------------------------------------------------------------------ combination
+    def _check_compatible(self, other: Moments) -> None:
+        if self.settings() != other.settings():
+            raise AttnlensError(f"cannot add moments with different settings: {self.settings()} and {other.settings()}")
+
+    def __add__(self, other: Moments) -> Moments:
+        self._check_compatible(other)
+        return Moments(
+            self.quantity, self.n, self.layers, self.num_heads, self.queries,
+            count=self.count + other.count, key_count=self.key_count + other.key_count,
+            sum=self.sum + other.sum, sum_outer=self.sum_outer + other.sum_outer,
+        )
+
+    def level(self, level: str) -> Moments:
+        """Pool heads (``"layer"``) or heads and layers (``"model"``): rows of the pooled units together."""
+        if level == "head":
+            return self
+        axes = (1,) if level == "layer" else (0, 1)
+        if level not in LEVELS:
+            raise AttnlensError(f"level {level} is unknown; use one of {', '.join(LEVELS)}")
+        pooled = lambda array: array.sum(axis=axes, keepdims=True)
+        return Moments(
+            self.quantity, self.n, self.layers if level == "layer" else (-1,), 1, self.queries,
+            count=pooled(self.count), key_count=pooled(self.key_count), sum=pooled(self.sum), sum_outer=pooled(self.sum_outer),
+        )
+
+    # ------------------------------------------------------------------ statistics
+    def complete_keys(self) -> np.ndarray:
+        """(L, H, Q, n) bool: keys valid in every row of the unit."""
+        return (self.key_count == self.count[..., None]) & (self.count[..., None] > 0)
+
+    def mean(self) -> np.ndarray:
+        """(L, H, Q, n) mean row (0 where the unit has no rows)."""
+        return self.sum / np.maximum(self.count, 1)[..., None]
+
+    def second_moment(self, centred: bool = True) -> np.ndarray:
+        """(L, H, Q, n, n) sample covariance (centred, divided by rows − 1 as numpy.cov and
+        scikit-learn's PCA do) or uncentred second moment (divided by rows)."""
+        count = self.count[..., None, None]
+        if not centred:
+            return self.sum_outer / np.maximum(count, 1)
+        mean = self.mean()
+        scatter = self.sum_outer - count * mean[..., :, None] * mean[..., None, :]
+        return scatter / np.maximum(count - 1, 1)
+
+    # ------------------------------------------------------------------ persistence
+    def save(self, path: str | Path) -> None:
+        np.savez(
+            path, quantity=self.quantity, n=self.n, layers=np.array(self.layers), num_heads=self.num_heads,
+            queries=np.array([] if self.queries is None else self.queries), per_query=self.per_query,
+            count=self.count, key_count=self.key_count, sum=self.sum, sum_outer=self.sum_outer,
+        )
+
+    @classmethod
+    def load(cls, path: str | Path) -> Moments:
+        try:
+            data = np.load(path)
+            return cls(
+                str(data["quantity"]), int(data["n"]), tuple(data["layers"].tolist()), int(data["num_heads"]),
+                tuple(data["queries"].tolist()) if bool(data["per_query"]) else None,
+                count=data["count"], key_count=data["key_count"], sum=data["sum"], sum_outer=data["sum_outer"],
+            )
+        except (OSError, KeyError, ValueError) as error:
+            raise AttnlensError(f"cannot read moments from {path} ({error})") from None
+
+
+def split_halves(num_seqs: int, seed: int) -> np.ndarray:
+    """A seeded assignment of each sequence to half 0 or 1 (sizes differ by at most one).
+
+    >>> split_halves(5, seed=0).tolist().count(0) in (2, 3)
+    True
+    """
+    half = np.zeros(num_seqs, dtype=np.int64)
+    half[np.random.default_rng(seed).permutation(num_seqs)[1::2]] = 1
+    return half
+
+
+class HalfMoments:
+    """Moments of two seeded, disjoint halves of the sequences; ``total`` is their sum.
+
+    The halves give the split-half check of overlap (is a difference between layers
+    larger than the difference between two samples of the same layer?) for free.
+    """
+
+    def __init__(self, a: Moments, b: Moments) -> None:
+        self.a, self.b = a, b
+
+    @property
+    def total(self) -> Moments:
+        return self.a + self.b
+
+    def accumulate(self, layer: int, scores: torch.Tensor, valid: torch.Tensor, half: np.ndarray) -> None:
+        """Add a batch whose sequences belong to halves ``half`` (batch,) of 0/1."""
+        for moments, which in ((self.a, 0), (self.b, 1)):
+            chosen = torch.from_numpy(np.flatnonzero(half == which))
+            if len(chosen):
+                moments.accumulate(layer, scores[chosen], valid[chosen])
+
+    def __add__(self, other: HalfMoments) -> HalfMoments:
+        return HalfMoments(self.a + other.a, self.b + other.b)
+
+    def save(self, directory: Path) -> None:
+        self.a.save(directory / "moments_a.npz")
+        self.b.save(directory / "moments_b.npz")
+
+    @classmethod
+    def load(cls, directory: str | Path) -> HalfMoments:
+        directory = Path(directory)
+        return cls(Moments.load(directory / "moments_a.npz"), Moments.load(directory / "moments_b.npz"))
+
+
+# ---------------------------------------------------------------------- sources
+
+
+def check_rows_for_per_query(num_seqs: int, n: int, queries: Iterable[int] | None) -> None:
+    """Per-query moments have one row per sequence: a full-rank n×n estimate needs n + 1 of them."""
+    if queries is not None and num_seqs < n + 1:
+        raise AttnlensError(
+            f"per-query moments from {num_seqs} sequences cannot estimate a {n}x{n} covariance; they need at least "
+            f"{n + 1} sequences (one row per sequence and query position): extract more, or use pooled rows"
+        )
+
+
+def moments_from_store(
+    store: Store,
+    *,
+    quantity: str = "scores",
+    queries: Iterable[int] | None = None,
+    layers: Iterable[int] | None = None,
+    batch_size: int = 32,
+    seed: int = 0,
+    progress: bool = True,
+) -> HalfMoments:
+    """Accumulate moments from a store, ``batch_size`` sequences of one layer at a time."""
+    layers = store.layers if layers is None else list(layers)
+    missing = [layer for layer in layers if layer not in store.layers]
+    if missing:
+        raise AttnlensError(f"layer {missing[0]} is not in the store {store.path}; it holds layers {store.layers}")
+    check_rows_for_per_query(store.num_seqs, store.n, queries)
+    halves = HalfMoments(*(Moments.empty(quantity, store.n, layers, store.num_heads, queries) for _ in range(2)))
+    half = split_halves(store.num_seqs, seed)
+    with progress_bar(total=store.num_seqs * len(layers), desc="moments", unit="seq", enabled=progress) as bar:
+        for layer in layers:
+            for start in range(0, store.num_seqs, batch_size):
+                stop = min(start + batch_size, store.num_seqs)
+                scores, valid = store.read("scores", layer, start, stop), store.read("valid", layer, start, stop)
+                halves.accumulate(layer, torch.from_numpy(scores), torch.from_numpy(valid), half[start:stop])
+                bar.update(stop - start)
+    return halves
+
+
+def moments_from_model(
+    model: LoadedModel,
+    corpus: Corpus,
+    *,
+    seq_len: int = 128,
+    num_seqs: int = 256,
+    batch_size: int = 32,
+    seed: int = 0,
+    quantity: str = "scores",
+    queries: Iterable[int] | None = None,
+    layers: Iterable[int] | None = None,
+    progress: bool = True,
+) -> HalfMoments:
+    """Accumulate moments straight from forward passes, without writing a store.
+
+    Each layer's scores are folded into the sums as the layer is computed, so memory
+    does not grow with the number of sequences (corpora too large to dump).
+    """
+    from .extract import check_layers, check_seq_len
+
+    check_seq_len(model, seq_len)
+    layers = check_layers(model, None if layers is None else list(layers))
+    check_rows_for_per_query(num_seqs, seq_len, queries)
+    blocks = corpus.blocks(model, seq_len, num_seqs, seed)
+    halves = HalfMoments(*(Moments.empty(quantity, seq_len, layers, model.num_heads, queries) for _ in range(2)))
+    half = split_halves(len(blocks), seed)
+    with progress_bar(total=len(blocks), desc="moments", unit="seq", enabled=progress) as bar:
+        for start in range(0, len(blocks), batch_size):
+            ids = blocks.ids[start : start + batch_size]
+            batch_half = half[start : start + len(ids)]
+            sink = lambda layer, scores, valid, weights: halves.accumulate(layer, scores.cpu(), valid.cpu(), batch_half)
+            with torch.no_grad(), Capture(layers, sink=sink):
+                model.forward(torch.from_numpy(ids))
+            bar.update(len(ids))
+    return halves

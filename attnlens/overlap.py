@@ -1,0 +1,189 @@
+"""Subspace overlap: how much the top-d eigenspaces of heads, layers and models share.
+
+For orthonormal bases U, V (n × d) the normalised overlap ``‖UᵀV‖²_F / d`` is 1 for
+the same subspace and 0 for orthogonal ones; two independent random d-dimensional
+subspaces of R^n give d/n on average (the chance level, reported beside every
+matrix). The principal angles are the arccosines of the singular values of UᵀV.
+
+The split-half check compares a layer's subspace estimated on two disjoint halves of
+the sequences: if layers differ from each other by no more than the halves of one
+layer differ, the difference is sampling noise, not structure.
+
+>>> import numpy as np
+>>> u = np.linalg.qr(np.random.default_rng(0).standard_normal((8, 2)))[0]
+>>> round(subspace_overlap(u, u), 6), round(subspace_overlap(u, np.linalg.qr(np.c_[u, np.eye(8)])[0][:, 2:4]), 6)
+(1.0, 0.0)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from .eigen import EigenResult
+from .errors import AttnlensError
+from .provenance import provenance
+from .results import read_result_dir, register_result, write_result
+
+
+def subspace_overlap(u: np.ndarray, v: np.ndarray) -> float:
+    """``‖UᵀV‖²_F / d`` for bases with d columns each (columns orthonormal)."""
+    return float(np.sum((u.T @ v) ** 2) / u.shape[1])
+
+
+def principal_angles(u: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """Principal angles (radians, ascending) between the column spaces of U and V."""
+    cosines = np.linalg.svd(u.T @ v, compute_uv=False)
+    return np.arccos(np.clip(cosines, -1.0, 1.0))
+
+
+def overlap_matrix(bases_a: np.ndarray, bases_b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Overlaps and principal angles between every basis of A (k_a, n, d) and of B (k_b, n, d).
+
+    Returns (k_a, k_b) overlaps and (k_a, k_b, d) angles.
+    """
+    products = np.einsum("and,bne->abde", bases_a.astype(np.float64), bases_b.astype(np.float64))
+    overlaps = (products**2).sum(axis=(2, 3)) / bases_a.shape[-1]
+    cosines = np.linalg.svd(products, compute_uv=False)
+    return overlaps, np.arccos(np.clip(cosines, -1.0, 1.0))
+
+
+def chance_overlap(dim: int, n: int) -> float:
+    """Expected overlap of two independent uniformly random d-dimensional subspaces of R^n."""
+    return dim / n
+
+
+def _bases(result: EigenResult, level: str, dim: int, query: int, half: str = "") -> np.ndarray:
+    """(units, n, d) orthonormal bases at ``level``, units in (layer, head) order."""
+    vectors = result.eigenvectors(level, half)[:, :, query, :, :dim]
+    return np.asarray(vectors, dtype=np.float64).reshape(-1, vectors.shape[-2], dim)
+
+
+def _unit_labels(result: EigenResult, level: str) -> list[tuple[int, int]]:
+    layers = result.meta["layers"] if level != "model" else [-1]
+    heads = range(result.meta["num_heads"]) if level == "head" else [-1]
+    return [(layer, head) for layer in layers for head in heads]
+
+
+def _query_index(result: EigenResult, query: int | None) -> tuple[int, int]:
+    """Position on the query axis, and the query it stands for (-1 when rows are pooled)."""
+    queries = result.meta["settings"]["queries"]
+    if queries is None:
+        return 0, -1
+    chosen = queries[-1] if query is None else query
+    if chosen not in queries:
+        raise AttnlensError(f"--query {chosen} is not among the query positions of the eigen result ({queries[0]}…{queries[-1]})")
+    return queries.index(chosen), chosen
+
+
+@register_result("overlap")
+class OverlapResult:
+    """Overlap matrices (``arrays``), a tidy table of every pair (``table``) and the split-half check."""
+
+    def __init__(self, meta: dict, table: pd.DataFrame, split_half: pd.DataFrame, arrays: dict[str, np.ndarray]) -> None:
+        self.meta = meta
+        self.table = table
+        self.split_half = split_half
+        self.arrays = arrays
+
+    @property
+    def dim(self) -> int:
+        return int(self.meta["dim"])
+
+    @property
+    def chance(self) -> float:
+        return float(self.meta["chance"])
+
+    def matrix(self, name: str) -> np.ndarray:
+        """``layers_0`` (layer × layer of model 0), ``heads_0``, ``layers_0_1`` (model 0 × model 1), ..."""
+        return self.arrays[f"{name}_overlap"]
+
+    def save(self, out: str | Path, overwrite: bool = False, figures: bool = True) -> Path:
+        def extra(directory: Path) -> None:
+            if figures:
+                from .figures.eigen import save_overlap_figures
+
+                save_overlap_figures(self, directory / "figures")
+
+        return write_result(out, "overlap", self.meta, tables={"table": self.table, "split_half": self.split_half},
+                            arrays=self.arrays, overwrite=overwrite, extra=extra)
+
+    @classmethod
+    def load(cls, path: str | Path) -> OverlapResult:
+        meta, tables, arrays = read_result_dir(path, "overlap")
+        return cls(meta, tables["table"], tables["split_half"], arrays)
+
+
+def overlap(
+    results: list[EigenResult] | EigenResult,
+    *,
+    dim: int = 16,
+    query: int | None = None,
+    command: str | None = None,
+) -> OverlapResult:
+    """Overlap of top-``dim`` eigenspaces: layer × layer and head × head within each
+    result, layer × layer (and head × head) between every pair of results, and the
+    split-half overlap of every unit. Per-query results use one query position
+    (default: the last, whose keys are all valid even in causal models)."""
+    results = [results] if isinstance(results, EigenResult) else list(results)
+    if not results:
+        raise AttnlensError("give at least one eigen result")
+    n = results[0].n
+    for result in results[1:]:
+        if result.n != n:
+            raise AttnlensError(
+                f"eigen results have different n ({n} for {results[0].meta['model']['name']}, {result.n} for "
+                f"{result.meta['model']['name']}); overlap compares subspaces of the same R^n: use the same --seq-len"
+            )
+    if dim < 1 or dim > n:
+        raise AttnlensError(f"--dim {dim} is out of range; it must be between 1 and n = {n}")
+    for result in results:
+        if dim > result.keep:
+            raise AttnlensError(f"--dim {dim} is above the {result.keep} eigenvectors the eigen result keeps; rerun eigen with --keep {dim}")
+    positions = [_query_index(result, query) for result in results]
+    names = [result.meta["model"]["name"] for result in results]
+    arrays: dict[str, np.ndarray] = {}
+    rows: list[dict] = []
+
+    def compare(key: str, level: str, i: int, j: int) -> None:
+        a = _bases(results[i], level, dim, positions[i][0])
+        b = _bases(results[j], level, dim, positions[j][0])
+        overlaps, angles = overlap_matrix(a, b)
+        arrays[f"{key}_overlap"], arrays[f"{key}_angles"] = overlaps, angles
+        for (ia, (layer_a, head_a)), (ib, (layer_b, head_b)) in (
+            ((x, la), (y, lb)) for x, la in enumerate(_unit_labels(results[i], level)) for y, lb in enumerate(_unit_labels(results[j], level))
+        ):
+            rows.append({"comparison": key, "level": level, "model_a": names[i], "layer_a": layer_a, "head_a": head_a,
+                         "model_b": names[j], "layer_b": layer_b, "head_b": head_b, "overlap": overlaps[ia, ib],
+                         "mean_angle_deg": float(np.degrees(angles[ia, ib]).mean()),
+                         "max_angle_deg": float(np.degrees(angles[ia, ib]).max())})
+
+    for i in range(len(results)):
+        compare(f"layers_{i}", "layer", i, i)
+        compare(f"heads_{i}", "head", i, i)
+        for j in range(i + 1, len(results)):
+            compare(f"layers_{i}_{j}", "layer", i, j)
+            compare(f"heads_{i}_{j}", "head", i, j)
+            compare(f"model_{i}_{j}", "model", i, j)
+    split_rows = []
+    for i, result in enumerate(results):
+        for level in ("head", "layer", "model"):
+            a = _bases(result, level, dim, positions[i][0], "a")
+            b = _bases(result, level, dim, positions[i][0], "b")
+            for unit, (layer, head) in enumerate(_unit_labels(result, level)):
+                split_rows.append({"model": names[i], "level": level, "layer": layer, "head": head,
+                                   "overlap": subspace_overlap(a[unit], b[unit])})
+    meta = {
+        "dim": dim,
+        "n": n,
+        "chance": chance_overlap(dim, n),
+        "models": names,
+        "layers": [result.meta["layers"] for result in results],
+        "num_heads": [result.meta["num_heads"] for result in results],
+        "queries": [q for _, q in positions],
+        "sources": [{"model": r.meta["model"], "corpus": r.meta["corpus"], "settings": r.meta["settings"]} for r in results],
+        **provenance(command),
+    }
+    return OverlapResult(meta, pd.DataFrame(rows), pd.DataFrame(split_rows), arrays)

@@ -1,0 +1,192 @@
+"""Moments, eigen analysis and overlap against numpy / scikit-learn, and on properties."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from sklearn.decomposition import PCA
+
+import attnlens
+from attnlens.eigen import analyse_moments, components_for_energy, gaussian_baseline, matrix_spectrum
+from attnlens.moments import HalfMoments, Moments, moments_from_store, split_halves
+from attnlens.overlap import chance_overlap, principal_angles, subspace_overlap
+
+
+def moments_of(rows: np.ndarray, quantity: str = "scores") -> Moments:
+    """Moments of plain rows (R, n), fed as one layer with one head and one query per row."""
+    moments = Moments.empty(quantity, rows.shape[1], layers=[0], num_heads=1)
+    scores = torch.from_numpy(rows)[:, None, None, :].expand(-1, 1, rows.shape[1], -1)[:, :, :1]
+    # (R, head=1, query=1, n): the n x n capture shape is not needed by accumulate's pooled path
+    moments._add_pooled(0, scores.double(), torch.ones(rows.shape[0], 1, rows.shape[1], dtype=torch.bool))
+    return moments
+
+
+def spectrum(rows: np.ndarray, **settings):
+    halves = HalfMoments(moments_of(rows[::2]), moments_of(rows[1::2]))
+    table, arrays = analyse_moments(halves, **settings)
+    return table.query("level == 'head'").iloc[0], arrays
+
+
+def test_eigenvalues_and_vectors_equal_scikit_learn_pca():
+    rng = np.random.default_rng(0)
+    rows = rng.standard_normal((400, 12)) @ rng.standard_normal((12, 12)) + rng.standard_normal(12) * 5
+    row, arrays = spectrum(rows, keep=12)
+    pca = PCA(n_components=12, svd_solver="full").fit(rows)
+    np.testing.assert_allclose(arrays["head_eigenvalues"][0, 0, 0], pca.explained_variance_, rtol=1e-10)
+    # Same deterministic sign convention: each vector's largest-magnitude entry is positive.
+    np.testing.assert_allclose(arrays["head_eigenvectors"][0, 0, 0], pca.components_.T, atol=1e-6)
+    energy = np.cumsum(pca.explained_variance_ratio_)
+    assert row.k90 == np.searchsorted(energy, 0.9) + 1 and row.k99 == np.searchsorted(energy, 0.99) + 1
+    assert row.effective_rank == pytest.approx(pca.explained_variance_.sum() ** 2 / (pca.explained_variance_**2).sum())
+
+
+def test_uncentred_second_moment_and_ones_direction():
+    rng = np.random.default_rng(1)
+    rows = rng.standard_normal((300, 8)) + 3.0
+    _, arrays = spectrum(rows, centred=False, keep=8)
+    second = rows.T @ rows / len(rows)
+    np.testing.assert_allclose(arrays["head_eigenvalues"][0, 0, 0], np.sort(np.linalg.eigvalsh(second))[::-1], rtol=1e-10)
+    row, arrays = spectrum(rows, project_ones=True, keep=8)
+    ones = np.ones(8) / np.sqrt(8)
+    assert row.ones_variance == pytest.approx(ones @ np.cov(rows.T) @ ones, rel=1e-10)
+    vectors = arrays["head_eigenvectors"][0, 0, 0][:, :7]
+    assert np.abs(ones @ vectors).max() < 1e-6, "with the ones direction projected out, eigenvectors are orthogonal to it"
+    assert arrays["head_eigenvalues"][0, 0, 0][-1] == pytest.approx(0, abs=1e-9)
+
+
+def test_store_rows_match_numpy_for_every_quantity(tmp_path, minilm_l6, kjv):
+    store = attnlens.extract(minilm_l6, kjv, tmp_path / "s", seq_len=16, num_seqs=12, layers=[1], dtype="float32", progress=False)
+    halves = {q: moments_from_store(store, quantity=q, progress=False, batch_size=5) for q in ("scores", "weights", "log-weights")}
+    scores = np.asarray(store.scores(1), dtype=np.float64)[:, 3].reshape(-1, 16)  # head 3, all rows
+    transforms = {
+        "scores": scores,
+        "weights": np.exp(scores - scores.max(1, keepdims=True)) / np.exp(scores - scores.max(1, keepdims=True)).sum(1, keepdims=True),
+        "log-weights": scores - np.log(np.exp(scores).sum(1, keepdims=True)),
+    }
+    for quantity, rows in transforms.items():
+        total = halves[quantity].total
+        np.testing.assert_allclose(total.second_moment()[0, 3, 0], np.cov(rows.T), rtol=1e-8, atol=1e-12)
+        np.testing.assert_allclose(total.mean()[0, 3, 0], rows.mean(0), rtol=1e-10, atol=1e-13)
+
+
+def test_shards_merge_to_the_whole(tmp_path, minilm_l6, kjv):
+    store = attnlens.extract(minilm_l6, kjv, tmp_path / "s", seq_len=16, num_seqs=10, layers=[0, 2], progress=False)
+    whole = Moments.empty("scores", 16, [0, 2], 12)
+    first, second = Moments.empty("scores", 16, [0, 2], 12), Moments.empty("scores", 16, [0, 2], 12)
+    for layer in (0, 2):
+        scores, valid = torch.from_numpy(np.array(store.scores(layer))), torch.from_numpy(np.array(store.valid(layer)))
+        whole.accumulate(layer, scores, valid)
+        first.accumulate(layer, scores[:4], valid[:4])
+        second.accumulate(layer, scores[4:], valid[4:])
+    merged = first + second
+    for name in ("count", "key_count", "sum", "sum_outer"):
+        np.testing.assert_allclose(getattr(merged, name), getattr(whole, name), rtol=1e-12)
+    halves = moments_from_store(store, progress=False, seed=3)
+    np.testing.assert_allclose(halves.total.sum_outer, whole.sum_outer, rtol=1e-12)
+    assert halves.a.count[0, 0, 0] + halves.b.count[0, 0, 0] == 10 * 16
+    path = tmp_path / "m.npz"
+    merged.save(path)
+    np.testing.assert_array_equal(Moments.load(path).sum_outer, merged.sum_outer)
+
+
+def test_planted_low_rank_signal_is_recovered():
+    rng = np.random.default_rng(2)
+    basis = np.linalg.qr(rng.standard_normal((64, 5)))[0]
+    rows = rng.standard_normal((2000, 5)) * [10, 8, 6, 5, 4] @ basis.T + 0.05 * rng.standard_normal((2000, 64))
+    row, arrays = spectrum(rows, keep=8)
+    assert row.k99 <= 5 and row.baseline_k90 > 40
+    found = arrays["head_eigenvectors"][0, 0, 0][:, :5]
+    assert subspace_overlap(found, basis) > 0.999
+    for half in ("a", "b"):
+        assert subspace_overlap(arrays[f"head_eigenvectors_{half}"][0, 0, 0][:, :5], basis) > 0.99
+
+
+def test_gaussian_baseline_matches_direct_sampling():
+    """The Bartlett (Wishart) shortcut has the distribution of the direct sample covariance."""
+    variances = np.linspace(0.5, 3.0, 10)
+    bartlett = np.mean([gaussian_baseline(variances, 40, True, np.random.default_rng(seed)) for seed in range(400)], 0)
+    rng = np.random.default_rng(999)
+    direct = np.mean([np.sort(np.linalg.eigvalsh(np.cov((rng.standard_normal((40, 10)) * np.sqrt(variances)).T)))[::-1]
+                      for _ in range(400)], 0)
+    np.testing.assert_allclose(bartlett, direct, rtol=0.05)
+    few = gaussian_baseline(variances, 5, True, np.random.default_rng(0))  # fewer rows than dimensions
+    assert (few[4:] < 1e-10).all() and (few[:4] > 0).all()
+
+
+def test_full_matrix_spectrum_equals_explicit_covariance():
+    rng = np.random.default_rng(3)
+    matrices = rng.standard_normal((10, 36)) @ rng.standard_normal((36, 36))
+    values, factor = matrix_spectrum(matrices)
+    explicit = np.sort(np.linalg.eigvalsh(np.cov(matrices.T)))[::-1]
+    np.testing.assert_allclose(values, explicit[:10], rtol=1e-8, atol=1e-8)
+    covariance = np.cov(matrices.T)
+    for column in range(9):  # eigenvectors of the P x P covariance, unit norm
+        np.testing.assert_allclose(covariance @ factor[:, column], values[column] * factor[:, column], rtol=1e-6, atol=1e-8)
+        assert np.linalg.norm(factor[:, column]) == pytest.approx(1)
+
+
+def test_overlap_properties():
+    rng = np.random.default_rng(4)
+    n, d = 40, 6
+    u = np.linalg.qr(rng.standard_normal((n, d)))[0]
+    complement = np.linalg.qr(np.c_[u, rng.standard_normal((n, n - d))])[0][:, d : 2 * d]
+    rotation = np.linalg.qr(rng.standard_normal((d, d)))[0]
+    assert subspace_overlap(u, u) == pytest.approx(1)
+    assert subspace_overlap(u, complement) == pytest.approx(0, abs=1e-12)
+    assert subspace_overlap(u, u @ rotation) == pytest.approx(1)
+    v = np.linalg.qr(rng.standard_normal((n, d)))[0]  # partly overlapping: invariant to the basis of either
+    assert subspace_overlap(u, v) == pytest.approx(subspace_overlap(u @ rotation, v @ rotation.T), rel=1e-10)
+    np.testing.assert_allclose(principal_angles(u, u @ rotation), 0, atol=1e-6)
+    np.testing.assert_allclose(principal_angles(u, complement), np.pi / 2, atol=1e-6)
+    random = [subspace_overlap(np.linalg.qr(rng.standard_normal((n, d)))[0], np.linalg.qr(rng.standard_normal((n, d)))[0])
+              for _ in range(2000)]
+    assert np.mean(random) == pytest.approx(chance_overlap(d, n), rel=0.03)
+
+
+def test_per_query_rows_of_a_causal_model_use_the_valid_prefix(tmp_path, minilm_l6, kjv):
+    """Per-query moments on a causal model: query i has i + 1 keys; eigenvalues equal numpy's on those rows."""
+    import transformers
+
+    config = transformers.LlamaConfig(vocab_size=30522, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64)
+    torch.manual_seed(0)
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "tiny")
+    minilm_l6.tokenizer.save_pretrained(tmp_path / "tiny")
+    model = attnlens.load_model(str(tmp_path / "tiny"))
+    store = attnlens.extract(model, kjv, tmp_path / "s", seq_len=8, num_seqs=30, dtype="float32", progress=False)
+    result = attnlens.eigen(store, per_query=True, keep=8, progress=False)
+    heads = result.table.query("level == 'head' and head == 1")
+    assert heads.num_keys.tolist() == list(range(1, 9))
+    rows = np.asarray(store.scores(0), dtype=np.float64)[:, 1, 5, :6]  # query 5: keys 0..5
+    expected = np.sort(np.linalg.eigvalsh(np.cov(rows.T)))[::-1]
+    np.testing.assert_allclose(result.arrays["head_eigenvalues"][0, 1, 5, :6], expected, rtol=1e-8, atol=1e-10)
+    assert (result.arrays["head_eigenvalues"][0, 1, 5, 6:] == 0).all()
+    pooled = attnlens.eigen(store, keep=8, progress=False).table.query("level == 'head'")
+    assert (pooled.rows == 30).all(), "pooled rows of a causal model: only the full-length (last) row of each block"
+
+
+def test_eigen_and_overlap_from_a_real_model_and_reload(tmp_path, minilm_l6, minilm_l3):
+    a = attnlens.eigen(minilm_l6, seq_len=32, num_seqs=48, keep=8, progress=False)
+    b = attnlens.eigen(minilm_l3, seq_len=32, num_seqs=48, keep=8, progress=False)
+    a.save(tmp_path / "a")
+    reloaded = attnlens.load_result(tmp_path / "a")
+    np.testing.assert_array_equal(reloaded.arrays["layer_eigenvalues"], a.arrays["layer_eigenvalues"])
+    assert list(reloaded.table.columns) == list(a.table.columns)
+    result = attnlens.overlap([reloaded, b], dim=4)
+    assert result.matrix("layers_0").shape == (6, 6) and result.matrix("layers_0_1").shape == (6, 3)
+    np.testing.assert_allclose(np.diag(result.matrix("layers_0")), 1, atol=1e-5)
+    assert result.chance == 4 / 32
+    # Cross-model overlaps lie in [0, 1]; split-half has one row per unit and level.
+    assert ((result.matrix("layers_0_1") >= 0) & (result.matrix("layers_0_1") <= 1 + 1e-6)).all()
+    assert len(result.split_half) == (72 + 6 + 1) + (36 + 3 + 1)
+    result.save(tmp_path / "o")
+    assert attnlens.load_result(tmp_path / "o").matrix("layers_0_1").shape == (6, 3)
+    assert (tmp_path / "o" / "figures" / "overlap_layers_0_1.png").is_file()
+    assert (tmp_path / "a" / "figures" / "spectra.pdf").is_file()
+
+
+def test_components_for_energy_edges():
+    assert components_for_energy(np.array([1.0, 0, 0]), 0.99) == 1
+    assert components_for_energy(np.zeros(3), 0.9) == 0
+    assert split_halves(7, 0).sum() == 3
