@@ -15,11 +15,10 @@ softmax ignores; the variance it held is reported either way), per query positio
 (``queries``), and ``full_matrices``: the flattened n×n matrices of each sequence,
 through the Gram matrix of the sequences (never an n²×n² covariance).
 
->>> import tempfile
 >>> import attnlens
 >>> result = attnlens.eigen("minilm-l6", seq_len=16, num_seqs=16, layers=[0], progress=False)
 >>> row = result.table.query("level == 'layer'").iloc[0]
->>> int(row.layer), 1 <= row.k90 <= 16, bool(row.k90 <= row.baseline_k90)
+>>> int(row.layer), bool(1 <= row.k90 <= 16), bool(row.k90 <= row.baseline_k90)
 (0, True, True)
 """
 
