@@ -20,9 +20,9 @@ each key was valid, and analyses use the keys valid in every row of the unit (th
 >>> m = Moments.empty("scores", n=3, layers=[0], num_heads=1)
 >>> rows = torch.tensor([[[[1., 2., 3.], [3., 2., 1.]]]])            # (batch, head, query, key)
 >>> m.accumulate(0, rows, torch.ones(1, 2, 3, dtype=torch.bool))
->>> m.count[0, 0, 0], m.sum[0, 0, 0].tolist()
+>>> m.count[0, 0, 0].item(), m.sum[0, 0, 0].tolist()
 (2.0, [4.0, 4.0, 4.0])
->>> (m + m).count[0, 0, 0]
+>>> (m + m).count[0, 0, 0].item()
 4.0
 """
 

@@ -8,8 +8,8 @@ existing result is only replaced when the caller says ``overwrite``.
 >>> import tempfile, numpy as np, pandas as pd
 >>> from attnlens.results import write_result, read_result_dir
 >>> out = tempfile.mkdtemp() + "/r"
->>> write_result(out, "demo", {"answer": 42}, tables={"table": pd.DataFrame({"a": [1, 2]})},
-...              arrays={"x": np.arange(3)})
+>>> _ = write_result(out, "demo", {"answer": 42}, tables={"table": pd.DataFrame({"a": [1, 2]})},
+...                  arrays={"x": np.arange(3)})
 >>> meta, tables, arrays = read_result_dir(out, "demo")
 >>> meta["answer"], tables["table"]["a"].tolist(), arrays["x"].tolist()
 (42, [1, 2], [0, 1, 2])
