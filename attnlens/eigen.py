@@ -31,14 +31,15 @@ import numpy as np
 import pandas as pd
 import torch
 
-from .corpus import Corpus, load_corpus
+from .corpus import Corpus
 from .errors import AttnlensError
-from .models import LoadedModel, load_model
-from .moments import LEVELS, QUANTITIES, HalfMoments, Moments, moments_from_model, moments_from_store
+from .models import LoadedModel
+from .moments import LEVELS, QUANTITIES, HalfMoments, Moments, compute_moments
 from .progress import progress_bar
 from .provenance import provenance
 from .results import read_result_dir, register_result, write_result
-from .store import Store, is_store, open_store
+from .sources import open_rows
+from .store import Store, is_store
 
 ENERGY_LEVELS = (0.90, 0.95, 0.99)
 
@@ -351,34 +352,26 @@ def eigen(
         raise AttnlensError(f"--quantity {quantity} is unknown; use one of {', '.join(QUANTITIES)}")
     if keep < 1:
         raise AttnlensError(f"--keep {keep} must be at least 1")
-    store, model = _open_source(source, device)
-    n = store.n if store is not None else seq_len
+    if full_matrices and not isinstance(source, Store) and not is_store(Path(str(source))):
+        raise AttnlensError("full-matrix analysis reads the matrices of each sequence from a store; run 'attnlens extract' first and give its directory")
+    rows = open_rows(source, corpus=corpus, seq_len=seq_len, num_seqs=num_seqs, seed=seed, device=device)
+    n = rows.n
     if per_query and queries is None:
         queries = list(range(n))
     if queries is not None:
         bad = [q for q in queries if not 0 <= q < n]
         if bad:
             raise AttnlensError(f"--queries {bad[0]} is out of range; query positions run from 0 to {n - 1}")
-    if store is not None:
-        halves = moments_from_store(store, quantity=quantity, queries=queries, layers=layers, batch_size=batch_size,
-                                    seed=seed, progress=progress)
-        model_info, corpus_info = store.manifest["model"], {**store.manifest["corpus"], "store": str(store.path)}
-        corpus_info.pop("block_index", None)
-    else:
-        if full_matrices:
-            raise AttnlensError("full-matrix analysis reads the matrices of each sequence from a store; run 'attnlens extract' first and give its directory")
-        corpus = corpus if isinstance(corpus, Corpus) else load_corpus(corpus)
-        halves = moments_from_model(model, corpus, seq_len=seq_len, num_seqs=num_seqs, batch_size=batch_size, seed=seed,
-                                    quantity=quantity, queries=queries, layers=layers, progress=progress)
-        model_info, corpus_info = model.describe(), {**corpus.describe(), "num_seqs": num_seqs, "seed": seed}
+    halves = compute_moments(rows, quantity=quantity, queries=queries, layers=layers, batch_size=batch_size, seed=seed,
+                             progress=progress)
     table, arrays = analyse_moments(halves, centred=centred, project_ones=project_ones, keep=keep, seed=seed, progress=progress)
     matrix_table = None
     if full_matrices:
-        matrix_table, matrix_arrays = _matrix_analysis(store, list(halves.a.layers), quantity, centred, min(keep, 8), seed, progress)
+        matrix_table, matrix_arrays = _matrix_analysis(rows.store, list(halves.a.layers), quantity, centred, min(keep, 8), seed, progress)
         arrays.update(matrix_arrays)
     meta = {
-        "model": model_info,
-        "corpus": corpus_info,
+        "model": rows.model_info,
+        "corpus": rows.corpus_info,
         "n": n,
         "layers": list(halves.a.layers),
         "num_heads": halves.a.num_heads,
@@ -387,16 +380,3 @@ def eigen(
         **provenance(command),
     }
     return EigenResult(meta, table, arrays, matrix_table, halves)
-
-
-def _open_source(source: str | Path | Store | LoadedModel, device: str) -> tuple[Store | None, LoadedModel | None]:
-    if isinstance(source, Store):
-        return source, None
-    if isinstance(source, LoadedModel):
-        return None, source
-    if is_store(Path(source)):
-        return open_store(source), None
-    path = Path(source)
-    if path.is_dir() and not (path / "config.json").is_file():
-        raise AttnlensError(f"'{source}' is neither an attnlens store (no manifest.json) nor a model directory (no config.json)")
-    return None, load_model(str(source), device=device)

@@ -35,12 +35,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .capture import Capture
-from .corpus import Corpus
 from .errors import AttnlensError
-from .models import LoadedModel
-from .progress import progress_bar
-from .store import Store
+from .sources import ModelRows, StoreRows
 
 QUANTITIES = ("scores", "weights", "log-weights")
 LEVELS = ("head", "layer", "model")
@@ -266,9 +262,10 @@ def check_rows_for_per_query(num_seqs: int, n: int, queries: Iterable[int] | Non
         )
 
 
-def moments_from_store(
-    store: Store,
+def compute_moments(
+    rows: StoreRows | ModelRows,
     *,
+    sequences: np.ndarray | None = None,
     quantity: str = "scores",
     queries: Iterable[int] | None = None,
     layers: Iterable[int] | None = None,
@@ -276,56 +273,19 @@ def moments_from_store(
     seed: int = 0,
     progress: bool = True,
 ) -> HalfMoments:
-    """Accumulate moments from a store, ``batch_size`` sequences of one layer at a time."""
-    layers = store.layers if layers is None else list(layers)
-    missing = [layer for layer in layers if layer not in store.layers]
-    if missing:
-        raise AttnlensError(f"layer {missing[0]} is not in the store {store.path}; it holds layers {store.layers}")
-    check_rows_for_per_query(store.num_seqs, store.n, queries)
-    halves = HalfMoments(*(Moments.empty(quantity, store.n, layers, store.num_heads, queries) for _ in range(2)))
-    half = split_halves(store.num_seqs, seed)
-    with progress_bar(total=store.num_seqs * len(layers), desc="moments", unit="seq", enabled=progress) as bar:
-        for layer in layers:
-            for start in range(0, store.num_seqs, batch_size):
-                stop = min(start + batch_size, store.num_seqs)
-                scores, valid = store.read("scores", layer, start, stop), store.read("valid", layer, start, stop)
-                halves.accumulate(layer, torch.from_numpy(scores), torch.from_numpy(valid), half[start:stop])
-                bar.update(stop - start)
-    return halves
+    """Moments of the rows of ``sequences`` (default all), split into two seeded halves.
 
-
-def moments_from_model(
-    model: LoadedModel,
-    corpus: Corpus,
-    *,
-    seq_len: int = 128,
-    num_seqs: int = 256,
-    batch_size: int = 32,
-    seed: int = 0,
-    quantity: str = "scores",
-    queries: Iterable[int] | None = None,
-    layers: Iterable[int] | None = None,
-    progress: bool = True,
-) -> HalfMoments:
-    """Accumulate moments straight from forward passes, without writing a store.
-
-    Each layer's scores are folded into the sums as the layer is computed, so memory
-    does not grow with the number of sequences (corpora too large to dump).
+    From a model, each layer's scores are folded into the sums as the layer is
+    computed, so memory does not grow with the number of sequences.
     """
-    from .extract import check_layers, check_seq_len
-
-    check_seq_len(model, seq_len)
-    layers = check_layers(model, None if layers is None else list(layers))
-    check_rows_for_per_query(num_seqs, seq_len, queries)
-    blocks = corpus.blocks(model, seq_len, num_seqs, seed)
-    halves = HalfMoments(*(Moments.empty(quantity, seq_len, layers, model.num_heads, queries) for _ in range(2)))
-    half = split_halves(len(blocks), seed)
-    with progress_bar(total=len(blocks), desc="moments", unit="seq", enabled=progress) as bar:
-        for start in range(0, len(blocks), batch_size):
-            ids = blocks.ids[start : start + batch_size]
-            batch_half = half[start : start + len(ids)]
-            sink = lambda layer, scores, valid, weights: halves.accumulate(layer, scores.cpu(), valid.cpu(), batch_half)
-            with torch.no_grad(), Capture(layers, sink=sink):
-                model.forward(torch.from_numpy(ids))
-            bar.update(len(ids))
+    layers = rows.check_layers(layers)
+    sequences = np.arange(rows.num_seqs) if sequences is None else np.sort(np.asarray(sequences))
+    check_rows_for_per_query(len(sequences), rows.n, queries)
+    halves = HalfMoments(*(Moments.empty(quantity, rows.n, layers, rows.num_heads, queries) for _ in range(2)))
+    half = np.zeros(rows.num_seqs, dtype=np.int64)
+    half[sequences] = split_halves(len(sequences), seed)
+    rows.for_each_batch(
+        sequences, layers, lambda layer, scores, valid, batch: halves.accumulate(layer, scores, valid, half[batch]),
+        batch_size=batch_size, progress=progress, desc="moments",
+    )
     return halves

@@ -7,7 +7,7 @@ own process (peak RSS is its own), rounds alternating the modes, medians reporte
 
   bare      read every layer's arrays batch by batch, convert to float64, one BLAS XᵀX
             per head on the same rows                                     <- the baseline
-  moments   attnlens.moments.moments_from_store (scores, pooled, two halves)
+  moments   attnlens.moments.compute_moments from the store (scores, pooled, two halves)
   pca       scikit-learn PCA fitted on each head's rows (all rows in memory)
   ipca      scikit-learn IncrementalPCA, partial_fit batch by batch, per head
 
@@ -40,17 +40,18 @@ def run_mode(mode: str, store_path: str, batch_size: int, num_seqs: int) -> dict
     import torch
 
     import attnlens
-    from attnlens.moments import moments_from_model, moments_from_store
+    from attnlens.moments import compute_moments
+    from attnlens.sources import ModelRows, StoreRows
 
     start = time.perf_counter()
     if mode == "model":
-        moments_from_model(attnlens.load_model("minilm-l6"), attnlens.load_corpus("kjv"), seq_len=128,
-                           num_seqs=num_seqs, progress=False)
+        model = attnlens.load_model("minilm-l6")
+        compute_moments(ModelRows(model, attnlens.load_corpus("kjv").blocks(model, 128, num_seqs)), progress=False)
         return {"seconds": time.perf_counter() - start, "peak_rss_mb": peak_rss_mb()}
     store = attnlens.open_store(store_path)
     start = time.perf_counter()
     if mode == "moments":
-        moments_from_store(store, batch_size=batch_size, progress=False)
+        compute_moments(StoreRows(store), batch_size=batch_size, progress=False)
     elif mode == "bare":
         for layer in store.layers:
             for begin in range(0, store.num_seqs, batch_size):

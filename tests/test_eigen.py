@@ -9,7 +9,8 @@ from sklearn.decomposition import PCA
 
 import attnlens
 from attnlens.eigen import analyse_moments, components_for_energy, gaussian_baseline, matrix_spectrum
-from attnlens.moments import HalfMoments, Moments, moments_from_store, split_halves
+from attnlens.moments import HalfMoments, Moments, compute_moments, split_halves
+from attnlens.sources import StoreRows
 from attnlens.overlap import chance_overlap, principal_angles, subspace_overlap
 
 
@@ -57,7 +58,7 @@ def test_uncentred_second_moment_and_ones_direction():
 
 def test_store_rows_match_numpy_for_every_quantity(tmp_path, minilm_l6, kjv):
     store = attnlens.extract(minilm_l6, kjv, tmp_path / "s", seq_len=16, num_seqs=12, layers=[1], dtype="float32", progress=False)
-    halves = {q: moments_from_store(store, quantity=q, progress=False, batch_size=5) for q in ("scores", "weights", "log-weights")}
+    halves = {q: compute_moments(StoreRows(store), quantity=q, progress=False, batch_size=5) for q in ("scores", "weights", "log-weights")}
     scores = np.asarray(store.scores(1), dtype=np.float64)[:, 3].reshape(-1, 16)  # head 3, all rows
     transforms = {
         "scores": scores,
@@ -82,7 +83,7 @@ def test_shards_merge_to_the_whole(tmp_path, minilm_l6, kjv):
     merged = first + second
     for name in ("count", "key_count", "sum", "sum_outer"):
         np.testing.assert_allclose(getattr(merged, name), getattr(whole, name), rtol=1e-12)
-    halves = moments_from_store(store, progress=False, seed=3)
+    halves = compute_moments(StoreRows(store), progress=False, seed=3)
     np.testing.assert_allclose(halves.total.sum_outer, whole.sum_outer, rtol=1e-12)
     assert halves.a.count[0, 0, 0] + halves.b.count[0, 0, 0] == 10 * 16
     path = tmp_path / "m.npz"

@@ -1,0 +1,128 @@
+"""Row sources: batches of captured scores, from a store on disk or straight from a model.
+
+Analyses that stream over rows (moments, reconstruction error) take a source and a
+``consumer(layer, scores, valid, sequences)`` that is called once per layer and batch:
+``scores`` (batch, head, n, n), ``valid`` (batch, n, n), ``sequences`` the indices of
+the batch's sequences. From a model the consumer runs inside the forward pass, as each
+layer is computed, so nothing beyond one layer of one batch is held in memory.
+
+>>> import numpy as np
+>>> from attnlens import load_corpus, load_model
+>>> model = load_model("minilm-l6")
+>>> rows = ModelRows(model, load_corpus("kjv").blocks(model, n=8, num_blocks=4))
+>>> seen = []
+>>> rows.for_each_batch(np.arange(4), [0, 3], lambda layer, scores, valid, seqs: seen.append((layer, tuple(scores.shape))),
+...                     batch_size=2, progress=False)
+>>> seen[:2]
+[(0, (2, 12, 8, 8)), (3, (2, 12, 8, 8))]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .capture import Capture
+from .corpus import Blocks, Corpus, load_corpus
+from .errors import AttnlensError
+from .models import LoadedModel, load_model
+from .progress import progress_bar
+from .store import Store, is_store, open_store
+
+Consumer = Callable[[int, torch.Tensor, torch.Tensor, np.ndarray], None]
+
+
+class StoreRows:
+    """Rows read from a store, one layer and batch at a time (no memory map kept)."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.n, self.num_heads, self.num_seqs, self.layers = store.n, store.num_heads, store.num_seqs, store.layers
+        self.model_info = store.manifest["model"]
+        corpus = {key: value for key, value in store.manifest["corpus"].items() if key != "block_index"}
+        self.corpus_info = {**corpus, "store": str(store.path)}
+
+    def tokens(self, sequences: np.ndarray) -> np.ndarray:
+        return np.asarray(self.store.tokens)[sequences].astype(np.int64)
+
+    def check_layers(self, layers: Iterable[int] | None) -> list[int]:
+        layers = self.layers if layers is None else sorted(set(layers))
+        missing = [layer for layer in layers if layer not in self.layers]
+        if missing:
+            raise AttnlensError(f"layer {missing[0]} is not in the store {self.store.path}; it holds layers {self.layers}")
+        return layers
+
+    def for_each_batch(self, sequences: np.ndarray, layers: list[int], consume: Consumer, *, batch_size: int = 32,
+                       progress: bool = True, desc: str = "rows") -> None:
+        sequences = np.sort(np.asarray(sequences))
+        with progress_bar(total=len(sequences) * len(layers), desc=desc, unit="seq", enabled=progress) as bar:
+            for layer in layers:
+                for chunk in _chunks(sequences, batch_size):
+                    start, stop = int(chunk[0]), int(chunk[-1]) + 1
+                    pick = chunk - start  # the chunk's sequences inside the contiguous range read
+                    scores = self.store.read("scores", layer, start, stop)[pick]
+                    valid = self.store.read("valid", layer, start, stop)[pick]
+                    consume(layer, torch.from_numpy(scores), torch.from_numpy(valid), chunk)
+                    bar.update(len(chunk))
+
+
+class ModelRows:
+    """Rows computed by forward passes over corpus blocks; nothing is written to disk."""
+
+    def __init__(self, model: LoadedModel, blocks: Blocks, corpus: Corpus | None = None, seed: int | None = None) -> None:
+        self.model, self.blocks = model, blocks
+        self.n, self.num_heads, self.num_seqs = blocks.n, model.num_heads, len(blocks)
+        self.layers = list(range(model.num_layers))
+        self.model_info = model.describe()
+        self.corpus_info = {**(corpus.describe() if corpus is not None else {}), "num_seqs": len(blocks), "seed": seed}
+
+    def tokens(self, sequences: np.ndarray) -> np.ndarray:
+        return self.blocks.ids[sequences]
+
+    def check_layers(self, layers: Iterable[int] | None) -> list[int]:
+        from .extract import check_layers
+
+        return check_layers(self.model, None if layers is None else list(layers))
+
+    def for_each_batch(self, sequences: np.ndarray, layers: list[int], consume: Consumer, *, batch_size: int = 32,
+                       progress: bool = True, desc: str = "rows") -> None:
+        sequences = np.sort(np.asarray(sequences))
+        with progress_bar(total=len(sequences), desc=desc, unit="seq", enabled=progress) as bar:
+            for chunk in _chunks(sequences, batch_size):
+                sink = lambda layer, scores, valid, weights: consume(layer, scores.cpu(), valid.cpu(), chunk)
+                with torch.no_grad(), Capture(layers, sink=sink):
+                    self.model.forward(torch.from_numpy(self.blocks.ids[chunk]))
+                bar.update(len(chunk))
+
+
+def _chunks(sequences: np.ndarray, size: int) -> list[np.ndarray]:
+    return [sequences[start : start + size] for start in range(0, len(sequences), size)]
+
+
+def open_rows(
+    source: str | Path | Store | LoadedModel,
+    *,
+    corpus: str | Path | Corpus = "kjv",
+    seq_len: int = 128,
+    num_seqs: int = 256,
+    seed: int = 0,
+    device: str = "cpu",
+) -> StoreRows | ModelRows:
+    """A store path / :class:`Store`, or a model (alias, path, Hub id, :class:`LoadedModel`) with corpus blocks."""
+    if isinstance(source, Store):
+        return StoreRows(source)
+    if not isinstance(source, LoadedModel):
+        if is_store(Path(source)):
+            return StoreRows(open_store(source))
+        path = Path(source)
+        if path.is_dir() and not (path / "config.json").is_file():
+            raise AttnlensError(f"'{source}' is neither an attnlens store (no manifest.json) nor a model directory (no config.json)")
+        source = load_model(str(source), device=device)
+    from .extract import check_seq_len
+
+    check_seq_len(source, seq_len)
+    corpus = corpus if isinstance(corpus, Corpus) else load_corpus(corpus)
+    return ModelRows(source, corpus.blocks(source, seq_len, num_seqs, seed), corpus, seed)
