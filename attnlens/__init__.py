@@ -5,7 +5,7 @@ The pipeline, one module per step: :mod:`~attnlens.models` (load a model),
 (record or change attention), :mod:`~attnlens.store` (captured scores on disk),
 :mod:`~attnlens.extract` (corpus -> capture -> store), :mod:`~attnlens.moments`
 (streaming row sums), :mod:`~attnlens.eigen` and :mod:`~attnlens.overlap` (spectra and
-shared subspaces), :mod:`~attnlens.figures` (one function per figure).
+shared subspaces), :mod:`~attnlens.reconstruct` (partial computation), :mod:`~attnlens.figures` (one function per figure).
 """
 
 from .capture import Capture
@@ -16,6 +16,7 @@ from .extract import extract
 from .models import LoadedModel, list_models, load_model
 from .moments import Moments
 from .overlap import OverlapResult, overlap
+from .reconstruct import ReconstructResult, reconstruct
 from .results import load_result
 from .store import Store, open_store
 
@@ -28,6 +29,7 @@ __all__ = [
     "LoadedModel",
     "Moments",
     "OverlapResult",
+    "ReconstructResult",
     "Store",
     "eigen",
     "extract",
@@ -37,4 +39,5 @@ __all__ = [
     "load_result",
     "open_store",
     "overlap",
+    "reconstruct",
 ]

@@ -150,7 +150,7 @@ def load_result(path: str | Path) -> object:
     kind = _read_meta(path)["kind"]
     if kind not in _LOADERS:
         # Importing the analysis modules registers their loaders.
-        from . import eigen, overlap  # noqa: F401
+        from . import eigen, overlap, reconstruct  # noqa: F401
     if kind not in _LOADERS:
         raise AttnlensError(f"result '{path}' is of kind '{kind}', which this attnlens cannot read")
     return _LOADERS[kind](path)

@@ -27,7 +27,7 @@ STRATEGIES = ("greedy", "random", "stride", "local+global", "eigen")
 QUERY_DEPENDENT = ("local+global",)
 
 
-def greedy_path(covariance: np.ndarray, candidates: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+def greedy_path(covariance: np.ndarray, candidates: np.ndarray | None = None, steps: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Greedy selection order for a batch of units, and the residual error after each step.
 
     ``covariance`` (units, n, n); ``candidates`` (units, n) bool marks the positions
@@ -35,6 +35,7 @@ def greedy_path(covariance: np.ndarray, candidates: np.ndarray | None = None) ->
     (units, n) — candidates first in greedy order, then the rest — and ``errors``
     (units, n + 1): the trace of the residual covariance over the candidates after
     0, 1, … selections (the in-sample squared error of the least-squares predictor).
+    ``steps`` stops the path early (order and errors beyond it are 0).
     """
     residual = np.array(covariance, dtype=np.float64)
     units, n, _ = residual.shape
@@ -44,7 +45,8 @@ def greedy_path(covariance: np.ndarray, candidates: np.ndarray | None = None) ->
     errors = np.zeros((units, n + 1))
     diagonal_floor = 1e-12 * np.maximum(np.einsum("uii->u", residual), 1e-300)[:, None]
     rows = np.arange(units)
-    for step in range(n):
+    steps = n if steps is None else min(steps, n)
+    for step in range(steps):
         diagonal = np.einsum("uii->ui", residual)
         errors[:, step] = np.where(allowed, diagonal, 0).sum(1)
         gains = np.einsum("uij,uij->uj", residual, residual * allowed[:, :, None]) / np.maximum(diagonal, diagonal_floor)
@@ -59,7 +61,7 @@ def greedy_path(covariance: np.ndarray, candidates: np.ndarray | None = None) ->
         pivot = residual[rows, :, pick]  # (units, n): Σ[:, j]
         scale = np.where(diagonal[rows, pick] > diagonal_floor[:, 0], 1 / np.maximum(diagonal[rows, pick], 1e-300), 0.0)
         residual -= scale[:, None, None] * pivot[:, :, None] * pivot[:, None, :]
-    errors[:, n] = np.where(allowed, np.einsum("uii->ui", residual), 0).sum(1)
+    errors[:, steps] = np.where(allowed, np.einsum("uii->ui", residual), 0).sum(1)
     return order, np.clip(errors, 0, None)
 
 

@@ -1,0 +1,76 @@
+"""``attnlens reconstruct``."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from .app import (
+    BatchSizeOption,
+    CorpusOption,
+    DeviceOption,
+    LayersOption,
+    NumSeqsOption,
+    OutOption,
+    OverwriteOption,
+    ProgressOption,
+    SeedOption,
+    SeqLenOption,
+    app,
+    parse_int_list,
+)
+
+
+def _names(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+@app.command()
+def reconstruct(
+    source: Annotated[str, typer.Argument(help="A store directory (attnlens extract) or a model to stream from.")],
+    out: OutOption,
+    ks: Annotated[str | None, typer.Option("--ks", help="Comma-separated k values; default 1,2,4,...,n.")] = None,
+    select: Annotated[str, typer.Option("--select", help="Strategies: greedy, random, stride, local+global, eigen.")] = "greedy,random,stride",
+    scope: Annotated[str, typer.Option("--scope", help="Map scopes: head, layer, all.")] = "head,layer,all",
+    rows: Annotated[str, typer.Option("--rows", help="auto, pooled or per-query (causal models: per-query).")] = "auto",
+    ridge: Annotated[float, typer.Option("--ridge", help="Relative ridge of the least-squares fit.")] = 1e-6,
+    pairs: Annotated[bool, typer.Option("--pairs", help="Also pairs mode: k*n (query, key) pairs per matrix (needs a store).")] = False,
+    plug_in: Annotated[bool, typer.Option("--plug-in", help="Run the model with the reconstruction inside attention.")] = False,
+    plug_in_layers: Annotated[str | None, typer.Option("--plug-in-layers", help="Layers to reconstruct in plug-in mode; default all.")] = None,
+    objective: Annotated[str, typer.Option("--objective", help="auto, clm, mlm or hidden.")] = "auto",
+    model: Annotated[str | None, typer.Option("--model", "-m", help="The store's model, for --plug-in / --learn-r from a store.")] = None,
+    learn_r: Annotated[bool, typer.Option("--learn-r", help="Fine-tune the maps on the objective (first strategy and scope).")] = False,
+    learn_steps: Annotated[int, typer.Option("--learn-steps", help="Gradient steps of --learn-r.")] = 60,
+    eval_fraction: Annotated[float, typer.Option("--eval-fraction", help="Share of blocks held out for evaluation.")] = 0.25,
+    corpus: CorpusOption = "kjv",
+    seq_len: SeqLenOption = 128,
+    num_seqs: NumSeqsOption = 256,
+    batch_size: BatchSizeOption = 16,
+    layers: LayersOption = None,
+    seed: SeedOption = 0,
+    device: DeviceOption = "cpu",
+    overwrite: OverwriteOption = False,
+    progress: ProgressOption = True,
+) -> None:
+    """Compute k exact scores per row, rebuild the rest by least squares, measure the error on held-out blocks."""
+    from ..reconstruct import reconstruct as run
+    from ..results import check_out
+
+    check_out(out, overwrite)
+    result = run(
+        source, corpus=corpus, seq_len=seq_len, num_seqs=num_seqs, eval_fraction=eval_fraction,
+        ks=parse_int_list(ks, "--ks"), strategies=_names(select), scopes=_names(scope), rows=rows, ridge=ridge,
+        layers=parse_int_list(layers, "--layers"), pairs=pairs, plug_in=plug_in,
+        plug_in_layers=parse_int_list(plug_in_layers, "--plug-in-layers"), objective=objective, model=model,
+        learn_r=learn_r, learn_steps=learn_steps, batch_size=batch_size, seed=seed, device=device, progress=progress,
+    )
+    result.save(out, overwrite=overwrite)
+    overall = result.table[result.table.layer == -1]
+    typer.echo(overall[["strategy", "scope", "k", "rel_error", "rel_error_zero", "tv", "flops_ratio"]].to_string(index=False))
+    if result.plug_in is not None:
+        columns = [c for c in ("strategy", "scope", "k", "loss", "loss_increase", "token_cosine", "pooled_cosine") if c in result.plug_in]
+        typer.echo(result.plug_in[columns].to_string(index=False))
+    if result.learned is not None:
+        typer.echo(result.learned.to_string(index=False))
+    typer.echo(f"wrote reconstruction result to {out}")

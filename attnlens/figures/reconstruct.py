@@ -1,0 +1,118 @@
+"""Figures of reconstruction results: error and fidelity against k and against FLOPs saved.
+
+>>> import attnlens
+>>> from attnlens.figures.reconstruct import plot_error_vs_k
+>>> result = attnlens.reconstruct("minilm-l6", seq_len=16, num_seqs=40, ks=[2, 8], layers=[0],
+...                               scopes=["head"], progress=False)
+>>> plot_error_vs_k(result).get_xscale()
+'log'
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import numpy as np
+
+from .style import new_axes, save_figure
+
+SCOPE_STYLES = {"head": "-", "layer": "--", "all": ":"}
+METRIC_LABELS = {
+    "rel_error": "relative error ‖s − ŝ‖² / ‖s − mean‖²",
+    "rel_error_zero": "relative error ‖s − ŝ‖² / ‖s‖²",
+    "tv": "total variation between weights (per row)",
+    "kl": "KL(w ‖ ŵ) per row (nats)",
+}
+
+
+def _strategy_colours(strategies) -> dict[str, tuple]:
+    import seaborn as sns
+
+    palette = sns.color_palette("deep", len(strategies))
+    return dict(zip(strategies, palette))
+
+
+def _k_axis(ax: plt.Axes, ks) -> None:
+    """Log-2 k axis labelled with the k values themselves (1, 2, 4, ...), not powers."""
+    ax.set_xscale("log", base=2)
+    ks = sorted(set(int(k) for k in ks))
+    ax.set_xticks(ks, [str(k) for k in ks])
+    ax.minorticks_off()
+
+
+def _title(result, what: str) -> str:
+    meta = result.meta
+    return f"{what}\n({meta['model']['name']}, n = {meta['n']}, {meta['settings']['rows']} rows, held-out blocks)"
+
+
+def plot_error_vs_k(result, ax: plt.Axes | None = None, *, metric: str = "rel_error") -> plt.Axes:
+    """Held-out error (all evaluated heads together) against k, per strategy (colour) and
+    scope (line style). Exact reconstructions (error 0, e.g. k = n) have no place on a
+    log scale and are left out; the title says so."""
+    ax = new_axes(ax)
+    overall = result.table[result.table.layer == -1]
+    colours = _strategy_colours(list(dict.fromkeys(overall.strategy)))
+    floor = 1e-9 * max(float(overall[metric].max()), 1e-300)
+    for (strategy, scope), group in overall.groupby(["strategy", "scope"], sort=False):
+        group = group[group[metric] > floor].sort_values("k")
+        ax.plot(group.k, group[metric], marker="o", ms=3, color=colours[strategy],
+                ls=SCOPE_STYLES.get(scope, "-"), label=f"{strategy}, {scope}")
+    _k_axis(ax, overall.k)
+    ax.set_yscale("log")
+    ax.set_xlabel("k (exact scores per row; pairs mode: k·n pairs per matrix)")
+    ax.set_ylabel(METRIC_LABELS[metric])
+    ax.set_title(_title(result, "Reconstruction error against k (exact points, e.g. k = n, not drawn)"), fontsize=10)
+    ax.legend(fontsize=7, ncol=2)
+    return ax
+
+
+def plot_error_vs_flops(result, ax: plt.Axes | None = None, *, metric: str = "rel_error") -> plt.Axes:
+    """Held-out error against the attention FLOPs saved (1 − partial / full), per strategy and scope."""
+    ax = new_axes(ax)
+    overall = result.table[result.table.layer == -1]
+    colours = _strategy_colours(list(dict.fromkeys(overall.strategy)))
+    for (strategy, scope), group in overall.groupby(["strategy", "scope"], sort=False):
+        group = group.sort_values("k")
+        group = group[group[metric] > 1e-9 * max(float(overall[metric].max()), 1e-300)]
+        ax.plot(100 * (1 - group.flops_ratio), group[metric], marker="o", ms=3,
+                color=colours[strategy], ls=SCOPE_STYLES.get(scope, "-"), label=f"{strategy}, {scope}")
+    ax.axvline(0, color="black", lw=0.8)
+    ax.set_yscale("log")
+    ax.set_xlabel("attention FLOPs saved (%; negative = more than full attention)")
+    ax.set_ylabel(METRIC_LABELS[metric])
+    ax.set_title(_title(result, "Error against compute saved"), fontsize=10)
+    ax.legend(fontsize=7, ncol=2)
+    return ax
+
+
+def plot_fidelity_vs_k(result, ax: plt.Axes | None = None) -> plt.Axes:
+    """Plug-in: what the model's outputs keep with the reconstruction inside attention, with 95% intervals."""
+    ax = new_axes(ax)
+    table = result.plug_in
+    objective = table.objective.iloc[0]
+    metric, label = (("token_cosine", "cosine to unmodified hidden states")
+                     if objective == "hidden" else ("loss_increase", f"{objective} loss increase (nats)"))
+    colours = _strategy_colours(list(dict.fromkeys(table.strategy)))
+    for (strategy, scope), group in table.groupby(["strategy", "scope"], sort=False):
+        group = group.sort_values("k")
+        ax.plot(group.k, group[metric], marker="o", ms=3, color=colours[strategy], ls=SCOPE_STYLES.get(scope, "-"),
+                label=f"{strategy}, {scope}")
+        ax.fill_between(group.k, group[f"{metric}_low"], group[f"{metric}_high"], color=colours[strategy], alpha=0.12)
+    _k_axis(ax, table.k)
+    ax.set_xlabel("k (exact scores per row)")
+    ax.set_ylabel(label)
+    layers = str(table.layers.iloc[0]).replace(" ", ", ")
+    ax.set_title(_title(result, f"Model outputs with reconstruction in layers {layers} (95% intervals)"), fontsize=10)
+    ax.legend(fontsize=7, ncol=2)
+    return ax
+
+
+def save_reconstruct_figures(result, directory: Path) -> list[Path]:
+    """error_vs_k, tv_vs_k, error_vs_flops, and fidelity_vs_k when there is a plug-in table."""
+    paths = save_figure(plot_error_vs_k(result).figure, directory / "error_vs_k")
+    paths += save_figure(plot_error_vs_k(result, metric="tv").figure, directory / "tv_vs_k")
+    paths += save_figure(plot_error_vs_flops(result).figure, directory / "error_vs_flops")
+    if result.plug_in is not None and len(result.plug_in):
+        paths += save_figure(plot_fidelity_vs_k(result).figure, directory / "fidelity_vs_k")
+    return paths

@@ -1,0 +1,670 @@
+"""Partial computation: compute k of a row's n scores exactly, rebuild the rest linearly.
+
+The first paper's scheme: for each query, compute the scores of ``k`` chosen keys and
+estimate the others by an affine least-squares map fitted on the rows' moments,
+
+    ŝ = μ + C[:, S] (C[S, S] + ridge)⁻¹ (s_S − μ_S),      with ŝ_S = s_S exactly,
+
+where μ and C are the mean and covariance of the rows (:mod:`attnlens.moments`) and S
+the chosen keys (:mod:`attnlens.selection`). attnlens fits the map on one part of the
+corpus and measures, on held-out blocks and for every k:
+
+- the relative error against the mean row ``‖s − ŝ‖² / ‖s − μ‖²`` (the honest one: 1
+  means no better than predicting the training mean row), and against zero
+  ``‖s − ŝ‖² / ‖s‖²`` (looks far better, as the mean row carries much of the energy);
+- the error after softmax: total-variation distance and KL(w ‖ ŵ) per row;
+- attention FLOPs against full attention (:func:`attention_flops`);
+- with ``plug_in``, what the model's own outputs lose with the reconstruction inside
+  attention (:mod:`attnlens.objectives`), and with ``learn_r`` the gain of fine-tuning
+  the maps on that objective over the closed form.
+
+Scopes: one map per ``head``, one per ``layer`` (shared by its heads), or one for
+``all`` layers and heads. Rows: pooled over queries (encoders), or one map per query
+position (``per-query``; always so for causal models, whose rows have different valid
+keys: a map of query i uses only keys 0…i, and rows with at most k valid keys are
+computed exactly).
+
+>>> import attnlens
+>>> result = attnlens.reconstruct("minilm-l6", seq_len=16, num_seqs=40, ks=[4, 16], layers=[0],
+...                               strategies=["greedy", "random"], scopes=["head"], progress=False)
+>>> overall = result.table.query("layer == -1").set_index(["strategy", "k"])
+>>> bool(overall.loc[("greedy", 16), "rel_error"] < 1e-9)        # k = n: exact
+True
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from .capture import Capture
+from .corpus import Corpus
+from .errors import AttnlensError
+from .models import LoadedModel, load_model
+from .moments import Moments, compute_moments
+from .objectives import Objective, PreparedBatch, resolve_objective
+from .progress import progress_bar
+from .provenance import provenance
+from .results import read_result_dir, register_result, write_result
+from .selection import (
+    QUERY_DEPENDENT,
+    check_ks,
+    check_strategies,
+    greedy_path,
+    leverage_positions,
+    local_global_positions,
+    random_order,
+    stride_positions,
+)
+from .sources import ModelRows, StoreRows, open_rows
+from .store import Store
+
+SCOPES = ("head", "layer", "all")
+ROW_MODES = ("auto", "pooled", "per-query")
+_LEVEL_OF_SCOPE = {"head": "head", "layer": "layer", "all": "model"}
+
+
+# ---------------------------------------------------------------------- cost
+
+
+def attention_flops(n: int, head_dim: int, k: int | None = None) -> dict[str, float]:
+    """Multiply-adds ×2 of one head's attention over n queries: full, and with k exact keys.
+
+    Full: QKᵀ (2n²d) + softmax (≈3n²) + weights·V (2n²d). Partial: k scores per query
+    (2nkd) + the affine map for the other n − k (2nk(n − k) + n(n − k)) + softmax + V.
+
+    >>> round(attention_flops(128, 64, 32)["ratio"], 3)
+    0.973
+    """
+    full = 4 * n * n * head_dim + 3 * n * n
+    if k is None:
+        return {"full": float(full), "partial": float(full), "ratio": 1.0}
+    partial = 2 * n * k * head_dim + 2 * n * k * (n - k) + n * (n - k) + 3 * n * n + 2 * n * n * head_dim
+    return {"full": float(full), "partial": float(partial), "ratio": partial / full}
+
+
+def pairs_attention_flops(n: int, head_dim: int, pairs: int, rank: int) -> dict[str, float]:
+    """As :func:`attention_flops`, for pairs mode: ``pairs`` exact scores (2·pairs·d) and a
+    rank-``rank`` rebuild of the whole matrix (2·pairs·r + 2n²r), then softmax and V."""
+    full = attention_flops(n, head_dim)["full"]
+    partial = 2 * pairs * head_dim + 2 * pairs * rank + 2 * n * n * rank + 3 * n * n + 2 * n * n * head_dim
+    return {"full": full, "partial": float(partial), "ratio": partial / full}
+
+
+def default_ks(n: int) -> list[int]:
+    """1, 2, 4, … up to n, and n itself.
+
+    >>> default_ks(20)
+    [1, 2, 4, 8, 16, 20]
+    """
+    ks = [2**p for p in range(n.bit_length()) if 2**p <= n]
+    return ks if ks[-1] == n else [*ks, n]
+
+
+# ---------------------------------------------------------------------- maps
+
+
+@dataclass
+class LayerMaps:
+    """The reconstruction of one layer: ``ŝ = offset + Σ_j weights[..., j] · s[..., positions[j]]``.
+
+    ``positions`` (H, Q, k), ``weights`` (H, Q, n, k), ``offset`` (H, Q, n); Q is 1 when
+    one map serves every query, else one map per query position.
+    """
+
+    positions: torch.Tensor
+    weights: torch.Tensor
+    offset: torch.Tensor
+
+    def apply(self, scores: torch.Tensor) -> torch.Tensor:
+        """Reconstructed scores (batch, head, q, n) from the exact ones at ``positions``."""
+        batch, heads, queries, _ = scores.shape
+        weights = self.weights.to(scores.dtype)
+        offset = self.offset.to(scores.dtype)
+        if self.positions.shape[1] == 1:  # one map for all queries
+            index = self.positions[None, :, 0:1].expand(batch, heads, queries, -1)
+            return torch.einsum("bhqk,hnk->bhqn", scores.gather(-1, index), weights[:, 0]) + offset[None, :, 0:1]
+        index = self.positions[None].expand(batch, -1, -1, -1)
+        return torch.einsum("bhqk,hqnk->bhqn", scores.gather(-1, index), weights) + offset[None]
+
+    def parameters(self) -> int:
+        return int(self.weights.numel() + self.offset.numel())
+
+
+class MapFitter:
+    """Selections and least-squares maps for every strategy, scope and k, from fit moments."""
+
+    def __init__(self, moments: Moments, *, ridge: float, seed: int, global_positions: tuple[int, ...]) -> None:
+        self.moments = moments
+        self.ridge = ridge
+        self.seed = seed
+        self.global_positions = global_positions
+        self.levels = {scope: moments.level(level) for scope, level in _LEVEL_OF_SCOPE.items()}
+        self.covariance = {scope: level.second_moment(centred=True) for scope, level in self.levels.items()}
+        self.mean = {scope: level.mean() for scope, level in self.levels.items()}
+        self.complete = {scope: level.complete_keys() for scope, level in self.levels.items()}
+        self._orders: dict[tuple[str, str], np.ndarray] = {}
+
+    @property
+    def n(self) -> int:
+        return self.moments.n
+
+    def _query(self, q: int) -> int:
+        return self.moments.queries[q] if self.moments.per_query else -1
+
+    def order(self, strategy: str, scope: str) -> np.ndarray:
+        """Nested selection orders (units…, n) for greedy and random, computed once."""
+        key = (strategy, scope)
+        if key not in self._orders:
+            covariance, complete = self.covariance[scope], self.complete[scope]
+            shape = covariance.shape[:3]
+            flat_cov, flat_ok = covariance.reshape(-1, self.n, self.n), complete.reshape(-1, self.n)
+            if strategy == "greedy":
+                order = np.concatenate([greedy_path(flat_cov[i : i + 256], flat_ok[i : i + 256])[0]
+                                        for i in range(0, len(flat_cov), 256)])
+            else:  # random: a seeded permutation of each unit's valid keys, then the rest
+                rng = np.random.default_rng([self.seed, SCOPES.index(scope)])
+                permutations = random_order(self.n, len(flat_ok), rng)
+                order = np.stack([np.r_[p[flat_ok[u][p]], p[~flat_ok[u][p]]] for u, p in enumerate(permutations)])
+            self._orders[key] = order.reshape(*shape, self.n)
+        return self._orders[key]
+
+    def selection(self, strategy: str, scope: str, k: int, unit: tuple[int, int, int]) -> np.ndarray:
+        """The keys a unit computes exactly: k of its valid keys (all of them if it has at most k)."""
+        keys = np.flatnonzero(self.complete[scope][unit])
+        m = min(k, len(keys))
+        if strategy in ("greedy", "random"):
+            return np.sort(self.order(strategy, scope)[unit][:m])
+        if strategy == "stride":
+            return keys[stride_positions(len(keys), m)]
+        if strategy == "eigen":
+            return leverage_positions(self.covariance[scope][unit], m, self.complete[scope][unit])
+        query = self._query(unit[2])
+        return local_global_positions(self.n, m, query, self.global_positions, limit=int(keys.max()) + 1)
+
+    def layer_maps(self, strategy: str, scope: str, k: int, layer: int) -> tuple[LayerMaps, np.ndarray]:
+        """Maps for every head of ``layer``, and their selections (H, Q, k) padded with -1."""
+        position = self.moments.layers.index(layer)
+        heads, queries = self.moments.num_heads, self.moments.count.shape[2]
+        unit_layer = 0 if scope == "all" else position
+        unit_heads = range(heads) if scope == "head" else [0]
+        positions = np.zeros((len(unit_heads), queries, k), dtype=np.int64)
+        weights = np.zeros((len(unit_heads), queries, self.n, k))
+        offset = np.zeros((len(unit_heads), queries, self.n))
+        selections = np.full((len(unit_heads), queries, k), -1, dtype=np.int64)
+        units = [(unit_layer, h, q) for h in unit_heads for q in range(queries)]
+        chosen = {unit: self.selection(strategy, scope, k, unit) for unit in units}
+        for m in sorted({len(s) for s in chosen.values()}):
+            group = [unit for unit in units if len(chosen[unit]) == m]
+            selected = np.stack([chosen[unit] for unit in group])
+            w, a = self._fit(scope, group, selected)
+            for (_, h, q), s, unit_w, unit_a in zip(group, selected, w, a):
+                slot = unit_heads.index(h) if scope == "head" else 0
+                positions[slot, q, :m], positions[slot, q, m:] = s, s[0]  # padding: zero weight
+                weights[slot, q, :, :m], offset[slot, q] = unit_w, unit_a
+                selections[slot, q, :m] = s
+        repeat = heads if scope != "head" else 1
+        maps = LayerMaps(
+            torch.from_numpy(np.repeat(positions, repeat, 0)),
+            torch.from_numpy(np.repeat(weights, repeat, 0)),
+            torch.from_numpy(np.repeat(offset, repeat, 0)),
+        )
+        return maps, np.repeat(selections, repeat, 0)
+
+    def _fit(self, scope: str, units: list[tuple[int, int, int]], selected: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Affine least squares for a group of units that all select m keys: weights (U, n, m), offsets (U, n)."""
+        index = tuple(np.array(units).T)
+        covariance, mean, complete = self.covariance[scope][index], self.mean[scope][index], self.complete[scope][index]
+        count, m = len(units), selected.shape[1]
+        rows = np.arange(count)[:, None, None]
+        c_ss = covariance[rows, selected[:, :, None], selected[:, None, :]]
+        c_ns = covariance[rows, np.arange(self.n)[None, :, None], selected[:, None, :]]
+        scale = np.einsum("uii->u", c_ss) / m
+        regularised = c_ss + (self.ridge * np.maximum(scale, 1e-12))[:, None, None] * np.eye(m)
+        weights = np.linalg.solve(regularised, c_ns.transpose(0, 2, 1)).transpose(0, 2, 1)
+        weights[rows[:, :, 0], selected, :] = np.eye(m)  # chosen keys are exact
+        weights[~complete] = 0.0  # keys the unit never sees stay out
+        mean_selected = np.take_along_axis(mean, selected, axis=1)
+        offset = np.where(complete, mean - np.einsum("unm,um->un", weights, mean_selected), 0.0)
+        return weights, offset
+
+
+# ---------------------------------------------------------------------- evaluation
+
+
+def layer_errors(scores: torch.Tensor, valid: torch.Tensor, reconstructed: torch.Tensor, mean: torch.Tensor) -> dict[str, np.ndarray]:
+    """Per-head sums over the rows of one batch: squared error, deviation from the mean
+    row, squared norm, total variation and KL(w ‖ ŵ) after softmax, and the number of rows.
+
+    Invalid entries are no data: they count nowhere, and softmax runs over valid keys.
+    """
+    mask = valid[:, None].expand_as(scores)
+    weights = torch.softmax(scores.masked_fill(~mask, float("-inf")), -1)
+    log_estimate = torch.log_softmax(reconstructed.masked_fill(~mask, float("-inf")), -1).masked_fill(~mask, 0.0)
+    has_keys = mask.any(-1)
+    tv = (0.5 * (weights - log_estimate.exp() * mask).abs().sum(-1)).nan_to_num()
+    kl = (torch.special.xlogy(weights, weights) - weights * log_estimate).sum(-1).nan_to_num()
+
+    def per_head(tensor: torch.Tensor) -> np.ndarray:
+        return tensor.sum(dim=tuple(d for d in range(tensor.ndim) if d != 1), dtype=torch.float64).numpy()
+
+    return {
+        "squared_error": per_head(((scores - reconstructed) * mask) ** 2),
+        "squared_deviation": per_head(((scores - mean) * mask) ** 2),
+        "squared_norm": per_head((scores * mask) ** 2),
+        "tv": per_head(tv * has_keys),
+        "kl": per_head(kl * has_keys),
+        "rows": per_head(has_keys),
+    }
+
+
+def _summarise(sums: dict[str, np.ndarray]) -> dict[str, float]:
+    safe = lambda numerator, denominator: float(numerator / denominator) if denominator > 0 else float("nan")
+    return {
+        "rel_error": safe(sums["squared_error"], sums["squared_deviation"]),
+        "rel_error_zero": safe(sums["squared_error"], sums["squared_norm"]),
+        "tv": safe(sums["tv"], sums["rows"]),
+        "kl": safe(sums["kl"], sums["rows"]),
+        "num_rows": int(sums["rows"]),
+    }
+
+
+# ---------------------------------------------------------------------- result
+
+
+@register_result("reconstruct")
+class ReconstructResult:
+    """``table``: one row per (strategy, scope, k, layer, head), with ``layer = head = -1``
+    for the totals over all evaluated heads; ``plug_in`` and ``learned`` tables when asked
+    for; ``selections``: the chosen keys of every map, keyed ``strategy/scope/k``."""
+
+    def __init__(self, meta: dict, table: pd.DataFrame, plug_in: pd.DataFrame | None = None,
+                 learned: pd.DataFrame | None = None, selections: dict[str, np.ndarray] | None = None) -> None:
+        self.meta = meta
+        self.table = table
+        self.plug_in = plug_in
+        self.learned = learned
+        self.selections = selections or {}
+
+    def save(self, out: str | Path, overwrite: bool = False, figures: bool = True) -> Path:
+        tables = {"table": self.table}
+        for name in ("plug_in", "learned"):
+            if getattr(self, name) is not None:
+                tables[name] = getattr(self, name)
+
+        def extra(directory: Path) -> None:
+            np.savez_compressed(directory / "selections.npz", **{key.replace("/", "|"): value for key, value in self.selections.items()})
+            if figures:
+                from .figures.reconstruct import save_reconstruct_figures
+
+                save_reconstruct_figures(self, directory / "figures")
+
+        return write_result(out, "reconstruct", self.meta, tables=tables, overwrite=overwrite, extra=extra)
+
+    @classmethod
+    def load(cls, path: str | Path) -> ReconstructResult:
+        meta, tables, _ = read_result_dir(path, "reconstruct")
+        with np.load(Path(path) / "selections.npz") as data:
+            selections = {key.replace("|", "/"): data[key] for key in data.files}
+        return cls(meta, tables["table"], tables.get("plug_in"), tables.get("learned"), selections)
+
+
+# ---------------------------------------------------------------------- plug-in and learned R
+
+
+def _bootstrap_interval(values: np.ndarray, rng: np.random.Generator, draws: int = 1000) -> tuple[float, float]:
+    if len(values) < 2:
+        return float("nan"), float("nan")
+    means = values[rng.integers(0, len(values), (draws, len(values)))].mean(1)
+    return float(np.quantile(means, 0.025)), float(np.quantile(means, 0.975))
+
+
+def prepare_batches(objective: Objective, ids: np.ndarray, batch_size: int) -> list[PreparedBatch]:
+    """Inputs and references of the blocks, computed once for every map evaluated on them."""
+    return [objective.prepare(torch.from_numpy(ids[start : start + batch_size]), offset=start)
+            for start in range(0, len(ids), batch_size)]
+
+
+def evaluate_objective(objective: Objective, batches: list[PreparedBatch], maps: dict[int, LayerMaps] | None) -> dict[str, np.ndarray]:
+    """Per-block objective metrics with the reconstruction in ``maps``' layers (None: unmodified)."""
+    collected: dict[str, list[np.ndarray]] = {}
+    intervene = None if maps is None else (lambda layer, scores, valid: maps[layer].apply(scores))
+    for batch in batches:
+        with torch.no_grad(), Capture(None if maps is None else list(maps), intervene=intervene, record=False):
+            metrics = objective.evaluate(batch)
+        for name, values in metrics.items():
+            collected.setdefault(name, []).append(values.detach().cpu().numpy())
+    return {name: np.concatenate(parts) for name, parts in collected.items()}
+
+
+def learn_maps(objective: Objective, maps: dict[int, LayerMaps], train_ids: np.ndarray, *, steps: int, lr: float,
+               batch_size: int, seed: int, progress: bool) -> tuple[dict[int, LayerMaps], float, float]:
+    """Fine-tune map weights and offsets on the objective, model frozen, from the closed form.
+
+    Chosen keys stay exact. The best maps seen on the training blocks (the start
+    included) are returned, so learning never ends worse than the closed form on them.
+    Returns (maps, training loss at the start, best training loss).
+    """
+    parameters = {layer: (m.weights.float().clone().requires_grad_(True), m.offset.float().clone().requires_grad_(True))
+                  for layer, m in maps.items()}
+    exact = {layer: _exact_mask(m) for layer, m in maps.items()}
+    current = lambda: {layer: LayerMaps(maps[layer].positions, w * ~exact[layer][0] + exact[layer][1], a * ~exact[layer][2])
+                       for layer, (w, a) in parameters.items()}
+    frozen = [(parameter, parameter.requires_grad) for parameter in objective.model.model.parameters()]
+    for parameter, _ in frozen:
+        parameter.requires_grad_(False)
+    try:
+        return _descend(objective, maps, parameters, exact, current, train_ids, steps=steps, lr=lr,
+                        batch_size=batch_size, seed=seed, progress=progress)
+    finally:
+        for parameter, flag in frozen:
+            parameter.requires_grad_(flag)
+
+
+def _descend(objective, maps, parameters, exact, current, train_ids, *, steps, lr, batch_size, seed, progress):
+    optimiser = torch.optim.Adam([p for pair in parameters.values() for p in pair], lr=lr)
+    generator = np.random.default_rng(seed)
+
+    # The training loss is measured on a fixed subset of the training blocks, prepared once.
+    checked = prepare_batches(objective, train_ids[: 4 * batch_size], batch_size)
+
+    def training_loss() -> float:
+        return float(evaluate_objective(objective, checked, current())["loss"].mean())
+
+    best_loss = start_loss = training_loss()
+    best = {layer: (w.detach().clone(), a.detach().clone()) for layer, (w, a) in parameters.items()}
+    check_every = max(1, steps // 5)
+    with progress_bar(total=steps, desc="learn R", unit="step", enabled=progress) as bar:
+        for step in range(1, steps + 1):
+            chosen = generator.choice(len(train_ids), size=min(batch_size, len(train_ids)), replace=False)
+            batch = objective.prepare(torch.from_numpy(train_ids[np.sort(chosen)]))
+            layer_maps = current()
+            with Capture(list(maps), intervene=lambda layer, scores, valid: layer_maps[layer].apply(scores), record=False):
+                loss = objective.evaluate(batch)["loss"].mean()
+            optimiser.zero_grad()
+            loss.backward()
+            optimiser.step()
+            if step % check_every == 0 or step == steps:
+                candidate = training_loss()
+                if candidate < best_loss:
+                    best_loss = candidate
+                    best = {layer: (w.detach().clone(), a.detach().clone()) for layer, (w, a) in parameters.items()}
+            bar.update(1)
+    learned = {layer: LayerMaps(maps[layer].positions, w * ~exact[layer][0] + exact[layer][1], a * ~exact[layer][2])
+               for layer, (w, a) in best.items()}
+    return learned, start_loss, best_loss
+
+
+def _exact_mask(maps: LayerMaps) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Which weights are pinned (rows of chosen keys), their pinned values, and pinned offsets."""
+    one_hot = torch.nn.functional.one_hot(maps.positions, maps.weights.shape[-2]).transpose(-1, -2).float()  # (H,Q,n,k)
+    pinned_rows = one_hot.sum(-1, keepdim=True) > 0
+    pinned = pinned_rows.expand_as(maps.weights)
+    values = torch.where(pinned, maps.weights.float(), torch.zeros(()))
+    return pinned, values, pinned_rows[..., 0]
+
+
+# ---------------------------------------------------------------------- entry point
+
+
+def reconstruct(
+    source: str | Path | Store | LoadedModel = "minilm-l6",
+    *,
+    corpus: str | Path | Corpus = "kjv",
+    seq_len: int = 128,
+    num_seqs: int = 256,
+    eval_fraction: float = 0.25,
+    ks: Iterable[int] | None = None,
+    strategies: Iterable[str] = ("greedy", "random", "stride"),
+    scopes: Iterable[str] = ("head", "layer", "all"),
+    rows: str = "auto",
+    ridge: float = 1e-6,
+    layers: Iterable[int] | None = None,
+    pairs: bool = False,
+    pairs_ridge: float = 0.1,
+    plug_in: bool = False,
+    plug_in_layers: Iterable[int] | None = None,
+    objective: str = "auto",
+    model: str | LoadedModel | None = None,
+    learn_r: bool = False,
+    learn_steps: int = 60,
+    learn_lr: float = 1e-3,
+    batch_size: int = 16,
+    seed: int = 0,
+    device: str = "cpu",
+    progress: bool = True,
+    command: str | None = None,
+) -> ReconstructResult:
+    """Fit reconstruction maps on part of the blocks and measure them on the rest.
+
+    ``source``: a store (then ``model`` is needed for ``plug_in``, and must be the model
+    the store was made with) or a model with ``corpus``, ``seq_len``, ``num_seqs``.
+    ``plug_in`` runs the model with the reconstruction inside attention in
+    ``plug_in_layers`` (default: all analysed layers) for every strategy, scope and k.
+    ``pairs`` adds pairs mode (:mod:`attnlens.pairs`, from a store): k·n (query, key)
+    pairs of each head's matrix, strategy ``greedy-pairs``. Its fit has about as many
+    unknowns as training matrices, so it takes a larger ridge (``pairs_ridge``): near
+    the interpolation threshold (k·n ≈ the number of fit sequences) an unregularised fit
+    overshoots on held-out matrices.
+    """
+    strategies = check_strategies(strategies)
+    scopes = list(scopes)
+    bad_scope = [scope for scope in scopes if scope not in SCOPES]
+    if bad_scope or not scopes:
+        raise AttnlensError(f"--scope {bad_scope[0] if bad_scope else ''} is unknown; use some of {', '.join(SCOPES)}")
+    if rows not in ROW_MODES:
+        raise AttnlensError(f"--rows {rows} is unknown; use one of {', '.join(ROW_MODES)}")
+    if not 0 < eval_fraction < 1:
+        raise AttnlensError(f"--eval-fraction {eval_fraction} must be between 0 and 1")
+    if learn_r and learn_steps < 1:
+        raise AttnlensError(f"--learn-steps {learn_steps} must be at least 1")
+    source_rows = open_rows(source, corpus=corpus, seq_len=seq_len, num_seqs=num_seqs, seed=seed, device=device)
+    n = source_rows.n
+    ks = check_ks(default_ks(n) if ks is None else ks, n)
+    layers = source_rows.check_layers(layers)
+    causal = bool(source_rows.model_info["causal"])
+    per_query = rows == "per-query" or (rows == "auto" and causal)
+    if causal and not per_query:
+        raise AttnlensError("the model is causal: rows of different queries have different valid keys; use --rows per-query (or auto)")
+    if not per_query and any(strategy in QUERY_DEPENDENT for strategy in strategies):
+        raise AttnlensError("--select local+global picks keys around each query, so it needs one map per query: add --rows per-query")
+
+    loaded = _model_for_plug_in(source_rows, model, device) if (plug_in or learn_r) else None
+    if loaded is not None:
+        resolve_objective(loaded, objective)
+    order = np.random.default_rng([seed, 1]).permutation(source_rows.num_seqs)
+    evaluated = np.sort(order[: max(1, round(eval_fraction * len(order)))])
+    fitted = np.sort(order[len(evaluated) :])
+    queries = list(range(n)) if per_query else None
+    moments = compute_moments(source_rows, sequences=fitted, queries=queries, layers=layers, batch_size=batch_size,
+                              seed=seed, progress=progress).total
+    fitter = MapFitter(moments, ridge=ridge, seed=seed, global_positions=(0,))
+    configs = [(strategy, scope, k) for strategy in strategies for scope in scopes for k in ks]
+    table, selections = _evaluate_rows(source_rows, fitter, configs, evaluated, layers, batch_size, progress)
+    head_dim = int(source_rows.model_info["head_dim"])
+    table["flops_ratio"] = [attention_flops(n, head_dim, k)["ratio"] for k in table.k]
+    if pairs:
+        if not isinstance(source_rows, StoreRows):
+            raise AttnlensError("pairs mode reads whole score matrices of each sequence from a store; run 'attnlens extract' first")
+        table = pd.concat([table, _evaluate_pairs(source_rows, fitter, ks, fitted, evaluated, pairs_ridge, head_dim, progress)],
+                          ignore_index=True)
+
+    plug_table = learned_table = None
+    if plug_in or learn_r:
+        plug_layers = layers if plug_in_layers is None else source_rows.check_layers(plug_in_layers)
+        plug_layers = [layer for layer in plug_layers if layer in layers]
+        objective_ = Objective(loaded, objective, seed=seed)
+        eval_ids, train_ids = source_rows.tokens(evaluated), source_rows.tokens(fitted)
+        if plug_in:
+            plug_table = _plug_in_table(objective_, fitter, configs, plug_layers, eval_ids, batch_size, seed, n, head_dim, progress)
+        if learn_r:
+            learned_table = _learned_table(objective_, fitter, strategies[0], scopes[0], ks, plug_layers, eval_ids,
+                                           train_ids, learn_steps, learn_lr, batch_size, seed, progress)
+    meta = {
+        "model": source_rows.model_info,
+        "corpus": source_rows.corpus_info,
+        "n": n,
+        "layers": layers,
+        "num_heads": source_rows.num_heads,
+        "settings": {"ks": ks, "strategies": strategies, "scopes": scopes, "rows": "per-query" if per_query else "pooled",
+                     "ridge": ridge, "pairs": pairs, "pairs_ridge": pairs_ridge, "eval_fraction": eval_fraction, "fit_sequences": len(fitted),
+                     "eval_sequences": len(evaluated), "plug_in": plug_in, "learn_r": learn_r, "seed": seed,
+                     "objective": objective_.name if (plug_in or learn_r) else None},
+        **provenance(command),
+    }
+    return ReconstructResult(meta, table, plug_table, learned_table, selections)
+
+
+def _model_for_plug_in(rows: StoreRows | ModelRows, model: str | LoadedModel | None, device: str) -> LoadedModel:
+    if isinstance(rows, ModelRows):
+        return rows.model
+    if model is None:
+        raise AttnlensError("plug-in evaluation runs the model: give --model (the model the store was made with)")
+    loaded = model if isinstance(model, LoadedModel) else load_model(model, device=device)
+    if loaded.weights_sha256() != rows.model_info["weights_sha256"]:
+        raise AttnlensError(
+            f"the store was made with model '{rows.model_info['name']}' (weights {rows.model_info['weights_sha256'][:12]}), "
+            f"not '{loaded.name}' (weights {loaded.weights_sha256()[:12]}); give the same --model"
+        )
+    return loaded
+
+
+def _evaluate_rows(rows: StoreRows | ModelRows, fitter: MapFitter, configs: list[tuple[str, str, int]],
+                   evaluated: np.ndarray, layers: list[int], batch_size: int,
+                   progress: bool) -> tuple[pd.DataFrame, dict[str, np.ndarray]]:
+    """Held-out errors of every config, one layer at a time (its held-out scores kept in memory)."""
+    held_out = {layer: ([], []) for layer in layers}
+
+    def keep(layer: int, scores: torch.Tensor, valid: torch.Tensor, batch: np.ndarray) -> None:
+        held_out[layer][0].append(scores.to(torch.float32))
+        held_out[layer][1].append(valid)
+
+    sums: dict[tuple[str, str, int], dict[int, dict[str, np.ndarray]]] = {config: {} for config in configs}
+    selections: dict[str, list[np.ndarray]] = {f"{s}/{c}/{k}": [] for s, c, k in configs}
+    head_mean = torch.from_numpy(fitter.mean["head"])
+    with progress_bar(total=len(layers) * len(configs), desc="reconstruct", unit="map", enabled=progress) as bar:
+        for layer in layers:
+            if not held_out[layer][0]:  # a store is read layer by layer; a model gives every layer at once
+                rows.for_each_batch(evaluated, layers if isinstance(rows, ModelRows) else [layer], keep,
+                                    batch_size=batch_size, progress=False)
+            scores_all, valid_all = torch.cat(held_out[layer][0]), torch.cat(held_out[layer][1])
+            held_out[layer] = ([], [])
+            position = fitter.moments.layers.index(layer)
+            mean = head_mean[position][None].float()  # (1, H, Q, n): the training mean row of each head
+            for config in configs:
+                maps, chosen = fitter.layer_maps(*config, layer)
+                selections[f"{config[0]}/{config[1]}/{config[2]}"].append(chosen)
+                total: dict[str, np.ndarray] = {}
+                for start in range(0, len(scores_all), batch_size):
+                    scores = scores_all[start : start + batch_size]
+                    valid = valid_all[start : start + batch_size]
+                    part = layer_errors(scores, valid, maps.apply(scores), mean)
+                    total = {name: total.get(name, 0) + value for name, value in part.items()}
+                sums[config][layer] = total
+                bar.update(1)
+    records = []
+    for (strategy, scope, k), by_layer in sums.items():
+        base = {"strategy": strategy, "scope": scope, "k": k}
+        for layer, total in by_layer.items():
+            for head in range(len(total["rows"])):
+                records.append({**base, "layer": layer, "head": head, **_summarise({n: v[head] for n, v in total.items()})})
+        overall = {name: sum(total[name].sum() for total in by_layer.values()) for name in next(iter(by_layer.values()))}
+        records.append({**base, "layer": -1, "head": -1, **_summarise(overall)})
+    return pd.DataFrame(records), {key: np.stack(parts) for key, parts in selections.items()}
+
+
+def _evaluate_pairs(rows: StoreRows, fitter: MapFitter, ks: list[int], fitted: np.ndarray, evaluated: np.ndarray,
+                    ridge: float, head_dim: int, progress: bool) -> pd.DataFrame:
+    """Pairs mode, per head: greedy pairs in the low-rank factor of the fit matrices, error on held-out ones.
+
+    ``rel_error`` uses the same mean-row baseline as rows mode, so the two are comparable.
+    """
+    from .eigen import matrix_spectrum
+    from .pairs import fit_pairs, greedy_pairs
+
+    store, n, layers = rows.store, rows.n, list(fitter.moments.layers)
+    records, totals = [], {k: {} for k in ks}
+    with progress_bar(total=len(layers) * rows.num_heads, desc="pairs", unit="head", enabled=progress) as bar:
+        for position, layer in enumerate(layers):
+            scores = store.read("scores", layer, 0, store.num_seqs).astype(np.float64)
+            valid = store.read("valid", layer, 0, store.num_seqs)
+            entries = valid.all(0).ravel()  # entries valid in every sequence
+            eval_valid = torch.from_numpy(valid[evaluated])
+            for head in range(rows.num_heads):
+                flat = scores[:, head].reshape(len(scores), -1)[:, entries]
+                values, factor = matrix_spectrum(flat[fitted])
+                kept = values > values[0] * 1e-10
+                factor = factor[:, kept] * np.sqrt(values[kept])  # covariance = factor factorᵀ
+                mean = flat[fitted].mean(0)
+                order = greedy_pairs(factor, min(max(ks) * n, len(mean)))
+                truth = _as_matrices(flat[evaluated], entries, n)
+                baseline = torch.from_numpy(fitter.mean["head"][position, head])[None, None]  # (1, 1, Q, n)
+                for k in ks:
+                    selected = np.sort(order[: min(k * n, len(mean))])
+                    rebuilt = _as_matrices(fit_pairs(factor, mean, selected, ridge).apply(flat[evaluated]), entries, n)
+                    part = layer_errors(truth, eval_valid, rebuilt, baseline)
+                    totals[k] = {name: totals[k].get(name, 0) + value for name, value in part.items()}
+                    flops = pairs_attention_flops(n, head_dim, len(selected), int(kept.sum()))["ratio"]
+                    records.append({"strategy": "greedy-pairs", "scope": "head", "k": k, "layer": layer, "head": head,
+                                    **_summarise({name: value[0] for name, value in part.items()}), "flops_ratio": flops})
+                bar.update(1)
+    frame = pd.DataFrame(records)
+    for k in ks:
+        flops = float(frame.loc[frame.k == k, "flops_ratio"].mean())
+        records.append({"strategy": "greedy-pairs", "scope": "head", "k": k, "layer": -1, "head": -1,
+                        **_summarise({name: value.sum() for name, value in totals[k].items()}), "flops_ratio": flops})
+    return pd.DataFrame(records)
+
+
+def _as_matrices(flat: np.ndarray, entries: np.ndarray, n: int) -> torch.Tensor:
+    """(E, P) valid entries back to (E, 1, n, n) matrices (zeros elsewhere) for :func:`layer_errors`."""
+    full = np.zeros((len(flat), n * n))
+    full[:, entries] = flat
+    return torch.from_numpy(full.reshape(len(flat), 1, n, n))
+
+
+def _plug_in_table(objective: Objective, fitter: MapFitter, configs: list[tuple[str, str, int]], layers: list[int],
+                   eval_ids: np.ndarray, batch_size: int, seed: int, n: int, head_dim: int, progress: bool) -> pd.DataFrame:
+    rng = np.random.default_rng([seed, 2])
+    batches = prepare_batches(objective, eval_ids, batch_size)
+    baseline = evaluate_objective(objective, batches, None)
+    records = []
+    with progress_bar(total=len(configs), desc="plug-in", unit="map", enabled=progress) as bar:
+        for strategy, scope, k in configs:
+            maps = {layer: fitter.layer_maps(strategy, scope, k, layer)[0] for layer in layers}
+            metrics = evaluate_objective(objective, batches, maps)
+            record = {"strategy": strategy, "scope": scope, "k": k, "layers": " ".join(map(str, layers)),
+                      "objective": objective.name, "flops_ratio": attention_flops(n, head_dim, k)["ratio"]}
+            for name, values in metrics.items():
+                low, high = _bootstrap_interval(values, rng)
+                record.update({name: float(values.mean()), f"{name}_low": low, f"{name}_high": high})
+            increase = metrics["loss"] - baseline["loss"]
+            low, high = _bootstrap_interval(increase, rng)
+            record.update({"baseline_loss": float(baseline["loss"].mean()), "loss_increase": float(increase.mean()),
+                           "loss_increase_low": low, "loss_increase_high": high})
+            records.append(record)
+            bar.update(1)
+    return pd.DataFrame(records)
+
+
+def _learned_table(objective: Objective, fitter: MapFitter, strategy: str, scope: str, ks: list[int], layers: list[int],
+                   eval_ids: np.ndarray, train_ids: np.ndarray, steps: int, lr: float, batch_size: int, seed: int,
+                   progress: bool) -> pd.DataFrame:
+    records = []
+    batches = prepare_batches(objective, eval_ids, batch_size)
+    for k in ks:
+        maps = {layer: fitter.layer_maps(strategy, scope, k, layer)[0] for layer in layers}
+        learned, start, best = learn_maps(objective, maps, train_ids, steps=steps, lr=lr, batch_size=batch_size,
+                                          seed=seed, progress=progress)
+        closed = evaluate_objective(objective, batches, maps)["loss"]
+        tuned = evaluate_objective(objective, batches, learned)["loss"]
+        records.append({"strategy": strategy, "scope": scope, "k": k, "objective": objective.name, "steps": steps,
+                        "train_loss_closed_form": start, "train_loss_learned": best,
+                        "eval_loss_closed_form": float(closed.mean()), "eval_loss_learned": float(tuned.mean()),
+                        "eval_gain": float(closed.mean() - tuned.mean())})
+    return pd.DataFrame(records)

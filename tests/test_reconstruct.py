@@ -1,0 +1,177 @@
+"""Selection, least-squares maps, held-out evaluation, plug-in and learned maps."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import attnlens
+from attnlens.moments import Moments
+from attnlens.pairs import fit_pairs, greedy_pairs
+from attnlens.reconstruct import MapFitter, attention_flops, reconstruct
+from attnlens.selection import greedy_path, naive_greedy_path
+from test_cli import assert_one_line_error, run_cli
+
+
+def fitter_for(rows: np.ndarray, per_query: bool = False, ridge: float = 0.0) -> MapFitter:
+    """A fitter over plain rows (R, n), one layer and head; per_query makes every row its own query position."""
+    n = rows.shape[1]
+    moments = Moments.empty("scores", n, [0], 1, queries=list(range(n)) if per_query else None)
+    if per_query:  # each block holds n copies of its row, one per query position: rows enter every unit
+        scores = torch.from_numpy(rows)[:, None, None, :].expand(-1, 1, n, -1).double()
+        moments.accumulate(0, scores, torch.ones(len(rows), n, n, dtype=torch.bool))
+    else:
+        moments._add_pooled(0, torch.from_numpy(rows)[:, None, None, :].double(), torch.ones(len(rows), 1, n, dtype=torch.bool))
+    return MapFitter(moments, ridge=ridge, seed=0, global_positions=(0,))
+
+
+def predict(fitter: MapFitter, strategy: str, k: int, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    maps, selections = fitter.layer_maps(strategy, "head", k, 0)
+    n = rows.shape[1]
+    queries = maps.positions.shape[1]
+    scores = torch.from_numpy(rows)[:, None, None, :].expand(-1, 1, queries, -1).double()
+    return maps.apply(scores)[:, 0].numpy(), selections[0]
+
+
+def lstsq_prediction(rows: np.ndarray, selected: np.ndarray) -> np.ndarray:
+    """Brute force: every coordinate regressed on [1, s_S] by numpy.linalg.lstsq."""
+    design = np.c_[np.ones(len(rows)), rows[:, selected]]
+    coefficients = np.linalg.lstsq(design, rows, rcond=None)[0]
+    return design @ coefficients
+
+
+@pytest.fixture(scope="module")
+def planted():
+    """Rows with a planted rank-4 structure plus noise: 600 to fit, 300 held out."""
+    rng = np.random.default_rng(0)
+    basis = rng.standard_normal((4, 24)) * np.linspace(3, 0.2, 24)
+    make = lambda count: rng.standard_normal((count, 4)) @ basis + 0.3 * rng.standard_normal((count, 24)) + 2.0
+    return make(600), make(300)
+
+
+@pytest.mark.parametrize("strategy", ["greedy", "random", "stride", "eigen", "local+global"])
+def test_closed_form_equals_brute_force_lstsq(planted, strategy):
+    fit, _ = planted
+    per_query = strategy == "local+global"
+    fitter = fitter_for(fit, per_query=per_query)
+    predictions, selections = predict(fitter, strategy, 6, fit)
+    for query in ([0, 7, 23] if per_query else [0]):
+        chosen = selections[query]
+        expected = lstsq_prediction(fit, chosen)
+        np.testing.assert_allclose(predictions[:, query], expected, atol=1e-8)
+        np.testing.assert_array_equal(predictions[:, query][:, chosen], fit[:, chosen])  # chosen scores are exact
+
+
+def test_greedy_path_matches_naive_greedy_and_lstsq_errors(planted):
+    fit, _ = planted
+    covariance = np.cov(fit.T)
+    order, errors = greedy_path(covariance[None])
+    np.testing.assert_array_equal(order[0, :8], naive_greedy_path(covariance, steps=8))
+    assert (np.diff(errors[0]) <= 1e-9).all(), "greedy error never rises with k"
+    assert errors[0, -1] == pytest.approx(0, abs=1e-9)
+    for k in (1, 3, 8):  # the path's error is the in-sample least-squares error of the chosen keys
+        residual = fit - lstsq_prediction(fit, order[0, :k])
+        assert errors[0, k] == pytest.approx((residual**2).sum() / (len(fit) - 1), rel=1e-6)
+
+
+def test_greedy_beats_random_on_held_out_planted_data(planted):
+    fit, held_out = planted
+    fitter = fitter_for(fit)
+    centred = ((held_out - fit.mean(0)) ** 2).sum()
+    for k in (2, 4, 8):
+        errors = {s: ((held_out - predict(fitter, s, k, held_out)[0][:, 0]) ** 2).sum() / centred for s in ("greedy", "random")}
+        assert errors["greedy"] <= errors["random"] * 1.001, (k, errors)
+
+
+def test_greedy_pairs_match_the_dense_greedy_and_lstsq():
+    rng = np.random.default_rng(1)
+    factor = rng.standard_normal((30, 6)) * np.linspace(2, 0.5, 6)
+    dense_order, _ = greedy_path((factor @ factor.T)[None])
+    # The last of 6 steps exhausts the rank: all remaining candidates tie, so compare the first 5.
+    np.testing.assert_array_equal(greedy_pairs(factor, 5), dense_order[0, :5])
+    matrices = rng.standard_normal((200, 6)) @ factor.T + rng.standard_normal(30)
+    values, vectors = np.linalg.eigh(np.cov(matrices.T))
+    low_rank = vectors[:, -6:] * np.sqrt(values[-6:])
+    selected = np.sort(greedy_pairs(low_rank, 4))
+    rebuilt = fit_pairs(low_rank, matrices.mean(0), selected, ridge=0.0).apply(matrices)
+    np.testing.assert_allclose(rebuilt, lstsq_prediction(matrices, selected), atol=1e-6)
+
+
+def test_flops_accounting_by_hand():
+    flops = attention_flops(n=128, head_dim=64, k=16)
+    full = 2 * 128 * 128 * 64 * 2 + 3 * 128 * 128
+    partial = 2 * 128 * 16 * 64 + 2 * 128 * 16 * 112 + 128 * 112 + 3 * 128 * 128 + 2 * 128 * 128 * 64
+    assert flops["full"] == full and flops["partial"] == partial
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    return attnlens.extract("minilm-l6", "kjv", tmp_path_factory.mktemp("r") / "store", seq_len=16, num_seqs=48,
+                            layers=[0, 4], dtype="float32", progress=False)
+
+
+def test_held_out_table_plug_in_and_learned_maps(store, minilm_l6):
+    result = reconstruct(store, model=minilm_l6, ks=[2, 8, 16], strategies=["greedy", "random"], scopes=["head", "all"],
+                         pairs=True, plug_in=True, learn_r=True, learn_steps=4, batch_size=8, progress=False)
+    overall = result.table[result.table.layer == -1].set_index(["strategy", "scope", "k"]).sort_index()
+    assert overall.loc[("greedy", "head", 16), "rel_error"] < 1e-10, "k = n is exact"
+    for scope in ("head", "all"):
+        errors = overall.loc[("greedy", scope)].rel_error
+        assert (np.diff(errors.to_numpy()) <= 1e-9).all()
+    assert ("greedy-pairs", "head", 8) in overall.index
+    plug = result.plug_in.set_index(["strategy", "scope", "k"])
+    assert plug.loc[("greedy", "head", 16), "token_cosine"] == pytest.approx(1, abs=1e-5), "k = n reproduces the model"
+    assert plug.loc[("greedy", "head", 2), "token_cosine"] < 0.999
+    learned = result.learned
+    assert (learned.train_loss_learned <= learned.train_loss_closed_form + 1e-12).all()
+    assert result.selections["greedy/head/8"].shape == (2, 12, 1, 8)
+
+
+def test_causal_model_per_query_maps_reproduce_the_model_at_k_equal_n(tmp_path, minilm_l6, kjv):
+    import transformers
+
+    config = transformers.LlamaConfig(vocab_size=30522, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    torch.manual_seed(0)
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "tiny")
+    minilm_l6.tokenizer.save_pretrained(tmp_path / "tiny")
+    model = attnlens.load_model(str(tmp_path / "tiny"))
+    result = reconstruct(model, corpus=kjv, seq_len=8, num_seqs=40, ks=[2, 8], strategies=["greedy", "local+global"],
+                         scopes=["head"], plug_in=True, progress=False)
+    assert result.meta["settings"]["rows"] == "per-query"
+    plug = result.plug_in.set_index(["strategy", "k"])
+    assert plug.loc[("greedy", 8), "loss_increase"] == pytest.approx(0, abs=1e-5)
+    assert abs(plug.loc[("greedy", 2), "loss_increase"]) > 1e-6
+    chosen = result.selections["greedy/head/2"][0, 0]  # (query, k): only keys the query may see
+    for query in range(8):
+        assert (chosen[query][chosen[query] >= 0] <= query).all()
+
+
+@pytest.mark.slow
+def test_gemma3_plug_in_at_k_equal_n_keeps_the_next_token_loss(gemma3, kjv):
+    result = reconstruct(gemma3, corpus=kjv, seq_len=12, num_seqs=20, ks=[4, 12], strategies=["greedy"], scopes=["head"],
+                         layers=[0, 5], plug_in=True, batch_size=4, progress=False)
+    plug = result.plug_in.set_index("k")
+    assert plug.loc[12, "loss_increase"] == pytest.approx(0, abs=1e-4)
+    assert plug.loc[12, "baseline_loss"] > 0
+
+
+def test_reconstruct_cli_and_bad_inputs(capsys, tmp_path, store):
+    out = ["--out", str(tmp_path / "r"), "--no-progress"]
+    code, stdout, _ = run_cli(capsys, "reconstruct", str(store.path), "--ks", "4,16", "--select", "greedy,stride",
+                              "--scope", "layer", *out)
+    assert code == 0 and "wrote reconstruction result" in stdout
+    loaded = attnlens.load_result(tmp_path / "r")
+    assert set(loaded.table.strategy) == {"greedy", "stride"} and (tmp_path / "r" / "figures" / "error_vs_k.png").is_file()
+    bad = ["--out", str(tmp_path / "bad"), "--no-progress"]
+    assert_one_line_error(*run_cli(capsys, "reconstruct", str(store.path), "--ks", "4,17", *bad)[::2], "larger than the 16 valid keys")
+    assert_one_line_error(*run_cli(capsys, "reconstruct", str(store.path), "--ks", "0,4", *bad)[::2], "selects nothing")
+    assert_one_line_error(*run_cli(capsys, "reconstruct", str(store.path), "--ks", ",", *bad)[::2], "--ks is empty")
+    assert_one_line_error(*run_cli(capsys, "reconstruct", str(store.path), "--rows", "per-query", "--eval-fraction", "0.8", *bad)[::2],
+                          "from 10 sequences", "at least 17 sequences")
+    assert_one_line_error(*run_cli(capsys, "reconstruct", str(store.path), "--plug-in", "--model", "minilm-l3", *bad)[::2],
+                          "made with model 'minilm-l6'")
+    assert_one_line_error(*run_cli(capsys, "reconstruct", str(store.path), "--plug-in", *bad)[::2], "give --model")
+    assert_one_line_error(*run_cli(capsys, "reconstruct", str(store.path), "--select", "best", *bad)[::2], "--select best")
+    assert_one_line_error(*run_cli(capsys, "reconstruct", str(store.path), "--select", "local+global", *bad)[::2], "--rows per-query")
