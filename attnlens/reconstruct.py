@@ -79,7 +79,7 @@ def attention_flops(n: int, head_dim: int, k: int | None = None) -> dict[str, fl
     (2nkd) + the affine map for the other n − k (2nk(n − k) + n(n − k)) + softmax + V.
 
     >>> round(attention_flops(128, 64, 32)["ratio"], 3)
-    0.973
+    0.818
     """
     full = 4 * n * n * head_dim + 3 * n * n
     if k is None:
