@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import platform
+import shlex
 import sys
 from importlib.metadata import PackageNotFoundError, version
 
@@ -28,12 +29,20 @@ def versions() -> dict[str, str | None]:
     }
 
 
+_cli_command: str | None = None
+
+
+def set_cli_command(arguments: list[str]) -> None:
+    """Record the ``attnlens`` command being run, for the provenance of what it writes."""
+    global _cli_command
+    _cli_command = shlex.join(["attnlens", *arguments])
+
+
 def command_line() -> str:
-    """The command that is running, as the user typed it (for the CLI) or ``sys.argv``."""
-    program = sys.argv[0].rsplit("/", 1)[-1] if sys.argv else "python"
-    if program in ("attnlens", "__main__.py"):
-        program = "attnlens"
-    return " ".join([program, *sys.argv[1:]])
+    """The attnlens command that is running (set by the CLI), else the Python command line."""
+    if _cli_command is not None:
+        return _cli_command
+    return shlex.join([sys.executable.rsplit("/", 1)[-1], *sys.argv]) if sys.argv else "python"
 
 
 def provenance(command: str | None = None) -> dict[str, object]:

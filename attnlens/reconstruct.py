@@ -226,7 +226,11 @@ class MapFitter:
         c_ns = covariance[rows, np.arange(self.n)[None, :, None], selected[:, None, :]]
         scale = np.einsum("uii->u", c_ss) / m
         regularised = c_ss + (self.ridge * np.maximum(scale, 1e-12))[:, None, None] * np.eye(m)
-        weights = np.linalg.solve(regularised, c_ns.transpose(0, 2, 1)).transpose(0, 2, 1)
+        # C_SS is symmetric positive (semi)definite: a batched Cholesky solve, falling back to LU if it is singular.
+        system, right = torch.from_numpy(regularised), torch.from_numpy(c_ns.transpose(0, 2, 1).copy())
+        factor, info = torch.linalg.cholesky_ex(system)
+        solved = torch.cholesky_solve(right, factor) if not bool(info.any()) else torch.linalg.solve(system, right)
+        weights = solved.numpy().transpose(0, 2, 1).copy()
         weights[rows[:, :, 0], selected, :] = np.eye(m)  # chosen keys are exact
         weights[~complete] = 0.0  # keys the unit never sees stay out
         mean_selected = np.take_along_axis(mean, selected, axis=1)
@@ -237,30 +241,52 @@ class MapFitter:
 # ---------------------------------------------------------------------- evaluation
 
 
+@dataclass
+class HeldOutBatch:
+    """One batch of held-out rows and what every map's evaluation on them shares."""
+
+    scores: torch.Tensor  # (B, H, q, n)
+    mask: torch.Tensor | None  # (B, H, q, n) valid entries; None when all are valid
+    weights: torch.Tensor  # softmax of the true scores over valid keys
+    has_keys: torch.Tensor  # (B, H, q) rows with at least one valid key
+    entropy_term: torch.Tensor  # (B, H, q): Σ w log w, the half of KL(w ‖ ŵ) that no map changes
+    sums: dict[str, np.ndarray]  # per head: squared deviation from the mean row, squared norm, rows
+
+    @classmethod
+    def of(cls, scores: torch.Tensor, valid: torch.Tensor, mean: torch.Tensor) -> HeldOutBatch:
+        mask = None if bool(valid.all()) else valid[:, None].expand_as(scores)
+        has_keys = valid.any(-1)[:, None].expand(scores.shape[:-1])
+        weights = torch.softmax(_masked(scores, mask, float("-inf")), -1)
+        sums = {"squared_deviation": _per_head(_masked(scores - mean, mask, 0.0) ** 2),
+                "squared_norm": _per_head(_masked(scores, mask, 0.0) ** 2), "rows": _per_head(has_keys)}
+        entropy_term = torch.special.xlogy(weights, weights).sum(-1)
+        return cls(scores, mask, weights, has_keys, entropy_term, sums)
+
+    def errors(self, reconstructed: torch.Tensor) -> dict[str, np.ndarray]:
+        """Per-head sums: squared error, total variation and KL(w ‖ ŵ) after softmax, with the shared sums."""
+        log_estimate = _masked(torch.log_softmax(_masked(reconstructed, self.mask, float("-inf")), -1), self.mask, 0.0)
+        tv = 0.5 * (self.weights - _masked(log_estimate.exp(), self.mask, 0.0)).abs().sum(-1)
+        kl = self.entropy_term - (self.weights * log_estimate).sum(-1)
+        return {**self.sums, "squared_error": _per_head(_masked(self.scores - reconstructed, self.mask, 0.0) ** 2),
+                "tv": _per_head((tv * self.has_keys).nan_to_num()), "kl": _per_head((kl * self.has_keys).nan_to_num())}
+
+
+def _masked(tensor: torch.Tensor, mask: torch.Tensor | None, value: float) -> torch.Tensor:
+    """``tensor`` with invalid entries set to ``value``; no pass at all when every entry is valid."""
+    return tensor if mask is None else tensor.masked_fill(~mask, value)
+
+
+def _per_head(tensor: torch.Tensor) -> np.ndarray:
+    return tensor.sum(dim=tuple(d for d in range(tensor.ndim) if d != 1), dtype=torch.float64).numpy()
+
+
 def layer_errors(scores: torch.Tensor, valid: torch.Tensor, reconstructed: torch.Tensor, mean: torch.Tensor) -> dict[str, np.ndarray]:
     """Per-head sums over the rows of one batch: squared error, deviation from the mean
     row, squared norm, total variation and KL(w ‖ ŵ) after softmax, and the number of rows.
 
     Invalid entries are no data: they count nowhere, and softmax runs over valid keys.
     """
-    mask = valid[:, None].expand_as(scores)
-    weights = torch.softmax(scores.masked_fill(~mask, float("-inf")), -1)
-    log_estimate = torch.log_softmax(reconstructed.masked_fill(~mask, float("-inf")), -1).masked_fill(~mask, 0.0)
-    has_keys = mask.any(-1)
-    tv = (0.5 * (weights - log_estimate.exp() * mask).abs().sum(-1)).nan_to_num()
-    kl = (torch.special.xlogy(weights, weights) - weights * log_estimate).sum(-1).nan_to_num()
-
-    def per_head(tensor: torch.Tensor) -> np.ndarray:
-        return tensor.sum(dim=tuple(d for d in range(tensor.ndim) if d != 1), dtype=torch.float64).numpy()
-
-    return {
-        "squared_error": per_head(((scores - reconstructed) * mask) ** 2),
-        "squared_deviation": per_head(((scores - mean) * mask) ** 2),
-        "squared_norm": per_head((scores * mask) ** 2),
-        "tv": per_head(tv * has_keys),
-        "kl": per_head(kl * has_keys),
-        "rows": per_head(has_keys),
-    }
+    return HeldOutBatch.of(scores, valid, mean).errors(reconstructed)
 
 
 def _summarise(sums: dict[str, np.ndarray]) -> dict[str, float]:
@@ -429,6 +455,7 @@ def reconstruct(
     pairs_ridge: float = 0.1,
     plug_in: bool = False,
     plug_in_layers: Iterable[int] | None = None,
+    plug_in_scopes: Iterable[str] | None = None,
     objective: str = "auto",
     model: str | LoadedModel | None = None,
     learn_r: bool = False,
@@ -445,7 +472,8 @@ def reconstruct(
     ``source``: a store (then ``model`` is needed for ``plug_in``, and must be the model
     the store was made with) or a model with ``corpus``, ``seq_len``, ``num_seqs``.
     ``plug_in`` runs the model with the reconstruction inside attention in
-    ``plug_in_layers`` (default: all analysed layers) for every strategy, scope and k.
+    ``plug_in_layers`` (default: all analysed layers) for every strategy and k, and
+    every scope in ``plug_in_scopes`` (default: all of ``scopes``).
     ``pairs`` adds pairs mode (:mod:`attnlens.pairs`, from a store): k·n (query, key)
     pairs of each head's matrix, strategy ``greedy-pairs``. Its fit has about as many
     unknowns as training matrices, so it takes a larger ridge (``pairs_ridge``): near
@@ -485,26 +513,27 @@ def reconstruct(
                               seed=seed, progress=progress).total
     fitter = MapFitter(moments, ridge=ridge, seed=seed, global_positions=(0,))
     configs = [(strategy, scope, k) for strategy in strategies for scope in scopes for k in ks]
-    table, selections = _evaluate_rows(source_rows, fitter, configs, evaluated, layers, batch_size, progress)
     head_dim = int(source_rows.model_info["head_dim"])
+    plug = None
+    if plug_in or learn_r:
+        plug_layers = layers if plug_in_layers is None else source_rows.check_layers(plug_in_layers)
+        objective_ = Objective(loaded, objective, seed=seed)
+        plug = _PlugIn(objective_, [layer for layer in plug_layers if layer in layers], source_rows.tokens(evaluated),
+                       batch_size, seed, set(scopes if plug_in_scopes is None else plug_in_scopes) if plug_in else set())
+    table, selections = _evaluate(source_rows, fitter, configs, evaluated, layers, batch_size, plug, progress)
     table["flops_ratio"] = [attention_flops(n, head_dim, k)["ratio"] for k in table.k]
     if pairs:
         if not isinstance(source_rows, StoreRows):
             raise AttnlensError("pairs mode reads whole score matrices of each sequence from a store; run 'attnlens extract' first")
         table = pd.concat([table, _evaluate_pairs(source_rows, fitter, ks, fitted, evaluated, pairs_ridge, head_dim, progress)],
                           ignore_index=True)
-
     plug_table = learned_table = None
-    if plug_in or learn_r:
-        plug_layers = layers if plug_in_layers is None else source_rows.check_layers(plug_in_layers)
-        plug_layers = [layer for layer in plug_layers if layer in layers]
-        objective_ = Objective(loaded, objective, seed=seed)
-        eval_ids, train_ids = source_rows.tokens(evaluated), source_rows.tokens(fitted)
-        if plug_in:
-            plug_table = _plug_in_table(objective_, fitter, configs, plug_layers, eval_ids, batch_size, seed, n, head_dim, progress)
-        if learn_r:
-            learned_table = _learned_table(objective_, fitter, strategies[0], scopes[0], ks, plug_layers, eval_ids,
-                                           train_ids, learn_steps, learn_lr, batch_size, seed, progress)
+    if plug_in:
+        plug_table = pd.DataFrame(plug.records)
+        plug_table["flops_ratio"] = [attention_flops(n, head_dim, k)["ratio"] for k in plug_table.k]
+    if learn_r:
+        learned_table = _learned_table(objective_, fitter, strategies[0], scopes[0], ks, plug.layers, plug.batches,
+                                       source_rows.tokens(fitted), learn_steps, learn_lr, batch_size, seed, progress)
     meta = {
         "model": source_rows.model_info,
         "corpus": source_rows.corpus_info,
@@ -534,48 +563,83 @@ def _model_for_plug_in(rows: StoreRows | ModelRows, model: str | LoadedModel | N
     return loaded
 
 
-def _evaluate_rows(rows: StoreRows | ModelRows, fitter: MapFitter, configs: list[tuple[str, str, int]],
-                   evaluated: np.ndarray, layers: list[int], batch_size: int,
-                   progress: bool) -> tuple[pd.DataFrame, dict[str, np.ndarray]]:
-    """Held-out errors of every config, one layer at a time (its held-out scores kept in memory)."""
-    held_out = {layer: ([], []) for layer in layers}
+def _held_out(rows: StoreRows | ModelRows, evaluated: np.ndarray, layers: list[int], fitter: MapFitter,
+              batch_size: int) -> dict[int, list[HeldOutBatch]]:
+    """The held-out rows of every layer, with what every map's evaluation on them shares."""
+    collected: dict[int, tuple[list, list]] = {layer: ([], []) for layer in layers}
 
     def keep(layer: int, scores: torch.Tensor, valid: torch.Tensor, batch: np.ndarray) -> None:
-        held_out[layer][0].append(scores.to(torch.float32))
-        held_out[layer][1].append(valid)
+        collected[layer][0].append(scores.to(torch.float32))
+        collected[layer][1].append(valid)
 
-    sums: dict[tuple[str, str, int], dict[int, dict[str, np.ndarray]]] = {config: {} for config in configs}
-    selections: dict[str, list[np.ndarray]] = {f"{s}/{c}/{k}": [] for s, c, k in configs}
-    head_mean = torch.from_numpy(fitter.mean["head"])
-    with progress_bar(total=len(layers) * len(configs), desc="reconstruct", unit="map", enabled=progress) as bar:
-        for layer in layers:
-            if not held_out[layer][0]:  # a store is read layer by layer; a model gives every layer at once
-                rows.for_each_batch(evaluated, layers if isinstance(rows, ModelRows) else [layer], keep,
-                                    batch_size=batch_size, progress=False)
-            scores_all, valid_all = torch.cat(held_out[layer][0]), torch.cat(held_out[layer][1])
-            held_out[layer] = ([], [])
-            position = fitter.moments.layers.index(layer)
-            mean = head_mean[position][None].float()  # (1, H, Q, n): the training mean row of each head
-            for config in configs:
-                maps, chosen = fitter.layer_maps(*config, layer)
-                selections[f"{config[0]}/{config[1]}/{config[2]}"].append(chosen)
-                total: dict[str, np.ndarray] = {}
-                for start in range(0, len(scores_all), batch_size):
-                    scores = scores_all[start : start + batch_size]
-                    valid = valid_all[start : start + batch_size]
-                    part = layer_errors(scores, valid, maps.apply(scores), mean)
-                    total = {name: total.get(name, 0) + value for name, value in part.items()}
-                sums[config][layer] = total
-                bar.update(1)
-    records = []
-    for (strategy, scope, k), by_layer in sums.items():
-        base = {"strategy": strategy, "scope": scope, "k": k}
-        for layer, total in by_layer.items():
-            for head in range(len(total["rows"])):
-                records.append({**base, "layer": layer, "head": head, **_summarise({n: v[head] for n, v in total.items()})})
-        overall = {name: sum(total[name].sum() for total in by_layer.values()) for name in next(iter(by_layer.values()))}
-        records.append({**base, "layer": -1, "head": -1, **_summarise(overall)})
-    return pd.DataFrame(records), {key: np.stack(parts) for key, parts in selections.items()}
+    rows.for_each_batch(evaluated, layers, keep, batch_size=batch_size, progress=False)
+    held = {}
+    for position, layer in enumerate(fitter.moments.layers):
+        scores, valid = torch.cat(collected[layer][0]), torch.cat(collected[layer][1])
+        mean = torch.from_numpy(fitter.mean["head"][position][None]).float()  # (1, H, Q, n): training mean row
+        held[layer] = [HeldOutBatch.of(scores[start : start + batch_size], valid[start : start + batch_size], mean)
+                       for start in range(0, len(scores), batch_size)]
+        collected[layer] = ([], [])
+    return held
+
+
+class _PlugIn:
+    """Runs the model with each config's maps inside attention, on the held-out blocks."""
+
+    def __init__(self, objective: Objective, layers: list[int], eval_ids: np.ndarray, batch_size: int, seed: int,
+                 scopes: set[str]) -> None:
+        self.objective, self.layers, self.scopes = objective, layers, scopes
+        self.rng = np.random.default_rng([seed, 2])
+        self.batches = prepare_batches(objective, eval_ids, batch_size)
+        self.baseline = evaluate_objective(objective, self.batches, None)["loss"] if scopes else None
+        self.records: list[dict] = []
+
+    def wants(self, scope: str) -> bool:
+        return scope in self.scopes
+
+    def run(self, config: tuple[str, str, int], maps: dict[int, LayerMaps]) -> None:
+        metrics = evaluate_objective(self.objective, self.batches, {layer: maps[layer] for layer in self.layers})
+        strategy, scope, k = config
+        record = {"strategy": strategy, "scope": scope, "k": k, "layers": " ".join(map(str, self.layers)),
+                  "objective": self.objective.name}
+        for name, values in {**metrics, "loss_increase": metrics["loss"] - self.baseline}.items():
+            low, high = _bootstrap_interval(values, self.rng)
+            record.update({name: float(values.mean()), f"{name}_low": low, f"{name}_high": high})
+        record["baseline_loss"] = float(self.baseline.mean())
+        self.records.append(record)
+
+
+def _evaluate(rows: StoreRows | ModelRows, fitter: MapFitter, configs: list[tuple[str, str, int]], evaluated: np.ndarray,
+              layers: list[int], batch_size: int, plug: _PlugIn | None,
+              progress: bool) -> tuple[pd.DataFrame, dict[str, np.ndarray]]:
+    """Held-out errors of every config (and its plug-in run), one config at a time: each
+    config's maps are fitted once and serve both."""
+    held = _held_out(rows, evaluated, layers, fitter, batch_size)
+    records, selections = [], {}
+    with progress_bar(total=len(configs), desc="reconstruct", unit="map", enabled=progress) as bar:
+        for config in configs:
+            fitted = {layer: fitter.layer_maps(*config, layer) for layer in layers}
+            selections["/".join(map(str, config))] = np.stack([chosen for _, chosen in fitted.values()])
+            totals = {}
+            for layer, (maps, _) in fitted.items():
+                totals[layer] = {}
+                for batch in held[layer]:
+                    for name, value in batch.errors(maps.apply(batch.scores)).items():
+                        totals[layer][name] = totals[layer].get(name, 0) + value
+            records += _error_records(config, totals)
+            if plug is not None and plug.wants(config[1]):
+                plug.run(config, {layer: maps for layer, (maps, _) in fitted.items()})
+            bar.update(1)
+    return pd.DataFrame(records), selections
+
+
+def _error_records(config: tuple[str, str, int], totals: dict[int, dict[str, np.ndarray]]) -> list[dict]:
+    """One row per (layer, head), and one (layer = head = -1) for all of them together."""
+    base = dict(zip(("strategy", "scope", "k"), config))
+    records = [{**base, "layer": layer, "head": head, **_summarise({name: value[head] for name, value in total.items()})}
+               for layer, total in totals.items() for head in range(len(total["rows"]))]
+    overall = {name: sum(total[name].sum() for total in totals.values()) for name in next(iter(totals.values()))}
+    return [*records, {**base, "layer": -1, "head": -1, **_summarise(overall)}]
 
 
 def _evaluate_pairs(rows: StoreRows, fitter: MapFitter, ks: list[int], fitted: np.ndarray, evaluated: np.ndarray,
@@ -628,35 +692,10 @@ def _as_matrices(flat: np.ndarray, entries: np.ndarray, n: int) -> torch.Tensor:
     return torch.from_numpy(full.reshape(len(flat), 1, n, n))
 
 
-def _plug_in_table(objective: Objective, fitter: MapFitter, configs: list[tuple[str, str, int]], layers: list[int],
-                   eval_ids: np.ndarray, batch_size: int, seed: int, n: int, head_dim: int, progress: bool) -> pd.DataFrame:
-    rng = np.random.default_rng([seed, 2])
-    batches = prepare_batches(objective, eval_ids, batch_size)
-    baseline = evaluate_objective(objective, batches, None)
-    records = []
-    with progress_bar(total=len(configs), desc="plug-in", unit="map", enabled=progress) as bar:
-        for strategy, scope, k in configs:
-            maps = {layer: fitter.layer_maps(strategy, scope, k, layer)[0] for layer in layers}
-            metrics = evaluate_objective(objective, batches, maps)
-            record = {"strategy": strategy, "scope": scope, "k": k, "layers": " ".join(map(str, layers)),
-                      "objective": objective.name, "flops_ratio": attention_flops(n, head_dim, k)["ratio"]}
-            for name, values in metrics.items():
-                low, high = _bootstrap_interval(values, rng)
-                record.update({name: float(values.mean()), f"{name}_low": low, f"{name}_high": high})
-            increase = metrics["loss"] - baseline["loss"]
-            low, high = _bootstrap_interval(increase, rng)
-            record.update({"baseline_loss": float(baseline["loss"].mean()), "loss_increase": float(increase.mean()),
-                           "loss_increase_low": low, "loss_increase_high": high})
-            records.append(record)
-            bar.update(1)
-    return pd.DataFrame(records)
-
-
 def _learned_table(objective: Objective, fitter: MapFitter, strategy: str, scope: str, ks: list[int], layers: list[int],
-                   eval_ids: np.ndarray, train_ids: np.ndarray, steps: int, lr: float, batch_size: int, seed: int,
+                   batches: list[PreparedBatch], train_ids: np.ndarray, steps: int, lr: float, batch_size: int, seed: int,
                    progress: bool) -> pd.DataFrame:
     records = []
-    batches = prepare_batches(objective, eval_ids, batch_size)
     for k in ks:
         maps = {layer: fitter.layer_maps(strategy, scope, k, layer)[0] for layer in layers}
         learned, start, best = learn_maps(objective, maps, train_ids, steps=steps, lr=lr, batch_size=batch_size,

@@ -38,6 +38,7 @@ def register_result(kind: str) -> Callable:
 
     def decorate(cls):
         _LOADERS[kind] = cls.load
+        cls.kind = kind
         return cls
 
     return decorate
@@ -150,7 +151,7 @@ def load_result(path: str | Path) -> object:
     kind = _read_meta(path)["kind"]
     if kind not in _LOADERS:
         # Importing the analysis modules registers their loaders.
-        from . import eigen, overlap, reconstruct  # noqa: F401
+        from . import eigen, overlap, reconstruct, report  # noqa: F401
     if kind not in _LOADERS:
         raise AttnlensError(f"result '{path}' is of kind '{kind}', which this attnlens cannot read")
     return _LOADERS[kind](path)

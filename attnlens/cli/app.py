@@ -54,6 +54,9 @@ def parse_int_list(text: str | None, option: str) -> list[int] | None:
 # ------------------------------------------------------------------ entry point
 def main(argv: list[str] | None = None) -> None:
     """Run the CLI; user errors become one line on stderr and exit status 2."""
+    from ..provenance import set_cli_command
+
+    set_cli_command(sys.argv[1:] if argv is None else list(argv))
     command = typer.main.get_command(app)
     try:
         status = command.main(args=argv, prog_name="attnlens", standalone_mode=False)

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")  # figures are files; never needs a screen
-
-import matplotlib.pyplot as plt  # noqa: E402
-import seaborn as sns  # noqa: E402
+# No backend is forced: without a display matplotlib falls back to Agg by itself, and in
+# Jupyter the inline backend shows the figures.
+import matplotlib.pyplot as plt
+import seaborn as sns
 
 FORMATS = ("png", "pdf")
 

@@ -1,0 +1,29 @@
+"""``attnlens report``: the whole pipeline on one model, as one HTML page."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from .app import CorpusOption, DeviceOption, ModelOption, OutOption, OverwriteOption, ProgressOption, SeedOption, app
+
+
+@app.command()
+def report(
+    out: OutOption,
+    model: ModelOption = "minilm-l6",
+    corpus: CorpusOption = "kjv",
+    compare: Annotated[str, typer.Option("--compare", help="Second model for cross-model overlap: auto, none, or a model.")] = "auto",
+    quick: Annotated[bool, typer.Option("--quick", help="Small settings: a first look in about 2 minutes.")] = False,
+    seed: SeedOption = 0,
+    device: DeviceOption = "cpu",
+    overwrite: OverwriteOption = False,
+    progress: ProgressOption = True,
+) -> None:
+    """Run every analysis and write a self-contained HTML report with all result files."""
+    from ..report import report as run
+
+    page = run(out, model=model, corpus=corpus, compare=None if compare == "none" else compare, quick=quick, seed=seed,
+               device=device, overwrite=overwrite, progress=progress)
+    typer.echo(f"wrote the report to {page}")

@@ -1,0 +1,343 @@
+"""The one-command report: every analysis of attnlens on one model, as a self-contained HTML page.
+
+:func:`report` streams moments and runs the eigen analysis (and on a second model of
+the same geometry, when one is installed), the subspace overlaps with their split-half
+check, the reconstruction with plug-in, position importance and a short DAM run; it
+writes every result directory, then ``report.html`` with the figures embedded, the
+tables, the numbers that answer each research question of the two papers next to what
+the papers report, and the exact command and versions.
+
+Default settings finish in about 10 minutes on 2 CPU cores; ``quick`` in about 2.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from .errors import AttnlensError
+from .models import ALIASES, LoadedModel, load_model, missing_distributions
+from .progress import progress_bar
+from .provenance import provenance
+from .results import check_out, read_result_dir, register_result
+
+
+@dataclass(frozen=True)
+class ReportSettings:
+    """Sizes of every stage; :data:`DEFAULT` and :data:`QUICK` are the two presets."""
+
+    seq_len: int = 128
+    eigen_seqs: int = 256
+    dim: int = 16
+    reconstruct_seqs: int = 128
+    ks: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128)
+    strategies: tuple[str, ...] = ("greedy", "random", "stride")
+    scopes: tuple[str, ...] = ("head", "layer", "all")
+    plug_in_scopes: tuple[str, ...] = ("head", "all")
+    batch_size: int = 16
+
+
+DEFAULT = ReportSettings()
+QUICK = ReportSettings(seq_len=64, eigen_seqs=96, dim=8, reconstruct_seqs=64, ks=(1, 4, 16, 64),
+                       strategies=("greedy", "random"), scopes=("head", "all"), plug_in_scopes=("head",))
+
+# A second model of the same geometry to compare subspaces with, when it is installed.
+COMPANIONS = {"minilm-l6": "minilm-l3", "minilm-l3": "minilm-l6"}
+
+
+def companion_for(model: LoadedModel) -> str | None:
+    name = COMPANIONS.get(model.name)
+    return name if name is not None and not missing_distributions(ALIASES[name]) else None
+
+
+class _Stages:
+    """One progress display for the whole report: stages weighted by their expected cost."""
+
+    def __init__(self, weights: dict[str, float], enabled: bool) -> None:
+        self.weights = weights
+        self.bar = progress_bar(total=round(sum(weights.values())), desc="report", unit="%", enabled=enabled)
+        self.timings: dict[str, float] = {}
+
+    def run(self, name: str, work: Callable[[], object]) -> object:
+        self.bar.set_description(f"report: {name}")
+        start = time.perf_counter()
+        result = work()
+        self.timings[name] = time.perf_counter() - start
+        self.bar.update(round(self.weights[name]))
+        return result
+
+    def close(self) -> None:
+        self.bar.set_description("report")
+        self.bar.update(self.bar.total - self.bar.n)  # rounding of the stage weights: end at 100%
+        self.bar.close()
+
+
+def report(
+    out: str | Path,
+    *,
+    model: str | LoadedModel = "minilm-l6",
+    corpus: str = "kjv",
+    compare: str | None = "auto",
+    quick: bool = False,
+    seed: int = 0,
+    device: str = "cpu",
+    overwrite: bool = False,
+    progress: bool = True,
+    command: str | None = None,
+) -> Path:
+    """Run every analysis on ``model`` and write results and ``report.html`` into ``out``.
+
+    ``compare``: a second model for cross-model overlap (``auto``: the companion alias,
+    if installed; ``None``: none). Everything is written into a staging directory and
+    moved into place at the end, so an interrupted report leaves nothing half-written.
+    """
+    from .eigen import eigen
+    from .overlap import overlap
+    from .reconstruct import reconstruct
+
+    out = check_out(out, overwrite)
+    settings = QUICK if quick else DEFAULT
+    loaded = model if isinstance(model, LoadedModel) else load_model(model, device=device)
+    settings = replace(settings, ks=tuple(k for k in settings.ks if k <= settings.seq_len))
+    second = companion_for(loaded) if compare == "auto" else compare
+    weights = {"eigen": 10, "overlap": 1, "reconstruct": 55, "figures": 4}
+    if second:
+        weights["eigen (second model)"] = 6
+    stages = _Stages({name: 100 * w / sum(weights.values()) for name, w in weights.items()}, progress)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent if out.parent.exists() else None))
+    try:
+        common = dict(corpus=corpus, seq_len=settings.seq_len, seed=seed, progress=False)
+        results: dict[str, object] = {}
+        results["eigen"] = stages.run("eigen", lambda: eigen(loaded, num_seqs=settings.eigen_seqs, **common))
+        eigens = [results["eigen"]]
+        if second:
+            results["eigen_second"] = stages.run(
+                "eigen (second model)", lambda: eigen(second, num_seqs=settings.eigen_seqs, device=device, **common))
+            eigens.append(results["eigen_second"])
+        results["overlap"] = stages.run("overlap", lambda: overlap(eigens, dim=settings.dim))
+        results["reconstruct"] = stages.run("reconstruct", lambda: reconstruct(
+            loaded, num_seqs=settings.reconstruct_seqs, ks=settings.ks, strategies=settings.strategies,
+            scopes=settings.scopes, plug_in=True, plug_in_scopes=settings.plug_in_scopes, batch_size=settings.batch_size,
+            **common))
+        names = {key: _directory_name(key, result) for key, result in results.items()}
+        page = stages.run("figures", lambda: _write(staging, results, names, settings, command))
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        stages.close()
+        raise
+    stages.close()
+    meta = {"kind": "report", "format_version": 1, "model": loaded.describe(), "corpus": corpus, "quick": quick,
+            "settings": asdict(settings), "results": names, "timings_s": stages.timings, **provenance(command)}
+    (staging / "result.json").write_text(json.dumps(meta, indent=2))
+    _swap(staging, out)
+    return out / page.name
+
+
+def _directory_name(key: str, result: object) -> str:
+    model = result.meta.get("model", {}).get("name", "") if isinstance(result.meta.get("model"), dict) else ""
+    return {"eigen": f"eigen-{model}", "eigen_second": f"eigen-{model}"}.get(key, key)
+
+
+def _swap(staging: Path, out: Path) -> None:
+    if out.exists():
+        retired = out.with_name(f".{out.name}.old-{os.getpid()}")
+        out.rename(retired)
+        staging.rename(out)
+        shutil.rmtree(retired, ignore_errors=True)
+    else:
+        staging.rename(out)
+
+
+# ---------------------------------------------------------------------- the page
+
+
+def _write(directory: Path, results: dict, names: dict[str, str], settings: ReportSettings, command: str | None) -> Path:
+    for key, result in results.items():
+        result.save(directory / names[key])
+    sections = [_summary_section(results, settings), *_eigen_sections(results, names, directory, settings),
+                _reconstruct_section(results, names, directory)]
+    page = directory / "report.html"
+    page.write_text(_page(results["eigen"], sections, names, command))
+    return page
+
+
+def _figure(path: Path, caption: str) -> str:
+    data = base64.b64encode(path.read_bytes()).decode()
+    return (f'<figure><img src="data:image/png;base64,{data}" alt="{html.escape(caption)}">'
+            f"<figcaption>{html.escape(caption)}</figcaption></figure>")
+
+
+def _table(frame: pd.DataFrame, digits: int = 3) -> str:
+    return frame.to_html(index=False, float_format=lambda value: f"{value:.{digits}g}", border=0, classes="data")
+
+
+def _section(title: str, question: str, body: list[str]) -> str:
+    return f"<section><h2>{html.escape(title)}</h2><p class='question'>{html.escape(question)}</p>{''.join(body)}</section>"
+
+
+def _layer_summary(eigen_result) -> pd.DataFrame:
+    table = eigen_result.table
+    heads = table[(table.level == "head") & (table.query == table["query"].max())]
+    per_layer = heads.groupby("layer").agg(head_k90_median=("k90", "median"), head_k90_min=("k90", "min"),
+                                           head_k90_max=("k90", "max"), baseline_k90=("baseline_k90", "median"),
+                                           head_effective_rank=("effective_rank", "median"),
+                                           ones_fraction=("ones_fraction", "median"))
+    layers = table[table.level == "layer"].set_index("layer")[["k90", "k95", "k99"]].add_prefix("pooled_")
+    return per_layer.join(layers).reset_index()
+
+
+def _off_diagonal_mean(matrix: np.ndarray) -> float:
+    mask = ~np.eye(len(matrix), dtype=bool)
+    return float(matrix[mask].mean()) if mask.any() else float("nan")
+
+
+def _summary_section(results: dict, settings: ReportSettings) -> str:
+    eigen_result, overlap_result, recon = results["eigen"], results["overlap"], results["reconstruct"]
+    layers = _layer_summary(eigen_result)
+    split = overlap_result.split_half
+    split_layers = split[(split.model == overlap_result.meta["models"][0]) & (split.level == "layer")].overlap
+    rows = [
+        ("Score rows are low-dimensional (paper 1)", "most variance in a few of n directions",
+         f"median over heads of components for 90% energy: {layers.head_k90_median.min():.0f}–"
+         f"{layers.head_k90_median.max():.0f} of n = {eigen_result.n} per layer (Gaussian baseline: "
+         f"{layers.baseline_k90.median():.0f})"),
+        ("Eigenspaces overlap across layers (paper 1)", "strong overlap of top eigenspaces",
+         f"mean layer×layer overlap at d = {overlap_result.dim}: {_off_diagonal_mean(overlap_result.matrix('layers_0')):.2f} "
+         f"(chance {overlap_result.chance:.3f}; split-half of one layer: {split_layers.min():.2f}–{split_layers.max():.2f})"),
+    ]
+    if "layers_0_1" in {key.removesuffix("_overlap") for key in overlap_result.arrays}:
+        cross = overlap_result.matrix("layers_0_1")
+        rows.append(("…and across models (paper 1)", "overlap between different models",
+                     f"{overlap_result.meta['models'][0]} × {overlap_result.meta['models'][1]}: mean {cross.mean():.2f}, "
+                     f"max {cross.max():.2f} (chance {overlap_result.chance:.3f})"))
+    overall = recon.table[(recon.table.layer == -1)]
+    for k in (16, 32):
+        pick = overall[(overall.strategy == "greedy") & (overall.scope == "head") & (overall.k == k)]
+        if len(pick):
+            row = pick.iloc[0]
+            rows.append((f"k = {k} exact scores suffice (paper 1)", "k = 16–32 enough; up to 45% fewer attention FLOPs",
+                         f"greedy, per-head map: held-out relative error {row.rel_error:.3f} (vs mean row), "
+                         f"{row.rel_error_zero:.3f} (vs zero), TV {row.tv:.3f}; attention FLOPs ×{row.flops_ratio:.2f}"))
+    plug = recon.plug_in
+    if plug is not None:
+        for k in (16, 32):
+            pick = plug[(plug.strategy == "greedy") & (plug.scope == "head") & (plug.k == k)]
+            if len(pick):
+                row = pick.iloc[0]
+                measured = (f"cosine of final hidden states {row.token_cosine:.4f}" if row.objective == "hidden"
+                            else f"{row.objective} loss +{row.loss_increase:.3f} nats")
+                rows.append((f"Model outputs with k = {k} in every layer (paper 1)", "MNLI 79.7% at k = 32 vs 81.6% full",
+                             measured))
+    frame = pd.DataFrame(rows, columns=["claim", "papers report", "measured here"])
+    return _section("Summary: the papers' claims against this model", "What the papers report, and what attnlens measures here "
+                    "(findings, not verdicts: settings differ from the papers').", [_table(frame)])
+
+
+def _eigen_sections(results: dict, names: dict[str, str], directory: Path, settings: ReportSettings) -> list[str]:
+    eigen_result, overlap_result = results["eigen"], results["overlap"]
+    figures = directory / names["eigen"] / "figures"
+    low_dimensional = _section(
+        "1. Are attention score rows low-dimensional?",
+        "Eigenvalues of the covariance of pre-softmax score rows (pooled over queries), per layer with heads pooled, "
+        "against Gaussian rows of the same per-key variances and number of rows.",
+        [_figure(figures / "spectra.png", "Eigenvalue spectra per layer (solid) and baseline (dashed)"),
+         _figure(figures / "energy.png", "Cumulative explained energy per layer"),
+         "<p>Per layer: components for 90% energy of single heads (median, min, max over heads), of the heads "
+         "pooled, and the variance fraction along the all-ones direction (which softmax ignores).</p>",
+         _table(_layer_summary(eigen_result))],
+    )
+    overlap_figures = directory / names["overlap"] / "figures"
+    body = [_figure(overlap_figures / "overlap_layers_0.png", "Layer × layer overlap"),
+            _figure(overlap_figures / "split_half_0.png", "Split-half check")]
+    if (overlap_figures / "overlap_layers_0_1.png").is_file():
+        body.append(_figure(overlap_figures / "overlap_layers_0_1.png", "Model × model overlap"))
+    body.append(_figure(overlap_figures / "overlap_heads_0.png", "Head × head overlap"))
+    shared = _section(
+        "2. Do eigenspaces overlap across layers and models?",
+        f"Normalised overlap ‖UᵀV‖²/d of top-{overlap_result.dim} eigenspaces; chance level d/n = "
+        f"{overlap_result.chance:.3f}. The split-half check compares one layer's subspace estimated on two halves of "
+        "the data: cross-layer overlaps below it are real differences, above it within sampling noise.",
+        body,
+    )
+    return [low_dimensional, shared]
+
+
+def _reconstruct_section(results: dict, names: dict[str, str], directory: Path) -> str:
+    recon = results["reconstruct"]
+    figures = directory / names["reconstruct"] / "figures"
+    overall = recon.table[recon.table.layer == -1]
+    chosen = overall[overall.k.isin([8, 16, 32])][["strategy", "scope", "k", "rel_error", "rel_error_zero", "tv", "kl",
+                                                    "flops_ratio"]]
+    body = [_figure(figures / "error_vs_k.png", "Held-out reconstruction error against k"),
+            _figure(figures / "tv_vs_k.png", "Total variation after softmax against k"),
+            _figure(figures / "error_vs_flops.png", "Error against attention FLOPs saved"),
+            _table(chosen.sort_values(["k", "strategy", "scope"]))]
+    if (figures / "fidelity_vs_k.png").is_file():
+        body.insert(3, _figure(figures / "fidelity_vs_k.png", "Model outputs with the reconstruction in every layer"))
+    return _section("3. How many exact scores does a row need?",
+                    "k exact scores per row, the rest rebuilt by least squares fitted on other blocks; errors on held-out "
+                    "blocks, per strategy (greedy, random, stride) and scope of the map (per head, per layer, shared by all).",
+                    body)
+
+
+STYLE = """
+body { font-family: system-ui, sans-serif; max-width: 1100px; margin: 2em auto; color: #222; line-height: 1.45; }
+h1 { font-size: 1.6em; } h2 { margin-top: 2em; border-bottom: 1px solid #ccc; }
+.question { color: #555; } figure { display: inline-block; margin: 0.5em; width: 48%; vertical-align: top; }
+figure img { width: 100%; } figcaption { font-size: 0.85em; color: #555; text-align: center; }
+table.data { border-collapse: collapse; font-size: 0.85em; margin: 1em 0; }
+table.data td, table.data th { padding: 0.25em 0.6em; border-bottom: 1px solid #e4e4e4; text-align: right; }
+table.data td:first-child, table.data th:first-child { text-align: left; }
+code, pre { background: #f5f5f5; padding: 0.1em 0.3em; } pre { padding: 0.6em; overflow-x: auto; }
+"""
+
+
+def _page(eigen_result, sections: list[str], names: dict[str, str], command: str | None) -> str:
+    meta = provenance(command)
+    model = eigen_result.meta["model"]
+    files = "".join(f"<li><code>{html.escape(name)}/</code></li>" for name in names.values())
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>attnlens report: {html.escape(model['name'])}</title>
+<style>{STYLE}</style></head><body>
+<h1>attnlens report: {html.escape(model['name'])} ({html.escape(model['architecture'])}, {model['num_layers']} layers ×
+{model['num_heads']} heads) on {html.escape(str(eigen_result.meta['corpus'].get('source')))}</h1>
+<p>Made {html.escape(meta['created'])} by <code>{html.escape(meta['command'])}</code></p>
+<pre>{html.escape(json.dumps(meta['versions']))}</pre>
+{''.join(sections)}
+<section><h2>Files</h2><p>Every result is a directory next to this page, readable with
+<code>attnlens.load_result(path)</code>; <code>attnlens figures DIR... --out FIGS</code> redraws its figures.</p>
+<ul>{files}</ul></section>
+</body></html>
+"""
+
+
+@register_result("report")
+class Report:
+    """A written report: its settings and the result directories it holds."""
+
+    def __init__(self, path: Path, meta: dict) -> None:
+        self.path, self.meta = path, meta
+
+    @classmethod
+    def load(cls, path: str | Path) -> Report:
+        meta, _, _ = read_result_dir(path, "report")
+        return cls(Path(path), meta)
+
+    def result(self, key: str) -> object:
+        """One of the report's results (``eigen``, ``overlap``, ``reconstruct``, ...), loaded."""
+        from .results import load_result
+
+        if key not in self.meta["results"]:
+            raise AttnlensError(f"the report has no '{key}' result; it has {', '.join(self.meta['results'])}")
+        return load_result(self.path / self.meta["results"][key])

@@ -1,0 +1,82 @@
+"""The one-command report end to end (--quick), and figures redrawn from its saved results without the model."""
+
+from __future__ import annotations
+
+import re
+
+import matplotlib.pyplot as plt
+import pytest
+
+import attnlens
+from attnlens import models
+from test_cli import assert_one_line_error, run_cli
+
+
+@pytest.fixture(scope="module")
+def quick_report(tmp_path_factory):
+    out = tmp_path_factory.mktemp("report") / "report"
+    from attnlens.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["report", "--quick", "--out", str(out), "--no-progress"])
+    assert exit_info.value.code == 0
+    return out
+
+
+def test_report_page_embeds_figures_tables_and_provenance(quick_report):
+    page = (quick_report / "report.html").read_text()
+    images = re.findall(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', page)
+    assert len(images) >= 8 and all(len(image) > 10_000 for image in images), "figures are embedded, not linked"
+    assert "<table" in page and "papers report" in page and "measured here" in page
+    assert "attnlens report --quick" in page and "&quot;torch&quot;" in page  # the versions, HTML-escaped
+    report = attnlens.load_result(quick_report)
+    assert set(report.meta["results"]) >= {"eigen", "eigen_second", "overlap", "reconstruct"}
+    overlap = report.result("overlap")
+    assert overlap.meta["models"] == ["minilm-l6", "minilm-l3"]
+
+
+def test_report_refuses_to_overwrite(capsys, quick_report):
+    before = (quick_report / "report.html").stat().st_mtime_ns
+    assert_one_line_error(*run_cli(capsys, "report", "--quick", "--out", str(quick_report))[::2], "already exists")
+    assert (quick_report / "report.html").stat().st_mtime_ns == before
+
+
+def test_figures_are_redrawn_from_results_without_the_model(capsys, tmp_path, quick_report, monkeypatch):
+    def no_model(*args, **kwargs):
+        raise AssertionError("figures must not load a model")
+
+    monkeypatch.setattr(models, "load_model", no_model)
+    monkeypatch.setattr(attnlens, "load_model", no_model)
+    report = attnlens.load_result(quick_report)
+    dirs = [str(quick_report / name) for name in report.meta["results"].values()]
+    code, out, _ = run_cli(capsys, "figures", *dirs, "--out", str(tmp_path / "figs"))
+    assert code == 0
+    expected = {
+        report.meta["results"]["eigen"]: ["spectra", "energy"],
+        "overlap": ["overlap_layers_0", "overlap_heads_0", "overlap_layers_0_1", "overlap_heads_0_1", "split_half_0", "split_half_1"],
+        "reconstruct": ["error_vs_k", "tv_vs_k", "error_vs_flops", "fidelity_vs_k"],
+    }
+    for directory, stems in expected.items():
+        for stem in stems:
+            for suffix, magic in ((".png", b"\x89PNG"), (".pdf", b"%PDF")):
+                path = tmp_path / "figs" / directory / f"{stem}{suffix}"
+                assert path.read_bytes()[:4] == magic, path
+
+
+def test_every_figure_function_draws_on_given_axes(quick_report):
+    from attnlens.figures import attention, eigen, reconstruct
+
+    report = attnlens.load_result(quick_report)
+    e, o, r = report.result("eigen"), report.result("overlap"), report.result("reconstruct")
+    calls = [
+        lambda ax: eigen.plot_spectra(e, ax), lambda ax: eigen.plot_energy(e, ax),
+        lambda ax: eigen.plot_overlap(o, "layers_0_1", ax), lambda ax: eigen.plot_split_half(o, ax),
+        lambda ax: reconstruct.plot_error_vs_k(r, ax), lambda ax: reconstruct.plot_error_vs_flops(r, ax),
+        lambda ax: reconstruct.plot_fidelity_vs_k(r, ax),
+        lambda ax: attention.plot_attention(e.arrays["layer_eigenvectors"][0, 0, 0][:, :8], ax, kind="scores"),
+    ]
+    for draw in calls:
+        figure, ax = plt.subplots()
+        assert draw(ax) is ax
+        assert ax.get_xlabel() and ax.get_ylabel() and ax.get_title()
+        plt.close(figure)
