@@ -185,9 +185,9 @@ class EigenResult:
             if self.moments is not None:
                 self.moments.save(directory)
             if figures:
-                from .figures.eigen import save_eigen_figures
+                from .figures import save_figures
 
-                save_eigen_figures(self, directory / "figures")
+                save_figures(self, directory / "figures")
 
         return write_result(out, "eigen", self.meta, tables=tables, arrays=self.arrays, overwrite=overwrite, extra=extra)
 

@@ -103,9 +103,9 @@ class OverlapResult:
     def save(self, out: str | Path, overwrite: bool = False, figures: bool = True) -> Path:
         def extra(directory: Path) -> None:
             if figures:
-                from .figures.eigen import save_overlap_figures
+                from .figures import save_figures
 
-                save_overlap_figures(self, directory / "figures")
+                save_figures(self, directory / "figures")
 
         return write_result(out, "overlap", self.meta, tables={"table": self.table, "split_half": self.split_half},
                             arrays=self.arrays, overwrite=overwrite, extra=extra)

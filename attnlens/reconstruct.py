@@ -326,9 +326,9 @@ class ReconstructResult:
         def extra(directory: Path) -> None:
             np.savez_compressed(directory / "selections.npz", **{key.replace("/", "|"): value for key, value in self.selections.items()})
             if figures:
-                from .figures.reconstruct import save_reconstruct_figures
+                from .figures import save_figures
 
-                save_reconstruct_figures(self, directory / "figures")
+                save_figures(self, directory / "figures")
 
         return write_result(out, "reconstruct", self.meta, tables=tables, overwrite=overwrite, extra=extra)
 

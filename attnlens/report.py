@@ -15,7 +15,6 @@ from __future__ import annotations
 import base64
 import html
 import json
-import os
 import shutil
 import tempfile
 import time
@@ -30,7 +29,7 @@ from .errors import AttnlensError
 from .models import ALIASES, LoadedModel, load_model, missing_distributions
 from .progress import progress_bar
 from .provenance import provenance
-from .results import check_out, read_result_dir, register_result
+from .results import check_out, read_result_dir, register_result, swap_into_place
 
 
 @dataclass(frozen=True)
@@ -140,23 +139,13 @@ def report(
     meta = {"kind": "report", "format_version": 1, "model": loaded.describe(), "corpus": corpus, "quick": quick,
             "settings": asdict(settings), "results": names, "timings_s": stages.timings, **provenance(command)}
     (staging / "result.json").write_text(json.dumps(meta, indent=2))
-    _swap(staging, out)
+    swap_into_place(staging, out)
     return out / page.name
 
 
 def _directory_name(key: str, result: object) -> str:
     model = result.meta.get("model", {}).get("name", "") if isinstance(result.meta.get("model"), dict) else ""
     return {"eigen": f"eigen-{model}", "eigen_second": f"eigen-{model}"}.get(key, key)
-
-
-def _swap(staging: Path, out: Path) -> None:
-    if out.exists():
-        retired = out.with_name(f".{out.name}.old-{os.getpid()}")
-        out.rename(retired)
-        staging.rename(out)
-        shutil.rmtree(retired, ignore_errors=True)
-    else:
-        staging.rename(out)
 
 
 # ---------------------------------------------------------------------- the page
@@ -178,8 +167,11 @@ def _figure(path: Path, caption: str) -> str:
             f"<figcaption>{html.escape(caption)}</figcaption></figure>")
 
 
-def _table(frame: pd.DataFrame, digits: int = 3) -> str:
-    return frame.to_html(index=False, float_format=lambda value: f"{value:.{digits}g}", border=0, classes="data")
+def _table(frame: pd.DataFrame, digits: int = 3, text: bool = False) -> str:
+    """An HTML table in a scrolling box; ``text`` tables are left-aligned prose."""
+    table = frame.to_html(index=False, float_format=lambda value: f"{value:.{digits}g}", border=0,
+                          classes="data text" if text else "data")
+    return f"<div class='table'>{table}</div>"
 
 
 def _section(title: str, question: str, body: list[str]) -> str:
@@ -188,12 +180,13 @@ def _section(title: str, question: str, body: list[str]) -> str:
 
 def _layer_summary(eigen_result) -> pd.DataFrame:
     table = eigen_result.table
-    heads = table[(table.level == "head") & (table.query == table["query"].max())]
+    heads = table[(table["level"] == "head") & (table["query"] == table["query"].max())]
     per_layer = heads.groupby("layer").agg(head_k90_median=("k90", "median"), head_k90_min=("k90", "min"),
                                            head_k90_max=("k90", "max"), baseline_k90=("baseline_k90", "median"),
                                            head_effective_rank=("effective_rank", "median"),
                                            ones_fraction=("ones_fraction", "median"))
-    layers = table[table.level == "layer"].set_index("layer")[["k90", "k95", "k99"]].add_prefix("pooled_")
+    pooled = table[(table["level"] == "layer") & (table["query"] == table["query"].max())]
+    layers = pooled.set_index("layer")[["k90", "k95", "k99"]].add_prefix("pooled_")
     return per_layer.join(layers).reset_index()
 
 
@@ -241,7 +234,7 @@ def _summary_section(results: dict, settings: ReportSettings) -> str:
                              measured))
     frame = pd.DataFrame(rows, columns=["claim", "papers report", "measured here"])
     return _section("Summary: the papers' claims against this model", "What the papers report, and what attnlens measures here "
-                    "(findings, not verdicts: settings differ from the papers').", [_table(frame)])
+                    "(findings, not verdicts: settings differ from the papers').", [_table(frame, text=True)])
 
 
 def _eigen_sections(results: dict, names: dict[str, str], directory: Path, settings: ReportSettings) -> list[str]:
@@ -299,6 +292,7 @@ figure img { width: 100%; } figcaption { font-size: 0.85em; color: #555; text-al
 table.data { border-collapse: collapse; font-size: 0.85em; margin: 1em 0; }
 table.data td, table.data th { padding: 0.25em 0.6em; border-bottom: 1px solid #e4e4e4; text-align: right; }
 table.data td:first-child, table.data th:first-child { text-align: left; }
+table.text td, table.text th { text-align: left; vertical-align: top; } div.table { overflow-x: auto; }
 code, pre { background: #f5f5f5; padding: 0.1em 0.3em; } pre { padding: 0.6em; overflow-x: auto; }
 """
 

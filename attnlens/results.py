@@ -88,14 +88,14 @@ def write_result(
         payload = {"kind": kind, "format_version": FORMAT_VERSION, **meta,
                    "tables": sorted(tables or {}), "arrays": sorted(arrays or {})}
         (staging / "result.json").write_text(json.dumps(payload, indent=2, default=_json_default))
-        _swap_into_place(staging, out)
+        swap_into_place(staging, out)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return out
 
 
-def _swap_into_place(staging: Path, out: Path) -> None:
+def swap_into_place(staging: Path, out: Path) -> None:
     if out.exists():
         retired = out.with_name(f".{out.name}.old-{os.getpid()}")
         out.rename(retired)

@@ -149,12 +149,11 @@ def test_per_query_rows_of_a_causal_model_use_the_valid_prefix(tmp_path, minilm_
     """Per-query moments on a causal model: query i has i + 1 keys; eigenvalues equal numpy's on those rows."""
     import transformers
 
+    from test_capture import tiny_model_dir
+
     config = transformers.LlamaConfig(vocab_size=30522, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                       num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64)
-    torch.manual_seed(0)
-    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "tiny")
-    minilm_l6.tokenizer.save_pretrained(tmp_path / "tiny")
-    model = attnlens.load_model(str(tmp_path / "tiny"))
+    model = attnlens.load_model(str(tiny_model_dir(tmp_path, minilm_l6, config)))
     store = attnlens.extract(model, kjv, tmp_path / "s", seq_len=8, num_seqs=30, dtype="float32", progress=False)
     result = attnlens.eigen(store, per_query=True, keep=8, progress=False)
     heads = result.table.query("level == 'head' and head == 1")

@@ -131,12 +131,11 @@ def test_held_out_table_plug_in_and_learned_maps(store, minilm_l6):
 def test_causal_model_per_query_maps_reproduce_the_model_at_k_equal_n(tmp_path, minilm_l6, kjv):
     import transformers
 
+    from test_capture import tiny_model_dir
+
     config = transformers.LlamaConfig(vocab_size=30522, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
-    torch.manual_seed(0)
-    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "tiny")
-    minilm_l6.tokenizer.save_pretrained(tmp_path / "tiny")
-    model = attnlens.load_model(str(tmp_path / "tiny"))
+    model = attnlens.load_model(str(tiny_model_dir(tmp_path, minilm_l6, config)))
     result = reconstruct(model, corpus=kjv, seq_len=8, num_seqs=40, ks=[2, 8], strategies=["greedy", "local+global"],
                          scopes=["head"], plug_in=True, progress=False)
     assert result.meta["settings"]["rows"] == "per-query"

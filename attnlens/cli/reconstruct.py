@@ -38,6 +38,7 @@ def reconstruct(
     pairs: Annotated[bool, typer.Option("--pairs", help="Also pairs mode: k*n (query, key) pairs per matrix (needs a store).")] = False,
     plug_in: Annotated[bool, typer.Option("--plug-in", help="Run the model with the reconstruction inside attention.")] = False,
     plug_in_layers: Annotated[str | None, typer.Option("--plug-in-layers", help="Layers to reconstruct in plug-in mode; default all.")] = None,
+    plug_in_scope: Annotated[str | None, typer.Option("--plug-in-scope", help="Scopes to run in plug-in mode; default all of --scope.")] = None,
     objective: Annotated[str, typer.Option("--objective", help="auto, clm, mlm or hidden.")] = "auto",
     model: Annotated[str | None, typer.Option("--model", "-m", help="The store's model, for --plug-in / --learn-r from a store.")] = None,
     learn_r: Annotated[bool, typer.Option("--learn-r", help="Fine-tune the maps on the objective (first strategy and scope).")] = False,
@@ -62,7 +63,8 @@ def reconstruct(
         source, corpus=corpus, seq_len=seq_len, num_seqs=num_seqs, eval_fraction=eval_fraction,
         ks=parse_int_list(ks, "--ks"), strategies=_names(select), scopes=_names(scope), rows=rows, ridge=ridge,
         layers=parse_int_list(layers, "--layers"), pairs=pairs, plug_in=plug_in,
-        plug_in_layers=parse_int_list(plug_in_layers, "--plug-in-layers"), objective=objective, model=model,
+        plug_in_layers=parse_int_list(plug_in_layers, "--plug-in-layers"),
+        plug_in_scopes=None if plug_in_scope is None else _names(plug_in_scope), objective=objective, model=model,
         learn_r=learn_r, learn_steps=learn_steps, batch_size=batch_size, seed=seed, device=device, progress=progress,
     )
     result.save(out, overwrite=overwrite)

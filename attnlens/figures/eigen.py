@@ -137,7 +137,7 @@ def plot_split_half(overlap_result, ax: plt.Axes | None = None, *, model: int = 
     ax.set_xlabel("layer")
     ax.set_ylabel(f"overlap of top-{overlap_result.dim} eigenspaces")
     ax.set_title(f"Split-half check ({name}): is a cross-layer difference real?", fontsize=10)
-    ax.legend(fontsize=8, loc="lower left")
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, frameon=False)
     return ax
 
 

@@ -62,7 +62,8 @@ def plot_error_vs_k(result, ax: plt.Axes | None = None, *, metric: str = "rel_er
     ax.set_yscale("log")
     ax.set_xlabel("k (exact scores per row; pairs mode: k·n pairs per matrix)")
     ax.set_ylabel(METRIC_LABELS[metric])
-    ax.set_title(_title(result, "Reconstruction error against k (exact points, e.g. k = n, not drawn)"), fontsize=10)
+    what = "Total variation after softmax" if metric == "tv" else ("KL after softmax" if metric == "kl" else "Reconstruction error")
+    ax.set_title(_title(result, f"{what} against k (exact points, e.g. k = n, not drawn)"), fontsize=10)
     ax.legend(fontsize=7, ncol=2)
     return ax
 
