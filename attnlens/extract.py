@@ -166,7 +166,7 @@ class _BatchBuffers:
                 torch.from_numpy(self.weights[layer][:rows]).copy_(weights)
 
         with torch.no_grad(), Capture(self.layers, weights=self.weights is not None, sink=keep):
-            model.forward(torch.from_numpy(ids))
+            model.run_attention(torch.from_numpy(ids))
         return {
             layer: (self.scores[layer][:rows], self.valid[layer][:rows], self.weights[layer][:rows] if self.weights else None)
             for layer in self.layers

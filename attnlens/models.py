@@ -266,10 +266,19 @@ class LoadedModel:
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, **kwargs: object):
         """Run the model on token ids (batch, n); returns the transformers output object."""
-        input_ids = input_ids.to(self.device)
+        return self.model(**self._inputs(input_ids, attention_mask), **kwargs)
+
+    def run_attention(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> None:
+        """Run only the backbone, without the output head: every attention layer runs (so a
+        :class:`attnlens.Capture` sees them all) but no logits are computed, which for a
+        language model with a large vocabulary is most of the cost."""
+        self.model.base_model(**self._inputs(input_ids, attention_mask))
+
+    def _inputs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> dict[str, torch.Tensor]:
+        inputs = {"input_ids": input_ids.to(self.device)}
         if attention_mask is not None:
-            attention_mask = attention_mask.to(self.device)
-        return self.model(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+            inputs["attention_mask"] = attention_mask.to(self.device)
+        return inputs
 
     def weights_sha256(self) -> str:
         """A hash of every parameter and buffer (name, dtype, shape, bytes), computed once."""

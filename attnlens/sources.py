@@ -94,7 +94,7 @@ class ModelRows:
             for chunk in _chunks(sequences, batch_size):
                 sink = lambda layer, scores, valid, weights: consume(layer, scores.cpu(), valid.cpu(), chunk)
                 with torch.no_grad(), Capture(layers, sink=sink):
-                    self.model.forward(torch.from_numpy(self.blocks.ids[chunk]))
+                    self.model.run_attention(torch.from_numpy(self.blocks.ids[chunk]))
                 bar.update(len(chunk))
 
 
