@@ -48,8 +48,8 @@ from .errors import AttnlensError
 from .models import LoadedModel, load_model
 from .moments import QUANTITIES, check_rows_for_per_query, split_halves
 from .partials import (
-    MergedWriter, MomentsResult, describe_difference, first_difference, load_partial, merged_meta, partial_name,
-    remove_staging_leftovers, save_partial,
+    MergedWriter, MomentsResult, first_difference, load_partial, merged_meta, partial_name,
+    remove_staging_leftovers, save_partial, values_at,
 )
 from .progress import progress_bar
 from .provenance import provenance
@@ -176,9 +176,10 @@ def _prepare(out: Path, job: dict, *, resume: bool, overwrite: bool) -> None:
         for part in ("settings", "run"):
             key = first_difference(made[part], job[part])
             if key is not None:
+                then, now = values_at(key, made[part], job[part])
                 raise AttnlensError(
-                    f"cannot resume {out}: it was started with {describe_difference(key, made[part], job[part])} in this run; "
-                    "rerun with the original settings (and number of ranks), or use --overwrite to start again"
+                    f"cannot resume {out}: it was started with {key} = {then}, this run has {now}; rerun with the original "
+                    "settings (and number of ranks), or use --overwrite to start again"
                 )
         remove_staging_leftovers(out, "moments")
         return

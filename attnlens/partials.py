@@ -112,8 +112,13 @@ def first_difference(made: dict, asked: dict) -> str | None:
     return next((key for key in keys if made.get(key) != asked.get(key)), None)
 
 
-def describe_difference(key: str, made: dict, asked: dict) -> str:
-    return f"{key} = {_short(_flatten(made).get(key))} against {_short(_flatten(asked).get(key))}"
+def values_at(key: str, *settings: dict) -> list[str]:
+    """The (shortened) value of a flattened setting in each of ``settings``.
+
+    >>> values_at("model.name", {"model": {"name": "a"}}, {"model": {"name": "b"}})
+    ['"a"', '"b"']
+    """
+    return [_short(_flatten(one).get(key)) for one in settings]
 
 
 # ---------------------------------------------------------------------- moments results
@@ -264,9 +269,10 @@ def _common_settings(metas: dict[Path, dict]) -> dict:
     for path, meta in others:
         key = first_difference(reference["settings"], meta["settings"])
         if key is not None:
+            mine, theirs = values_at(key, reference["settings"], meta["settings"])
             raise AttnlensError(
-                f"partial files come from different settings: {first.name} has {describe_difference(key, reference['settings'], meta['settings'])} "
-                f"in {path.name}; merge the partials of one moments job"
+                f"partial files come from different settings: {first.name} has {key} = {mine}, {path.name} has {theirs}; "
+                "merge the partials of one moments job"
             )
     return reference["settings"]
 
