@@ -75,45 +75,57 @@ class UnitSums:
     # ------------------------------------------------------------------ accumulation
     def add(self, layer: int, scores: torch.Tensor, valid: torch.Tensor, half: np.ndarray) -> None:
         """Add one layer of a batch: ``scores`` (batch, head, n, n) on any device and in any
-        dtype, ``valid`` (batch, n, n), ``half`` (batch,) the half (0/1) of each sequence."""
+        dtype, ``valid`` (batch, n, n), ``half`` (batch,) the half (0/1) of each sequence.
+
+        Only the rows that enter are copied out of ``scores``, ``head_chunk`` heads at a
+        time: the chosen query positions, or for pooled rows those whose every key is
+        valid (all rows of an encoder, the last row of each block of a causal model).
+        """
         if layer not in self._layers:
             return
         if scores.shape[-1] != self.n or scores.shape[1] != self.num_heads:
             raise ValueError(f"scores of shape {tuple(scores.shape)} do not fit n={self.n}, heads={self.num_heads}")
         first, last, position = self._layers[layer]
-        valid = valid.to(self.device)
+        source = scores.device
         for which in (0, 1):
             chosen = np.flatnonzero(half == which)
             if len(chosen) == 0:
                 continue
-            rows = torch.from_numpy(chosen).to(scores.device)
+            sequences = torch.from_numpy(chosen).to(source)
+            if self.queries is None:
+                # (sequence, query) of every full row; rows of one query position are (sequence, position).
+                sequence_of, query_of = valid.to(source)[sequences].all(-1).nonzero(as_tuple=True)
+                sequence_of = sequences[sequence_of]
+                if len(sequence_of) == 0:
+                    continue
+            else:
+                query_of = torch.tensor(self.queries, device=source)
             for start in range(first, last, self.head_chunk):
                 stop = min(start + self.head_chunk, last)
-                heads = torch.arange(start, stop, device=scores.device)
-                block = scores[rows[:, None], heads[None, :]].to(self.device)  # one copy: (chosen, heads, n, n)
-                x = row_values(block, valid[rows.to(self.device)], self.quantity, dtype=self.dtype)
+                heads = torch.arange(start, stop, device=source)
                 units = slice(position + start - first, position + stop - first)
                 if self.queries is None:
-                    self._add_pooled(which, units, x, valid[rows.to(self.device)])
+                    rows = scores[sequence_of[:, None], heads[None, :], query_of[:, None]].to(self.device)  # (rows, heads, k)
+                    keys = valid[sequence_of.to(valid.device), query_of.to(valid.device)].to(self.device)  # (rows, k), all True
+                    x = row_values(rows[:, :, None], keys[:, None], self.quantity, dtype=self.dtype)[:, :, 0]
+                    self._add_pooled(which, units, x.transpose(0, 1))
                 else:
-                    self._add_per_query(which, units, x, valid[rows.to(self.device)])
+                    rows = scores[sequences[:, None, None], heads[None, :, None], query_of[None, None, :]].to(self.device)
+                    keys = valid[sequences.to(valid.device)][:, query_of.to(valid.device)].to(self.device)  # (batch, Q, k)
+                    self._add_per_query(which, units, row_values(rows, keys, self.quantity, dtype=self.dtype), keys)
 
-    def _add_pooled(self, which: int, units: slice, x: torch.Tensor, valid: torch.Tensor) -> None:
-        full = valid.all(-1)  # (batch, q): rows whose every key is valid
-        rows = x.transpose(0, 1)  # (heads, batch, q, k)
-        rows = rows.reshape(rows.shape[0], -1, self.n) if bool(full.all()) else rows[:, full]
-        if rows.shape[1] == 0:
-            return
+    def _add_pooled(self, which: int, units: slice, rows: torch.Tensor) -> None:
+        """``rows`` (heads, rows, k): full-length rows of each head."""
         self.count[which, units, 0] += rows.shape[1]
         self.key_count[which, units, 0] += rows.shape[1]
         self.sum[which, units, 0] += rows.sum(1)
         self.sum_outer[which, units, 0] += torch.bmm(rows.transpose(1, 2), rows)
 
     def _add_per_query(self, which: int, units: slice, x: torch.Tensor, valid: torch.Tensor) -> None:
-        queries = list(self.queries)
-        rows = x[:, :, queries].permute(1, 2, 0, 3)  # (heads, Q, batch, k)
+        """``x`` (batch, heads, Q, k) rows of the chosen queries, ``valid`` (batch, Q, k)."""
+        rows = x.permute(1, 2, 0, 3)  # (heads, Q, batch, k)
         self.count[which, units] += x.shape[0]
-        self.key_count[which, units] += valid[:, queries].sum(0).to(torch.float64)[None]
+        self.key_count[which, units] += valid.sum(0).to(torch.float64)[None]
         self.sum[which, units] += rows.sum(2)
         self.sum_outer[which, units] += torch.matmul(rows.transpose(-1, -2), rows)
 

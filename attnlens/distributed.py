@@ -149,11 +149,13 @@ class World:
             torch.distributed.reduce(tensor, dst=0, op=torch.distributed.ReduceOp.SUM)
 
 
-def init_world(device: str = "cpu") -> World:
+def init_world(device: str = "cpu", *, spread: bool = False) -> World:
     """The world of this process; joins the process group when launched with WORLD_SIZE > 1.
 
-    ``nccl`` when ``device`` is CUDA (and sets this rank's CUDA device), else ``gloo``.
-    Idempotent: a second call returns the same world.
+    ``nccl`` when ``device`` is CUDA (and sets this rank's CUDA device: ``LOCAL_RANK``,
+    or with ``spread`` the first of the GPUs :func:`local_gpus` gives the rank for a
+    ``device_map="auto"`` model), else ``gloo``. Idempotent: a second call returns the
+    same world.
     """
     size = environment_world_size()
     if size == 1:
@@ -164,8 +166,11 @@ def init_world(device: str = "cpu") -> World:
     cuda = device.startswith("cuda")
     if cuda and not torch.cuda.is_available():
         raise AttnlensError(f"--device {device} asks for a GPU, but torch sees none here; use --device cpu")
-    if cuda:
-        torch.cuda.set_device(local_rank if device == "cuda" else torch.device(device).index or 0)
+    if cuda:  # before the first collective: NCCL binds each rank to its current device
+        if spread:
+            torch.cuda.set_device(local_gpus(local_rank, local_size)[0])
+        else:
+            torch.cuda.set_device(local_rank if device == "cuda" else torch.device(device).index or 0)
     backend = "nccl" if cuda and torch.distributed.is_nccl_available() else "gloo"
     if not torch.distributed.is_initialized():
         if not all(name in os.environ for name in ("MASTER_ADDR", "MASTER_PORT")):

@@ -98,7 +98,7 @@ def run_moments(
     out = Path(out)
     _check_options(batch_size, checkpoint_every, quantity, model_dtype, device_map)
     budget = parse_bytes(max_memory) if isinstance(max_memory, str) else max_memory
-    world = init_world(device)
+    world = init_world(device, spread=device_map is not None)
     world.run_on_main(lambda: _check_out(out, resume=resume, overwrite=overwrite))  # before the slow part
     rows = _open_rows(source, world, corpus=corpus, seq_len=seq_len, num_seqs=num_seqs, seed=seed, device=device,
                       model_dtype=model_dtype, device_map=device_map)
@@ -300,12 +300,11 @@ def _combine(world: World, plan: Plan, cost: MomentsCost, out: Path, settings: d
                 units = plan.group_units(group)
                 for low in range(0, len(units), chunk_units):
                     high = min(low + chunk_units, len(units))
+                    # One float64 buffer per chunk; a rank that holds other units adds zeros.
+                    buffer = torch.zeros(sum(int(np.prod((2, high - low, *shape))) for shape in shapes.values()),
+                                         dtype=torch.float64, device=reduce_device)
                     if group == mine:
-                        buffer = torch.cat([torch.from_numpy(np.ascontiguousarray(arrays[name][:, low:high])).reshape(-1)
-                                            .to(device=reduce_device, dtype=torch.float64) for name in ARRAYS])
-                    else:  # this rank holds other units: it adds nothing to these
-                        buffer = torch.zeros(sum(np.prod((2, high - low, *shape)) for shape in shapes.values()),
-                                             dtype=torch.float64, device=reduce_device)
+                        _pack(buffer, arrays, low, high, shapes)
                     world.reduce_to_main(buffer)
                     if writer is not None:
                         writer.write_units(units[low:high], _unpack(buffer.cpu().numpy(), high - low, shapes))
@@ -333,6 +332,15 @@ def _chunk_shapes(settings: dict) -> dict[str, tuple[int, ...]]:
     """Shape of each sum per (half, unit), after those two axes."""
     q, n = _query_units(settings), settings["n"]
     return {"count": (q,), "key_count": (q, n), "sum": (q, n), "sum_outer": (q, n, n)}
+
+
+def _pack(buffer: torch.Tensor, arrays: dict[str, np.ndarray], low: int, high: int, shapes: dict[str, tuple[int, ...]]) -> None:
+    """Copy units ``low:high`` of each sum into ``buffer`` (widening float32), without temporaries."""
+    offset = 0
+    for name in ARRAYS:
+        size = int(np.prod((2, high - low, *shapes[name])))
+        buffer[offset : offset + size].view(2, high - low, *shapes[name]).copy_(torch.from_numpy(arrays[name][:, low:high]))
+        offset += size
 
 
 def _unpack(flat: np.ndarray, units: int, shapes: dict[str, tuple[int, ...]]) -> dict[str, np.ndarray]:

@@ -125,29 +125,43 @@ def values_at(key: str, *settings: dict) -> list[str]:
 
 
 class MergedWriter:
-    """Preallocated, memory-mapped float64 arrays of a moments result, filled unit by unit."""
+    """Preallocated float64 ``.npy`` arrays of a moments result, filled unit by unit.
+
+    Units are written at their byte offsets with ``pwrite``, not through a memory map,
+    so the process keeps no file pages mapped: its memory stays that of the sums it is
+    writing, however large the result.
+    """
 
     def __init__(self, directory: Path, layers: Sequence[int], num_heads: int, query_units: int, n: int) -> None:
         self.layers = list(layers)
+        self.num_heads = num_heads
         shape = (len(self.layers), num_heads, query_units)
-        shapes = {"count": shape, "key_count": (*shape, n), "sum": (*shape, n), "sum_outer": (*shape, n, n)}
-        self.arrays = {
-            (half, name): np.lib.format.open_memmap(directory / f"{half}_{name}.npy", mode="w+", dtype=np.float64, shape=shapes[name])
-            for half in HALVES for name in ARRAYS
-        }
+        self.shapes = {"count": shape, "key_count": (*shape, n), "sum": (*shape, n), "sum_outer": (*shape, n, n)}
+        self.files: dict[tuple[str, str], tuple[int, int]] = {}  # (half, name) -> (descriptor, data offset)
+        for half in HALVES:
+            for name in ARRAYS:
+                array = np.lib.format.open_memmap(directory / f"{half}_{name}.npy", mode="w+", dtype=np.float64, shape=self.shapes[name])
+                offset = array.offset
+                del array  # preallocated (sparse) with its header; written below by offset
+                self.files[half, name] = (os.open(directory / f"{half}_{name}.npy", os.O_RDWR), offset)
 
     def write_units(self, units: Sequence[tuple[int, int]], sums: dict[str, np.ndarray]) -> None:
         """Write the float64 ``sums`` (axes half, unit, ...) of ``units``."""
+        from .store import _pwrite_all
+
         for index, (layer, head) in enumerate(units):
-            position = self.layers.index(layer)
+            position = self.layers.index(layer) * self.num_heads + head
             for which, half in enumerate(HALVES):
                 for name in ARRAYS:
-                    self.arrays[half, name][position, head] = sums[name][which, index]
+                    data = np.ascontiguousarray(sums[name][which, index], dtype=np.float64)
+                    descriptor, offset = self.files[half, name]
+                    _pwrite_all(descriptor, memoryview(data).cast("B"), offset + position * data.nbytes)
 
     def close(self) -> None:
-        for array in self.arrays.values():
-            array.flush()
-        self.arrays.clear()
+        for descriptor, _ in self.files.values():
+            os.fsync(descriptor)
+            os.close(descriptor)
+        self.files.clear()
 
 
 @register_result("moments")

@@ -236,6 +236,30 @@ def test_unit_sums_equal_moments_on_any_subset_of_heads(minilm_l6, kjv):
                 assert not getattr(part, name)[~held].any()
 
 
+def test_unit_sums_of_a_causal_model_use_only_full_rows(tmp_path, minilm_l6, kjv):
+    """Causal rows: pooled sums take the last (full-length) row of each block, per-query sums the valid prefix."""
+    import transformers
+
+    config = transformers.LlamaConfig(vocab_size=30522, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    torch.manual_seed(0)
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "tiny")
+    minilm_l6.tokenizer.save_pretrained(tmp_path / "tiny")
+    model = attnlens.load_model(str(tmp_path / "tiny"))
+    rows = ModelRows(model, kjv.blocks(model, n=12, num_blocks=16, seed=0))
+    for queries in (None, [0, 5, 11]):
+        reference = compute_moments(rows, quantity="weights", queries=queries, batch_size=5, seed=1, progress=False)
+        sums = UnitSums([(1, 1), (1, 2), (1, 3)], n=12, num_heads=4, quantity="weights", queries=queries, head_chunk=2)
+        half = split_halves(16, 1)
+        rows.for_each_batch(np.arange(16), [1], lambda layer, s, v, seqs: sums.add(layer, s, v, half[seqs]), batch_size=3,
+                            progress=False)
+        got = sums.halves([0, 1])
+        for part, expected in ((got.a, reference.a), (got.b, reference.b)):
+            for name in ARRAYS:
+                np.testing.assert_allclose(getattr(part, name)[1, 1:], getattr(expected, name)[1, 1:], rtol=1e-10, atol=1e-12)
+        assert got.a.count[1, 1, 0] + got.b.count[1, 1, 0] == 16
+
+
 def test_float32_sums_stay_within_the_documented_bound(tmp_path, one_process_job):
     out = tmp_path / "f32"
     run_moments("minilm-l6", out, accumulate="float32", **JOB_SETTINGS)
