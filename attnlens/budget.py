@@ -75,19 +75,33 @@ def format_bytes(count: float) -> str:
     return f"{int(count)} B"
 
 
+def format_option(count: float) -> str:
+    """A size to pass as ``--max-memory``: no space, rounded up.
+
+    >>> format_option(4_212_345), format_option(12.6e9)
+    ('4.3MB', '12.6GB')
+    """
+    for unit, size in (("TB", 10**12), ("GB", 10**9), ("MB", 10**6), ("kB", 10**3)):
+        if count >= size:
+            return f"{math.ceil(count / size * 10 - 1e-9) / 10:g}{unit}"
+    return f"{math.ceil(count)}B"
+
+
 @dataclass(frozen=True)
 class MomentsCost:
     """Bytes of moment sums per unit, and working memory per batch, for one setting.
 
     ``queries`` is ``None`` for rows pooled over queries, else the query positions.
     Counts are always float64 (exact integers up to 2⁵³ rows); Σx and Σxxᵀ are in the
-    ``accumulate`` dtype.
+    ``accumulate`` dtype. Pooled rows of a ``causal`` model are one per sequence (the
+    only row whose every key is valid), else ``n``.
     """
 
     n: int
     queries: tuple[int, ...] | None
     accumulate: str
     batch_size: int
+    causal: bool = False
 
     def __post_init__(self) -> None:
         if self.accumulate not in ACCUMULATE:
@@ -114,7 +128,7 @@ class MomentsCost:
         """Transient memory to add one batch of ``heads`` heads of one layer: copies of their
         rows, and the Σxxᵀ product before it is added; also bounds the buffer that reduces
         one unit across ranks at the end (always float64)."""
-        rows_per_head = self.batch_size * (self.n if self.queries is None else self.query_units)
+        rows_per_head = self.batch_size * (self.query_units if self.queries is not None else 1 if self.causal else self.n)
         per_head = _WORKING_COPIES * rows_per_head * self.n + self.query_units * self.n * self.n
         return max(heads * per_head * self.itemsize, self.unit_bytes_as(8))
 
@@ -201,7 +215,7 @@ def plan_units(
                 f"--max-memory {format_bytes(budget)} is too small: one (layer, head) unit needs {format_bytes(need)} "
                 f"({format_bytes(cost.unit_bytes)} of {cost.accumulate} sums for n = {cost.n}, both halves, "
                 f"{cost.query_units} query unit(s), plus {format_bytes(cost.working_bytes(1))} working memory per batch of "
-                f"{cost.batch_size}); give --max-memory {format_bytes(need * 1.01)} or more, or use --accumulate float32, "
+                f"{cost.batch_size}); give --max-memory {format_option(need)} or more, or use --accumulate float32, "
                 "a smaller --batch-size or fewer --queries"
             )
     passes, per_pass = _passes(len(units), min(capacity, len(units)), world_size)

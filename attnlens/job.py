@@ -41,7 +41,7 @@ import numpy as np
 import torch
 
 from .accumulate import ARRAYS, UnitSums
-from .budget import MomentsCost, Plan, format_bytes, parse_bytes, plan_units
+from .budget import MomentsCost, Plan, format_bytes, format_option, parse_bytes, plan_units
 from .corpus import Corpus
 from .distributed import World, init_world, local_gpus
 from .errors import AttnlensError
@@ -105,9 +105,12 @@ def run_moments(
     layers = rows.check_layers(layers)
     queries = _check_queries(rows.n, queries, per_query)
     check_rows_for_per_query(rows.num_seqs, rows.n, queries)
-    cost = MomentsCost(rows.n, None if queries is None else tuple(queries), accumulate, batch_size)
+    cost = MomentsCost(rows.n, None if queries is None else tuple(queries), accumulate, batch_size,
+                       causal=bool(rows.model_info.get("causal", False)))
     units = [(layer, head) for layer in layers for head in range(rows.num_heads)]
     plan = plan_units(units, cost, budget=budget, world_size=world.size, heads_per_layer=rows.num_heads)
+    if budget is None:
+        _check_fits(plan, world, rows.model.device if isinstance(rows, ModelRows) else torch.device(world.device(device)))
     settings = _settings(rows, quantity, layers, queries, seed, accumulate, model_dtype)
     run = {"batch_size": batch_size, "max_memory": budget, "world_size": world.size, "plan": plan.describe()}
     job = {"format": JOB_FORMAT, "format_version": 1, "settings": settings, "run": run, **provenance(command)}
@@ -120,7 +123,7 @@ def run_moments(
     label = "moments" if not world.distributed else f"moments rank 0/{world.size}"
     with progress_bar(total=plan.passes * (stop - start), desc=label, unit="seq", enabled=progress and world.is_main) as bar:
         for pass_ in range(plan.passes):
-            _accumulate_pass(rows, world, plan, pass_, out, settings, run, half, device, checkpoint_every, bar)
+            _accumulate_pass(rows, world, plan, pass_, out, settings, run, half, device, checkpoint_every, resume, bar)
     meta_extra = {"run": run, "distributed": world.describe(), "merged_by": "all-reduce" if world.distributed else "single process"}
     return _combine(world, plan, cost, out, settings, meta_extra, device, command)
 
@@ -166,6 +169,26 @@ def _check_out(out: Path, *, resume: bool, overwrite: bool) -> None:
         raise AttnlensError(f"--out {out} is a non-empty directory that is not an attnlens moments job; choose another --out")
     if not resume and not overwrite:
         raise AttnlensError(f"a moments job already exists in {out}; pass --resume to finish it or --overwrite to replace it")
+
+
+def device_memory(device: torch.device, world: World) -> int:
+    """Memory one rank may count on: its GPU's, or this machine's RAM shared by its ranks."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    import os
+
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // world.local_size
+
+
+def _check_fits(plan: Plan, world: World, device: torch.device) -> None:
+    """Without --max-memory, refuse up front sums that cannot fit, rather than fail halfway."""
+    available = device_memory(device, world)
+    if plan.peak_bytes > available:
+        raise AttnlensError(
+            f"the moments need {format_bytes(plan.peak_bytes)} per process ({len(plan.units)} units of "
+            f"{format_bytes(plan.unit_bytes)} plus working memory), more than the {format_bytes(available)} a rank has here; "
+            f"give --max-memory (e.g. {format_option(available // 2)}) to split the units into passes"
+        )
 
 
 def _prepare(out: Path, job: dict, *, resume: bool, overwrite: bool) -> None:
@@ -229,8 +252,11 @@ class _LayersDone(Exception):
 
 
 def _accumulate_pass(rows: StoreRows | ModelRows, world: World, plan: Plan, pass_: int, out: Path, settings: dict,
-                     run: dict, half: np.ndarray, device: torch.device, checkpoint_every: int, bar) -> None:
-    """This rank's share of one pass: its unit group over its sequences, from its last checkpoint on."""
+                     run: dict, half: np.ndarray, device: torch.device, checkpoint_every: int, resume: bool, bar) -> None:
+    """This rank's share of one pass: its unit group over its sequences, from its last checkpoint on.
+
+    Checkpoints are read only when resuming: a work directory on a rank's own disk may
+    hold files of an earlier job that rank 0 could not clear."""
     group = plan.group_of(world.rank, pass_)
     units = plan.group_units(group)
     start, stop = plan.sequences(world.rank, rows.num_seqs)
@@ -239,10 +265,10 @@ def _accumulate_pass(rows: StoreRows | ModelRows, world: World, plan: Plan, pass
             "world_size": world.size, "units": [list(unit) for unit in units], "sequences": [start, stop]}
     sums = UnitSums(units, n=rows.n, num_heads=rows.num_heads, quantity=settings["quantity"], queries=settings["queries"],
                     accumulate=settings["accumulate"], device=device, head_chunk=plan.head_chunk)
-    done = _restore(path, meta, sums) if path.is_file() else 0
+    done = _restore(path, meta, sums) if resume and path.is_file() else 0
     bar.update(done)
     if done == stop - start:
-        if not path.is_file():  # an empty share still leaves a (finished) partial file
+        if done == 0:  # an empty share still leaves a (finished) partial file
             save_partial(path, {**meta, "done": 0}, sums.state())
         return
     layers, batch_size = sums.layers, run["batch_size"]

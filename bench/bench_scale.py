@@ -20,7 +20,7 @@ Run:  python bench/bench_scale.py [--num-seqs 128] [--rounds 2] [--gemma]
 5. Projection: a 7B decoder (32 layers x 32 heads, d = 128, d_model 4096, d_ff 11008)
    at n = 4096 on 8 GPUs, from the measured rates and stated GPU assumptions, for the
    plans attnlens' planner makes under a per-GPU budget.
-With --gemma, also gemma3-270m at n = 2048 (causal, last query row) streaming, one layer at a time.
+With --gemma, also gemma3-270m at n = 2048 (causal: the last, full-length row of each block) streaming.
 """
 
 from __future__ import annotations
@@ -314,7 +314,7 @@ def projection(rates: dict, args) -> None:
           f"{'fwd h':>7s} {'sums h':>7s} {'ckpt+reduce h':>14s} {'wall h':>7s}")
     for rows_label, rows_per_head in (("1 (causal: last row, or 1 query)", 1), (f"{n} (every row full, e.g. encoder)", n)):
         for accumulate in ("float64", "float32"):
-            cost = MomentsCost(n, None, accumulate, 1)
+            cost = MomentsCost(n, None, accumulate, 1, causal=rows_per_head == 1)
             units = [(layer, head) for layer in range(layers) for head in range(heads)]
             plan = plan_units(units, cost, budget=parse_bytes(budget), world_size=gpus, heads_per_layer=heads)
             members = gpus // plan.groups_per_pass
@@ -327,7 +327,8 @@ def projection(rates: dict, args) -> None:
             rate = GPU["fp64_tflops"] if accumulate == "float64" else GPU["fp32_tflops"]
             sums_s = plan.passes * per_rank_seqs * plan.max_group_units * head_flops / (rate * 1e12)
             group_bytes = plan.max_group_units * plan.unit_bytes
-            checkpoints = plan.passes * 20  # e.g. --checkpoint-every so that each pass writes ~20 checkpoints
+            # --checkpoint-every set for a checkpoint every ~10 minutes of work, and one at the end of each pass
+            checkpoints = plan.passes + int((forward_s + sums_s) // 600)
             io_s = checkpoints * group_bytes / (GPU["disk_gb_s"] * 1e9) + len(units) * cost.unit_bytes_as(8) / (GPU["reduce_gb_s"] * 1e9)
             wall = (forward_s + sums_s + io_s) / 3600
             print(f"{rows_label:34s} {accumulate[-2:]:>5s} {format_bytes(len(units) * cost.unit_bytes):>10s} "
@@ -338,7 +339,7 @@ def projection(rates: dict, args) -> None:
           f"({'fits' if fits < GPU['memory_gb'] else 'DOES NOT FIT: lower --max-memory'}); host RAM per rank holds one partial "
           "(its sums) while checkpointing and reducing")
     print("wall = the slowest rank: its passes x its sequences x (forward to its group's last layer + its units' sums) "
-          "+ ~20 checkpoints per pass + one reduce of all sums in float64")
+          "+ its checkpoints (every ~10 min of work and at the end of each pass) + one reduce of all sums in float64")
 
 
 def main() -> None:
@@ -369,9 +370,10 @@ def gemma() -> None:
     n = 2048
     with tempfile.TemporaryDirectory(prefix="attnlens-bench-") as root:
         result = launch(["moments", "gemma3-270m", "--seq-len", str(n), "--num-seqs", "2", "--batch-size", "1",
-                         "--queries", str(n - 1), "--max-memory", "2GB", "--no-progress", "--out", f"{root}/g"], ranks=1, threads=2)
+                         "--max-memory", "2GB", "--no-progress", "--out", f"{root}/g"], ranks=1, threads=2)
     record = result["ranks"][0]
-    print(f"\n== gemma3-270m (causal, 18 layers x 4 heads) at n = {n}, 2 sequences, last query row, --max-memory 2GB: "
+    print(f"\n== gemma3-270m (causal, 18 layers x 4 heads) at n = {n}, 2 sequences, pooled rows (the full-length "
+          f"last row of each block), --max-memory 2GB: "
           f"loop {record['accumulate_s']:.0f} s, peak RSS {record['hwm_mb']:.0f} MB (before the loop {record['hwm_before_mb']:.0f} MB); "
           f"one layer's float32 scores at batch 1: {4 * n * n * 4 / 1e6:.0f} MB")
 
