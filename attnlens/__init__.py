@@ -6,6 +6,9 @@ The pipeline, one module per step: :mod:`~attnlens.models` (load a model),
 :mod:`~attnlens.extract` (corpus -> capture -> store), :mod:`~attnlens.moments`
 (streaming row sums), :mod:`~attnlens.eigen` and :mod:`~attnlens.overlap` (spectra and
 shared subspaces), :mod:`~attnlens.reconstruct` (partial computation), :mod:`~attnlens.figures` (one function per figure).
+Scaling out: :mod:`~attnlens.job` (moments sharded over torchrun ranks and passes, resumable),
+:mod:`~attnlens.partials` (partial files, merging, merged moments), :mod:`~attnlens.budget`
+(memory plans), :mod:`~attnlens.distributed` (ranks and exact sums on torch.distributed).
 """
 
 from .capture import Capture
@@ -13,9 +16,11 @@ from .corpus import Blocks, Corpus, load_corpus
 from .eigen import EigenResult, eigen
 from .errors import AttnlensError
 from .extract import extract
+from .job import run_moments
 from .models import LoadedModel, list_models, load_model
 from .moments import Moments
 from .overlap import OverlapResult, overlap
+from .partials import MomentsResult, load_moments, merge_partials
 from .reconstruct import ReconstructResult, reconstruct
 from .results import load_result
 from .store import Store, open_store
@@ -28,6 +33,7 @@ __all__ = [
     "EigenResult",
     "LoadedModel",
     "Moments",
+    "MomentsResult",
     "OverlapResult",
     "ReconstructResult",
     "Store",
@@ -36,8 +42,11 @@ __all__ = [
     "list_models",
     "load_corpus",
     "load_model",
+    "load_moments",
     "load_result",
+    "merge_partials",
     "open_store",
     "overlap",
     "reconstruct",
+    "run_moments",
 ]

@@ -34,11 +34,12 @@ import torch
 from .corpus import Corpus
 from .errors import AttnlensError
 from .models import LoadedModel
-from .moments import LEVELS, QUANTITIES, HalfMoments, Moments, compute_moments
+from .moments import LEVELS, QUANTITIES, HalfMoments, Moments, compute_moments, level_shape, unit_sums
 from .progress import progress_bar
 from .provenance import provenance
 from .results import read_result_dir, register_result, write_result
 from .sources import open_rows
+from .partials import is_moments_source
 from .store import Store, is_store
 
 ENERGY_LEVELS = (0.90, 0.95, 0.99)
@@ -205,49 +206,58 @@ def analyse_moments(
     halves: HalfMoments, *, centred: bool = True, project_ones: bool = False, keep: int = 32, seed: int = 0,
     progress: bool = False,
 ) -> tuple[pd.DataFrame, dict[str, np.ndarray]]:
-    """Spectra of every unit at every level, from the moments of two halves."""
+    """Spectra of every unit at every level, from the moments of two halves.
+
+    One unit at a time: its sums (pooled over heads, or heads and layers, at the coarser
+    levels) are read, its covariance formed and decomposed, so memory holds a few n × n
+    matrices, whatever the number of units; the moments may be memory-mapped
+    (:func:`attnlens.partials.load_moments`) and larger than memory.
+    """
     rng = np.random.default_rng(seed)
-    total = halves.total
-    keep = min(keep, total.n)
+    a, b = halves.a, halves.b
+    n = a.n
+    keep = min(keep, n)
     rows, arrays = [], {}
-    units = sum(np.prod(total.level(level).count.shape) for level in LEVELS)
-    with progress_bar(total=int(units), desc="eigen", unit="unit", enabled=progress) as bar:
-        for level in LEVELS:
-            parts = {"": total.level(level), "_a": halves.a.level(level), "_b": halves.b.level(level)}
-            shape = parts[""].count.shape
-            values = np.zeros((*shape, total.n))
-            baseline = np.zeros((*shape, total.n))
-            vectors = {suffix: np.zeros((*shape, total.n, keep), dtype=np.float32) for suffix in parts}
-            moments = {suffix: part.second_moment(centred) for suffix, part in parts.items()}
-            complete = {suffix: part.complete_keys() for suffix, part in parts.items()}
+    shapes = {level: level_shape(a, level) for level in LEVELS}
+    with progress_bar(total=int(sum(np.prod(shape) for shape in shapes.values())), desc="eigen", unit="unit",
+                      enabled=progress) as bar:
+        for level, shape in shapes.items():
+            values = np.zeros((*shape, n))
+            baseline = np.zeros((*shape, n))
+            means = np.zeros((*shape, n))
+            vectors = {suffix: np.zeros((*shape, n, keep), dtype=np.float32) for suffix in ("", "_a", "_b")}
             for index in np.ndindex(shape):
-                spectrum = unit_spectrum(moments[""][index], complete[""][index], keep, project_ones)
+                units = {"": unit_sums((a, b), level, index), "_a": unit_sums((a,), level, index), "_b": unit_sums((b,), level, index)}
+                total = units[""]
+                moment, complete = total.second_moment(centred), total.complete_keys()
+                spectrum = unit_spectrum(moment, complete, keep, project_ones)
                 values[index], vectors[""][index] = spectrum.eigenvalues, spectrum.eigenvectors
                 for suffix in ("_a", "_b"):
-                    vectors[suffix][index] = unit_spectrum(moments[suffix][index], complete[suffix][index], keep, project_ones).eigenvectors
-                keys = complete[""][index]
-                variances = np.diag(moments[""][index])[keys]
-                if project_ones and keys.any():  # the baseline loses the same direction
-                    variances = variances * (1 - 1 / keys.sum())
-                baseline[index][: keys.sum()] = gaussian_baseline(variances, int(parts[""].count[index]), centred, rng)
-                rows.append(_table_row(level, index, parts[""], spectrum, baseline[index]))
+                    part = units[suffix]
+                    vectors[suffix][index] = unit_spectrum(part.second_moment(centred), part.complete_keys(), keep, project_ones).eigenvectors
+                variances = np.diag(moment)[complete]
+                if project_ones and complete.any():  # the baseline loses the same direction
+                    variances = variances * (1 - 1 / complete.sum())
+                baseline[index][: complete.sum()] = gaussian_baseline(variances, int(total.count), centred, rng)
+                means[index] = total.mean()
+                rows.append(_table_row(level, index, a, int(total.count), spectrum, baseline[index]))
                 bar.update(1)
             arrays[f"{level}_eigenvalues"] = values
             arrays[f"{level}_baseline"] = baseline
-            arrays[f"{level}_mean"] = parts[""].mean()
+            arrays[f"{level}_mean"] = means
             for suffix, array in vectors.items():
                 arrays[f"{level}_eigenvectors{suffix}"] = array
     return pd.DataFrame(rows), arrays
 
 
-def _table_row(level: str, index: tuple, moments: Moments, spectrum: UnitSpectrum, baseline: np.ndarray) -> dict:
+def _table_row(level: str, index: tuple, moments: Moments, count: int, spectrum: UnitSpectrum, baseline: np.ndarray) -> dict:
     layer, head, query = index
     return {
         "level": level,
         "layer": moments.layers[layer] if level != "model" else -1,
         "head": head if level == "head" else -1,
         "query": moments.queries[query] if moments.per_query else -1,
-        "rows": int(moments.count[index]),
+        "rows": count,
         "num_keys": spectrum.keys,
         "total_variance": spectrum.total_variance,
         "ones_variance": spectrum.ones_variance,
@@ -328,7 +338,7 @@ def eigen(
     seq_len: int = 128,
     num_seqs: int = 256,
     batch_size: int = 32,
-    quantity: str = "scores",
+    quantity: str | None = None,
     centred: bool = True,
     project_ones: bool = False,
     queries: list[int] | None = None,
@@ -341,17 +351,29 @@ def eigen(
     progress: bool = True,
     command: str | None = None,
 ) -> EigenResult:
-    """Eigen analysis of attention rows, from a store directory or straight from a model.
+    """Eigen analysis of attention rows, from a store directory, straight from a model, or
+    from moments computed beforehand.
 
     ``source`` is a store path (or :class:`Store`) or a model (alias, path, Hub id, or
     :class:`LoadedModel`); with a model, ``corpus``, ``seq_len``, ``num_seqs`` and
     ``seed`` choose the blocks and nothing is written to disk. ``per_query=True``
-    analyses every query position separately (``queries`` picks some).
+    analyses every query position separately (``queries`` picks some). ``quantity`` is
+    ``"scores"`` unless given.
+
+    ``source`` may also be merged moments: the work directory of ``attnlens moments``
+    or a moments result (``attnlens merge``). Their rows were chosen when the moments
+    were computed; ``layers`` and ``queries`` may pick among theirs, and the result
+    refers to the moments (it does not copy them).
     """
-    if quantity not in QUANTITIES:
+    if quantity is not None and quantity not in QUANTITIES:
         raise AttnlensError(f"--quantity {quantity} is unknown; use one of {', '.join(QUANTITIES)}")
     if keep < 1:
         raise AttnlensError(f"--keep {keep} must be at least 1")
+    if isinstance(source, (str, Path)) and is_moments_source(source):
+        return _eigen_of_moments(source, quantity=quantity, centred=centred, project_ones=project_ones, queries=queries,
+                                 per_query=per_query, full_matrices=full_matrices, keep=keep, layers=layers, seed=seed,
+                                 progress=progress, command=command)
+    quantity = quantity or "scores"
     if full_matrices and not isinstance(source, Store) and not is_store(Path(str(source))):
         raise AttnlensError("full-matrix analysis reads the matrices of each sequence from a store; run 'attnlens extract' first and give its directory")
     rows = open_rows(source, corpus=corpus, seq_len=seq_len, num_seqs=num_seqs, seed=seed, device=device)
@@ -380,3 +402,67 @@ def eigen(
         **provenance(command),
     }
     return EigenResult(meta, table, arrays, matrix_table, halves)
+
+
+def _eigen_of_moments(
+    source: str | Path, *, quantity: str | None, centred: bool, project_ones: bool, queries: list[int] | None,
+    per_query: bool, full_matrices: bool, keep: int, layers: list[int] | None, seed: int, progress: bool,
+    command: str | None,
+) -> EigenResult:
+    """:func:`eigen` of merged moments (see there)."""
+    from .partials import load_moments
+
+    if full_matrices:
+        raise AttnlensError(f"full-matrix analysis reads the matrices of each sequence from a store; {source} holds moments only")
+    merged = load_moments(source)
+    made = merged.settings
+    if quantity is not None and quantity != made["quantity"]:
+        raise AttnlensError(
+            f"the moments in {source} are of {made['quantity']}, not {quantity}; the quantity is chosen when the moments are "
+            f"computed: attnlens moments --quantity {quantity}"
+        )
+    if (per_query or queries is not None) and made["queries"] is None:
+        raise AttnlensError(f"the moments in {source} pool rows over queries; compute per-query moments with attnlens moments --per-query or --queries")
+    halves = _select(merged.halves, layers, queries, source)
+    n = made["n"]
+    table, arrays = analyse_moments(halves, centred=centred, project_ones=project_ones, keep=keep, seed=seed, progress=progress)
+    meta = {
+        "model": merged.meta["model"],
+        "corpus": merged.meta["corpus"],
+        "n": n,
+        "layers": list(halves.a.layers),
+        "num_heads": halves.a.num_heads,
+        "settings": {"quantity": made["quantity"], "centred": centred, "project_ones": project_ones,
+                     "queries": None if halves.a.queries is None else list(halves.a.queries), "full_matrices": False,
+                     "keep": min(keep, n), "seed": seed},
+        "moments": {"path": str(merged.path), "num_seqs": made["num_seqs"], "seed": made["seed"],
+                    "accumulate": made["accumulate"], "run": merged.meta.get("run")},
+        **provenance(command),
+    }
+    return EigenResult(meta, table, arrays)
+
+
+def _select(halves: HalfMoments, layers: list[int] | None, queries: list[int] | None, source: object) -> HalfMoments:
+    """The chosen layers and query positions of (memory-mapped) moments: without a choice the
+    moments stay mapped; a choice reads the chosen units into memory."""
+    moments = halves.a
+    if layers is None and (queries is None or list(queries) == list(moments.queries)):
+        return halves
+    layers = list(moments.layers) if layers is None else sorted(set(layers))
+    missing = [layer for layer in layers if layer not in moments.layers]
+    if missing:
+        raise AttnlensError(f"layer {missing[0]} is not in the moments in {source}; they hold layers {list(moments.layers)}")
+    chosen = list(moments.queries) if queries is None or moments.queries is None else sorted(set(queries))
+    if moments.queries is not None:
+        absent = [q for q in chosen if q not in moments.queries]
+        if absent:
+            raise AttnlensError(f"query {absent[0]} is not in the moments in {source}; they hold query positions {list(moments.queries)}")
+    layer_at = [moments.layers.index(layer) for layer in layers]
+    query_at = [0] if moments.queries is None else [moments.queries.index(q) for q in chosen]
+
+    def pick(part: Moments) -> Moments:
+        take = lambda array: np.take(np.take(array, layer_at, axis=0), query_at, axis=2)
+        return Moments(part.quantity, part.n, layers, part.num_heads, None if part.queries is None else chosen,
+                       count=take(part.count), key_count=take(part.key_count), sum=take(part.sum), sum_outer=take(part.sum_outer))
+
+    return HalfMoments(pick(halves.a), pick(halves.b))

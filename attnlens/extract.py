@@ -1,5 +1,10 @@
 """Extract: run a model over corpus blocks and write the captured attention to a store.
 
+Launched by ``torchrun`` with several ranks, every rank computes its own contiguous
+share of the blocks and writes it into one sharded store (see :mod:`attnlens.store`);
+a rank that dies loses only its unfinished batch, and ``--resume`` with the same number
+of ranks continues each rank where it stopped.
+
 >>> import tempfile
 >>> from attnlens import extract
 >>> store = extract("minilm-l6", "kjv", tempfile.mkdtemp() + "/s", seq_len=16, num_seqs=4,
@@ -19,6 +24,7 @@ import torch
 
 from .capture import Capture
 from .corpus import Corpus, load_corpus
+from .distributed import init_world, shard_range
 from .errors import AttnlensError
 from .models import LoadedModel, load_model
 from .progress import progress_bar
@@ -86,23 +92,25 @@ def extract(
     overwrite: bool = False,
     progress: bool = True,
     command: str | None = None,
-) -> Store:
+) -> Store | None:
     """Capture the attention scores of ``num_seqs`` corpus blocks into a store at ``out``.
 
     Blocks are processed ``batch_size`` at a time, and a batch counts as finished only
     once it is on disk, so ``resume=True`` continues an interrupted run and gives the
-    same arrays, bit for bit, as an uninterrupted one.
+    same arrays, bit for bit, as an uninterrupted one. Under torchrun each rank writes
+    its share; the store is returned on rank 0 (``None`` on the others) once all are done.
     """
     out = Path(out)
     if dtype not in DTYPES:
         raise AttnlensError(f"--dtype {dtype} is not supported; use one of {', '.join(DTYPES)}")
     if batch_size < 1:
         raise AttnlensError(f"--batch-size {batch_size} must be at least 1")
-    prepare_out(out, resume=resume, overwrite=overwrite)
+    world = init_world(device)
+    world.run_on_main(lambda: prepare_out(out, resume=resume, overwrite=overwrite))
     if not isinstance(corpus, Corpus):
         corpus = load_corpus(corpus)
     if not isinstance(model, LoadedModel):
-        model = load_model(model, device=device)
+        model = load_model(model, device=world.device(device))
     check_seq_len(model, seq_len)
     layers = check_layers(model, layers)
     blocks = corpus.blocks(model, seq_len, num_seqs, seed)
@@ -119,18 +127,24 @@ def extract(
         **provenance(command),
     }
     tokens = blocks.ids.astype(np.int32)
-    writer = (StoreWriter.resume if resume else StoreWriter.create)(out, manifest, tokens)
+    shards = [shard_range(len(blocks), rank, world.size) for rank in range(world.size)] if world.distributed else None
+    # Rank 0 creates (or checks) the store; then every rank opens its own shard.
+    writer = world.run_on_main(lambda: (StoreWriter.resume if resume else StoreWriter.create)(out, manifest, tokens, shards=shards))
+    if not world.is_main:
+        writer = StoreWriter.open_shard(out, world.rank)
     # A batch is written (and flushed to disk) in a background thread while the next one
     # is computed into the other of two reusable buffers: the flush waits on the disk, not
     # the CPU, and no batch allocates fresh memory.
     buffers = [_BatchBuffers(batch_size, model.num_heads, seq_len, layers, weights, dtype) for _ in range(2)]
     pending: Future | None = None
+    desc = "extract" if not world.distributed else f"extract rank 0/{world.size}"
     with writer, ThreadPoolExecutor(max_workers=1) as background, progress_bar(
-        total=len(blocks), initial=writer.complete, unit="seq", desc="extract", enabled=progress
+        total=writer.stop - writer.start, initial=writer.complete - writer.start, unit="seq", desc=desc,
+        enabled=progress and world.is_main,
     ) as bar:
         try:
-            for number, start in enumerate(range(writer.complete, len(blocks), batch_size)):
-                ids = blocks.ids[start : start + batch_size]
+            for number, start in enumerate(range(writer.complete, writer.stop, batch_size)):
+                ids = blocks.ids[start : min(start + batch_size, writer.stop)]
                 arrays = buffers[number % 2].capture(model, ids)
                 if pending is not None:
                     pending.result()
@@ -140,10 +154,11 @@ def extract(
                 pending.result()
         except OSError as error:
             raise AttnlensError(
-                f"could not write to {out} ({error.strerror or error}) after {writer.complete} finished sequences, "
+                f"could not write to {out} ({error.strerror or error}) after {writer.complete - writer.start} finished sequences, "
                 "which are safe; fix the cause (e.g. free disk space) and rerun with --resume"
             ) from None
-    return open_store(out)
+    world.barrier()  # every rank's shard is on disk
+    return open_store(out) if world.is_main else None
 
 
 class _BatchBuffers:

@@ -436,8 +436,16 @@ def load_model(
     *,
     device: str | torch.device = "cpu",
     dtype: torch.dtype = torch.float32,
+    device_map: str | dict | None = None,
+    device_memory: dict | None = None,
 ) -> LoadedModel:
     """Load a model by alias, local directory or Hub id, ready for :class:`attnlens.Capture`.
+
+    ``dtype`` is the dtype of the weights (e.g. ``torch.bfloat16`` on GPUs; captured
+    scores come in that dtype, and analyses accumulate them in float64). A model too
+    large for one device loads with ``device_map="auto"`` (through accelerate), which
+    spreads its layers over the GPUs (``device_memory``, e.g. ``{0: "70GiB", 1:
+    "70GiB"}``, limits which and how much) and then the CPU; ``device`` is ignored then.
 
     Raises :class:`AttnlensError` with a one-line fix for an unknown name, a missing
     optional package, or a model whose attention attnlens cannot reach.
@@ -456,9 +464,10 @@ def load_model(
                 f"or a Hub id that can be downloaded here ({reason[:160]})"
             ) from None
         auto_class, objective = _head_for(config)
+        placement = {} if device_map is None else {"device_map": device_map, "max_memory": device_memory}
         try:
             model = getattr(transformers, auto_class).from_pretrained(
-                source, attn_implementation=capture.ATTENTION_IMPLEMENTATION, dtype=dtype
+                source, attn_implementation=capture.ATTENTION_IMPLEMENTATION, dtype=dtype, **placement
             )
         except ValueError as error:
             if "attn_implementation" in str(error) or "attention" in str(error).lower():
@@ -469,11 +478,13 @@ def load_model(
                 ) from None
             raise
         tokenizer = transformers.AutoTokenizer.from_pretrained(source)
-    model.to(device).eval()
+    if device_map is None:  # a device map has placed the layers already
+        model.to(device)
+    model.eval()
     text_config = config.get_text_config()
     special = _special_tokens(tokenizer)
     probe_ids = [*special.prefix, *tokenizer("a b c", add_special_tokens=False)["input_ids"], *special.suffix]
-    modules, valid = _number_attention_layers(model, torch.tensor([probe_ids], device=device))
+    modules, valid = _number_attention_layers(model, torch.tensor([probe_ids], device=next(model.parameters()).device))
     num_layers = text_config.num_hidden_layers
     if len(modules) != num_layers:
         raise AttnlensError(

@@ -28,7 +28,7 @@ each key was valid, and analyses use the keys valid in every row of the unit (th
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -42,13 +42,13 @@ QUANTITIES = ("scores", "weights", "log-weights")
 LEVELS = ("head", "layer", "model")
 
 
-def row_values(scores: torch.Tensor, valid: torch.Tensor, quantity: str) -> torch.Tensor:
-    """Rows of the chosen quantity in float64, with invalid entries set to 0.
+def row_values(scores: torch.Tensor, valid: torch.Tensor, quantity: str, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """Rows of the chosen quantity in float64 (or ``dtype``), with invalid entries set to 0.
 
     ``scores`` (batch, head, q, k), ``valid`` (batch, q, k). ``weights`` and
     ``log-weights`` are the softmax (log-softmax) over the valid keys of each row.
     """
-    x = scores.to(torch.float64)
+    x = scores.to(dtype)
     mask = valid[:, None].expand_as(x)
     if quantity == "weights":
         x = torch.softmax(x.masked_fill(~mask, float("-inf")), dim=-1)
@@ -168,21 +168,16 @@ class Moments:
     # ------------------------------------------------------------------ statistics
     def complete_keys(self) -> np.ndarray:
         """(L, H, Q, n) bool: keys valid in every row of the unit."""
-        return (self.key_count == self.count[..., None]) & (self.count[..., None] > 0)
+        return _complete_keys(self.count, self.key_count)
 
     def mean(self) -> np.ndarray:
         """(L, H, Q, n) mean row (0 where the unit has no rows)."""
-        return self.sum / np.maximum(self.count, 1)[..., None]
+        return _mean(self.count, self.sum)
 
     def second_moment(self, centred: bool = True) -> np.ndarray:
         """(L, H, Q, n, n) sample covariance (centred, divided by rows − 1 as numpy.cov and
         scikit-learn's PCA do) or uncentred second moment (divided by rows)."""
-        count = self.count[..., None, None]
-        if not centred:
-            return self.sum_outer / np.maximum(count, 1)
-        mean = self.mean()
-        scatter = self.sum_outer - count * mean[..., :, None] * mean[..., None, :]
-        return scatter / np.maximum(count - 1, 1)
+        return _second_moment(self.count, self.sum, self.sum_outer, centred)
 
     # ------------------------------------------------------------------ persistence
     def save(self, path: str | Path) -> None:
@@ -203,6 +198,87 @@ class Moments:
             )
         except (OSError, KeyError, ValueError) as error:
             raise AttnlensError(f"cannot read moments from {path} ({error})") from None
+
+
+def _complete_keys(count: np.ndarray, key_count: np.ndarray) -> np.ndarray:
+    return (key_count == count[..., None]) & (count[..., None] > 0)
+
+
+def _mean(count: np.ndarray, sums: np.ndarray) -> np.ndarray:
+    return sums / np.maximum(count, 1)[..., None]
+
+
+def _second_moment(count: np.ndarray, sums: np.ndarray, sum_outer: np.ndarray, centred: bool) -> np.ndarray:
+    expanded = count[..., None, None]
+    if not centred:
+        return sum_outer / np.maximum(expanded, 1)
+    mean = _mean(count, sums)
+    scatter = sum_outer - expanded * mean[..., :, None] * mean[..., None, :]
+    return scatter / np.maximum(expanded - 1, 1)
+
+
+@dataclass(frozen=True)
+class UnitMoments:
+    """The sums of one unit (a head, or heads and layers pooled): ``count`` (a 0-d array),
+    ``key_count`` and ``sum`` (n,), ``sum_outer`` (n, n); statistics as :class:`Moments`'."""
+
+    count: np.ndarray
+    key_count: np.ndarray
+    sum: np.ndarray
+    sum_outer: np.ndarray
+
+    def __add__(self, other: UnitMoments) -> UnitMoments:
+        return UnitMoments(self.count + other.count, self.key_count + other.key_count, self.sum + other.sum,
+                           self.sum_outer + other.sum_outer)
+
+    def complete_keys(self) -> np.ndarray:
+        return _complete_keys(self.count, self.key_count)
+
+    def mean(self) -> np.ndarray:
+        return _mean(self.count, self.sum)
+
+    def second_moment(self, centred: bool = True) -> np.ndarray:
+        return _second_moment(self.count, self.sum, self.sum_outer, centred)
+
+
+def level_shape(moments: Moments, level: str) -> tuple[int, int, int]:
+    """(L, H, Q) of the units at ``level``: heads, layers (heads pooled) or the model."""
+    layers, heads, queries = moments.count.shape
+    return {"head": (layers, heads, queries), "layer": (layers, 1, queries), "model": (1, 1, queries)}[level]
+
+
+def unit_sums(parts: Sequence[Moments], level: str, index: tuple[int, int, int]) -> UnitMoments:
+    """The sums of one unit at ``level`` over ``parts`` (e.g. both halves): the unit's
+    heads are read one at a time, so memory-mapped moments are never loaded whole.
+
+    Heads are added in (layer, head) order, the sum of the parts first, as
+    ``(a + b).level(level)`` adds them, so both give the same numbers.
+
+    >>> import torch
+    >>> m = Moments.empty("scores", n=2, layers=[0, 1], num_heads=2)
+    >>> m.accumulate(1, torch.ones(1, 2, 2, 2), torch.ones(1, 2, 2, dtype=torch.bool))
+    >>> float(unit_sums([m, m], "layer", (1, 0, 0)).count), float(unit_sums([m], "model", (0, 0, 0)).count)
+    (8.0, 4.0)
+    """
+    layer, head, query = index
+    first = parts[0]
+    if level == "head":
+        members = [(layer, head)]
+    elif level == "layer":
+        members = [(layer, h) for h in range(first.num_heads)]
+    elif level == "model":
+        members = [(l, h) for l in range(len(first.layers)) for h in range(first.num_heads)]
+    else:
+        raise AttnlensError(f"level {level} is unknown; use one of {', '.join(LEVELS)}")
+    total: UnitMoments | None = None
+    for l, h in members:
+        piece: UnitMoments | None = None
+        for part in parts:
+            sums = UnitMoments(np.asarray(part.count[l, h, query]), part.key_count[l, h, query], part.sum[l, h, query],
+                               part.sum_outer[l, h, query])
+            piece = sums if piece is None else piece + sums
+        total = piece if total is None else total + piece
+    return total
 
 
 def split_halves(num_seqs: int, seed: int) -> np.ndarray:

@@ -4,7 +4,9 @@ Analyses that stream over rows (moments, reconstruction error) take a source and
 ``consumer(layer, scores, valid, sequences)`` that is called once per layer and batch:
 ``scores`` (batch, head, n, n), ``valid`` (batch, n, n), ``sequences`` the indices of
 the batch's sequences. From a model the consumer runs inside the forward pass, as each
-layer is computed, so nothing beyond one layer of one batch is held in memory.
+layer is computed, so nothing beyond one layer of one batch is held in memory. Scores
+reach the consumer on the CPU, or, with ``to_cpu=False``, where the model computed them
+(a GPU), so that accumulation can stay there.
 
 >>> import numpy as np
 >>> from attnlens import load_corpus, load_model
@@ -56,7 +58,7 @@ class StoreRows:
         return layers
 
     def for_each_batch(self, sequences: np.ndarray, layers: list[int], consume: Consumer, *, batch_size: int = 32,
-                       progress: bool = True, desc: str = "rows") -> None:
+                       progress: bool = True, desc: str = "rows", to_cpu: bool = True) -> None:
         sequences = np.sort(np.asarray(sequences))
         with progress_bar(total=len(sequences) * len(layers), desc=desc, unit="seq", enabled=progress) as bar:
             for layer in layers:
@@ -88,11 +90,12 @@ class ModelRows:
         return check_layers(self.model, None if layers is None else list(layers))
 
     def for_each_batch(self, sequences: np.ndarray, layers: list[int], consume: Consumer, *, batch_size: int = 32,
-                       progress: bool = True, desc: str = "rows") -> None:
+                       progress: bool = True, desc: str = "rows", to_cpu: bool = True) -> None:
         sequences = np.sort(np.asarray(sequences))
+        place = (lambda tensor: tensor.cpu()) if to_cpu else (lambda tensor: tensor)
         with progress_bar(total=len(sequences), desc=desc, unit="seq", enabled=progress) as bar:
             for chunk in _chunks(sequences, batch_size):
-                sink = lambda layer, scores, valid, weights: consume(layer, scores.cpu(), valid.cpu(), chunk)
+                sink = lambda layer, scores, valid, weights: consume(layer, place(scores), place(valid), chunk)
                 with torch.no_grad(), Capture(layers, sink=sink):
                     self.model.run_attention(torch.from_numpy(self.blocks.ids[chunk]))
                 bar.update(len(chunk))

@@ -14,6 +14,15 @@ done. A batch is written into all files, flushed to disk, and only then counted 
 ``progress.json``: a crash leaves the store as it was after the last finished batch,
 and :meth:`StoreWriter.resume` continues from there.
 
+**Sharded stores** (format version 2) are written by several ranks at once
+(``torchrun ... -m attnlens extract``): rank 0 creates and preallocates the store, then
+every rank writes its own contiguous range of sequences into the same files at their
+offsets, and counts them in its own ``progress-rankRRRRR.json``; the manifest lists the
+ranges (``shards``). :func:`open_store` reads a sharded store as one, complete when
+every rank's progress says so, and each rank resumes from its own progress. (The ranks
+must see the same directory: one machine, or a shared file system.) Single-process
+stores keep format version 1 and ``progress.json``.
+
 >>> import tempfile, numpy as np
 >>> from attnlens.store import StoreWriter, open_store
 >>> path = tempfile.mkdtemp() + "/store"
@@ -40,7 +49,9 @@ import numpy as np
 from .errors import AttnlensError
 
 FORMAT = "attnlens-store"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # the newest this attnlens reads
+PLAIN_FORMAT_VERSION = 1  # single-process stores: unchanged, so older attnlens versions read them
+SHARDED_FORMAT_VERSION = 2
 DTYPES = ("float16", "float32")
 
 
@@ -101,6 +112,19 @@ def is_store(path: Path) -> bool:
     return (Path(path) / "manifest.json").is_file()
 
 
+def progress_file(shard: int | None) -> str:
+    """Where a store counts its finished sequences: one file, or one per rank of a sharded store.
+
+    >>> progress_file(None), progress_file(3)
+    ('progress.json', 'progress-rank00003.json')
+    """
+    return "progress.json" if shard is None else f"progress-rank{shard:05d}.json"
+
+
+def _version_for(shards: list | None) -> int:
+    return SHARDED_FORMAT_VERSION if shards else PLAIN_FORMAT_VERSION
+
+
 def _pwrite_all(descriptor: int, data: memoryview, offset: int) -> None:
     while data:
         written = os.pwrite(descriptor, data, offset)
@@ -108,12 +132,19 @@ def _pwrite_all(descriptor: int, data: memoryview, offset: int) -> None:
 
 
 class StoreWriter:
-    """Writes a store batch by batch. Create with :meth:`create` or :meth:`resume`."""
+    """Writes a store batch by batch. Create with :meth:`create` or :meth:`resume`; the other
+    ranks of a sharded store open their shard with :meth:`open_shard`.
 
-    def __init__(self, path: Path, manifest: dict, complete: int) -> None:
+    ``complete`` is the index of the next sequence to write; ``stop`` the end of the
+    range this writer owns (all sequences, or its shard).
+    """
+
+    def __init__(self, path: Path, manifest: dict, complete: int, shard: int | None = None) -> None:
         self.path = Path(path)
         self.manifest = manifest
         self.complete = complete
+        self.shard = shard
+        self.start, self.stop = manifest["shards"][shard] if shard is not None else (0, manifest["num_seqs"])
         self._files = {spec.relative: spec for spec in _array_files(manifest)}
         self._descriptors: dict[str, tuple[int, int]] = {}
         for spec in self._files.values():
@@ -122,10 +153,17 @@ class StoreWriter:
             self._descriptors[spec.relative] = (os.open(file_path, os.O_RDWR), data_start)
 
     @classmethod
-    def create(cls, path: str | Path, manifest: dict, tokens: np.ndarray) -> StoreWriter:
-        """Create the directory, preallocate every array, write manifest and tokens."""
+    def create(cls, path: str | Path, manifest: dict, tokens: np.ndarray, *, shards: list[tuple[int, int]] | None = None,
+               shard: int = 0) -> StoreWriter:
+        """Create the directory, preallocate every array, write manifest and tokens.
+
+        With ``shards`` (one [start, stop) range per rank) the store is sharded; the
+        writer returned is that of ``shard``.
+        """
         path = Path(path)
-        manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, **manifest, "num_seqs": int(tokens.shape[0])}
+        manifest = {"format": FORMAT, "format_version": _version_for(shards), **manifest, "num_seqs": int(tokens.shape[0])}
+        if shards:
+            manifest["shards"] = [[int(start), int(stop)] for start, stop in shards]
         try:
             path.mkdir(parents=True, exist_ok=True)
             free = shutil.disk_usage(path).free
@@ -150,7 +188,11 @@ class StoreWriter:
                         raise
                 finally:
                     os.close(descriptor)
-            write_json_atomic(path / "progress.json", {"complete": 0})
+            if shards:
+                for rank, (start, stop) in enumerate(manifest["shards"]):
+                    write_json_atomic(path / progress_file(rank), {"shard": rank, "start": start, "stop": stop, "complete": start})
+            else:
+                write_json_atomic(path / "progress.json", {"complete": 0})
             write_json_atomic(path / "manifest.json", manifest)
         except PermissionError:
             raise AttnlensError(f"cannot write to {path}: permission denied; choose a writable --out") from None
@@ -158,13 +200,32 @@ class StoreWriter:
             if error.errno == errno.ENOSPC:
                 raise AttnlensError(f"disk full while creating the store in {path}; free space or choose another --out") from None
             raise AttnlensError(f"cannot create the store in {path}: {error.strerror or error}; choose a writable --out") from None
-        return cls(path, manifest, complete=0)
+        return cls.open_shard(path, shard) if shards else cls(path, manifest, complete=0)
 
     @classmethod
-    def resume(cls, path: str | Path, manifest: dict, tokens: np.ndarray) -> StoreWriter:
-        """Reopen an unfinished store, checking that it was made with the same settings."""
+    def open_shard(cls, path: str | Path, shard: int) -> StoreWriter:
+        """The writer of one rank's shard of a sharded store, from that rank's progress."""
+        path = Path(path)
+        manifest = json.loads((path / "manifest.json").read_text())
+        progress = json.loads((path / progress_file(shard)).read_text())
+        return cls(path, manifest, complete=int(progress["complete"]), shard=shard)
+
+    @classmethod
+    def resume(cls, path: str | Path, manifest: dict, tokens: np.ndarray, *, shards: list[tuple[int, int]] | None = None,
+               shard: int = 0) -> StoreWriter:
+        """Reopen an unfinished store, checking that it was made with the same settings
+        (and, sharded, by as many ranks); returns the writer of ``shard``."""
         store = open_store(path, allow_partial=True)
-        expected = {"format": FORMAT, "format_version": FORMAT_VERSION, **manifest, "num_seqs": int(tokens.shape[0])}
+        made_ranks, asked_ranks = len(store.manifest.get("shards") or [0]), len(shards or [0])
+        if made_ranks != asked_ranks:
+            how = "without torchrun" if made_ranks == 1 else f"with torchrun --nproc-per-node {made_ranks} (or as many ranks in all)"
+            raise AttnlensError(
+                f"cannot resume {path}: it was extracted by {made_ranks} rank(s), this run has {asked_ranks}; resume it {how}, "
+                "or use --overwrite to start again"
+            )
+        expected = {"format": FORMAT, "format_version": _version_for(shards), **manifest, "num_seqs": int(tokens.shape[0])}
+        if shards:
+            expected["shards"] = [[int(start), int(stop)] for start, stop in shards]
         ignored = ("command", "created", "versions", "attnlens_version")
         made, asked = _flatten(store.manifest), _flatten({k: v for k, v in expected.items() if k not in ignored})
         # Plain settings (n, dtype, layers, ...) first: they explain differences in the nested ones.
@@ -177,6 +238,8 @@ class StoreWriter:
             )
         if not np.array_equal(np.load(store.path / "tokens.npy", mmap_mode="r"), tokens):
             raise AttnlensError(f"cannot resume {path}: its token blocks differ from this run's; use --overwrite to start again")
+        if shards:
+            return cls.open_shard(path, shard)
         return cls(Path(path), store.manifest, complete=store.complete)
 
     def write_batch(self, start: int, layers: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray | None]]) -> None:
@@ -201,7 +264,9 @@ class StoreWriter:
         for descriptor, _ in self._descriptors.values():
             os.fsync(descriptor)
         self.complete = start + (count or 0)
-        write_json_atomic(self.path / "progress.json", {"complete": self.complete})
+        progress = {"complete": self.complete} if self.shard is None else {
+            "shard": self.shard, "start": self.start, "stop": self.stop, "complete": self.complete}
+        write_json_atomic(self.path / progress_file(self.shard), progress)
 
     # A seam for tests that simulate a full disk.
     _write_at = staticmethod(_pwrite_all)
@@ -316,7 +381,9 @@ def open_store(path: str | Path, *, allow_partial: bool = False) -> Store:
         raise AttnlensError(f"'{path}' is not an attnlens store (no manifest.json); give a directory made by 'attnlens extract'")
     try:
         manifest = json.loads(manifest_path.read_text())
-        progress = json.loads((path / "progress.json").read_text())
+        shards = manifest.get("shards") if isinstance(manifest, dict) else None
+        progress = [json.loads((path / progress_file(rank)).read_text()) for rank in range(len(shards))] if shards else [
+            json.loads((path / "progress.json").read_text())]
     except (OSError, json.JSONDecodeError) as error:
         raise AttnlensError(f"store '{path}' is damaged ({type(error).__name__} reading its manifest or progress)") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
@@ -326,7 +393,7 @@ def open_store(path: str | Path, *, allow_partial: bool = False) -> Store:
             f"store '{path}' has format version {manifest['format_version']}, newer than this attnlens reads "
             f"({FORMAT_VERSION}); upgrade attnlens"
         )
-    complete = int(progress.get("complete", 0))
+    complete, unfinished = _completion(progress, shards, manifest["num_seqs"])
     expected_files = [ArrayFile("tokens.npy", "int32", (manifest["num_seqs"], manifest["n"])), *_array_files(manifest)]
     for spec in expected_files:
         try:
@@ -338,9 +405,31 @@ def open_store(path: str | Path, *, allow_partial: bool = False) -> Store:
                 f"store '{path}' is damaged: {spec.relative} holds {array.dtype}{list(array.shape)}, "
                 f"the manifest says {spec.dtype}{list(spec.shape)}"
             )
-    if complete < manifest["num_seqs"] and not allow_partial:
+    if unfinished and not allow_partial:
+        ranks = f", with torchrun and {len(shards)} ranks" if shards else ""
         raise AttnlensError(
-            f"store '{path}' is unfinished ({complete} of {manifest['num_seqs']} sequences); "
-            "finish it by rerunning the same extract command with --resume"
+            f"store '{path}' is unfinished ({unfinished}); finish it by rerunning the same extract command with --resume{ranks}"
         )
     return Store(path, manifest, complete)
+
+
+def _completion(progress: list[dict], shards: list | None, num_seqs: int) -> tuple[int, str]:
+    """How many leading sequences are finished (a store reads as that prefix), and a
+    description of what is not (empty when everything is).
+
+    >>> _completion([{"complete": 5}], None, 8)
+    (5, '5 of 8 sequences')
+    >>> _completion([{"start": 0, "stop": 4, "complete": 4}, {"start": 4, "stop": 8, "complete": 6}], [[0, 4], [4, 8]], 8)
+    (6, 'rank 1: 2 of 4 sequences')
+    """
+    if not shards:
+        complete = int(progress[0].get("complete", 0))
+        return complete, "" if complete >= num_seqs else f"{complete} of {num_seqs} sequences"
+    prefix, missing = 0, []
+    for rank, ((start, stop), state) in enumerate(zip(shards, progress)):
+        done = int(state.get("complete", start))
+        if prefix == start:
+            prefix = done
+        if done < stop:
+            missing.append(f"rank {rank}: {done - start} of {stop - start} sequences")
+    return prefix, "; ".join(missing)

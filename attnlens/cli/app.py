@@ -6,6 +6,7 @@ become one line on stderr and exit status 2.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -37,6 +38,22 @@ ProgressOption = Annotated[bool, typer.Option("--progress/--no-progress", help="
 OverwriteOption = Annotated[bool, typer.Option("--overwrite", help="Replace an existing result in --out.")]
 
 
+# Commands that split their work over the ranks torchrun starts; the others run in one process.
+DISTRIBUTED_COMMANDS = ("extract", "moments")
+
+
+@app.callback()
+def _launch(context: typer.Context) -> None:
+    # Under torchrun every rank runs the command line: a command that does not split its
+    # work would run N times and write N times to the same --out, so it is refused.
+    from ..distributed import ReportedError, environment_world_size
+
+    if environment_world_size() > 1 and context.invoked_subcommand not in DISTRIBUTED_COMMANDS:
+        message = (f"'attnlens {context.invoked_subcommand}' runs in one process; launch it without torchrun "
+                   f"(commands that split work over ranks: {', '.join(DISTRIBUTED_COMMANDS)})")
+        raise (AttnlensError if os.environ.get("RANK", "0") == "0" else ReportedError)(message)
+
+
 def parse_int_list(text: str | None, option: str) -> list[int] | None:
     """``"0,2,5"`` -> ``[0, 2, 5]``; ``None`` stays ``None``.
 
@@ -61,6 +78,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         status = command.main(args=argv, prog_name="attnlens", standalone_mode=False)
     except AttnlensError as error:
+        if getattr(error, "reported", False):  # rank 0 has printed it already
+            sys.exit(2)
         _fail(str(error))
     except typer.TyperException as error:  # click's usage errors, as vendored by typer
         if type(error).__name__ == "NoArgsIsHelpError":

@@ -25,13 +25,14 @@ from .app import (
 
 @app.command()
 def eigen(
-    source: Annotated[str, typer.Argument(help="A store directory (attnlens extract) or a model to stream from.")],
+    source: Annotated[str, typer.Argument(
+        help="A store directory (attnlens extract), a model to stream from, or moments (attnlens moments WORKDIR, attnlens merge).")],
     out: OutOption,
     corpus: CorpusOption = "kjv",
     seq_len: SeqLenOption = 128,
     num_seqs: NumSeqsOption = 256,
     batch_size: BatchSizeOption = 32,
-    quantity: Annotated[str, typer.Option("--quantity", help="scores, weights or log-weights.")] = "scores",
+    quantity: Annotated[str | None, typer.Option("--quantity", help="scores, weights or log-weights (default scores).")] = None,
     uncentred: Annotated[bool, typer.Option("--uncentred", help="Second moment instead of covariance.")] = False,
     project_ones: Annotated[bool, typer.Option("--project-ones", help="Remove the all-ones direction (softmax ignores it).")] = False,
     per_query: Annotated[bool, typer.Option("--per-query", help="Analyse every query position separately.")] = False,

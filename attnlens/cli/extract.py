@@ -60,6 +60,7 @@ def extract(
         layers=parse_int_list(layers, "--layers"), weights=weights, device=device, seed=seed,
         resume=resume, overwrite=overwrite, progress=progress,
     )
-    typer.echo(f"wrote {store.num_seqs} sequences x {len(store.layers)} layers x {store.num_heads} heads of {store.n}x{store.n} scores to {out}")
+    if store is not None:  # rank 0 (the only one without torchrun)
+        typer.echo(f"wrote {store.num_seqs} sequences x {len(store.layers)} layers x {store.num_heads} heads of {store.n}x{store.n} scores to {out}")
 
 
