@@ -173,7 +173,7 @@ def overlap(
             a = _bases(result, level, dim, positions[i][0], "a")
             b = _bases(result, level, dim, positions[i][0], "b")
             for unit, (layer, head) in enumerate(_unit_labels(result, level)):
-                split_rows.append({"model": names[i], "level": level, "layer": layer, "head": head,
+                split_rows.append({"result": i, "model": names[i], "level": level, "layer": layer, "head": head,
                                    "overlap": subspace_overlap(a[unit], b[unit])})
     meta = {
         "dim": dim,

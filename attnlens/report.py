@@ -199,7 +199,7 @@ def _summary_section(results: dict, settings: ReportSettings) -> str:
     eigen_result, overlap_result, recon = results["eigen"], results["overlap"], results["reconstruct"]
     layers = _layer_summary(eigen_result)
     split = overlap_result.split_half
-    split_layers = split[(split.model == overlap_result.meta["models"][0]) & (split.level == "layer")].overlap
+    split_layers = split[(split["result"] == 0) & (split["level"] == "layer")].overlap
     rows = [
         ("Score rows are low-dimensional (paper 1)", "most variance in a few of n directions",
          f"median over heads of components for 90% energy: {layers.head_k90_median.min():.0f}–"

@@ -180,6 +180,9 @@ def test_eigen_and_overlap_from_a_real_model_and_reload(tmp_path, minilm_l6, min
     # Cross-model overlaps lie in [0, 1]; split-half has one row per unit and level.
     assert ((result.matrix("layers_0_1") >= 0) & (result.matrix("layers_0_1") <= 1 + 1e-6)).all()
     assert len(result.split_half) == (72 + 6 + 1) + (36 + 3 + 1)
+    same = attnlens.overlap([reloaded, reloaded], dim=4)  # one model twice (e.g. two corpora): kept apart
+    same.save(tmp_path / "same")
+    np.testing.assert_allclose(same.matrix("layers_0_1"), result.matrix("layers_0"), atol=1e-12)
     result.save(tmp_path / "o")
     assert attnlens.load_result(tmp_path / "o").matrix("layers_0_1").shape == (6, 3)
     assert (tmp_path / "o" / "figures" / "overlap_layers_0_1.png").is_file()

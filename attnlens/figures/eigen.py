@@ -124,7 +124,7 @@ def plot_split_half(overlap_result, ax: plt.Axes | None = None, *, model: int = 
     ax = new_axes(ax)
     name = overlap_result.meta["models"][model]
     table = overlap_result.split_half
-    halves = table[(table.model == name) & (table.level == "layer")]
+    halves = table[(table["result"] == model) & (table["level"] == "layer")]  # two results may share a model
     matrix = overlap_result.matrix(f"layers_{model}")
     others = (matrix.sum(1) - np.diag(matrix)) / max(len(matrix) - 1, 1)
     x = np.arange(len(halves))
