@@ -3,7 +3,7 @@
 One module per pipeline step registers its commands on the shared app.
 """
 
-from . import extract  # noqa: F401  (registers its commands)
+from . import extract, importance  # noqa: F401  (each registers its commands)
 from .app import app, main
 
 __all__ = ["app", "main"]
