@@ -12,8 +12,10 @@ for the position classes of :mod:`attnlens.positions`:
    everywhere, in one layer, or in one head), and what the objective loses:
    ``delta = loss(ablated) - loss(unmodified)`` per block, mean and bootstrap interval.
    The **random control** removes, in every row, as many valid positions as the class
-   does, chosen uniformly at random (seeded); ``excess = delta(class) - delta(random)``
-   (paired over blocks). A row whose every valid key is in the class (query 0 of a causal
+   does, chosen uniformly at random (seeded) and, like the class's positions, the same
+   in every layer and head it applies to; ``excess = delta(class) - delta(random)``
+   (paired over blocks). For the ``hidden`` objective the cosine of mean-pooled
+   embeddings to the unmodified model's (``pooled_cosine``) is reported beside it. A row whose every valid key is in the class (query 0 of a causal
    model for ``self``/``cls``) is left as it is (:func:`attnlens.evaluation.guard_rows`);
    ``rows_spared`` counts them.
 3. **Gradient importance** (Michel et al. 2019): a gate per class and head multiplying the
@@ -253,7 +255,7 @@ class ImportanceResult:
 
     ``table`` (one row per class: mass, share, ablation delta and random control with
     intervals, gradient importance), ``mass``, ``entropy``, ``ablation``, ``gradient``,
-    ``classes``; ``arrays["ablation_blocks"]`` (condition, block) losses in the order of
+    ``classes`` (``positions``: valid (layer, block, query, key) occurrences); ``arrays["ablation_blocks"]`` (condition, block) losses in the order of
     ``ablation``'s rows, ``arrays["gradient_blocks"]`` (block, layer, head, class + all)
     signed derivatives; ``meta`` holds provenance, settings and the token roles.
     """
@@ -465,6 +467,8 @@ def _ablation_table(conditions, losses, pooled, removed, spared, bootstrap, seed
     index = np.flatnonzero(is_class)
     if len(index):
         excess[:, index] = np.stack(bootstrap_interval(delta[index] - delta[index + 1], bootstrap, seed))
+        # the control spares the same rows: it removes as many positions, and none where the class removes none
+        table.loc[index + 1, "rows_spared"] = table.loc[index, "rows_spared"].to_numpy()
     table["excess"], table["excess_low"], table["excess_high"] = excess
     return table
 
@@ -521,6 +525,8 @@ def _summary_table(classes, dropped, notes, mass_table, ablation, gradient) -> p
         for control, prefix in (("class", "delta"), ("random", "random")):
             picked = model_rows[(model_rows["class"] == name) & (model_rows["control"] == control)].iloc[0]
             row[prefix], row[f"{prefix}_low"], row[f"{prefix}_high"] = picked["delta"], picked["delta_low"], picked["delta_high"]
+            if "pooled_cosine" in picked:
+                row["pooled_cosine" if control == "class" else "random_pooled_cosine"] = picked["pooled_cosine"]
             if control == "class":
                 row["removed"] = picked["removed"]
                 row["excess"], row["excess_low"], row["excess_high"] = picked["excess"], picked["excess_low"], picked["excess_high"]

@@ -21,11 +21,11 @@ def tiny_causal_dir(tmp_path_factory, minilm_l6):
 
 def test_importance_end_to_end(capsys, tmp_path):
     out = tmp_path / "imp"
-    code, stdout, _ = run_cli(capsys, *IMPORTANCE, "--out", str(out), "--classes", "self,prev,cls,other", "--per", "layer")
+    code, stdout, _ = run_cli(capsys, *IMPORTANCE, "--out", str(out), "--classes", "self,other", "--per", "layer")
     assert code == 0 and f"wrote importance result to {out}" in stdout
     assert "self" in stdout and "delta" in stdout
     result = attnlens.ImportanceResult.load(out)
-    assert list(result.table["class"]) == ["self", "prev", "cls", "other"]
+    assert list(result.table["class"]) == ["self", "other"]
     assert result.meta["command"].split()[0] in ("attnlens", "pytest", "python") and result.meta["settings"]["per"] == "layer"
     assert (out / "figures" / "ablation_per_layer.png").is_file() and (out / "figures" / "mass.pdf").is_file()
     assert_one_line_error(*run_cli(capsys, *IMPORTANCE, "--out", str(out))[::2], "already exists", "--overwrite")

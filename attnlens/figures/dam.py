@@ -4,7 +4,7 @@ sparsity for the λ sweep and the fixed patterns, and the training curves.
 >>> import attnlens
 >>> from attnlens.figures.dam import plot_loss_vs_sparsity
 >>> result = attnlens.dam("minilm-l6", lambdas=[0.0], steps=2, seq_len=16, train_seqs=2, eval_seqs=2,
-...                       batch_size=2, bootstrap=20, progress=False)
+...                       batch_size=2, bootstrap=20, patterns=False, progress=False)
 >>> ax = plot_loss_vs_sparsity(result)
 >>> ax.get_xlabel()
 'sparsity (fraction of valid attention positions removed)'
