@@ -47,6 +47,7 @@ def plot_keep(result, ax: plt.Axes | None = None) -> plt.Axes:
         ax.bar(x - 0.4 + width * (index + 0.5), rows["keep_probability"], width, color=colour,
                label=f"{_lambda_label(lam)} (sparsity {sparsity[lam]:.0%})")
     ax.set_xticks(x, classes)
+    ax.grid(axis="x", visible=False)
     ax.set_ylim(0, 1.05)
     ax.set_xlabel("position class")
     ax.set_ylabel("keep probability σ(α), mean over positions")
@@ -105,24 +106,29 @@ def plot_masks(result, index: int | None = None) -> plt.Figure:
     index = nearest_lambda(result) if index is None else index
     images = result.arrays["keep_images"][index].astype(np.float32)  # (layer, head, n, n)
     shared = result.meta["settings"]["variant"] == "structured"
-    images = images[:1] if shared else images
-    rows, columns = images.shape[:2]
-    size = 1.05
+    heads = images.shape[1]
+    # one image per head (shared by layers, wrapped six to a row), or a layer x head grid
+    cells = [(0, head) for head in range(heads)] if shared else [(l, h) for l in range(images.shape[0]) for h in range(heads)]
+    columns = min(heads, 6) if shared else heads
+    rows = -(-len(cells) // columns)
+    size = 1.25 if shared else 1.05
     figure, axes = plt.subplots(rows, columns, figsize=(size * columns + 1.4, size * rows + 1.1), squeeze=False,
                                 layout="constrained")
-    for layer in range(rows):
-        for head in range(columns):
-            ax = axes[layer, head]
-            picture = ax.imshow(images[layer, head], cmap="viridis", vmin=0, vmax=1, interpolation="nearest")
-            ax.set_xticks([])
-            ax.set_yticks([])
-            if layer == 0:
-                ax.set_title(f"head {head}", fontsize=7)
-            if head == 0:
-                ax.set_ylabel("all layers" if shared else f"layer {layer}", fontsize=7)
+    for number, (layer, head) in enumerate(cells):
+        ax = axes.flat[number]
+        picture = ax.imshow(images[layer, head], cmap="viridis", vmin=0, vmax=1, interpolation="nearest")
+        ax.set_xticks([])
+        ax.set_yticks([])
+        if shared or layer == 0:
+            ax.set_title(f"head {head}", fontsize=7)
+        if not shared and head == 0:
+            ax.set_ylabel(f"layer {layer}", fontsize=7)
+    for ax in axes.flat[len(cells):]:
+        ax.set_visible(False)
     figure.colorbar(picture, ax=axes, shrink=0.8, label="keep probability σ(α)")
     row = result.table.iloc[index]
-    figure.suptitle(f"Learned masks (query ↓, key →), {result.meta['settings']['variant']}, λ = {row['lambda']:g}, "
+    scope = ", the same in every layer" if shared else ""
+    figure.suptitle(f"Learned masks (query ↓, key →), {result.meta['settings']['variant']}{scope}, λ = {row['lambda']:g}, "
                     f"sparsity {row['sparsity']:.0%}\n{describe(result.meta)}", fontsize=9)
     return figure
 
