@@ -70,7 +70,7 @@ from .provenance import provenance
 from .resultdir import read_result_dir, write_result
 
 VARIANTS = ("unstructured", "structured", "class")
-REMOVALS = {"1e4": 1e4, "inf": math.inf}
+REMOVALS = ("1e4", "inf")
 DEFAULT_LAMBDAS = (0.01, 0.03, 0.1, 0.3)
 _NOISE_STREAM, _ORDER_STREAM, _PATTERN_STREAM = 11, 12, 13
 _BIG = 1e4  # the straight-through gradient scale of both removals: ∂scores/∂M
@@ -363,8 +363,9 @@ def evaluate_mask(layout: MaskLayout, logits: torch.Tensor, objective: Objective
         removals, batch_rescued, batch_rows = _hard_removals(layout, logits, context)
         rescued += batch_rescued
         rows += batch_rows
-        expected += float((probability * layout.counts(context)).sum())
-        counted += float(layout.counts(context).sum())
+        counts = layout.counts(context)
+        expected += float((probability * counts).sum())
+        counted += float(counts.sum())
         intervene = removal(lambda layer, valid_now: removals[layer])
         losses.append(evaluate_batch(objective, batch, intervene)["loss"])
         stacked = torch.stack(list(batch_masks.values())).to(torch.float32)  # (class, batch, n, n)
@@ -373,9 +374,9 @@ def evaluate_mask(layout: MaskLayout, logits: torch.Tensor, objective: Objective
             in_class = stacked * valid[layer].to(torch.float32)
             p = layout.expand(probability, layer, context).expand(size, -1, -1, -1)
             kept = 1.0 - removals[layer].to(torch.float32).expand(size, layout.num_heads, -1, -1)
-            keep_sum[layer] += torch.einsum("bhqk,cbqk->hc", p, in_class).double().numpy()
-            kept_sum[layer] += torch.einsum("bhqk,cbqk->hc", kept, in_class).double().numpy()
-            positions[layer] += in_class.sum((1, 2, 3)).double().numpy()
+            keep_sum[layer] += torch.einsum("bhqk,cbqk->hc", p, in_class).double().cpu().numpy()
+            kept_sum[layer] += torch.einsum("bhqk,cbqk->hc", kept, in_class).double().cpu().numpy()
+            positions[layer] += in_class.sum((1, 2, 3)).double().cpu().numpy()
             removed += float(removals[layer].expand(size, layout.num_heads, -1, -1).sum())
             total += float(valid[layer].sum()) * size * layout.num_heads
     with np.errstate(invalid="ignore", divide="ignore"):

@@ -278,7 +278,7 @@ class LoadedModel:
             for name, tensor in sorted({**dict(self.model.named_parameters()), **dict(self.model.named_buffers())}.items()):
                 array = tensor.detach().cpu().contiguous()
                 digest.update(f"{name}:{array.dtype}:{tuple(array.shape)};".encode())
-                digest.update(array.view(torch.uint8).numpy().tobytes() if array.numel() else b"")
+                digest.update(array.reshape(-1).view(torch.uint8).numpy().tobytes())
             self._weights_sha256 = digest.hexdigest()
         return self._weights_sha256
 

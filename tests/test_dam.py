@@ -198,3 +198,10 @@ def test_save_load_round_trip_with_patterns_and_figures(minilm_l6, kjv, tmp_path
     np.testing.assert_array_equal(loaded.logits, result.logits)
     for figure in ("keep_per_class", "loss_vs_sparsity", "masks", "training"):
         assert (out / "figures" / f"{figure}.png").stat().st_size > 10_000, figure
+
+
+@pytest.mark.slow
+def test_gemma_dam_runs_end_to_end(gemma3, kjv):
+    result = attnlens.dam(gemma3, kjv, variant="class", lambdas=[1.0], steps=2, **{**TINY, "train_seqs": 2})
+    assert result.meta["settings"]["objective"] == "clm" and result.logits.shape[1:3] == (18, 4)
+    assert np.isfinite(result.table["loss"]).all() and result.meta["baseline"]["loss"] > 0.5

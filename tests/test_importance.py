@@ -310,3 +310,24 @@ def test_held_out_split_is_disjoint_and_seeded(minilm_l6, kjv):
     assert np.array_equal(eval_a.ids, every.ids[eval_a.index])
     with pytest.raises(attnlens.AttnlensError, match="at least 2 blocks"):
         split_blocks(kjv, minilm_l6, 32, 1)
+
+
+def test_per_head_ablation_figure(minilm_l6, kjv, tmp_path):
+    result = attnlens.importance(minilm_l6, kjv, classes="prev", per="head", gradient=False, **{**SMALL, "num_seqs": 2})
+    heads = result.ablation[result.ablation["scope"] == "head"]
+    assert len(heads) == 6 * 12 * 2 and heads["removed"].gt(0).all()
+    out = result.save(tmp_path / "r")
+    assert (out / "figures" / "ablation_per_head.png").stat().st_size > 10_000
+
+
+@pytest.mark.slow
+def test_gemma_causal_path(gemma3, kjv):
+    """Next-token loss, <bos> in the cls role, next dropped, query 0 spared, gradients finite."""
+    result = attnlens.importance(gemma3, kjv, seq_len=16, num_seqs=2, batch_size=2, bootstrap=50, progress=False)
+    assert result.meta["settings"]["objective"] == "clm" and result.meta["roles"]["cls"] == "<bos> (id 2)"
+    assert result.meta["settings"]["classes_dropped"] == ["next"]
+    table = result.ablation.set_index(["scope", "class", "control"])
+    assert table.loc[("none", "none", "none"), "loss"] > 0.5, "a next-token loss, not a distance to itself"
+    assert table.loc[("model", "cls", "class"), "rows_spared"] == pytest.approx(1 / 16)
+    assert np.isfinite(result.arrays["gradient_blocks"]).all() and np.isfinite(result.arrays["ablation_blocks"]).all()
+    assert result.meta["model"]["weights_sha256"] == gemma3.weights_sha256()
