@@ -438,6 +438,7 @@ class DamResult:
     probabilities on the first held-out block, per-block losses.
     """
 
+    kind = "dam"  # result.json's kind, which a generic loader dispatches on
     TABLES = ("summary", "keep", "keep_summary", "patterns", "training")
 
     def __init__(self, meta: dict, tables: dict[str, pd.DataFrame], arrays: dict[str, np.ndarray]) -> None:
@@ -472,11 +473,11 @@ class DamResult:
 
                 save_dam_figures(self, directory / "figures")
 
-        return write_result(out, "dam", self.meta, tables=self.tables, arrays=self.arrays, overwrite=overwrite, extra=extra)
+        return write_result(out, self.kind, self.meta, tables=self.tables, arrays=self.arrays, overwrite=overwrite, extra=extra)
 
     @classmethod
     def load(cls, path: str | Path) -> DamResult:
-        meta, tables, arrays = read_result_dir(path, "dam")
+        meta, tables, arrays = read_result_dir(path, cls.kind)
         return cls(meta, tables, arrays)
 
     def __repr__(self) -> str:

@@ -260,6 +260,7 @@ class ImportanceResult:
     signed derivatives; ``meta`` holds provenance, settings and the token roles.
     """
 
+    kind = "importance"  # result.json's kind, which a generic loader dispatches on
     TABLES = ("summary", "classes", "mass", "entropy", "ablation", "gradient")
 
     def __init__(self, meta: dict, tables: dict[str, pd.DataFrame], arrays: dict[str, np.ndarray]) -> None:
@@ -283,11 +284,11 @@ class ImportanceResult:
 
                 save_importance_figures(self, directory / "figures")
 
-        return write_result(out, "importance", self.meta, tables=self.tables, arrays=self.arrays, overwrite=overwrite, extra=extra)
+        return write_result(out, self.kind, self.meta, tables=self.tables, arrays=self.arrays, overwrite=overwrite, extra=extra)
 
     @classmethod
     def load(cls, path: str | Path) -> ImportanceResult:
-        meta, tables, arrays = read_result_dir(path, "importance")
+        meta, tables, arrays = read_result_dir(path, cls.kind)
         return cls(meta, tables, arrays)
 
     def __repr__(self) -> str:
