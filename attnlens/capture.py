@@ -230,7 +230,8 @@ def attnlens_attention(
 
     # Masking is a full pass over the scores; encoders on unpadded blocks need none.
     masked = scores if bool(valid.all()) else torch.where(valid[:, None], scores, torch.finfo(scores.dtype).min)
-    weights = nn.functional.softmax(masked, dim=-1, dtype=torch.float32).to(query.dtype)
+    # At least float32 (half-precision softmax loses mass), float64 for float64 models.
+    weights = nn.functional.softmax(masked, dim=-1, dtype=torch.promote_types(query.dtype, torch.float32)).to(query.dtype)
     if active and capture.record:
         capture._keep(
             layer,

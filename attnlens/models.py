@@ -21,7 +21,6 @@ import contextlib
 import hashlib
 import importlib.metadata
 import importlib.util
-import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator

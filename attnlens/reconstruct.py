@@ -45,6 +45,7 @@ import torch
 from .capture import Capture
 from .corpus import Corpus
 from .errors import AttnlensError
+from .evaluation import bootstrap_interval, frozen, prepare_batches
 from .models import LoadedModel, load_model
 from .moments import Moments, compute_moments
 from .objectives import Objective, PreparedBatch, resolve_objective
@@ -343,19 +344,6 @@ class ReconstructResult:
 # ---------------------------------------------------------------------- plug-in and learned R
 
 
-def _bootstrap_interval(values: np.ndarray, rng: np.random.Generator, draws: int = 1000) -> tuple[float, float]:
-    if len(values) < 2:
-        return float("nan"), float("nan")
-    means = values[rng.integers(0, len(values), (draws, len(values)))].mean(1)
-    return float(np.quantile(means, 0.025)), float(np.quantile(means, 0.975))
-
-
-def prepare_batches(objective: Objective, ids: np.ndarray, batch_size: int) -> list[PreparedBatch]:
-    """Inputs and references of the blocks, computed once for every map evaluated on them."""
-    return [objective.prepare(torch.from_numpy(ids[start : start + batch_size]), offset=start)
-            for start in range(0, len(ids), batch_size)]
-
-
 def evaluate_objective(objective: Objective, batches: list[PreparedBatch], maps: dict[int, LayerMaps] | None) -> dict[str, np.ndarray]:
     """Per-block objective metrics with the reconstruction in ``maps``' layers (None: unmodified)."""
     collected: dict[str, list[np.ndarray]] = {}
@@ -381,15 +369,9 @@ def learn_maps(objective: Objective, maps: dict[int, LayerMaps], train_ids: np.n
     exact = {layer: _exact_mask(m) for layer, m in maps.items()}
     current = lambda: {layer: LayerMaps(maps[layer].positions, w * ~exact[layer][0] + exact[layer][1], a * ~exact[layer][2])
                        for layer, (w, a) in parameters.items()}
-    frozen = [(parameter, parameter.requires_grad) for parameter in objective.model.model.parameters()]
-    for parameter, _ in frozen:
-        parameter.requires_grad_(False)
-    try:
+    with frozen(objective.model.model):
         return _descend(objective, maps, parameters, exact, current, train_ids, steps=steps, lr=lr,
                         batch_size=batch_size, seed=seed, progress=progress)
-    finally:
-        for parameter, flag in frozen:
-            parameter.requires_grad_(flag)
 
 
 def _descend(objective, maps, parameters, exact, current, train_ids, *, steps, lr, batch_size, seed, progress):
@@ -589,7 +571,7 @@ class _PlugIn:
     def __init__(self, objective: Objective, layers: list[int], eval_ids: np.ndarray, batch_size: int, seed: int,
                  scopes: set[str]) -> None:
         self.objective, self.layers, self.scopes = objective, layers, scopes
-        self.rng = np.random.default_rng([seed, 2])
+        self.seed = seed
         self.batches = prepare_batches(objective, eval_ids, batch_size)
         self.baseline = evaluate_objective(objective, self.batches, None)["loss"] if scopes else None
         self.records: list[dict] = []
@@ -603,8 +585,8 @@ class _PlugIn:
         record = {"strategy": strategy, "scope": scope, "k": k, "layers": " ".join(map(str, self.layers)),
                   "objective": self.objective.name}
         for name, values in {**metrics, "loss_increase": metrics["loss"] - self.baseline}.items():
-            low, high = _bootstrap_interval(values, self.rng)
-            record.update({name: float(values.mean()), f"{name}_low": low, f"{name}_high": high})
+            mean, low, high = bootstrap_interval(values[None], seed=self.seed)
+            record.update({name: float(mean[0]), f"{name}_low": float(low[0]), f"{name}_high": float(high[0])})
         record["baseline_loss"] = float(self.baseline.mean())
         self.records.append(record)
 

@@ -18,6 +18,7 @@ existing result is only replaced when the caller says ``overwrite``.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -42,6 +43,36 @@ def register_result(kind: str) -> Callable:
         return cls
 
     return decorate
+
+
+class TabularResult:
+    """A result made of ``meta``, named tables and named arrays, saved with its figures.
+
+    Subclasses are registered with :func:`register_result`, which gives them their ``kind``.
+    """
+
+    kind: str
+
+    def __init__(self, meta: dict, tables: dict[str, pd.DataFrame], arrays: dict[str, np.ndarray]) -> None:
+        self.meta = meta
+        self.tables = tables
+        self.arrays = arrays
+
+    def save(self, out: str | Path, overwrite: bool = False, figures: bool = True) -> Path:
+        """Write the result directory (tables as CSV, arrays as .npy, figures as PNG and PDF)."""
+
+        def extra(directory: Path) -> None:
+            if figures:
+                from .figures import save_figures
+
+                save_figures(self, directory / "figures")
+
+        return write_result(out, self.kind, self.meta, tables=self.tables, arrays=self.arrays, overwrite=overwrite, extra=extra)
+
+    @classmethod
+    def load(cls, path: str | Path):
+        meta, tables, arrays = read_result_dir(path, cls.kind)
+        return cls(meta, tables, arrays)
 
 
 def is_result_dir(path: Path) -> bool:
@@ -87,7 +118,7 @@ def write_result(
             extra(staging)
         payload = {"kind": kind, "format_version": FORMAT_VERSION, **meta,
                    "tables": sorted(tables or {}), "arrays": sorted(arrays or {})}
-        (staging / "result.json").write_text(json.dumps(payload, indent=2, default=_json_default))
+        (staging / "result.json").write_text(json.dumps(_json_safe(payload), indent=2, allow_nan=False))
         swap_into_place(staging, out)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
@@ -105,14 +136,29 @@ def swap_into_place(staging: Path, out: Path) -> None:
         staging.rename(out)
 
 
-def _json_default(value: object) -> object:
-    if isinstance(value, np.generic):
-        return value.item()
+def _json_safe(value: object) -> object:
+    """JSON without NaN: a missing number is written as null, never as a number."""
+    if isinstance(value, dict):
+        return {str(key): _json_safe(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(item) for item in value]
     if isinstance(value, np.ndarray):
-        return value.tolist()
+        return _json_safe(value.tolist())
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
     if isinstance(value, Path):
         return str(value)
-    raise TypeError(f"cannot write {type(value).__name__} to JSON")
+    return value
+
+
+def _text_columns(table: pd.DataFrame) -> pd.DataFrame:
+    """Free-text columns (``note``) read back as the empty strings they were written as."""
+    for column in ("note",):
+        if column in table:
+            table[column] = table[column].fillna("").astype(str)
+    return table
 
 
 def read_result_dir(path: str | Path, kind: str | None = None) -> tuple[dict, dict[str, pd.DataFrame], dict[str, np.ndarray]]:
@@ -122,7 +168,7 @@ def read_result_dir(path: str | Path, kind: str | None = None) -> tuple[dict, di
     if kind is not None and meta["kind"] != kind:
         raise AttnlensError(f"'{path}' holds a {meta['kind']} result, not the {kind} result this needs")
     try:
-        tables = {name: pd.read_csv(path / f"{name}.csv") for name in meta.get("tables", [])}
+        tables = {name: _text_columns(pd.read_csv(path / f"{name}.csv")) for name in meta.get("tables", [])}
         arrays = {name: np.load(path / f"{name}.npy", mmap_mode="r") for name in meta.get("arrays", [])}
     except (OSError, ValueError) as error:
         raise AttnlensError(f"result '{path}' is damaged ({error})") from None
@@ -151,7 +197,7 @@ def load_result(path: str | Path) -> object:
     kind = _read_meta(path)["kind"]
     if kind not in _LOADERS:
         # Importing the analysis modules registers their loaders.
-        from . import eigen, overlap, reconstruct, report  # noqa: F401
+        from . import dam, eigen, importance, overlap, reconstruct, report  # noqa: F401
     if kind not in _LOADERS:
         raise AttnlensError(f"result '{path}' is of kind '{kind}', which this attnlens cannot read")
     return _LOADERS[kind](path)

@@ -28,7 +28,6 @@ def fitter_for(rows: np.ndarray, per_query: bool = False, ridge: float = 0.0) ->
 
 def predict(fitter: MapFitter, strategy: str, k: int, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     maps, selections = fitter.layer_maps(strategy, "head", k, 0)
-    n = rows.shape[1]
     queries = maps.positions.shape[1]
     scores = torch.from_numpy(rows)[:, None, None, :].expand(-1, 1, queries, -1).double()
     return maps.apply(scores)[:, 0].numpy(), selections[0]

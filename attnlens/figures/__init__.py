@@ -8,6 +8,9 @@ can be regenerated from saved results without the model (``attnlens figures``).
 - overlap: ``overlap_layers_<i>``, ``overlap_heads_<i>``, ``overlap_layers_<i>_<j>``,
   ``overlap_heads_<i>_<j>``, ``split_half_<i>``
 - reconstruct: ``error_vs_k``, ``tv_vs_k``, ``error_vs_flops``, ``fidelity_vs_k``
+- importance: ``mass``, ``ablation``, ``gradient``, ``head_importance``,
+  ``ablation_per_layer`` or ``ablation_per_head``
+- dam: ``keep_per_class``, ``loss_vs_sparsity``, ``training``, ``masks``
 
 each as ``.png`` and ``.pdf``.
 """
@@ -22,6 +25,8 @@ SAVERS = {
     "eigen": "attnlens.figures.eigen:save_eigen_figures",
     "overlap": "attnlens.figures.eigen:save_overlap_figures",
     "reconstruct": "attnlens.figures.reconstruct:save_reconstruct_figures",
+    "importance": "attnlens.figures.importance:save_importance_figures",
+    "dam": "attnlens.figures.dam:save_dam_figures",
 }
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import matplotlib.pyplot as plt
-import numpy as np
 
 from .style import new_axes, save_figure
 

@@ -1,0 +1,670 @@
+"""DAM: Differentiable Attention Masks learned on a frozen pretrained model (SparseBERT).
+
+Mask logits ``α`` decide which (query, key) positions a model's attention keeps. Each
+training step draws a Gumbel-sigmoid sample ``M_soft = σ((α + g₁ - g₂)/τ)``, uses the
+hard mask ``M = [α + g₁ - g₂ > 0]`` in the forward pass with the straight-through
+gradient of ``M_soft``, and adds ``(1 - M)·(-10⁴)`` to the scores before softmax (or sets
+them to ``-inf``, ``removal="inf"``); see :class:`DamTrainer` for the scale of the
+straight-through gradient (it decides the units of λ). The loss is ``objective + λ·mean(M)``, where the mean
+runs over every valid (layer, head, query, key) position, so ``mean(M)`` is the fraction
+of attention kept (the density) and ``1 - mean(M)`` the sparsity; λ is in loss units per
+unit of density. The model's weights stay frozen unless ``train_weights``.
+
+Variants (how logits map onto positions; :data:`LAYOUTS`):
+
+- ``unstructured`` (DAM_u): one logit per layer, head, query and key;
+- ``structured`` (DAM_s): one logit per head and offset ``|i - j|``, shared by all layers;
+- ``class``: one logit per layer, head and position class (each position belongs to the
+  first listed class that contains it; ``other`` takes the rest).
+
+After training, the deterministic mask ``α > 0`` is judged on held-out blocks (disjoint
+from the training blocks): achieved sparsity (valid positions actually removed), the
+objective with its bootstrap interval, and the keep-probability ``σ(α)`` (the probability
+a sample keeps the position) per position class; ``expected_sparsity`` is that of the
+sampled masks (``1 - mean σ(α)``). A row the hard mask would leave with no valid key keeps
+its keys of largest logit (:func:`rescue_rows`; ``rows_rescued`` counts them): sparing
+such a row whole, as ablations do, would let a large λ remove everything and look dense. Fixed sparse patterns (:mod:`attnlens.patterns`) are judged
+on the same blocks for comparison.
+
+>>> from attnlens import dam
+>>> result = dam("minilm-l6", lambdas=[0.0, 1.0], steps=3, seq_len=16, train_seqs=4, eval_seqs=4,
+...              batch_size=2, patterns=False, bootstrap=50, progress=False)
+>>> result.table[["lambda", "steps"]].values.tolist()
+[[0.0, 3.0], [1.0, 3.0]]
+>>> result.logits.shape                          # (lambda, head, offset) for the structured variant
+(2, 12, 16)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from .capture import Capture
+from .corpus import Corpus, load_corpus
+from .errors import AttnlensError
+from .evaluation import (
+    bootstrap_interval,
+    evaluate_batch,
+    frozen,
+    prepare_batches,
+    removal,
+    split_blocks,
+    valid_masks,
+)
+from .extract import check_seq_len
+from .importance import check_classes_occur, layer_groups
+from .models import LoadedModel, load_model
+from .objectives import Objective, PreparedBatch
+from .patterns import PATTERNS, build, removed_mask
+from .positions import class_masks, exclusive_index, parse_classes, token_roles
+from .progress import progress_bar
+from .provenance import provenance
+from .results import TabularResult, register_result
+
+VARIANTS = ("unstructured", "structured", "class")
+REMOVALS = ("1e4", "inf")
+DEFAULT_LAMBDAS = (0.01, 0.03, 0.1, 0.3)
+_NOISE_STREAM, _ORDER_STREAM, _PATTERN_STREAM = 11, 12, 13
+_BIG = 1e4  # the straight-through gradient scale of both removals: ∂scores/∂M
+
+
+def _seeded(seed: int, *stream: int) -> int:
+    return int(np.random.SeedSequence([seed, *stream]).generate_state(1)[0])
+
+
+# ----------------------------------------------------------------------------- layouts
+
+
+class MaskLayout:
+    """How mask logits map onto attention positions of the ``num_layers`` layers.
+
+    ``expand(values, layer, context)`` gives a tensor broadcastable to (batch, head, n, n);
+    ``counts(context)`` how many valid positions of the batch each logit controls.
+    ``context`` is the batch's class index (batch, n, n), used by the class layout only.
+    """
+
+    name = ""
+    shared_by_layers = False
+
+    def __init__(self, num_layers: int, num_heads: int, n: int, valid: torch.Tensor, num_classes: int) -> None:
+        self.num_layers, self.num_heads, self.n = num_layers, num_heads, n
+        self.valid = valid  # (layer, n, n)
+        self.num_classes = num_classes
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        raise NotImplementedError
+
+    def expand(self, values: torch.Tensor, layer: int, context: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def counts(self, context: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class Unstructured(MaskLayout):
+    """DAM_u: a logit per (layer, head, query, key)."""
+
+    name = "unstructured"
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (self.num_layers, self.num_heads, self.n, self.n)
+
+    def expand(self, values, layer, context):
+        return values[layer][None]
+
+    def counts(self, context):
+        return self.valid[:, None].to(torch.float32).expand(self.shape) * context.shape[0]
+
+
+class Structured(MaskLayout):
+    """DAM_s: a logit per (head, offset |i - j|), shared by all layers."""
+
+    name = "structured"
+    shared_by_layers = True
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        index = torch.arange(self.n)
+        self.offset = (index[:, None] - index[None, :]).abs().to(self.valid.device)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (self.num_heads, self.n)
+
+    def expand(self, values, layer, context):
+        return values[:, self.offset][None]
+
+    def counts(self, context):
+        per_offset = torch.zeros(self.n, device=self.valid.device)
+        per_offset.index_add_(0, self.offset.flatten(), self.valid.sum(0).flatten().to(torch.float32))
+        return per_offset.expand(self.shape) * context.shape[0]
+
+
+class PerClass(MaskLayout):
+    """A logit per (layer, head, position class)."""
+
+    name = "class"
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (self.num_layers, self.num_heads, self.num_classes)
+
+    def expand(self, values, layer, context):
+        return values[layer][:, context].transpose(0, 1)  # (batch, head, n, n)
+
+    def counts(self, context):
+        counts = torch.stack([
+            torch.bincount(context[:, valid].flatten(), minlength=self.num_classes)[: self.num_classes]
+            for valid in self.valid
+        ]).to(torch.float32)  # (layer, class)
+        return counts[:, None].expand(self.shape)
+
+
+LAYOUTS: dict[str, type[MaskLayout]] = {layout.name: layout for layout in (Unstructured, Structured, PerClass)}
+
+
+# ----------------------------------------------------------------------------- training
+
+
+def parse_tau(tau: str | float | tuple[float, float]) -> tuple[float, float]:
+    """``1.0`` (fixed) or ``"2:0.1"`` (annealed geometrically from 2 to 0.1) -> (start, end).
+
+    >>> parse_tau("2:0.5"), parse_tau(1)
+    ((2.0, 0.5), (1.0, 1.0))
+    """
+    if isinstance(tau, tuple):
+        start, end = tau
+    else:
+        text = str(tau)
+        try:
+            parts = [float(part) for part in text.split(":")]
+        except ValueError:
+            raise AttnlensError(f"--tau '{text}' is not a number or start:end pair, e.g. --tau 1.0 or --tau 2:0.2") from None
+        if len(parts) not in (1, 2):
+            raise AttnlensError(f"--tau '{text}' is not a number or start:end pair, e.g. --tau 1.0 or --tau 2:0.2")
+        start, end = parts[0], parts[-1]
+    for value in (start, end):
+        if not value > 0 or not math.isfinite(value):
+            raise AttnlensError(f"--tau {value:g}: the temperature τ must be greater than 0, e.g. --tau 1.0")
+    return float(start), float(end)
+
+
+class DamTrainer:
+    """Learns the mask logits of one layout for one λ.
+
+    ``__init__`` stores settings only; :meth:`start` creates ``logits_`` (and the optimiser
+    and noise generator), :meth:`step` takes one training step, :meth:`fit` runs them all.
+
+    The forward pass applies the hard mask exactly (``s + (1 - M)·(-10⁴)``, or ``-inf``).
+    Its straight-through gradient treats the mask as ``s' = s + gradient_scale·(M - 1)``
+    near the hard value: with ``gradient_scale = 1`` (the default) ``∂L/∂M`` is the
+    first-order change of the loss when a position's ``exp(s)`` is gated, so ``λ`` trades
+    loss against density in the loss's own units. Differentiating ``s + (1 - M)·(-10⁴)``
+    literally, as SparseBERT does, is ``gradient_scale = 10⁴``; with Adam, which ignores
+    the gradient's overall scale, that equals ``gradient_scale = 1`` with λ divided by 10⁴.
+    """
+
+    def __init__(self, layout: MaskLayout, *, lam: float, steps: int, tau: tuple[float, float] = (1.0, 1.0),
+                 lr: float = 0.05, init_keep: float = 0.9, removal: str = "1e4", train_weights: bool = False,
+                 weights_lr: float = 1e-5, gradient_scale: float = 1.0, seed: int = 0) -> None:
+        self.layout = layout
+        self.lam = lam
+        self.steps = steps
+        self.tau = tau
+        self.lr = lr
+        self.init_keep = init_keep
+        self.removal = removal
+        self.train_weights = train_weights
+        self.weights_lr = weights_lr
+        self.gradient_scale = gradient_scale
+        self.seed = seed
+
+    def start(self, model: LoadedModel) -> DamTrainer:
+        self.model_ = model
+        init = math.log(self.init_keep / (1 - self.init_keep))
+        self.logits_ = torch.full(self.layout.shape, init, device=model.device, requires_grad=True)
+        groups = [{"params": [self.logits_], "lr": self.lr}]
+        if self.train_weights:
+            groups.append({"params": [p for p in model.model.parameters() if p.requires_grad], "lr": self.weights_lr})
+        self.optimizer_ = torch.optim.Adam(groups)
+        self.generator_ = torch.Generator().manual_seed(_seeded(self.seed, _NOISE_STREAM))
+        self.step_ = 0
+        return self
+
+    def temperature(self, step: int) -> float:
+        start, end = self.tau
+        return start * (end / start) ** (step / max(self.steps - 1, 1))
+
+    def sample(self, tau: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """A hard 0/1 mask with straight-through gradients of its Gumbel-sigmoid relaxation.
+
+        Returns the mask for the penalty (gradient of ``M_soft``), the mask for the scores,
+        whose gradient is scaled by ``gradient_scale / 10⁴`` so that the scores see
+        ``∂s'/∂M = gradient_scale`` (see :class:`DamTrainer`), both equal to the hard mask,
+        and the noisy logits ``α + g₁ - g₂`` the hard mask thresholds.
+        """
+        uniform = torch.rand(self.layout.shape, generator=self.generator_).clamp_(1e-6, 1 - 1e-6).to(self.logits_.device)
+        noisy = self.logits_ + torch.log(uniform) - torch.log1p(-uniform)  # α + g₁ - g₂ (logistic noise)
+        soft = torch.sigmoid(noisy / tau)
+        hard = (noisy.detach() > 0).to(soft.dtype)
+        relaxation = soft - soft.detach()  # zero, with the gradient of soft
+        return hard + relaxation, hard + relaxation * (self.gradient_scale / _BIG), noisy.detach()
+
+    def intervention(self, mask: torch.Tensor, context: torch.Tensor, noisy: torch.Tensor):
+        """The score intervention that applies ``mask`` (logits' shape) in every layer.
+
+        ``removal="1e4"`` adds ``(M - 1)·10⁴`` (a row with every key removed is then
+        shifted as a whole, i.e. unmasked, as in SparseBERT); ``"inf"`` sets removed scores
+        to ``-inf`` and lets a row with nothing left keep its keys of largest noisy logit.
+        """
+        layout, infinite = self.layout, self.removal == "inf"
+        cache: dict[int, torch.Tensor] = {}  # a layout shared by layers is expanded once per step
+
+        def intervene(layer: int, scores: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+            key = 0 if layout.shared_by_layers else layer
+            if key not in cache:
+                expanded = layout.expand(mask, layer, context)
+                cache[key] = expanded if infinite else (expanded - 1) * _BIG
+            if not infinite:
+                return scores + cache[key]
+            expanded = cache[key]
+            keep = rescue_rows(layout.expand(noisy, layer, context), valid[:, None])
+            return scores.masked_fill(~keep, float("-inf")) + (expanded - expanded.detach()) * _BIG
+
+        return intervene
+
+    def step(self, objective: Objective, batch: PreparedBatch, context: torch.Tensor) -> dict[str, float]:
+        """One step on one batch: sample, forward with the mask, loss + λ·density, backward, update."""
+        tau = self.temperature(self.step_)
+        mask, score_mask, noisy = self.sample(tau)
+        counts = self.layout.counts(context)
+        density = (mask * counts).sum() / counts.sum()
+        with Capture(record=False, intervene=self.intervention(score_mask, context, noisy)):
+            task = objective.evaluate(batch)["loss"].mean()
+        loss = task + self.lam * density
+        self.optimizer_.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optimizer_.step()
+        self.step_ += 1
+        return {"loss": loss.item(), "objective": task.item(), "density": density.item(), "tau": tau}
+
+    def fit(self, model: LoadedModel, objective: Objective, batches: list[PreparedBatch], contexts: list[torch.Tensor],
+            order: np.ndarray, bar=None) -> pd.DataFrame:
+        """All steps, batches taken in ``order``; returns the training curve."""
+        self.start(model)
+        history = []
+        weights = contextlib.nullcontext() if self.train_weights else frozen(model.model)
+        with weights, torch.enable_grad():
+            for step in range(self.steps):
+                index = int(order[step])
+                history.append({"step": step, **self.step(objective, batches[index], contexts[index])})
+                if bar is not None:
+                    bar.update(1)
+        return pd.DataFrame(history)
+
+
+# ----------------------------------------------------------------------------- evaluation
+
+
+def rescue_rows(values: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """The keep mask ``values > 0`` among valid keys; a row that would keep no valid key keeps
+    the valid keys of largest value (a query must attend somewhere).
+
+    >>> valid = torch.ones(2, 3, dtype=torch.bool)
+    >>> rescue_rows(torch.tensor([[1.0, -1.0, 2.0], [-3.0, -1.0, -2.0]]), valid).tolist()
+    [[True, False, True], [False, True, False]]
+    """
+    masked = values.masked_fill(~valid, float("-inf"))
+    keep = masked > 0
+    empty = ~keep.any(-1, keepdim=True) & valid.any(-1, keepdim=True)
+    best = masked == masked.amax(-1, keepdim=True)
+    return keep | (empty & best & valid)
+
+
+def _hard_removals(layout: MaskLayout, logits: torch.Tensor, context: torch.Tensor) -> tuple[list[torch.Tensor], float, float]:
+    """Per layer, the (batch|1, head, n, n) valid positions the deterministic mask α > 0
+    removes (rows left empty keep their most probable keys), and the rescued and total rows."""
+    removals, rescued, rows = [], 0.0, 0.0
+    for layer in range(layout.num_layers):
+        valid = layout.valid[layer][None, None]
+        values = layout.expand(logits, layer, context)
+        keep = rescue_rows(values, valid)
+        removals.append(valid & ~keep)
+        shape = torch.broadcast_shapes(values.shape, (context.shape[0], layout.num_heads, 1, 1))[:2]
+        kept_rows = (values.masked_fill(~valid, float("-inf")) > 0).any(-1)
+        rescued += float((~kept_rows & valid.any(-1)).expand(*shape, -1).sum())
+        rows += float(valid.any(-1).expand(*shape, -1).sum())
+    return removals, rescued, rows
+
+
+def evaluate_mask(layout: MaskLayout, logits: torch.Tensor, objective: Objective, batches: list[PreparedBatch],
+                  contexts: list[torch.Tensor], masks: list[dict[str, torch.Tensor]]) -> dict[str, np.ndarray]:
+    """Held-out losses under the hard mask, sparsity, and keep statistics per (layer, head, class)."""
+    logits = logits.detach()
+    probability = torch.sigmoid(logits)
+    valid = layout.valid
+    num_classes = len(masks[0])
+    keep_sum = np.zeros((layout.num_layers, layout.num_heads, num_classes))
+    kept_sum = np.zeros_like(keep_sum)
+    positions = np.zeros((layout.num_layers, num_classes))
+    removed = total = rescued = rows = expected = counted = 0.0
+    losses = []
+    for batch, context, batch_masks in zip(batches, contexts, masks):
+        removals, batch_rescued, batch_rows = _hard_removals(layout, logits, context)
+        rescued += batch_rescued
+        rows += batch_rows
+        counts = layout.counts(context)
+        expected += float((probability * counts).sum())
+        counted += float(counts.sum())
+        intervene = removal(lambda layer, valid_now: removals[layer])
+        losses.append(evaluate_batch(objective, batch, intervene)["loss"])
+        stacked = torch.stack(list(batch_masks.values())).to(torch.float32)  # (class, batch, n, n)
+        size = context.shape[0]
+        for layer in range(layout.num_layers):
+            in_class = stacked * valid[layer].to(torch.float32)
+            p = layout.expand(probability, layer, context).expand(size, -1, -1, -1)
+            kept = 1.0 - removals[layer].to(torch.float32).expand(size, layout.num_heads, -1, -1)
+            keep_sum[layer] += torch.einsum("bhqk,cbqk->hc", p, in_class).double().cpu().numpy()
+            kept_sum[layer] += torch.einsum("bhqk,cbqk->hc", kept, in_class).double().cpu().numpy()
+            positions[layer] += in_class.sum((1, 2, 3)).double().cpu().numpy()
+            removed += float(removals[layer].expand(size, layout.num_heads, -1, -1).sum())
+            total += float(valid[layer].sum()) * size * layout.num_heads
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return {
+            "losses": np.concatenate(losses),
+            "sparsity": np.array(removed / total),
+            "expected_sparsity": np.array(1 - expected / counted),
+            "rows_rescued": np.array(rescued / rows),
+            "keep_probability": keep_sum / positions[:, None, :],
+            "kept": kept_sum / positions[:, None, :],
+            "positions": positions,
+        }
+
+
+def evaluate_patterns(model: LoadedModel, objective: Objective, batches: list[PreparedBatch], blocks_ids: np.ndarray,
+                      block_index: np.ndarray, roles_cls: torch.Tensor, valid: torch.Tensor, batch_size: int,
+                      seed: int, bar=None) -> tuple[pd.DataFrame, np.ndarray]:
+    """Every fixed pattern at every parameter value: per-block losses and honest sparsity."""
+    groups, group_valid = layer_groups(valid)
+    n = valid.shape[-1]
+    rows, losses = [], []
+    for pattern in PATTERNS.values():
+        for value in pattern.values(n):
+            removed = total = 0.0
+            pattern_losses = []
+            for number, batch in enumerate(batches):
+                start = number * batch_size
+                cls = roles_cls[start : start + batch.input_ids.shape[0]]
+                generator = torch.Generator().manual_seed(_seeded(seed, _PATTERN_STREAM, int(block_index[start])))
+                keep = build(pattern.name, n, value, cls, generator)
+                per_group = [removed_mask(keep, gv) for gv in group_valid]
+                intervene = removal(lambda layer, valid_now, per_group=per_group: per_group[groups[layer]][:, None])
+                pattern_losses.append(evaluate_batch(objective, batch, intervene)["loss"])
+                for layer in range(len(groups)):
+                    removed += float(per_group[groups[layer]].sum())
+                    total += float(group_valid[groups[layer]].sum()) * keep.shape[0]
+            losses.append(np.concatenate(pattern_losses))
+            rows.append({"pattern": pattern.name, "parameter": pattern.parameter, "value": value, "sparsity": removed / total})
+            if bar is not None:
+                bar.update(1)
+    return pd.DataFrame(rows), np.stack(losses)
+
+
+def pattern_points(n: int) -> int:
+    return sum(len(pattern.values(n)) for pattern in PATTERNS.values())
+
+
+# ----------------------------------------------------------------------------- result
+
+
+@register_result("dam")
+class DamResult(TabularResult):
+    """A λ sweep of learned masks, with the fixed patterns judged on the same held-out blocks.
+
+    Tables: ``table`` (one row per λ: sparsity, held-out loss and its change against the
+    unmodified model, with bootstrap intervals), ``keep`` (λ, layer, head, class:
+    keep-probability σ(α) and the fraction the hard mask keeps), ``keep_summary`` (λ,
+    class), ``patterns`` (pattern, parameter value: sparsity, loss), ``training`` (λ, step).
+    Arrays: ``logits`` (λ, *layout shape), ``keep_images`` (λ, layer, head, n, n) keep
+    probabilities on the first held-out block, per-block losses.
+    """
+
+
+    table = property(lambda self: self.tables["summary"])
+    keep = property(lambda self: self.tables["keep"])
+    keep_summary = property(lambda self: self.tables["keep_summary"])
+    patterns = property(lambda self: self.tables["patterns"])
+    training = property(lambda self: self.tables["training"])
+    logits = property(lambda self: self.arrays["logits"])
+
+    def matched(self) -> pd.DataFrame:
+        """For each λ and each pattern, the pattern point whose sparsity is nearest the λ's."""
+        rows = []
+        for _, dam_row in self.table.iterrows():
+            for name, points in self.patterns.groupby("pattern", sort=False):
+                nearest = points.iloc[(points["sparsity"] - dam_row["sparsity"]).abs().argmin()]
+                rows.append({"lambda": dam_row["lambda"], "dam_sparsity": dam_row["sparsity"], "dam_delta": dam_row["delta"],
+                             "pattern": name, "value": nearest["value"], "sparsity": nearest["sparsity"], "delta": nearest["delta"],
+                             "delta_low": nearest["delta_low"], "delta_high": nearest["delta_high"]})
+        return pd.DataFrame(rows)
+
+    def __repr__(self) -> str:
+        settings = self.meta["settings"]
+        return f"DamResult(model={self.meta['model']['name']!r}, variant={settings['variant']!r}, lambdas={settings['lambdas']})"
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def check_settings(variant: str, lambdas, steps: int, lr: float, init_keep: float, removal: str) -> list[float]:
+    if variant not in LAYOUTS:
+        raise AttnlensError(f"--variant {variant} is unknown; use one of {', '.join(VARIANTS)}")
+    lambdas = [float(value) for value in lambdas]
+    if not lambdas:
+        raise AttnlensError("--lambdas is empty; give at least one λ, e.g. --lambdas 0.01,0.1")
+    for value in lambdas:
+        if not value >= 0 or not math.isfinite(value):
+            raise AttnlensError(f"--lambdas {value:g}: λ must be 0 or more (a finite number), e.g. --lambdas 0.01,0.1")
+    if steps < 1:
+        raise AttnlensError(f"--steps {steps} must be at least 1")
+    if not lr > 0:
+        raise AttnlensError(f"--lr {lr:g} must be greater than 0, e.g. --lr 0.05")
+    if not 0 < init_keep < 1:
+        raise AttnlensError(f"--init-keep {init_keep:g} must be a probability strictly between 0 and 1, e.g. 0.9")
+    if removal not in REMOVALS:
+        raise AttnlensError(f"--removal {removal} is unknown; use 1e4 (add -10^4 to removed scores) or inf")
+    return lambdas
+
+
+def dam(
+    model: str | LoadedModel,
+    corpus: str | Path | Corpus = "kjv",
+    *,
+    variant: str = "structured",
+    lambdas=DEFAULT_LAMBDAS,
+    steps: int = 100,
+    tau: str | float | tuple[float, float] = 1.0,
+    lr: float = 0.05,
+    init_keep: float = 0.9,
+    removal: str = "1e4",
+    train_weights: bool = False,
+    weights_lr: float = 1e-5,
+    classes: str | list[str] | None = None,
+    objective: str = "auto",
+    seq_len: int = 128,
+    train_seqs: int = 256,
+    eval_seqs: int = 64,
+    batch_size: int = 16,
+    patterns: bool = True,
+    bootstrap: int = 1000,
+    seed: int = 0,
+    device: str = "cpu",
+    progress: bool = True,
+    command: str | None = None,
+) -> DamResult:
+    """Learn attention masks for each λ on training blocks and judge them on held-out blocks.
+
+    Every λ starts from the same logits (``init_keep`` keep-probability) and sees the same
+    batches and noise (``seed``). With ``train_weights`` the model is fine-tuned alongside
+    (learning rate ``weights_lr``) and restored after each λ.
+    """
+    explicit = classes is not None
+    classes = parse_classes(classes)
+    lambdas = check_settings(variant, lambdas, steps, lr, init_keep, removal)
+    tau = parse_tau(tau)
+    if bootstrap < 10:
+        raise AttnlensError(f"--bootstrap {bootstrap} is too few resamples for an interval; use 10 or more (1000 is usual)")
+    if train_seqs < 1:
+        raise AttnlensError(f"--train-seqs {train_seqs} must be at least 1")
+    if not isinstance(corpus, Corpus):
+        corpus = load_corpus(corpus)
+    if not isinstance(model, LoadedModel):
+        model = load_model(model, device=device)
+    check_seq_len(model, seq_len)
+    judge = Objective(model, objective, seed=seed)
+    eval_blocks, train_blocks = split_blocks(corpus, model, seq_len, eval_seqs, train_seqs, seed=seed)
+    valid = valid_masks(model, eval_blocks.ids).to(model.device)
+    groups, group_valid = layer_groups(valid)
+
+    eval_ids, train_ids = torch.from_numpy(eval_blocks.ids), torch.from_numpy(train_blocks.ids)
+    eval_roles, train_roles = token_roles(eval_ids, model), token_roles(train_ids, model)
+    probe_masks = class_masks(eval_ids, model, classes, roles=eval_roles)
+    counts = {name: int(sum(int((mask & gv).sum()) for gv in valid)) for name, mask in probe_masks.items()}
+    classes, notes = check_classes_occur(classes, counts, model, len(eval_blocks), explicit=explicit)
+    # The class layout needs a partition: "other" takes what the listed classes leave.
+    layout_classes = classes if "other" in classes else (*classes, "other")
+    layout = LAYOUTS[variant](model.num_layers, model.num_heads, seq_len, valid, len(layout_classes))
+
+    def contexts_of(ids: torch.Tensor, roles, size: int) -> tuple[list[torch.Tensor], list[dict[str, torch.Tensor]]]:
+        contexts, report = [], []
+        for start in range(0, len(ids), size):
+            chunk = ids[start : start + size]
+            chunk_roles = type(roles)(roles.cls[start : start + size], roles.sep[start : start + size],
+                                      roles.punct[start : start + size], roles.description)
+            partition = class_masks(chunk, model, layout_classes, roles=chunk_roles)
+            contexts.append(exclusive_index(partition).to(model.device) if variant == "class"
+                            else torch.zeros(len(chunk), 1, 1, dtype=torch.long, device=model.device))
+            report.append({name: mask.to(model.device) for name, mask in class_masks(chunk, model, classes, roles=chunk_roles).items()})
+        return contexts, report
+
+    # Batches are prepared before any training: the hidden objective's references come
+    # from the unmodified model even when its weights are fine-tuned.
+    eval_batches = prepare_batches(judge, eval_blocks.ids, batch_size)
+    train_batches = prepare_batches(judge, train_blocks.ids, batch_size)
+    eval_contexts, eval_masks = contexts_of(eval_ids, eval_roles, batch_size)
+    train_contexts, _ = contexts_of(train_ids, train_roles, batch_size)
+    rng = np.random.default_rng(_seeded(seed, _ORDER_STREAM))
+    epochs = math.ceil(steps / len(train_batches))
+    order = np.concatenate([rng.permutation(len(train_batches)) for _ in range(epochs)])[:steps]
+
+    baseline = np.concatenate([evaluate_batch(judge, batch)["loss"] for batch in eval_batches])
+    original = copy.deepcopy(model.model.state_dict()) if train_weights else None
+    total = len(lambdas) * (steps + 1) + (pattern_points(seq_len) if patterns else 0)
+    summary_rows, keep_rows, keep_summary_rows, curves = [], [], [], []
+    logits_all, images, losses_all = [], [], []
+    with progress_bar(total=total, desc="dam", unit="step", enabled=progress) as bar:
+        for lam in lambdas:
+            began = time.perf_counter()
+            trainer = DamTrainer(layout, lam=lam, steps=steps, tau=tau, lr=lr, init_keep=init_keep, removal=removal,
+                                 train_weights=train_weights, weights_lr=weights_lr, seed=seed)
+            curve = trainer.fit(model, judge, train_batches, train_contexts, order, bar)
+            seconds = time.perf_counter() - began
+            judged = evaluate_mask(layout, trainer.logits_, judge, eval_batches, eval_contexts, eval_masks)
+            bar.update(1)
+            if original is not None:
+                model.model.load_state_dict(original)
+            logits = trainer.logits_.detach()
+            logits_all.append(logits.cpu().numpy())
+            probability = torch.sigmoid(logits)
+            images.append(torch.stack([layout.expand(probability, layer, eval_contexts[0][:1])[0]
+                                       for layer in range(model.num_layers)]).cpu().numpy().astype(np.float16))
+            losses_all.append(judged["losses"])
+            curves.append(curve.assign(**{"lambda": lam}))
+            summary_rows.append(_summary_row(lam, variant, judged, baseline, curve, steps, seconds, bootstrap, seed))
+            keep_rows.extend(_keep_rows(lam, classes, judged))
+            keep_summary_rows.extend(_keep_summary_rows(lam, classes, judged))
+
+        if patterns:
+            pattern_table, pattern_losses = evaluate_patterns(
+                model, judge, eval_batches, eval_blocks.ids, eval_blocks.index, eval_roles.cls.to(model.device), valid,
+                batch_size, seed, bar)
+        else:
+            pattern_table, pattern_losses = pd.DataFrame(columns=["pattern", "parameter", "value", "sparsity"]), np.zeros((0, len(baseline)))
+    if len(pattern_table):
+        delta = pattern_losses - baseline
+        pattern_table["loss"] = pattern_losses.mean(1)
+        pattern_table["delta"], pattern_table["delta_low"], pattern_table["delta_high"] = bootstrap_interval(delta, bootstrap, seed)
+    else:
+        pattern_table = pattern_table.reindex(columns=[*pattern_table.columns, "loss", "delta", "delta_low", "delta_high"])
+
+    baseline_mean, baseline_low, baseline_high = bootstrap_interval(baseline[None], bootstrap, seed)
+    meta = {
+        "model": model.describe(),
+        "corpus": {**corpus.describe(), "blocks_available": eval_blocks.available,
+                   "eval_block_index": eval_blocks.index.tolist(), "train_block_index": train_blocks.index.tolist()},
+        "settings": {
+            "variant": variant, "lambdas": lambdas, "steps": steps, "tau": list(tau), "lr": lr, "init_keep": init_keep,
+            "removal": removal, "train_weights": train_weights, "weights_lr": weights_lr if train_weights else None,
+            "classes": list(classes), "classes_dropped": list(notes), "layout_classes": list(layout_classes),
+            "objective": judge.name, "n": seq_len, "train_seqs": len(train_blocks), "eval_seqs": len(eval_blocks),
+            "batch_size": batch_size, "bootstrap": bootstrap, "seed": seed, "logits_shape": list(layout.shape),
+            "optimiser": "Adam", "penalty": "lambda * mean of the hard mask over valid (layer, head, query, key) positions",
+        },
+        "baseline": {"loss": float(baseline_mean[0]), "loss_low": float(baseline_low[0]), "loss_high": float(baseline_high[0])},
+        "roles": eval_roles.description,
+        "notes": notes,
+        **provenance(command),
+    }
+    tables = {"summary": pd.DataFrame(summary_rows), "keep": pd.DataFrame(keep_rows),
+              "keep_summary": pd.DataFrame(keep_summary_rows), "patterns": pattern_table,
+              "training": pd.concat(curves, ignore_index=True)}
+    arrays = {"logits": np.stack(logits_all), "keep_images": np.stack(images), "eval_losses": np.stack(losses_all),
+              "baseline_losses": baseline, "pattern_losses": pattern_losses}
+    return DamResult(meta, tables, arrays)
+
+
+def _summary_row(lam, variant, judged, baseline, curve, steps, seconds, bootstrap, seed) -> dict:
+    losses = judged["losses"]
+    mean, low, high = bootstrap_interval(np.stack([losses, losses - baseline]), bootstrap, seed)
+    tail = curve.tail(max(1, len(curve) // 10))
+    return {"lambda": lam, "variant": variant, "sparsity": float(judged["sparsity"]),
+            "expected_sparsity": float(judged["expected_sparsity"]), "rows_rescued": float(judged["rows_rescued"]),
+            "loss": mean[0], "loss_low": low[0], "loss_high": high[0],
+            "delta": mean[1], "delta_low": low[1], "delta_high": high[1],
+            "train_objective": tail["objective"].mean(), "train_density": tail["density"].mean(),
+            "steps": steps, "seconds": seconds}
+
+
+def _keep_rows(lam, classes, judged) -> list[dict]:
+    rows = []
+    num_layers, num_heads, _ = judged["keep_probability"].shape
+    for layer in range(num_layers):
+        for head in range(num_heads):
+            for index, name in enumerate(classes):
+                rows.append({"lambda": lam, "layer": layer, "head": head, "class": name,
+                             "keep_probability": judged["keep_probability"][layer, head, index],
+                             "kept": judged["kept"][layer, head, index], "positions": judged["positions"][layer, index]})
+    return rows
+
+
+def _keep_summary_rows(lam, classes, judged) -> list[dict]:
+    positions = judged["positions"]  # (layer, class): weights for pooling over layers
+    rows = []
+    for index, name in enumerate(classes):
+        weight = positions[:, index][:, None]
+        total = weight.sum() * judged["keep_probability"].shape[1]
+        rows.append({"lambda": lam, "class": name,
+                     "keep_probability": float((judged["keep_probability"][:, :, index] * weight).sum() / total),
+                     "kept": float((judged["kept"][:, :, index] * weight).sum() / total),
+                     "positions": float(positions[:, index].sum())})
+    return rows

@@ -1,0 +1,153 @@
+"""Held-out evaluation shared by importance, DAM and fixed sparse patterns.
+
+- :func:`split_blocks`: disjoint, seeded evaluation and training blocks. The evaluation
+  blocks depend only on the seed and their number, so ``attnlens importance`` and
+  ``attnlens dam`` with the same ``--seed`` and ``--num-seqs``/``--eval-seqs`` judge on the
+  same blocks.
+- :func:`guard_rows`: the one rule for removing positions from attention. A query row
+  whose every valid key would be removed is left as it is (removing all keys has no
+  meaning: softmax over nothing). Ablations, random controls, fixed patterns and the
+  hard DAM masks all follow it, and every reported sparsity counts what was actually
+  removed after it.
+- :func:`bootstrap_interval`: percentile bootstrap over blocks.
+
+>>> import torch
+>>> valid = torch.ones(1, 2, 2, dtype=torch.bool).tril()         # causal, two queries
+>>> guard_rows(torch.eye(2, dtype=torch.bool)[None], valid)[0].tolist()   # query 0 would lose its only key
+[[False, False], [False, True]]
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+
+import numpy as np
+import torch
+
+from .capture import Capture, Intervention
+from .corpus import Blocks, Corpus
+from .errors import AttnlensError
+from .models import LoadedModel
+from .objectives import Objective, PreparedBatch
+
+CONFIDENCE = 0.95
+
+
+def split_blocks(
+    corpus: Corpus, model: LoadedModel, n: int, num_eval: int, num_train: int = 0, seed: int = 0
+) -> tuple[Blocks, Blocks | None]:
+    """Disjoint evaluation and training blocks, chosen by ``seed``, each kept in corpus order.
+
+    A seeded permutation of all available blocks: the first ``num_eval`` evaluate, the
+    next ``num_train`` train.
+    """
+    if num_eval < 2:
+        raise AttnlensError(f"--num-seqs/--eval-seqs {num_eval} is too few; the bootstrap intervals need at least 2 blocks")
+    every = corpus.blocks(model, n, num_blocks=None)
+    if num_eval + num_train > every.available:
+        raise AttnlensError(
+            f"corpus '{corpus.source}' gives {every.available} blocks of {n} tokens, fewer than the "
+            f"{num_eval + num_train} asked for ({num_eval} held out + {num_train} for training); ask for fewer blocks or a larger corpus"
+        )
+    order = np.random.default_rng(seed).permutation(every.available)
+
+    def take(index: np.ndarray) -> Blocks:
+        index = np.sort(index)
+        return Blocks(ids=np.ascontiguousarray(every.ids[index]), index=index, available=every.available)
+
+    train = take(order[num_eval : num_eval + num_train]) if num_train else None
+    return take(order[:num_eval]), train
+
+
+def guard_rows(remove: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """``remove & valid``, except rows that would lose every valid key, which lose none.
+
+    ``remove`` and ``valid`` broadcast against each other; the last axis is the key.
+    """
+    remove = remove & valid
+    emptied = ~(valid & ~remove).any(-1, keepdim=True) & valid.any(-1, keepdim=True)
+    return remove & ~emptied
+
+
+def removal(remove_for_layer: Callable[[int, torch.Tensor], torch.Tensor | None]) -> Intervention:
+    """An intervention that sets the scores of removed positions to -inf before softmax.
+
+    ``remove_for_layer(layer, valid)`` returns a boolean mask broadcastable to the scores
+    (batch, head, query, key), already guarded, or ``None`` to leave the layer alone.
+    """
+
+    def intervene(layer: int, scores: torch.Tensor, valid: torch.Tensor) -> torch.Tensor | None:
+        remove = remove_for_layer(layer, valid)
+        if remove is None:
+            return None
+        return scores.masked_fill(remove, float("-inf"))
+
+    return intervene
+
+
+def valid_masks(model: LoadedModel, ids: np.ndarray) -> torch.Tensor:
+    """(layer, n, n) valid masks of unpadded blocks of this length, from one forward pass.
+
+    They depend on the architecture (causal, sliding windows), not on the tokens.
+    """
+    with torch.no_grad(), Capture() as cap:
+        model.forward(torch.as_tensor(ids[:1]))
+    return torch.stack([cap.valid[layer][0] for layer in range(model.num_layers)]).cpu()
+
+
+def prepare_batches(objective: Objective, ids: np.ndarray, batch_size: int) -> list[PreparedBatch]:
+    """The objective's inputs for every batch, prepared once (references from the unmodified model)."""
+    if batch_size < 1:
+        raise AttnlensError(f"--batch-size {batch_size} must be at least 1")
+    return [objective.prepare(torch.from_numpy(ids[start : start + batch_size]), offset=start)
+            for start in range(0, len(ids), batch_size)]
+
+
+def evaluate_batch(objective: Objective, batch: PreparedBatch, intervene: Intervention | None = None,
+                   layers: list[int] | None = None) -> dict[str, np.ndarray]:
+    """Per-block metrics of one batch, under an optional score intervention, without gradients."""
+    with torch.no_grad():
+        if intervene is None:
+            metrics = objective.evaluate(batch)
+        else:
+            with Capture(layers=layers, intervene=intervene, record=False):
+                metrics = objective.evaluate(batch)
+    return {name: value.double().cpu().numpy() for name, value in metrics.items()}
+
+
+def bootstrap_weights(num_blocks: int, resamples: int, seed: int) -> np.ndarray:
+    """(num_blocks, resamples): how often each block is drawn in each resample, divided by
+    ``num_blocks``, so that ``values @ weights`` gives the resampled means of many rows at once."""
+    draws = np.random.default_rng(seed).integers(0, num_blocks, size=(resamples, num_blocks))
+    counts = np.zeros((num_blocks, resamples))
+    np.add.at(counts, (draws, np.arange(resamples)[:, None]), 1.0)
+    return counts / num_blocks
+
+
+def bootstrap_interval(values: np.ndarray, resamples: int = 1000, seed: int = 0,
+                       confidence: float = CONFIDENCE) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Mean over the last axis (blocks) and its percentile-bootstrap interval.
+
+    >>> mean, low, high = bootstrap_interval(np.array([[1.0, 2.0, 3.0, 4.0]]), resamples=200)
+    >>> float(mean[0]), bool(1.0 <= low[0] < 2.5 < high[0] <= 4.0)
+    (2.5, True)
+    """
+    values = np.asarray(values, dtype=np.float64)
+    means = values @ bootstrap_weights(values.shape[-1], resamples, seed)
+    tail = (1 - confidence) / 2 * 100
+    low, high = np.percentile(means, [tail, 100 - tail], axis=-1)
+    return values.mean(-1), low, high
+
+
+@contextlib.contextmanager
+def frozen(module: torch.nn.Module) -> Iterator[None]:
+    """No parameter of ``module`` requires grad inside (backward then computes no weight grads)."""
+    flags = [(parameter, parameter.requires_grad) for parameter in module.parameters()]
+    for parameter, _ in flags:
+        parameter.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for parameter, flag in flags:
+            parameter.requires_grad_(flag)

@@ -1,0 +1,144 @@
+"""Figures of DAM results: keep-probability per class, learned mask images, loss against
+sparsity for the λ sweep and the fixed patterns, and the training curves.
+
+>>> import attnlens
+>>> from attnlens.figures.dam import plot_loss_vs_sparsity
+>>> result = attnlens.dam("minilm-l6", lambdas=[0.0], steps=2, seq_len=16, train_seqs=2, eval_seqs=2,
+...                       batch_size=2, bootstrap=20, patterns=False, progress=False)
+>>> ax = plot_loss_vs_sparsity(result)
+>>> ax.get_xlabel()
+'sparsity (fraction of valid attention positions removed)'
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import numpy as np
+import seaborn as sns
+
+from .importance import ABSOLUTE_LOSS_LABELS, describe
+from .style import apply_style, new_axes, save_figure
+
+PATTERN_MARKERS = {"strided": "s", "fixed": "D", "local": "^", "bigbird": "v", "star": "*", "no-diagonal": "X"}
+
+
+def _lambda_label(value: float) -> str:
+    return f"λ = {value:g}"
+
+
+def nearest_lambda(result, target: float = 0.85) -> int:
+    """Index of the λ whose sparsity is nearest ``target`` (the mask images show that one)."""
+    return int((result.table["sparsity"] - target).abs().argmin())
+
+
+def plot_keep(result, ax: plt.Axes | None = None) -> plt.Axes:
+    """Keep-probability σ(α) per position class, one bar per λ (dashed: the hard mask's kept fraction is in the table)."""
+    ax = new_axes(ax, (7.6, 4.2))
+    table = result.keep_summary
+    classes = list(dict.fromkeys(table["class"]))
+    lambdas = list(dict.fromkeys(table["lambda"]))
+    palette = sns.color_palette("flare", len(lambdas))
+    width = 0.8 / len(lambdas)
+    x = np.arange(len(classes))
+    sparsity = result.table.set_index("lambda")["sparsity"]
+    for index, (lam, colour) in enumerate(zip(lambdas, palette)):
+        rows = table[table["lambda"] == lam].set_index("class").loc[classes]
+        ax.bar(x - 0.4 + width * (index + 0.5), rows["keep_probability"], width, color=colour,
+               label=f"{_lambda_label(lam)} (sparsity {sparsity[lam]:.0%})")
+    ax.set_xticks(x, classes)
+    ax.grid(axis="x", visible=False)
+    ax.set_ylim(0, 1.05)
+    ax.set_xlabel("position class")
+    ax.set_ylabel("keep probability σ(α), mean over positions")
+    ax.set_title(f"DAM ({result.meta['settings']['variant']}): what the learned masks keep\n{describe(result.meta)}", fontsize=10)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    return ax
+
+
+def plot_loss_vs_sparsity(result, ax: plt.Axes | None = None) -> plt.Axes:
+    """Held-out loss against sparsity: DAM's λ sweep (with 95% intervals) and every fixed pattern."""
+    ax = new_axes(ax, (7.6, 4.6))
+    objective = result.meta["settings"]["objective"]
+    patterns = result.patterns
+    palette = dict(zip(PATTERN_MARKERS, sns.color_palette("deep", len(PATTERN_MARKERS))))
+    for name, points in patterns.groupby("pattern", sort=False):
+        points = points.sort_values("sparsity")
+        ax.plot(points["sparsity"], points["loss"], marker=PATTERN_MARKERS.get(name, "o"), color=palette.get(name),
+                lw=1, ms=5, alpha=0.85, label=name)
+    table = result.table
+    error = np.stack([table["loss"] - table["loss_low"], table["loss_high"] - table["loss"]])
+    ax.errorbar(table["sparsity"], table["loss"], yerr=error, fmt="o-", color="black", lw=1.8, ms=6, capsize=3,
+                label=f"DAM {result.meta['settings']['variant']} (λ sweep)", zorder=5)
+    for _, row in table.iterrows():
+        ax.annotate(f"{row['lambda']:g}", (row["sparsity"], row["loss"]), textcoords="offset points", xytext=(4, 5), fontsize=7)
+    ax.axhline(result.meta["baseline"]["loss"], color="grey", ls="--", lw=1, label="unmodified model")
+    ax.set_xlabel("sparsity (fraction of valid attention positions removed)")
+    ax.set_ylabel(f"held-out {ABSOLUTE_LOSS_LABELS[objective]}")
+    ax.set_xlim(-0.02, 1.02)
+    ax.set_title(f"Loss against sparsity: learned masks and fixed patterns\n{describe(result.meta)}", fontsize=10)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    return ax
+
+
+def plot_training(result, ax: plt.Axes | None = None) -> plt.Axes:
+    """Density of the sampled masks over training, one line per λ."""
+    ax = new_axes(ax, (6.4, 3.8))
+    lambdas = list(dict.fromkeys(result.training["lambda"]))
+    for lam, colour in zip(lambdas, sns.color_palette("flare", len(lambdas))):
+        curve = result.training[result.training["lambda"] == lam]
+        ax.plot(curve["step"], curve["density"], color=colour, label=_lambda_label(lam))
+    ax.set_xlabel("training step")
+    ax.set_ylabel("density of the sampled mask (kept fraction)")
+    ax.set_ylim(0, 1.02)
+    ax.set_title("DAM training", fontsize=10)
+    ax.legend(fontsize=7)
+    return ax
+
+
+def plot_masks(result, index: int | None = None) -> plt.Figure:
+    """Keep-probability images per layer and head for one λ (default: nearest 85% sparsity).
+
+    The images are of the first held-out block (the class variant depends on its tokens);
+    the structured variant is the same in every layer, so one row shows it.
+    """
+    apply_style()
+    index = nearest_lambda(result) if index is None else index
+    images = result.arrays["keep_images"][index].astype(np.float32)  # (layer, head, n, n)
+    shared = result.meta["settings"]["variant"] == "structured"
+    heads = images.shape[1]
+    # one image per head (shared by layers, wrapped six to a row), or a layer x head grid
+    cells = [(0, head) for head in range(heads)] if shared else [(l, h) for l in range(images.shape[0]) for h in range(heads)]
+    columns = min(heads, 6) if shared else heads
+    rows = -(-len(cells) // columns)
+    size = 1.25 if shared else 1.05
+    figure, axes = plt.subplots(rows, columns, figsize=(size * columns + 1.4, size * rows + 1.1), squeeze=False,
+                                layout="constrained")
+    for number, (layer, head) in enumerate(cells):
+        ax = axes.flat[number]
+        picture = ax.imshow(images[layer, head], cmap="viridis", vmin=0, vmax=1, interpolation="nearest")
+        ax.set_xticks([])
+        ax.set_yticks([])
+        if shared or layer == 0:
+            ax.set_title(f"head {head}", fontsize=7)
+        if not shared and head == 0:
+            ax.set_ylabel(f"layer {layer}", fontsize=7)
+    for ax in axes.flat[len(cells):]:
+        ax.set_visible(False)
+    figure.colorbar(picture, ax=axes, shrink=0.8, label="keep probability σ(α)")
+    row = result.table.iloc[index]
+    scope = ", the same in every layer" if shared else ""
+    figure.suptitle(f"Learned masks (query ↓, key →), {result.meta['settings']['variant']}{scope}, λ = {row['lambda']:g}, "
+                    f"sparsity {row['sparsity']:.0%}\n{describe(result.meta)}", fontsize=9)
+    return figure
+
+
+def save_dam_figures(result, directory: str | Path) -> list[Path]:
+    """Every figure of a DAM result, as PNG and PDF, in ``directory``."""
+    directory = Path(directory)
+    paths = save_figure(plot_keep(result).figure, directory / "keep_per_class")
+    paths += save_figure(plot_loss_vs_sparsity(result).figure, directory / "loss_vs_sparsity")
+    paths += save_figure(plot_training(result).figure, directory / "training")
+    paths += save_figure(plot_masks(result), directory / "masks")
+    return paths

@@ -1,0 +1,199 @@
+"""Figures of importance results: attention mass per class, ablation with the random
+control, gradient importance, per-layer/per-head ablation maps.
+
+Each ``plot_*`` function takes a result (and an optional Axes) and only draws numbers
+read from its tables; :func:`save_importance_figures` writes them all as PNG and PDF.
+
+>>> import attnlens
+>>> from attnlens.figures.importance import plot_ablation
+>>> result = attnlens.importance("minilm-l6", classes="self,cls,other", seq_len=16, num_seqs=4,
+...                              bootstrap=20, gradient=False, progress=False)
+>>> ax = plot_ablation(result)
+>>> ax.get_ylabel()
+'Δ loss (1 − token cosine to the unmodified model)'
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import numpy as np
+import seaborn as sns
+
+from .style import apply_style, new_axes, save_figure
+
+LOSS_LABELS = {
+    "hidden": "Δ loss (1 − token cosine to the unmodified model)",
+    "clm": "Δ next-token loss (nats)",
+    "mlm": "Δ masked-token loss (nats)",
+}
+ABSOLUTE_LOSS_LABELS = {
+    "hidden": "loss (1 − token cosine to the unmodified model)",
+    "clm": "next-token loss (nats)",
+    "mlm": "masked-token loss (nats)",
+}
+CLASS_COLOUR, CONTROL_COLOUR = sns.color_palette("deep")[0], sns.color_palette("deep")[7]
+
+
+def describe(meta: dict) -> str:
+    settings = meta["settings"]
+    blocks = settings.get("num_seqs", settings.get("eval_seqs"))
+    return f"{meta['model']['name']}, {settings['objective']} objective, n = {settings['n']}, {blocks} held-out blocks"
+
+
+def grid(count: int, columns: int, cell: tuple[float, float]) -> tuple[plt.Figure, np.ndarray]:
+    apply_style()
+    rows = math.ceil(count / columns)
+    figure, axes = plt.subplots(rows, columns, figsize=(cell[0] * columns, cell[1] * rows), layout="constrained", squeeze=False)
+    for ax in axes.flat[count:]:
+        ax.set_visible(False)
+    return figure, axes
+
+
+def log_scale(ax: plt.Axes, values: np.ndarray) -> None:
+    """Symmetric log scale, linear below the smallest positive value: bars of very different
+    sizes (removing 1% of positions against 85%) stay readable, and negative ones drawable."""
+    positive = values[values > 0]
+    if positive.size and positive.max() / positive.min() > 30:
+        ax.set_yscale("symlog", linthresh=10 ** np.floor(np.log10(positive.min())), linscale=0.5)
+
+
+def _error(table) -> np.ndarray:
+    return np.stack([table["delta"] - table["delta_low"], table["delta_high"] - table["delta"]])
+
+
+# ----------------------------------------------------------------------------- plots
+
+
+def plot_mass(result, cls: str, ax: plt.Axes | None = None) -> plt.Axes:
+    """Average attention mass per query on one class, as a layer × head heatmap."""
+    ax = new_axes(ax, (6.4, 3.6))
+    table = result.mass[result.mass["class"] == cls]
+    matrix = table.pivot(index="layer", columns="head", values="mass")
+    sns.heatmap(matrix, ax=ax, cmap="viridis", vmin=0, cbar_kws={"label": "mass per query"}, square=False)
+    ax.set_title(f"{cls}  (uniform attention: {table['share'].mean():.3f})")
+    ax.set_xlabel("head")
+    ax.set_ylabel("layer")
+    return ax
+
+
+def plot_entropy(result, ax: plt.Axes | None = None) -> plt.Axes:
+    """Attention entropy per query (nats), layer × head."""
+    ax = new_axes(ax, (6.4, 3.6))
+    matrix = result.entropy.pivot(index="layer", columns="head", values="entropy")
+    sns.heatmap(matrix, ax=ax, cmap="mako", vmin=0, cbar_kws={"label": "entropy (nats)"})
+    ax.set_title(f"attention entropy (uniform: {result.entropy['uniform_entropy'].mean():.2f} nats)")
+    ax.set_xlabel("head")
+    ax.set_ylabel("layer")
+    return ax
+
+
+def plot_ablation(result, ax: plt.Axes | None = None) -> plt.Axes:
+    """Loss from removing each class everywhere, beside the random control, with 95% intervals."""
+    ax = new_axes(ax, (7.2, 4.2))
+    table = result.ablation[result.ablation["scope"] == "model"]
+    classes = list(dict.fromkeys(table["class"]))
+    x = np.arange(len(classes))
+    width = 0.38
+    for offset, control, colour, label in ((-width / 2, "class", CLASS_COLOUR, "class removed"),
+                                           (width / 2, "random", CONTROL_COLOUR, "random control (same count per row)")):
+        rows = table[table["control"] == control].set_index("class").loc[classes]
+        ax.bar(x + offset, rows["delta"], width, yerr=_error(rows), color=colour, label=label, capsize=3,
+               error_kw={"elinewidth": 1})
+    removed = table[table["control"] == "class"].set_index("class").loc[classes, "removed"]
+    ax.set_xticks(x, [f"{name}\n{fraction:.1%}" for name, fraction in zip(classes, removed)])
+    ax.set_xlabel("position class (share of valid positions removed)")
+    ax.set_ylabel(LOSS_LABELS[result.meta["settings"]["objective"]])
+    ax.grid(axis="x", visible=False)
+    log_scale(ax, table[["delta_low", "delta", "delta_high"]].to_numpy())
+    ax.axhline(0, color="black", lw=0.8)
+    ax.set_title(f"Ablation importance, 95% bootstrap intervals\n{describe(result.meta)}", fontsize=10)
+    ax.legend(loc="upper left", fontsize=8)
+    return ax
+
+
+def plot_gradient(result, ax: plt.Axes | None = None) -> plt.Axes:
+    """Gradient importance of one gate per class (all layers and heads), with 95% intervals."""
+    ax = new_axes(ax, (7.2, 4.0))
+    table = result.gradient[result.gradient["level"] == "model"]
+    x = np.arange(len(table))
+    error = np.stack([table["importance"] - table["importance_low"], table["importance_high"] - table["importance"]])
+    ax.bar(x, table["importance"], 0.6, yerr=error, color=CLASS_COLOUR, capsize=3)
+    ax.set_xticks(x, list(table["class"]))
+    ax.grid(axis="x", visible=False)
+    ax.set_xlabel("gated position class ('all': every position, Michel et al.)")
+    objective = result.meta["settings"]["objective"]
+    ax.set_ylabel("mean |∂ projection / ∂ gate|" if objective == "hidden" else "mean |∂ loss / ∂ gate|")
+    ax.set_title(f"Gradient importance at gate = 1, 95% intervals\n{describe(result.meta)}", fontsize=10)
+    return ax
+
+
+def plot_head_importance(result, ax: plt.Axes | None = None) -> plt.Axes:
+    """Michel et al. head importance (a gate on all of a head's attention), layer × head."""
+    ax = new_axes(ax, (6.4, 3.6))
+    table = result.gradient[(result.gradient["level"] == "head") & (result.gradient["class"] == "all")]
+    matrix = table.pivot(index="layer", columns="head", values="importance")
+    sns.heatmap(matrix, ax=ax, cmap="rocket_r", vmin=0, cbar_kws={"label": "mean |∂/∂ gate|"})
+    ax.set_title(f"Head importance (a gate on all of a head's weights)\n{describe(result.meta)}", fontsize=10)
+    ax.set_xlabel("head")
+    ax.set_ylabel("layer")
+    return ax
+
+
+def plot_scope(result, cls: str | None = None, ax: plt.Axes | None = None) -> plt.Axes:
+    """Per-layer ablations (class × layer), or per-head ablations of one class (layer × head)."""
+    ax = new_axes(ax, (6.4, 3.6))
+    per = result.meta["settings"]["per"]
+    table = result.ablation[(result.ablation["scope"] == per) & (result.ablation["control"] == "class")]
+    label = LOSS_LABELS[result.meta["settings"]["objective"]]
+    if per == "layer":
+        matrix = table.pivot(index="class", columns="layer", values="delta").loc[list(dict.fromkeys(table["class"]))]
+        sns.heatmap(matrix, ax=ax, cmap="rocket_r", annot=matrix.shape[1] <= 12, fmt=".3f", annot_kws={"fontsize": 7},
+                    cbar_kws={"label": label})
+        ax.set_title(f"Removing a class in one layer\n{describe(result.meta)}", fontsize=10)
+        ax.set_xlabel("layer")
+        ax.set_ylabel("class")
+    else:
+        matrix = table[table["class"] == cls].pivot(index="layer", columns="head", values="delta")
+        sns.heatmap(matrix, ax=ax, cmap="rocket_r", cbar_kws={"label": label.split(" (")[0]})
+        ax.set_title(f"Removing {cls} in one head")
+        ax.set_xlabel("head")
+        ax.set_ylabel("layer")
+    return ax
+
+
+# ----------------------------------------------------------------------------- all
+
+
+def save_importance_figures(result, directory: str | Path) -> list[Path]:
+    """Every figure of an importance result, as PNG and PDF, in ``directory``."""
+    directory = Path(directory)
+    paths = []
+    classes = list(result.mass["class"].drop_duplicates())
+    layers = result.mass["layer"].nunique()
+    heads = result.mass["head"].nunique()
+    cell = (min(1.2 + 0.42 * heads, 7.0), min(1.3 + 0.32 * layers, 7.0))
+    figure, axes = grid(len(classes) + 1, 4 if heads <= 6 else 2, cell)
+    for ax, cls in zip(axes.flat, classes):
+        plot_mass(result, cls, ax)
+    plot_entropy(result, axes.flat[len(classes)])
+    figure.suptitle(f"Attention mass per query on each position class\n{describe(result.meta)}")
+    paths += save_figure(figure, directory / "mass")
+
+    paths += save_figure(plot_ablation(result).figure, directory / "ablation")
+    if len(result.gradient):
+        paths += save_figure(plot_gradient(result).figure, directory / "gradient")
+        paths += save_figure(plot_head_importance(result).figure, directory / "head_importance")
+    per = result.meta["settings"]["per"]
+    if per == "layer":
+        ax = new_axes(None, (7.6, 0.5 * len(classes) + 2.2))
+        paths += save_figure(plot_scope(result, ax=ax).figure, directory / "ablation_per_layer")
+    elif per == "head":
+        figure, axes = grid(len(classes), 4 if heads <= 6 else 2, cell)
+        for ax, cls in zip(axes.flat, classes):
+            plot_scope(result, cls, ax)
+        figure.suptitle(f"Removing a class in one head\n{describe(result.meta)}")
+        paths += save_figure(figure, directory / "ablation_per_head")
+    return paths

@@ -1,0 +1,519 @@
+"""Position importance: which classes of (query, key) pairs a model's attention needs.
+
+Three independent measures, on held-out blocks (:func:`attnlens.evaluation.split_blocks`),
+for the position classes of :mod:`attnlens.positions`:
+
+1. **Attention mass** (no intervention; Clark et al. 2019): for each layer, head and
+   class, ``Σ_ij A_ij·S_ij`` divided by the number of queries, i.e. the average weight a
+   query puts on the class. Beside it, the class's **share**: the mass a query would put
+   on it with uniform attention over its valid keys (``mean_i |S_i ∩ valid_i| / |valid_i|``),
+   and the attention **entropy** (nats) with its uniform maximum.
+2. **Ablation**: the class removed from attention (its scores set to -inf before softmax,
+   everywhere, in one layer, or in one head), and what the objective loses:
+   ``delta = loss(ablated) - loss(unmodified)`` per block, mean and bootstrap interval.
+   The **random control** removes, in every row, as many valid positions as the class
+   does, chosen uniformly at random (seeded) and, like the class's positions, the same
+   in every layer and head it applies to; ``excess = delta(class) - delta(random)``
+   (paired over blocks). For the ``hidden`` objective the cosine of mean-pooled
+   embeddings to the unmodified model's (``pooled_cosine``) is reported beside it. A row whose every valid key is in the class (query 0 of a causal
+   model for ``self``/``cls``) is left as it is (:func:`attnlens.evaluation.guard_rows`);
+   ``rows_spared`` counts them.
+3. **Gradient importance** (Michel et al. 2019): a gate per class and head multiplying the
+   attention weights; importance ``= mean over blocks of |∂L/∂gate|`` at gate = 1, from
+   one backward pass per batch (each block has its own gates, so one pass gives every
+   block's derivative). Levels: per head, per layer (one gate shared by a layer's heads)
+   and per model; class ``all`` is Michel's head gate. For the ``hidden`` objective the
+   loss (1 - cosine to the unmodified model) is at its minimum at gate = 1 and its
+   gradient is exactly zero, so ``L`` is replaced by a seeded random projection of the
+   final hidden states (:func:`hidden_projection`), whose expected ``|∂/∂gate|`` is the
+   RMS sensitivity of the normalised hidden states to the gate.
+
+A class that never occurs among the valid positions (``next`` in a causal model) is an
+error when asked for by name; from the default list it is dropped with a note, and its
+numbers are reported as missing, never as NaN numbers.
+
+>>> from attnlens import importance
+>>> result = importance("minilm-l6", classes="self,prev,other", seq_len=16, num_seqs=4,
+...                     bootstrap=50, progress=False)
+>>> list(result.table["class"])
+['self', 'prev', 'other']
+>>> bool((result.mass.groupby(["layer", "head"])["mass"].sum() - 1).abs().max() < 1e-5)   # a partition
+True
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from .capture import Capture
+from .corpus import Corpus, load_corpus
+from .errors import AttnlensError
+from .evaluation import (
+    bootstrap_interval,
+    evaluate_batch,
+    frozen,
+    guard_rows,
+    prepare_batches,
+    removal,
+    split_blocks,
+    valid_masks,
+)
+from .extract import check_seq_len
+from .models import LoadedModel, load_model
+from .objectives import Objective, PreparedBatch
+from .positions import class_masks, parse_classes, token_roles
+from .progress import progress_bar
+from .provenance import provenance
+from .results import TabularResult, register_result
+
+SCOPES = ("model", "layer", "head")
+CONTROLS = ("class", "random")
+_PROJECTION_STREAM = 1  # keeps the projection's random numbers apart from other seeded draws
+_RANDOM_STREAM = 2
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def layer_groups(valid: torch.Tensor) -> tuple[list[int], torch.Tensor]:
+    """Group layers whose valid masks are equal, so masks are built once per group.
+
+    Returns the group of every layer and the distinct (group, n, n) masks.
+    """
+    distinct: list[torch.Tensor] = []
+    group = []
+    for layer_valid in valid:
+        match = next((k for k, seen in enumerate(distinct) if torch.equal(seen, layer_valid)), None)
+        if match is None:
+            distinct.append(layer_valid)
+            match = len(distinct) - 1
+        group.append(match)
+    return group, torch.stack(distinct)
+
+
+def random_positions(remove: torch.Tensor, valid: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """As many positions per row as ``remove`` has, chosen uniformly among the row's valid keys.
+
+    ``keys`` are uniform random numbers of the same shape; the positions with the smallest
+    keys among the valid ones are taken, so the choice never leaves the valid set.
+
+    >>> valid = torch.ones(1, 3, 3, dtype=torch.bool)
+    >>> chosen = random_positions(torch.eye(3, dtype=torch.bool)[None], valid, torch.rand(1, 3, 3))
+    >>> chosen.sum(-1).tolist()
+    [[1, 1, 1]]
+    """
+    count = remove.sum(-1, keepdim=True)
+    rank = torch.where(valid, keys, torch.full_like(keys, 2.0)).argsort(-1).argsort(-1)
+    return rank < count
+
+
+def hidden_projection(shape: tuple[int, ...], seed: int, block: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The standard-normal projection of one block's final hidden states (tokens, hidden).
+
+    Seeded by ``seed`` and the block's index in the corpus, so it does not depend on batching.
+    """
+    state = int(np.random.SeedSequence([seed, _PROJECTION_STREAM, int(block)]).generate_state(1)[0])
+    return torch.randn(shape, generator=torch.Generator().manual_seed(state), dtype=torch.float64).to(dtype)
+
+
+def gradient_target(objective: Objective, batch: PreparedBatch, blocks: np.ndarray, seed: int) -> torch.Tensor:
+    """The scalar whose gradient gives every block's gate derivatives (one block's term per block).
+
+    ``clm``/``mlm``: the sum of the blocks' losses. ``hidden``: ``Σ_b f_b`` with
+    ``f_b = sqrt(π/2) / sqrt(T·d) · Σ_t r_bt · h_bt / ‖h_ref,bt‖`` and ``r`` from
+    :func:`hidden_projection`: for Gaussian ``r``, ``E|∂f_b/∂g|`` is the RMS over tokens and
+    dimensions of ``∂(h / ‖h_ref‖)/∂g``.
+    """
+    if objective.name != "hidden":
+        return objective.evaluate(batch)["loss"].sum()
+    model = objective.model
+    hidden = model.forward(batch.input_ids, output_hidden_states=True).hidden_states[-1]
+    reference = batch.reference.to(hidden.dtype)
+    tokens, width = hidden.shape[1:]
+    projection = torch.stack([hidden_projection((tokens, width), seed, block, hidden.dtype) for block in blocks]).to(hidden.device)
+    scale = math.sqrt(math.pi / 2) / math.sqrt(tokens * width)
+    return (projection * hidden / reference.norm(dim=-1, keepdim=True)).sum() * scale
+
+
+@dataclass(frozen=True)
+class Condition:
+    """One ablation: ``scope`` none/model/layer/head, where, which class, class or random control."""
+
+    scope: str
+    layer: int
+    head: int
+    cls: str
+    control: str
+
+
+def ablation_conditions(classes: tuple[str, ...], per: str, num_layers: int, num_heads: int) -> list[Condition]:
+    """The unmodified run, then the whole-model ablations, then the finer scope asked for.
+
+    >>> [c.scope for c in ablation_conditions(("self",), "layer", 2, 4)]
+    ['none', 'model', 'model', 'layer', 'layer', 'layer', 'layer']
+    """
+    units = [("model", -1, -1)]
+    if per == "layer":
+        units += [("layer", layer, -1) for layer in range(num_layers)]
+    elif per == "head":
+        units += [("head", layer, head) for layer in range(num_layers) for head in range(num_heads)]
+    return [Condition("none", -1, -1, "none", "none")] + [
+        Condition(scope, layer, head, name, control) for scope, layer, head in units for name in classes for control in CONTROLS
+    ]
+
+
+def _absence_reason(name: str, model: LoadedModel) -> str:
+    if name == "next" and model.causal:
+        return f"model '{model.name}' is causal, so no query sees the next token"
+    return "no block has such a position"
+
+
+def check_classes_occur(
+    classes: tuple[str, ...], counts: dict[str, int], model: LoadedModel, num_blocks: int, *, explicit: bool
+) -> tuple[tuple[str, ...], dict[str, str]]:
+    """Keep the classes that occur; a missing class is an error if named, else dropped with a note."""
+    missing = [name for name in classes if counts[name] == 0]
+    if missing and explicit:
+        name = missing[0]
+        raise AttnlensError(
+            f"class '{name}' never occurs among the valid (query, key) positions of these {num_blocks} blocks "
+            f"({_absence_reason(name, model)}); drop it from --classes"
+        )
+    notes = {name: f"never occurs among the valid positions: {_absence_reason(name, model)}; not measured" for name in missing}
+    return tuple(name for name in classes if name not in missing), notes
+
+
+# ----------------------------------------------------------------------------- passes
+
+
+class _MassAccumulator:
+    """Sums for attention mass, share and entropy, fed layer by layer by a capture sink."""
+
+    def __init__(self, num_layers: int, num_heads: int, num_classes: int) -> None:
+        self.mass = np.zeros((num_layers, num_heads, num_classes))
+        self.entropy = np.zeros((num_layers, num_heads))
+        self.share = np.zeros((num_layers, num_classes))
+        self.uniform_entropy = np.zeros(num_layers)
+        self.rows = np.zeros(num_layers)
+        self.masks: torch.Tensor | None = None  # (C, batch, n, n) float, set per batch
+
+    def sink(self, layer: int, scores: torch.Tensor, valid: torch.Tensor, weights: torch.Tensor | None) -> None:
+        masks = self.masks * valid[None].to(self.masks.dtype)
+        weights = weights.to(masks.dtype)
+        rows = valid.any(-1)  # (batch, n): queries that attend at all
+        self.mass[layer] += torch.einsum("bhqk,cbqk->hc", weights, masks).double().cpu().numpy()
+        entropy = -torch.special.xlogy(weights, weights).sum(-1)  # (batch, head, n)
+        self.entropy[layer] += (entropy * rows[:, None]).sum((0, 2)).double().cpu().numpy()
+        keys = valid.sum(-1).clamp(min=1).to(masks.dtype)
+        self.share[layer] += (masks.sum(-1) / keys).sum((1, 2)).double().cpu().numpy()
+        self.uniform_entropy[layer] += float(torch.log(keys)[rows].sum())
+        self.rows[layer] += float(rows.sum())
+
+
+def _mass_tables(acc: _MassAccumulator, classes: tuple[str, ...]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    num_layers, num_heads, _ = acc.mass.shape
+    mass = acc.mass / acc.rows[:, None, None]
+    share = acc.share / acc.rows[:, None]
+    layer, head, cls = np.meshgrid(np.arange(num_layers), np.arange(num_heads), np.arange(len(classes)), indexing="ij")
+    mass_table = pd.DataFrame({
+        "layer": layer.ravel(), "head": head.ravel(), "class": np.asarray(classes)[cls.ravel()],
+        "mass": mass.ravel(), "share": share[layer.ravel(), cls.ravel()],
+    })
+    mass_table["lift"] = mass_table["mass"] / mass_table["share"]
+    layer2, head2 = np.meshgrid(np.arange(num_layers), np.arange(num_heads), indexing="ij")
+    entropy_table = pd.DataFrame({
+        "layer": layer2.ravel(), "head": head2.ravel(),
+        "entropy": (acc.entropy / acc.rows[:, None]).ravel(),
+        "uniform_entropy": (acc.uniform_entropy / acc.rows)[layer2.ravel()],
+    })
+    return mass_table, entropy_table
+
+
+def _batch_removals(
+    masks: dict[str, torch.Tensor], group_valid: torch.Tensor, keys: torch.Tensor
+) -> dict[tuple[str, str], list[torch.Tensor]]:
+    """For every class and control, the guarded (batch, n, n) removal mask per layer group."""
+    removals = {}
+    for index, (name, mask) in enumerate(masks.items()):
+        exact = [guard_rows(mask & valid, valid) for valid in group_valid]
+        removals[(name, "class")] = exact
+        removals[(name, "random")] = [random_positions(remove, valid, keys[index]) for remove, valid in zip(exact, group_valid)]
+    return removals
+
+
+# ----------------------------------------------------------------------------- result
+
+
+@register_result("importance")
+class ImportanceResult(TabularResult):
+    """Tables of one importance run; see the module docstring.
+
+    ``table`` (one row per class: mass, share, ablation delta and random control with
+    intervals, gradient importance), ``mass``, ``entropy``, ``ablation``, ``gradient``,
+    ``classes`` (``positions``: valid (layer, block, query, key) occurrences); ``arrays["ablation_blocks"]`` (condition, block) losses in the order of
+    ``ablation``'s rows, ``arrays["gradient_blocks"]`` (block, layer, head, class + all)
+    signed derivatives; ``meta`` holds provenance, settings and the token roles.
+    """
+
+
+    table = property(lambda self: self.tables["summary"])
+    classes = property(lambda self: self.tables["classes"])
+    mass = property(lambda self: self.tables["mass"])
+    entropy = property(lambda self: self.tables["entropy"])
+    ablation = property(lambda self: self.tables["ablation"])
+    gradient = property(lambda self: self.tables["gradient"])
+
+    def __repr__(self) -> str:
+        settings = self.meta["settings"]
+        return f"ImportanceResult(model={self.meta['model']['name']!r}, objective={settings['objective']!r}, classes={settings['classes']})"
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def importance(
+    model: str | LoadedModel,
+    corpus: str | Path | Corpus = "kjv",
+    *,
+    classes: str | list[str] | None = None,
+    objective: str = "auto",
+    per: str = "model",
+    seq_len: int = 128,
+    num_seqs: int = 64,
+    batch_size: int = 16,
+    bootstrap: int = 1000,
+    gradient: bool = True,
+    seed: int = 0,
+    device: str = "cpu",
+    progress: bool = True,
+    command: str | None = None,
+) -> ImportanceResult:
+    """Attention mass, ablation importance with a random control, and gradient importance
+    of position classes, on ``num_seqs`` held-out blocks of ``seq_len`` tokens.
+
+    ``per`` adds per-layer or per-head ablations to the whole-model ones (per-head costs
+    ``2 × classes × layers × heads`` forward passes per batch). ``classes=None`` takes
+    :data:`attnlens.positions.DEFAULT_CLASSES` and drops those that never occur.
+    """
+    explicit = classes is not None
+    classes = parse_classes(classes)
+    if per not in SCOPES:
+        raise AttnlensError(f"--per {per} is unknown; use one of {', '.join(SCOPES)}")
+    if bootstrap < 10:
+        raise AttnlensError(f"--bootstrap {bootstrap} is too few resamples for an interval; use 10 or more (1000 is usual)")
+    if not isinstance(corpus, Corpus):
+        corpus = load_corpus(corpus)
+    if not isinstance(model, LoadedModel):
+        model = load_model(model, device=device)
+    check_seq_len(model, seq_len)
+    judge = Objective(model, objective, seed=seed)
+    blocks, _ = split_blocks(corpus, model, seq_len, num_seqs, seed=seed)
+    ids = torch.from_numpy(blocks.ids)
+
+    valid = valid_masks(model, blocks.ids)  # (layer, n, n)
+    groups, group_valid = layer_groups(valid)
+    group_sizes = np.bincount(groups, minlength=len(group_valid))
+    roles = token_roles(ids, model)
+    all_masks = class_masks(ids, model, classes, roles=roles)
+    counts = {name: int(sum(int((mask & gv).sum()) * size for gv, size in zip(group_valid, group_sizes)))
+              for name, mask in all_masks.items()}
+    classes, notes = check_classes_occur(classes, counts, model, len(blocks), explicit=explicit)
+    dropped = [name for name in notes]
+    # "other" means "none of the classes measured", so recompute the masks without dropped ones.
+    all_masks = class_masks(ids, model, classes, roles=roles)
+
+    batches = prepare_batches(judge, blocks.ids, batch_size)
+    conditions = ablation_conditions(classes, per, model.num_layers, model.num_heads)
+    head_select = torch.eye(model.num_heads, dtype=torch.bool, device=model.device)[:, :, None, None]  # (H, H, 1, 1)
+    losses = np.zeros((len(conditions), len(blocks)))
+    pooled = np.zeros((len(conditions), len(blocks))) if judge.name == "hidden" else None
+    removed = np.zeros((len(conditions), 2))  # removed valid positions, valid positions
+    spared = np.zeros((len(conditions), 2))  # spared rows, rows
+    gradients = np.zeros((len(blocks), model.num_layers, model.num_heads, len(classes) + 1))
+    accumulator = _MassAccumulator(model.num_layers, model.num_heads, len(classes))
+    total = len(batches) * (len(conditions) + (1 if gradient else 0))
+
+    with progress_bar(total=total, desc="importance", unit="pass", enabled=progress) as bar:
+        for number, batch in enumerate(batches):
+            start = number * batch_size
+            rows = slice(start, start + batch.input_ids.shape[0])
+            masks = {name: mask[rows].to(model.device) for name, mask in all_masks.items()}
+            stacked = torch.stack(list(masks.values())).float()
+            keys = torch.rand((len(classes), *stacked.shape[1:]), generator=torch.Generator().manual_seed(
+                int(np.random.SeedSequence([seed, _RANDOM_STREAM, int(blocks.index[start])]).generate_state(1)[0])
+            )).to(model.device)
+            removals = _batch_removals(masks, group_valid.to(model.device), keys)
+
+            for index, condition in enumerate(conditions):
+                if condition.scope == "none":
+                    accumulator.masks = stacked
+                    with torch.no_grad(), Capture(weights=True, sink=accumulator.sink):
+                        metrics = evaluate_batch(judge, batch)
+                else:
+                    per_group = removals[(condition.cls, condition.control)]
+                    heads = head_select[condition.head] if condition.head >= 0 else None
+
+                    def remove_for_layer(layer, valid_now, per_group=per_group, heads=heads):
+                        mask = per_group[groups[layer]][:, None]
+                        return mask if heads is None else mask & heads
+
+                    layers = None if condition.layer < 0 else [condition.layer]
+                    metrics = evaluate_batch(judge, batch, removal(remove_for_layer), layers=layers)
+                    affected = range(model.num_layers) if condition.layer < 0 else [condition.layer]
+                    for layer in affected:
+                        remove, valid_group = per_group[groups[layer]], group_valid[groups[layer]]
+                        removed[index] += (float(remove.sum()), float(valid_group.sum()) * remove.shape[0])
+                        if condition.control == "class":
+                            target = masks[condition.cls] & valid_group.to(model.device)
+                            spared[index] += (float((target.any(-1) & ~remove.any(-1)).sum()), float(valid_group.any(-1).sum()) * remove.shape[0])
+                losses[index, rows] = metrics["loss"]
+                if pooled is not None:
+                    pooled[index, rows] = metrics["pooled_cosine"]
+                bar.update(1)
+
+            if gradient:
+                gradients[rows] = _batch_gradients(judge, batch, blocks.index[rows], stacked, seed)
+                bar.update(1)
+
+    mass_table, entropy_table = _mass_tables(accumulator, classes)
+    ablation_table = _ablation_table(conditions, losses, pooled, removed, spared, bootstrap, seed)
+    gradient_table = _gradient_table(gradients, classes, bootstrap, seed) if gradient else pd.DataFrame(columns=GRADIENT_COLUMNS)
+    classes_table = _classes_table(classes + tuple(dropped), counts, mass_table, roles.description, notes)
+    summary = _summary_table(classes, dropped, notes, mass_table, ablation_table, gradient_table)
+    meta = {
+        "model": model.describe(),
+        "corpus": {**corpus.describe(), "blocks_available": blocks.available, "block_index": blocks.index.tolist()},
+        "settings": {
+            "classes": list(classes), "classes_dropped": dropped, "objective": judge.name, "per": per,
+            "n": seq_len, "num_seqs": len(blocks), "batch_size": batch_size, "bootstrap": bootstrap,
+            "gradient": gradient, "seed": seed, "removal": "-inf before softmax; rows that would lose every valid key are spared",
+        },
+        "roles": roles.description,
+        "notes": notes,
+        **provenance(command),
+    }
+    arrays = {"ablation_blocks": losses}
+    if pooled is not None:
+        arrays["ablation_pooled_cosine"] = pooled
+    if gradient:
+        arrays["gradient_blocks"] = gradients
+    tables = {"summary": summary, "classes": classes_table, "mass": mass_table, "entropy": entropy_table,
+              "ablation": ablation_table, "gradient": gradient_table}
+    return ImportanceResult(meta, tables, arrays)
+
+
+def _batch_gradients(judge: Objective, batch: PreparedBatch, block_index: np.ndarray, stacked: torch.Tensor,
+                     seed: int) -> np.ndarray:
+    """(batch, layer, head, class + all) derivatives of each block's loss w.r.t. its gates at 1."""
+    gates: dict[int, torch.Tensor] = {}
+
+    def gate(layer: int, weights: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        # One gate per (block, head, query, key); a class gate's derivative is the sum over
+        # its positions, so one backward pass gives every class and every level at once.
+        gates[layer] = torch.ones_like(weights, requires_grad=True)
+        return weights * gates[layer]
+
+    with torch.enable_grad(), frozen(judge.model.model), Capture(record=False, intervene_weights=gate):
+        gradient_target(judge, batch, block_index, seed).backward()
+    per_class = []
+    masks = stacked.double()  # float64 sums: per-position derivatives of both signs cancel
+    for layer in sorted(gates):
+        grad = gates[layer].grad.double()
+        classes = torch.einsum("bhqk,cbqk->bhc", grad, masks)
+        per_class.append(torch.cat([classes, grad.sum((-1, -2))[..., None]], dim=-1))
+    return torch.stack(per_class, dim=1).double().cpu().numpy()
+
+
+def _ablation_table(conditions, losses, pooled, removed, spared, bootstrap, seed) -> pd.DataFrame:
+    delta = losses - losses[0]
+    mean, low, high = bootstrap_interval(delta, bootstrap, seed)
+    table = pd.DataFrame([vars(c) for c in conditions]).rename(columns={"cls": "class"})
+    table["removed"] = np.where(removed[:, 1] > 0, removed[:, 0] / np.maximum(removed[:, 1], 1), 0.0)
+    table["rows_spared"] = np.where(spared[:, 1] > 0, spared[:, 0] / np.maximum(spared[:, 1], 1), np.nan)
+    table["loss"] = losses.mean(1)
+    table["delta"], table["delta_low"], table["delta_high"] = mean, low, high
+    if pooled is not None:
+        table["pooled_cosine"], table["pooled_cosine_low"], table["pooled_cosine_high"] = bootstrap_interval(pooled, bootstrap, seed)
+    # class minus its random control, paired over blocks (random rows follow their class rows)
+    excess = np.full((3, len(conditions)), np.nan)
+    is_class = (table["control"] == "class").to_numpy()
+    index = np.flatnonzero(is_class)
+    if len(index):
+        excess[:, index] = np.stack(bootstrap_interval(delta[index] - delta[index + 1], bootstrap, seed))
+        # the control spares the same rows: it removes as many positions, and none where the class removes none
+        table.loc[index + 1, "rows_spared"] = table.loc[index, "rows_spared"].to_numpy()
+    table["excess"], table["excess_low"], table["excess_high"] = excess
+    return table
+
+
+GRADIENT_COLUMNS = ["level", "layer", "head", "class", "importance", "importance_low", "importance_high", "signed"]
+
+
+def _gradient_table(gradients: np.ndarray, classes: tuple[str, ...], bootstrap: int, seed: int) -> pd.DataFrame:
+    names = [*classes, "all"]
+    frames = []
+    num_blocks, num_layers, num_heads, _ = gradients.shape
+    levels = {
+        "model": (gradients.sum((1, 2))[:, None, None], [-1], [-1]),
+        "layer": (gradients.sum(2)[:, :, None], range(num_layers), [-1]),
+        "head": (gradients, range(num_layers), range(num_heads)),
+    }
+    for level, (values, layers, heads) in levels.items():
+        values = np.moveaxis(values, 0, -1)  # (layer, head, class, block)
+        mean, low, high = bootstrap_interval(np.abs(values), bootstrap, seed)
+        layer, head, cls = np.meshgrid(list(layers), list(heads), np.arange(len(names)), indexing="ij")
+        frames.append(pd.DataFrame({
+            "level": level, "layer": layer.ravel(), "head": head.ravel(), "class": np.asarray(names, dtype=object)[cls.ravel()],
+            "importance": mean.ravel(), "importance_low": low.ravel(), "importance_high": high.ravel(),
+            "signed": values.mean(-1).ravel(),
+        }))
+    return pd.concat(frames, ignore_index=True)
+
+
+def _classes_table(classes, counts, mass_table, roles, notes) -> pd.DataFrame:
+    share = mass_table.groupby("class")["share"].mean()
+    definitions = {"self": "j = i", "prev": "j = i - 1", "next": "j = i + 1", "other": "none of the other classes measured",
+                   **{role: f"key is {text}" for role, text in roles.items()}}
+    rows = []
+    for name in classes:
+        rows.append({
+            "class": name,
+            "definition": definitions.get(name, "0 < |i - j| <= w" if name.startswith("band") else ""),
+            "occurs": name not in notes,
+            "positions": counts.get(name, 0),
+            "share": share.get(name, np.nan),
+            "note": notes.get(name, ""),
+        })
+    return pd.DataFrame(rows)
+
+
+def _summary_table(classes, dropped, notes, mass_table, ablation, gradient) -> pd.DataFrame:
+    rows = []
+    model_rows = ablation[ablation["scope"] == "model"]
+    grad_rows = gradient[gradient["level"] == "model"].set_index("class") if len(gradient) else None
+    for name in classes:
+        mass = mass_table[mass_table["class"] == name]
+        row = {"class": name, "occurs": True, "share": mass["share"].mean(), "mass": mass["mass"].mean(),
+               "mass_max": mass["mass"].max()}
+        for control, prefix in (("class", "delta"), ("random", "random")):
+            picked = model_rows[(model_rows["class"] == name) & (model_rows["control"] == control)].iloc[0]
+            row[prefix], row[f"{prefix}_low"], row[f"{prefix}_high"] = picked["delta"], picked["delta_low"], picked["delta_high"]
+            if "pooled_cosine" in picked:
+                row["pooled_cosine" if control == "class" else "random_pooled_cosine"] = picked["pooled_cosine"]
+            if control == "class":
+                row["removed"] = picked["removed"]
+                row["excess"], row["excess_low"], row["excess_high"] = picked["excess"], picked["excess_low"], picked["excess_high"]
+        if grad_rows is not None and name in grad_rows.index:
+            picked = grad_rows.loc[name]
+            row["gradient"], row["gradient_low"], row["gradient_high"] = picked["importance"], picked["importance_low"], picked["importance_high"]
+        row["note"] = ""
+        rows.append(row)
+    for name in dropped:
+        rows.append({"class": name, "occurs": False, "note": notes[name]})
+    return pd.DataFrame(rows)

@@ -1,0 +1,130 @@
+"""Fixed sparse attention patterns, for comparison with learned (DAM) masks at matched sparsity.
+
+Each pattern is a boolean **keep** mask over (query, key), built from positions and, for
+the ones with global tokens, from which keys are in the ``cls`` role
+(:func:`attnlens.positions.token_roles`: ``[CLS]``, or ``<bos>``/the first token):
+
+==============  ================================================================  ==========
+strided         ``|i - j| < s`` or ``(i - j) mod s = 0`` (Child et al. 2019)       stride s
+fixed           same block ``⌊i/b⌋ = ⌊j/b⌋``, or ``j`` is the last of its block     block b
+                (Child et al. 2019, one summary column per block)
+local           ``|i - j| <= w``, plus global ``cls`` rows and columns              window w
+                (Longformer-like)
+bigbird         local window ``w`` + global ``cls`` + ``w`` random keys per row     window w
+                (seeded; BigBird-like)
+star            ``|i - j| <= 1`` plus ``cls`` as the relay (Star-Transformer)       --
+no-diagonal     every position but ``i = j`` (SparseBERT's diagonal removal)        --
+==============  ================================================================  ==========
+
+:func:`removed_mask` turns a pattern into the positions it removes from a model's valid
+ones, after the row guard (:func:`attnlens.evaluation.guard_rows`), and :func:`sparsity`
+is honest: the fraction of valid positions that are actually removed.
+
+>>> import torch
+>>> keep = build("local", 6, 1, cls=torch.tensor([[True, False, False, False, False, False]]))
+>>> keep[0].int().tolist()[3]                      # query 3: global key 0, keys 2..4
+[1, 0, 1, 1, 1, 0]
+>>> valid = torch.ones(1, 6, 6, dtype=torch.bool)
+>>> round(sparsity(removed_mask(keep, valid), valid), 4)   # 36 - (16 band + 4 + 4 global) = 12 removed
+0.3333
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from .errors import AttnlensError
+from .evaluation import guard_rows
+
+
+def _positions(n: int, device: torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    index = torch.arange(n, device=device)
+    return index[:, None], index[None, :]
+
+
+def _global(keep: torch.Tensor, cls: torch.Tensor) -> torch.Tensor:
+    """Global tokens attend everywhere and are attended to from everywhere."""
+    return keep | cls[:, :, None] | cls[:, None, :]
+
+
+def strided(n: int, stride: int, cls: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    i, j = _positions(n, cls.device)
+    keep = ((i - j).abs() < stride) | ((i - j) % stride == 0)
+    return keep.expand(cls.shape[0], n, n)
+
+
+def fixed(n: int, block: int, cls: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    i, j = _positions(n, cls.device)
+    keep = (i // block == j // block) | (j % block == block - 1)
+    return keep.expand(cls.shape[0], n, n)
+
+
+def local(n: int, window: int, cls: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    i, j = _positions(n, cls.device)
+    return _global(((i - j).abs() <= window).expand(cls.shape[0], n, n), cls)
+
+
+def bigbird(n: int, window: int, cls: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    keep = local(n, window, cls)
+    keys = torch.rand((cls.shape[0], n, n), generator=generator).to(cls.device)
+    # ``window`` random keys per row, drawn among the keys the window and globals leave out
+    rank = torch.where(keep, torch.full_like(keys, 2.0), keys).argsort(-1).argsort(-1)
+    return keep | (rank < window)
+
+
+def star(n: int, parameter: int, cls: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    return local(n, 1, cls)
+
+
+def no_diagonal(n: int, parameter: int, cls: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    i, j = _positions(n, cls.device)
+    return (i != j).expand(cls.shape[0], n, n)
+
+
+@dataclass(frozen=True)
+class Pattern:
+    """A fixed pattern: its builder, the name of its parameter, and the values to sweep."""
+
+    name: str
+    build: Callable[..., torch.Tensor]
+    parameter: str
+    values: Callable[[int], list[int]]
+
+
+def _powers(low: int, high_fraction: float) -> Callable[[int], list[int]]:
+    return lambda n: [value for value in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+                      if low <= value <= max(low, int(n * high_fraction))]
+
+
+PATTERNS: dict[str, Pattern] = {
+    pattern.name: pattern
+    for pattern in (
+        # Beyond a stride or block of about sqrt(2n) these patterns keep more again, not less.
+        Pattern("strided", strided, "stride", lambda n: [v for v in _powers(2, 1.0)(n) if v * v <= 2 * n]),
+        Pattern("fixed", fixed, "block", lambda n: [v for v in _powers(2, 1.0)(n) if v * v <= 2 * n]),
+        Pattern("local", local, "window", _powers(1, 0.25)),
+        Pattern("bigbird", bigbird, "window", _powers(1, 0.25)),
+        Pattern("star", star, "none", lambda n: [0]),
+        Pattern("no-diagonal", no_diagonal, "none", lambda n: [0]),
+    )
+}
+
+
+def build(name: str, n: int, parameter: int, cls: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """The (batch, n, n) keep mask of pattern ``name``; ``cls`` (batch, n) marks the global keys."""
+    if name not in PATTERNS:
+        raise AttnlensError(f"unknown pattern '{name}'; use one of {', '.join(PATTERNS)}")
+    return PATTERNS[name].build(n, parameter, cls, generator)
+
+
+def removed_mask(keep: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """The valid positions a pattern removes, after the row guard."""
+    return guard_rows(~keep, valid)
+
+
+def sparsity(removed: torch.Tensor, valid: torch.Tensor) -> float:
+    """Fraction of valid positions removed (``valid`` broadcasts against ``removed``)."""
+    return float(removed.sum()) / float(valid.expand_as(removed).sum())

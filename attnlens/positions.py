@@ -1,0 +1,203 @@
+"""Position classes: which (query, key) pairs of an attention matrix are of which kind.
+
+A class is a boolean (query, key) mask over a block, computed from positions and tokens:
+
+========  ===========================================================================
+self      the query attends to itself, ``j = i``
+prev      the previous token, ``j = i - 1``
+next      the next token, ``j = i + 1`` (never valid in a causal model)
+band(w)   a neighbour within ``w``, ``0 < |i - j| <= w`` (``w >= 1``)
+cls       the key is in the ``[CLS]`` role: the tokens the tokenizer puts *before* a
+          text (``[CLS]``; ``<bos>`` for decoders), or position 0 when it puts none
+sep       the key is in the ``[SEP]`` role: the tokens it puts *after* a text
+          (``[SEP]``), or the last position of the block when it puts none (decoders)
+punct     the key is a punctuation token: its text, without word-boundary marks
+          (``##``, ``▁``, ``Ġ``), is only punctuation characters (Unicode ``P*``)
+other     none of the other classes asked for
+========  ===========================================================================
+
+Classes may overlap (``self`` and ``cls`` share (0, 0); ``band(2)`` holds ``prev``);
+``other`` is what none of the others covers, so ``{self, prev, next, other}`` or
+``{cls, sep, punct, other}`` partition every row. Which tokens took the ``cls`` and
+``sep`` roles is reported by :func:`token_roles` and recorded in every result.
+
+The table :data:`PREDICATES` maps each class name to a predicate over query positions
+``i``, key positions ``j`` and the tokens' roles; adding a class is adding a row.
+
+>>> import torch
+>>> from attnlens import load_model
+>>> from attnlens.positions import class_masks, parse_classes
+>>> model = load_model("minilm-l6")
+>>> ids = torch.tensor([[101, 1999, 1996, 2927, 1010, 102]])    # [CLS] in the beginning , [SEP]
+>>> masks = class_masks(ids, model, parse_classes("self,band(1),punct,other"))
+>>> masks["punct"][0].nonzero()[:2].tolist()                      # every query's key 4 (",")
+[[0, 4], [1, 4]]
+>>> int(masks["band(1)"][0].sum()), int(masks["other"][0].sum())
+(10, 17)
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from .errors import AttnlensError
+
+DEFAULT_CLASSES: tuple[str, ...] = ("self", "prev", "next", "cls", "sep", "punct", "other")
+_BAND = re.compile(r"band\((-?\d+)\)")
+_WORD_MARKS = ("##", "\u2581", "\u0120")  # WordPiece continuation, SentencePiece and byte-BPE spaces
+
+
+@dataclass(frozen=True)
+class TokenRoles:
+    """Per-token roles of a batch of blocks, each (batch, n) bool, and what took them."""
+
+    cls: torch.Tensor
+    sep: torch.Tensor
+    punct: torch.Tensor
+    description: dict[str, str]
+
+
+Predicate = Callable[[torch.Tensor, torch.Tensor, TokenRoles, int | None], torch.Tensor]
+"""``predicate(i, j, roles, width)``: ``i`` (1, n, 1) query and ``j`` (1, 1, n) key positions."""
+
+PREDICATES: dict[str, Predicate] = {
+    "self": lambda i, j, roles, width: i == j,
+    "prev": lambda i, j, roles, width: j == i - 1,
+    "next": lambda i, j, roles, width: j == i + 1,
+    "band": lambda i, j, roles, width: ((i - j).abs() <= width) & (i != j),
+    "cls": lambda i, j, roles, width: roles.cls[:, None, :],
+    "sep": lambda i, j, roles, width: roles.sep[:, None, :],
+    "punct": lambda i, j, roles, width: roles.punct[:, None, :],
+}
+CLASS_HELP = "self, prev, next, band(w), cls, sep, punct, other"
+
+
+def parse_classes(text: str | Iterable[str] | None) -> tuple[str, ...]:
+    """Check and normalise class names: ``"self, band(2)"`` -> ``('self', 'band(2)')``.
+
+    ``None`` gives :data:`DEFAULT_CLASSES`. Raises :class:`AttnlensError` for an unknown
+    name, ``band(w)`` with ``w < 1``, a repeated class or an empty list.
+
+    >>> parse_classes(" self,prev , band(3) ")
+    ('self', 'prev', 'band(3)')
+    >>> parse_classes("band(0)")
+    Traceback (most recent call last):
+    ...
+    attnlens.errors.AttnlensError: --classes band(0): the width w of band(w) must be at least 1, e.g. band(2)
+    """
+    if text is None:
+        return DEFAULT_CLASSES
+    parts = [part.strip() for part in (text.split(",") if isinstance(text, str) else text)]
+    parts = [part.replace(" ", "") for part in parts if part]
+    if not parts:
+        raise AttnlensError(f"--classes is empty; name at least one of {CLASS_HELP}")
+    for name in parts:
+        band = _BAND.fullmatch(name)
+        if band is not None and int(band.group(1)) < 1:
+            raise AttnlensError(f"--classes {name}: the width w of band(w) must be at least 1, e.g. band(2)")
+        if band is None and name not in PREDICATES and name != "other":
+            raise AttnlensError(f"unknown position class '{name}' in --classes; use {CLASS_HELP}")
+    repeated = sorted({name for name in parts if parts.count(name) > 1})
+    if repeated:
+        raise AttnlensError(f"--classes names '{repeated[0]}' more than once; name each class once")
+    return tuple(parts)
+
+
+def _predicate(name: str) -> tuple[Predicate, int | None]:
+    band = _BAND.fullmatch(name)
+    return (PREDICATES["band"], int(band.group(1))) if band else (PREDICATES[name], None)
+
+
+def is_punctuation(token: str) -> bool:
+    """Whether a token's text, without word-boundary marks, is only punctuation.
+
+    >>> [is_punctuation(t) for t in (",", "\u2581--", ")...", "##s", "\u2581", "3.5")]
+    [True, True, True, False, False, False]
+    """
+    for mark in _WORD_MARKS:
+        token = token.replace(mark, "")
+    token = token.strip()
+    return bool(token) and all(unicodedata.category(char).startswith("P") for char in token)
+
+
+def token_roles(ids: torch.Tensor, model: object) -> TokenRoles:
+    """Which tokens of ``ids`` (batch, n) are in the cls, sep and punct roles.
+
+    The roles come from the tokenizer's layout (:class:`attnlens.models.SpecialTokens`):
+    ``cls`` are the ids it puts before a text, ``sep`` those it puts after; a tokenizer
+    that puts none gets position 0 (``cls``) or the last position (``sep``) instead.
+    """
+    special, tokenizer = model.special, model.tokenizer
+    batch, n = ids.shape
+    positions = torch.arange(n, device=ids.device).expand(batch, n)
+    roles, description = {}, {}
+    for role, special_ids, fallback, where in (
+        ("cls", special.prefix, 0, "first"),
+        ("sep", special.suffix, n - 1, "last"),
+    ):
+        if special_ids:
+            roles[role] = torch.isin(ids, torch.tensor(special_ids, device=ids.device))
+            names = tokenizer.convert_ids_to_tokens(list(special_ids))
+            description[role] = " ".join(f"{name} (id {token})" for name, token in zip(names, special_ids))
+        else:
+            roles[role] = positions == fallback
+            description[role] = f"the {where} position of each block (the tokenizer adds no token {'before' if role == 'cls' else 'after'} a text)"
+    unique = torch.unique(ids).tolist()
+    punctuation = [token for token, text in zip(unique, tokenizer.convert_ids_to_tokens(unique))
+                   if token not in special.all_special and is_punctuation(text)]
+    roles["punct"] = torch.isin(ids, torch.tensor(punctuation, dtype=ids.dtype, device=ids.device))
+    description["punct"] = "tokens made only of punctuation characters"
+    return TokenRoles(cls=roles["cls"], sep=roles["sep"], punct=roles["punct"], description=description)
+
+
+def class_masks(
+    ids: torch.Tensor,
+    model: object,
+    classes: Sequence[str],
+    valid: torch.Tensor | None = None,
+    roles: TokenRoles | None = None,
+) -> dict[str, torch.Tensor]:
+    """Boolean (batch, n, n) masks, one per class, for blocks ``ids`` (batch, n).
+
+    ``other`` is everything no other listed class covers. With ``valid`` (batch or 1, n, n)
+    every mask is restricted to the pairs the model may attend to.
+    """
+    ids = torch.as_tensor(ids)
+    batch, n = ids.shape
+    roles = roles if roles is not None else token_roles(ids, model)
+    i = torch.arange(n, device=ids.device)[None, :, None]
+    j = torch.arange(n, device=ids.device)[None, None, :]
+    masks: dict[str, torch.Tensor] = {}
+    for name in classes:
+        if name == "other":
+            continue
+        predicate, width = _predicate(name)
+        masks[name] = predicate(i, j, roles, width).expand(batch, n, n)
+    if "other" in classes:
+        covered = torch.zeros(batch, n, n, dtype=torch.bool, device=ids.device)
+        for mask in masks.values():
+            covered |= mask
+        masks["other"] = ~covered
+    if valid is not None:
+        masks = {name: mask & valid for name, mask in masks.items()}
+    return {name: masks[name] for name in classes}
+
+
+def exclusive_index(masks: dict[str, torch.Tensor]) -> torch.Tensor:
+    """(batch, n, n) int64: the first class (in ``masks`` order) each position belongs to.
+
+    Positions in no class get ``len(masks)``. Used where each position needs exactly one
+    class (per-class DAM masks).
+
+    >>> m = {"a": torch.tensor([[[True, True]]]), "b": torch.tensor([[[False, True]]])}
+    >>> exclusive_index(m).tolist()
+    [[[0, 0]]]
+    """
+    stacked = torch.stack(list(masks.values()))  # (C, batch, n, n)
+    first = stacked.to(torch.int8).argmax(0)
+    return torch.where(stacked.any(0), first, torch.full_like(first, len(masks))).long()

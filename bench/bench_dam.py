@@ -1,0 +1,84 @@
+"""One DAM training step against a plain forward + backward of the same model on the same batch.
+
+Run:  python bench/bench_dam.py [--variants structured,unstructured,class] [--repeats 7]
+
+In one process, on one batch of real blocks (minilm-l6, n=128, batch 16 by default):
+
+  plain     objective forward (no capture, no mask) + backward to the model's weights,
+            i.e. what one fine-tuning step of the model costs without the optimiser
+  dam:V     one DAM step of variant V: Gumbel-sigmoid sample, forward with the mask added
+            to the scores of every layer, loss + λ·density, backward, Adam update of the
+            mask logits (weights frozen, as attnlens dam runs by default)
+
+Repeats interleave the modes (so a noisy neighbour slows all of them alike); the figures
+are medians. Target (issue 5): dam / plain <= 1.5x.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+import attnlens
+from attnlens.dam import LAYOUTS, DamTrainer
+from attnlens.evaluation import valid_masks
+from attnlens.objectives import Objective
+from attnlens.positions import DEFAULT_CLASSES, class_masks, exclusive_index
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="minilm-l6")
+    parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--variants", default="structured,unstructured,class")
+    args = parser.parse_args()
+
+    model = attnlens.load_model(args.model)
+    blocks = attnlens.load_corpus("kjv").blocks(model, n=args.seq_len, num_blocks=args.batch_size, seed=0)
+    ids = torch.from_numpy(blocks.ids)
+    judge = Objective(model)
+    batch = judge.prepare(ids)
+    valid = valid_masks(model, blocks.ids)
+    context = exclusive_index(class_masks(ids, model, DEFAULT_CLASSES))
+
+    def plain() -> None:
+        loss = judge.evaluate(batch)["loss"].mean()
+        model.model.zero_grad(set_to_none=True)
+        loss.backward()
+
+    modes = {"plain": plain}
+    for variant in args.variants.split(","):
+        layout = LAYOUTS[variant](model.num_layers, model.num_heads, args.seq_len, valid, len(DEFAULT_CLASSES))
+        trainer = DamTrainer(layout, lam=0.1, steps=args.repeats + 1).start(model)
+
+        def step(trainer=trainer) -> None:
+            with attnlens.evaluation.frozen(model.model):
+                trainer.step(judge, batch, context)
+
+        modes[f"dam:{variant}"] = step
+
+    times: dict[str, list[float]] = {mode: [] for mode in modes}
+    for run in modes.values():  # warm-up: allocator, kernels, first-call costs
+        run()
+    for repeat in range(args.repeats):
+        for mode, run in modes.items():
+            start = time.perf_counter()
+            run()
+            times[mode].append(time.perf_counter() - start)
+    median = {mode: statistics.median(values) for mode, values in times.items()}
+    print(f"{args.model}, n={args.seq_len}, batch {args.batch_size}, {torch.get_num_threads()} threads, "
+          f"median of {args.repeats} interleaved repeats")
+    print(f"{'mode':18s} {'seconds':>8s} {'x plain':>8s}")
+    for mode in modes:
+        print(f"{mode:18s} {median[mode]:8.3f} {median[mode] / median['plain']:8.2f}")
+    worst = max(median[mode] / median["plain"] for mode in modes if mode != "plain")
+    print(f"worst dam / plain = {worst:.2f}x (target <= 1.5x)")
+
+
+if __name__ == "__main__":
+    main()
