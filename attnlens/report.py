@@ -45,11 +45,16 @@ class ReportSettings:
     scopes: tuple[str, ...] = ("head", "layer", "all")
     plug_in_scopes: tuple[str, ...] = ("head", "all")
     batch_size: int = 16
+    importance_seqs: int = 32  # held-out blocks of the importance and DAM judgements (the same blocks)
+    dam_lambdas: tuple[float, ...] = (0.03, 0.3)
+    dam_steps: int = 60
+    dam_train_seqs: int = 64
 
 
 DEFAULT = ReportSettings()
 QUICK = ReportSettings(seq_len=64, eigen_seqs=96, dim=8, reconstruct_seqs=64, ks=(1, 4, 16, 64),
-                       strategies=("greedy", "random"), scopes=("head", "all"), plug_in_scopes=("head",))
+                       strategies=("greedy", "random"), scopes=("head", "all"), plug_in_scopes=("head",),
+                       importance_seqs=8, dam_lambdas=(0.3,), dam_steps=15, dam_train_seqs=16)
 
 # A second model of the same geometry to compare subspaces with, when it is installed.
 COMPANIONS = {"minilm-l6": "minilm-l3", "minilm-l3": "minilm-l6"}
@@ -101,7 +106,9 @@ def report(
     if installed; ``None``: none). Everything is written into a staging directory and
     moved into place at the end, so an interrupted report leaves nothing half-written.
     """
+    from .dam import dam
     from .eigen import eigen
+    from .importance import importance
     from .overlap import overlap
     from .reconstruct import reconstruct
 
@@ -110,7 +117,7 @@ def report(
     loaded = model if isinstance(model, LoadedModel) else load_model(model, device=device)
     settings = replace(settings, ks=tuple(k for k in settings.ks if k <= settings.seq_len))
     second = companion_for(loaded) if compare == "auto" else compare
-    weights = {"eigen": 10, "overlap": 1, "reconstruct": 55, "figures": 4}
+    weights = {"eigen": 10, "overlap": 1, "reconstruct": 45, "importance": 8, "dam": 12, "figures": 6}
     if second:
         weights["eigen (second model)"] = 6
     stages = _Stages({name: 100 * w / sum(weights.values()) for name, w in weights.items()}, progress)
@@ -129,6 +136,12 @@ def report(
             loaded, num_seqs=settings.reconstruct_seqs, ks=settings.ks, strategies=settings.strategies,
             scopes=settings.scopes, plug_in=True, plug_in_scopes=settings.plug_in_scopes, batch_size=settings.batch_size,
             **common))
+        judged = dict(batch_size=settings.batch_size, **common)
+        results["importance"] = stages.run("importance", lambda: importance(
+            loaded, num_seqs=settings.importance_seqs, **judged))
+        results["dam"] = stages.run("dam", lambda: dam(
+            loaded, lambdas=settings.dam_lambdas, steps=settings.dam_steps, train_seqs=settings.dam_train_seqs,
+            eval_seqs=settings.importance_seqs, **judged))
         names = {key: _directory_name(key, result) for key, result in results.items()}
         page = stages.run("figures", lambda: _write(staging, results, names, settings, command))
     except BaseException:
@@ -155,7 +168,8 @@ def _write(directory: Path, results: dict, names: dict[str, str], settings: Repo
     for key, result in results.items():
         result.save(directory / names[key])
     sections = [_summary_section(results, settings), *_eigen_sections(results, names, directory, settings),
-                _reconstruct_section(results, names, directory)]
+                _reconstruct_section(results, names, directory), _importance_section(results, names, directory),
+                _dam_section(results, names, directory)]
     page = directory / "report.html"
     page.write_text(_page(results["eigen"], sections, names, command))
     return page
@@ -232,6 +246,7 @@ def _summary_section(results: dict, settings: ReportSettings) -> str:
                             else f"{row.objective} loss +{row.loss_increase:.3f} nats")
                 rows.append((f"Model outputs with k = {k} in every layer (paper 1)", "MNLI 79.7% at k = 32 vs 81.6% full",
                              measured))
+    rows += _importance_claims(results["importance"], results["dam"])
     frame = pd.DataFrame(rows, columns=["claim", "papers report", "measured here"])
     return _section("Summary: the papers' claims against this model", "What the papers report, and what attnlens measures here "
                     "(findings, not verdicts: settings differ from the papers').", [_table(frame, text=True)])
@@ -282,6 +297,79 @@ def _reconstruct_section(results: dict, names: dict[str, str], directory: Path) 
                     "k exact scores per row, the rest rebuilt by least squares fitted on other blocks; errors on held-out "
                     "blocks, per strategy (greedy, random, stride) and scope of the map (per head, per layer, shared by all).",
                     body)
+
+
+# The unit of a change of each objective, for the summary's sentences.
+LOSS_UNITS = {"hidden": "(1 − token cosine)", "clm": "nats of next-token loss", "mlm": "nats of masked-token loss"}
+
+
+def _interval(row: pd.Series, prefix: str = "delta") -> str:
+    """``+0.012 [+0.010, +0.014]``: a mean and its 95% interval."""
+    return f"{row[prefix]:+.3g} [{row[f'{prefix}_low']:+.3g}, {row[f'{prefix}_high']:+.3g}]"
+
+
+def _importance_claims(importance_result, dam_result) -> list[tuple[str, str, str]]:
+    table = importance_result.table[importance_result.table["occurs"]]
+    unit = LOSS_UNITS[importance_result.meta["settings"]["objective"]]
+    cheapest = table.loc[table["delta"].idxmin()]
+    rows = [("Removing a position class (paper 2)", "the diagonal (self) matters least; removing it costs nothing",
+             f"cheapest class to remove: {cheapest['class']}, {_interval(cheapest)} {unit} for {cheapest['removed']:.1%} of "
+             f"positions; removing as many random positions: {_interval(cheapest, 'random')}")]
+    if "self" in set(table["class"]):
+        own = table[table["class"] == "self"].iloc[0]
+        rank = int((table["delta"] < own["delta"]).sum()) + 1
+        rows.append(("…the diagonal in particular (paper 2)", "removing the diagonal: no loss, sometimes a gain",
+                     f"self: {_interval(own)} {unit}, rank {rank} of {len(table)} classes from the cheapest; "
+                     f"as many random positions: {_interval(own, 'random')}"))
+    dam_table = dam_result.table
+    sparse = dam_table.loc[dam_table["sparsity"].idxmax()]
+    keep = dam_result.keep_summary
+    keep = keep[keep["lambda"] == sparse["lambda"]].sort_values("keep_probability", ascending=False)
+    kept = ", ".join(f"{row['class']} {row['keep_probability']:.2f}" for _, row in keep.iterrows())
+    rows.append(("Learned masks (DAM, paper 2)", "DAM_s: 91.2% sparsity at GLUE 80.9 (full model 81.6 after its own "
+                 "fine-tuning)", f"{dam_result.meta['settings']['variant']}, λ = {sparse['lambda']:g}, model frozen: "
+                 f"{sparse['sparsity']:.1%} sparsity, {_interval(sparse)} {unit};"
+                 f" keep-probability per class: {kept}"))
+    if len(dam_result.patterns):
+        matched = dam_result.matched()
+        matched = matched[matched["lambda"] == sparse["lambda"]]
+        landed = "; ".join(f"{row['pattern']} {row['sparsity']:.0%}: {_interval(row)}" for _, row in matched.iterrows())
+        rows.append(("Fixed sparse patterns (paper 2)", "worse than DAM at similar sparsity (e.g. BigBird 93.2% / 79.4)",
+                     f"nearest sparsity to the DAM mask above: {landed}"))
+    return rows
+
+
+def _importance_section(results: dict, names: dict[str, str], directory: Path) -> str:
+    result = results["importance"]
+    figures = directory / names["importance"] / "figures"
+    columns = [name for name in ("class", "share", "mass", "removed", "delta", "delta_low", "delta_high", "random",
+                                 "random_low", "random_high", "gradient", "note") if name in result.table]
+    body = [_figure(figures / "mass.png", "Attention mass per query on each class, per layer and head"),
+            _figure(figures / "ablation.png", "Removing one class everywhere, with the random control"),
+            _table(result.table[columns])]
+    if (figures / "gradient.png").is_file():
+        body.insert(2, _figure(figures / "gradient.png", "Gradient importance of each class (gate on attention weights)"))
+    return _section("4. Which positions of the attention matrix matter?",
+                    f"Mass: average attention weight per query on each position class, against its share of positions. "
+                    f"Ablation: the class's scores set to −∞ in every layer and head; change of the "
+                    f"{result.meta['settings']['objective']} objective on held-out blocks with a 95% bootstrap interval, "
+                    f"beside removing as many random positions per row. Roles: "
+                    f"{', '.join(f'{key} = {value}' for key, value in result.meta['roles'].items())}.", body)
+
+
+def _dam_section(results: dict, names: dict[str, str], directory: Path) -> str:
+    result = results["dam"]
+    figures = directory / names["dam"] / "figures"
+    columns = [name for name in ("lambda", "sparsity", "loss", "delta", "delta_low", "delta_high") if name in result.table]
+    body = [_figure(figures / "loss_vs_sparsity.png", "Objective against sparsity: DAM and fixed patterns"),
+            _figure(figures / "keep_per_class.png", "Keep-probability of each class per λ"),
+            _figure(figures / "masks.png", "Learned masks"),
+            _table(result.table[columns])]
+    settings = result.meta["settings"]
+    return _section("5. Can attention be made sparse, and where?",
+                    f"A short DAM run ({settings['variant']} masks, {settings['steps']} steps per λ, model frozen), judged "
+                    "on the held-out blocks of section 4 with the deterministic mask, next to fixed sparse patterns swept "
+                    "over their parameter. Longer runs: attnlens dam.", body)
 
 
 STYLE = """
