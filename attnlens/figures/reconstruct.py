@@ -54,7 +54,8 @@ def plot_error_vs_k(result, ax: plt.Axes | None = None, *, metric: str = "rel_er
     colours = _strategy_colours(list(dict.fromkeys(overall.strategy)))
     floor = 1e-9 * max(float(overall[metric].max()), 1e-300)
     for (strategy, scope), group in overall.groupby(["strategy", "scope"], sort=False):
-        group = group[group[metric] > floor].sort_values("k")
+        # k = n is exact: its TV is float rounding (~1e-7), which would squash the log scale.
+        group = group[(group[metric] > floor) & (group.k < result.meta["n"])].sort_values("k")
         ax.plot(group.k, group[metric], marker="o", ms=3, color=colours[strategy],
                 ls=SCOPE_STYLES.get(scope, "-"), label=f"{strategy}, {scope}")
     _k_axis(ax, overall.k)
