@@ -64,7 +64,7 @@ def plot_error_vs_k(result, ax: plt.Axes | None = None, *, metric: str = "rel_er
     ax.set_ylabel(METRIC_LABELS[metric])
     what = "Total variation after softmax" if metric == "tv" else ("KL after softmax" if metric == "kl" else "Reconstruction error")
     ax.set_title(_title(result, f"{what} against k (exact points, e.g. k = n, not drawn)"), fontsize=10)
-    ax.legend(fontsize=7, ncol=2)
+    ax.legend(fontsize=7, ncol=2, handlelength=3.5)  # long enough to show the dashes
     return ax
 
 
@@ -83,7 +83,7 @@ def plot_error_vs_flops(result, ax: plt.Axes | None = None, *, metric: str = "re
     ax.set_xlabel("attention FLOPs saved (%; negative = more than full attention)")
     ax.set_ylabel(METRIC_LABELS[metric])
     ax.set_title(_title(result, "Error against compute saved"), fontsize=10)
-    ax.legend(fontsize=7, ncol=2)
+    ax.legend(fontsize=7, ncol=2, handlelength=3.5)  # long enough to show the dashes
     return ax
 
 
@@ -105,7 +105,7 @@ def plot_fidelity_vs_k(result, ax: plt.Axes | None = None) -> plt.Axes:
     ax.set_ylabel(label)
     layers = str(table.layers.iloc[0]).replace(" ", ", ")
     ax.set_title(_title(result, f"Model outputs with reconstruction in layers {layers} (95% intervals)"), fontsize=10)
-    ax.legend(fontsize=7, ncol=2)
+    ax.legend(fontsize=7, ncol=2, handlelength=3.5)  # long enough to show the dashes
     return ax
 
 
