@@ -13,6 +13,7 @@ from .app import (
     DeviceOption,
     ModelOption,
     OutOption,
+    OverwriteOption,
     ProgressOption,
     SeedOption,
     SeqLenOption,
@@ -25,7 +26,6 @@ ClassesOption = Annotated[str | None, typer.Option(
 ObjectiveOption = Annotated[str, typer.Option(
     "--objective", help="auto, clm (next-token loss), mlm (masked-token loss) or hidden (cosine to the unmodified model).")]
 BootstrapOption = Annotated[int, typer.Option("--bootstrap", help="Bootstrap resamples over blocks for the 95% intervals.")]
-Overwrite = Annotated[bool, typer.Option("--overwrite", help="Replace an existing result in --out.")]
 FiguresOption = Annotated[bool, typer.Option("--figures/--no-figures", help="Also draw the figures (PNG and PDF).")]
 
 
@@ -56,7 +56,7 @@ def importance(
     gradient: Annotated[bool, typer.Option("--gradient/--no-gradient", help="Also compute gradient importance.")] = True,
     seed: SeedOption = 0,
     device: DeviceOption = "cpu",
-    overwrite: Overwrite = False,
+    overwrite: OverwriteOption = False,
     figures: FiguresOption = True,
     progress: ProgressOption = True,
 ) -> None:
@@ -100,7 +100,7 @@ def dam(
     bootstrap: BootstrapOption = 1000,
     seed: SeedOption = 0,
     device: DeviceOption = "cpu",
-    overwrite: Overwrite = False,
+    overwrite: OverwriteOption = False,
     figures: FiguresOption = True,
     progress: ProgressOption = True,
 ) -> None:
