@@ -7,7 +7,7 @@ writes every result directory, then ``report.html`` with the figures embedded, t
 tables, the numbers that answer each research question of the two papers next to what
 the papers report, and the exact command and versions.
 
-Default settings finish in about 5 minutes on 2 CPU cores; ``quick`` in under 2.
+Default settings finish in about 5 minutes on 2 CPU cores; ``quick`` in under a minute.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ def report(
     model: ModelOption = "minilm-l6",
     corpus: CorpusOption = "kjv",
     compare: Annotated[str, typer.Option("--compare", help="Second model for cross-model overlap: auto, none, or a model.")] = "auto",
-    quick: Annotated[bool, typer.Option("--quick", help="Small settings: a first look in about 2 minutes.")] = False,
+    quick: Annotated[bool, typer.Option("--quick", help="Small settings: a first look in under a minute.")] = False,
     seed: SeedOption = 0,
     device: DeviceOption = "cpu",
     overwrite: OverwriteOption = False,
