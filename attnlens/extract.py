@@ -29,6 +29,7 @@ from .errors import AttnlensError
 from .models import LoadedModel, load_model
 from .progress import progress_bar
 from .provenance import provenance
+from .results import check_resumable_out
 from .store import DTYPES, Store, StoreWriter, is_store, open_store
 
 MIN_SEQ_LEN = 4
@@ -59,20 +60,8 @@ def check_layers(model: LoadedModel, layers: list[int] | None) -> list[int]:
 
 def prepare_out(out: Path, *, resume: bool, overwrite: bool) -> None:
     """Refuse to touch existing results unless asked; never delete a directory that is not a store."""
-    if resume and overwrite:
-        raise AttnlensError("--resume and --overwrite contradict each other; choose one")
-    if out.exists() and not out.is_dir():
-        raise AttnlensError(f"--out {out} is a file; give a directory path")
-    if not out.exists() or not any(out.iterdir()):
-        if resume:
-            raise AttnlensError(f"nothing to resume in {out}; run without --resume to start a new store")
-        return
-    if not is_store(out):
-        raise AttnlensError(f"--out {out} is a non-empty directory that is not an attnlens store; choose another --out")
-    if overwrite:
+    if check_resumable_out(out, resume=resume, overwrite=overwrite, owned=is_store, what="store"):
         shutil.rmtree(out)
-    elif not resume:
-        raise AttnlensError(f"a store already exists in {out}; pass --resume to finish it or --overwrite to replace it")
 
 
 def extract(

@@ -53,7 +53,7 @@ from .partials import (
 )
 from .progress import progress_bar
 from .provenance import provenance
-from .results import write_result
+from .results import check_resumable_out, write_result
 from .sources import ModelRows, StoreRows, open_rows
 from .store import Store, is_store, write_json_atomic
 
@@ -157,18 +157,8 @@ def _check_queries(n: int, queries: list[int] | None, per_query: bool) -> list[i
 
 def _check_out(out: Path, *, resume: bool, overwrite: bool) -> None:
     """Refuse, before any work, an --out that cannot take this job."""
-    if resume and overwrite:
-        raise AttnlensError("--resume and --overwrite contradict each other; choose one")
-    if out.exists() and not out.is_dir():
-        raise AttnlensError(f"--out {out} is a file; give a directory path")
-    if not out.exists() or not any(out.iterdir()):
-        if resume:
-            raise AttnlensError(f"nothing to resume in {out}; run without --resume to start a new moments job")
-        return
-    if not (out / JOB_FILE).is_file():
-        raise AttnlensError(f"--out {out} is a non-empty directory that is not an attnlens moments job; choose another --out")
-    if not resume and not overwrite:
-        raise AttnlensError(f"a moments job already exists in {out}; pass --resume to finish it or --overwrite to replace it")
+    check_resumable_out(out, resume=resume, overwrite=overwrite, owned=lambda path: (path / JOB_FILE).is_file(),
+                        what="moments job")
 
 
 def device_memory(device: torch.device, world: World) -> int:

@@ -92,6 +92,27 @@ def check_out(out: str | Path, overwrite: bool) -> Path:
     return out
 
 
+def check_resumable_out(out: Path, *, resume: bool, overwrite: bool, owned: Callable[[Path], bool], what: str) -> bool:
+    """Fail early if ``out`` cannot take a resumable job (a store, a moments job).
+
+    ``owned(out)`` says whether a non-empty ``out`` holds such a job; ``what`` names it in
+    the messages. Returns whether an existing job is to be replaced (``overwrite``).
+    """
+    if resume and overwrite:
+        raise AttnlensError("--resume and --overwrite contradict each other; choose one")
+    if out.exists() and not out.is_dir():
+        raise AttnlensError(f"--out {out} is a file; give a directory path")
+    if not out.exists() or not any(out.iterdir()):
+        if resume:
+            raise AttnlensError(f"nothing to resume in {out}; run without --resume to start a new {what}")
+        return False
+    if not owned(out):
+        raise AttnlensError(f"--out {out} is a non-empty directory that is not an attnlens {what}; choose another --out")
+    if not resume and not overwrite:
+        raise AttnlensError(f"a {what} already exists in {out}; pass --resume to finish it or --overwrite to replace it")
+    return overwrite
+
+
 def write_result(
     out: str | Path,
     kind: str,
