@@ -45,7 +45,7 @@ import torch
 from .capture import Capture
 from .corpus import Corpus
 from .errors import AttnlensError
-from .evaluation import bootstrap_interval, frozen, prepare_batches
+from .evaluation import bootstrap_interval, evaluate_batch, frozen, prepare_batches
 from .models import LoadedModel, load_model
 from .moments import Moments, compute_moments
 from .objectives import Objective, PreparedBatch, resolve_objective
@@ -346,14 +346,9 @@ class ReconstructResult:
 
 def evaluate_objective(objective: Objective, batches: list[PreparedBatch], maps: dict[int, LayerMaps] | None) -> dict[str, np.ndarray]:
     """Per-block objective metrics with the reconstruction in ``maps``' layers (None: unmodified)."""
-    collected: dict[str, list[np.ndarray]] = {}
     intervene = None if maps is None else (lambda layer, scores, valid: maps[layer].apply(scores))
-    for batch in batches:
-        with torch.no_grad(), Capture(None if maps is None else list(maps), intervene=intervene, record=False):
-            metrics = objective.evaluate(batch)
-        for name, values in metrics.items():
-            collected.setdefault(name, []).append(values.detach().cpu().numpy())
-    return {name: np.concatenate(parts) for name, parts in collected.items()}
+    per_batch = [evaluate_batch(objective, batch, intervene, None if maps is None else list(maps)) for batch in batches]
+    return {name: np.concatenate([metrics[name] for metrics in per_batch]) for name in per_batch[0]}
 
 
 def learn_maps(objective: Objective, maps: dict[int, LayerMaps], train_ids: np.ndarray, *, steps: int, lr: float,

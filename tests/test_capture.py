@@ -9,6 +9,7 @@ import transformers
 
 import attnlens
 from attnlens import Capture
+from tiny_models import save_with_minilm_tokenizer
 
 
 def eager_twin(model: attnlens.LoadedModel, **config_overrides) -> torch.nn.Module:
@@ -131,10 +132,7 @@ def test_identity_intervention_and_layer_choice_change_nothing(minilm_l6, kjv_bl
 def tiny_model_dir(tmp_path, minilm_l6, config: transformers.PretrainedConfig):
     """A small random model of another family, saved with the minilm tokenizer."""
     torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(config)
-    model.save_pretrained(tmp_path)
-    minilm_l6.tokenizer.save_pretrained(tmp_path)
-    return tmp_path
+    return save_with_minilm_tokenizer(tmp_path, transformers.AutoModelForCausalLM.from_config(config), minilm_l6)
 
 
 def test_grouped_query_attention_and_softcapping(tmp_path, minilm_l6, kjv_blocks):

@@ -8,6 +8,13 @@ import torch
 import transformers
 
 
+def save_with_minilm_tokenizer(path: Path, model: transformers.PreTrainedModel, minilm) -> Path:
+    """A model directory that loads offline: the model's weights and minilm's tokenizer."""
+    model.save_pretrained(path)
+    minilm.tokenizer.save_pretrained(path)
+    return Path(path)
+
+
 def save_tiny(path: Path, minilm, kind: str) -> Path:
     """A 2-layer random model directory: ``causal`` (Llama, grouped-query attention),
     ``causal-bert`` (BertLMHeadModel as a decoder: float64 all through, unlike Llama's
@@ -26,6 +33,4 @@ def save_tiny(path: Path, minilm, kind: str) -> Path:
         )
         model = transformers.BertForMaskedLM(config) if kind == "mlm" else transformers.BertLMHeadModel(
             transformers.BertConfig(**{**config.to_dict(), "is_decoder": True}))
-    model.save_pretrained(path)
-    minilm.tokenizer.save_pretrained(path)
-    return Path(path)
+    return save_with_minilm_tokenizer(path, model, minilm)
