@@ -23,10 +23,10 @@ import time
 import torch
 
 import attnlens
-from attnlens.dam import LAYOUTS, DamTrainer
-from attnlens.evaluation import valid_masks
-from attnlens.objectives import Objective
-from attnlens.positions import DEFAULT_CLASSES, class_masks, exclusive_index
+from attnlens.analysis.dam import LAYOUTS, DamTrainer
+from attnlens.analysis.evaluation import valid_masks
+from attnlens.analysis.objectives import Objective
+from attnlens.data.positions import DEFAULT_CLASSES, class_masks, exclusive_index
 
 
 def main() -> None:
@@ -57,7 +57,7 @@ def main() -> None:
         trainer = DamTrainer(layout, lam=0.1, steps=args.repeats + 1).start(model)
 
         def step(trainer=trainer) -> None:
-            with attnlens.evaluation.frozen(model.model):
+            with attnlens.analysis.evaluation.frozen(model.model):
                 trainer.step(judge, batch, context)
 
         modes[f"dam:{variant}"] = step

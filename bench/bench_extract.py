@@ -8,7 +8,7 @@ Each mode runs in its own process (so peak RSS is its own), rounds alternate the
   plain    transformers' default attention (sdpa), forward only          <- the baseline
   eager    transformers' eager attention, forward only
   capture  attnlens, every layer's scores recorded, nothing written
-  extract  attnlens.extract: capture + float16 store on disk (all layers)
+  extract  attnlens.io.extract: capture + float16 store on disk (all layers)
 
 Target (issue 2): extract <= 1.3x plain at n=128, batch 32 on minilm-l6.
 """

@@ -5,9 +5,9 @@ Run:  python bench/bench_greedy.py [--num-seqs 64]
 Covariances of every head of minilm-l6 at n=128 (moments streamed from the model) are
 built first (not timed). Then, in one run:
 
-  fast   attnlens.selection.greedy_path: rank-one Schur-complement updates, the whole
+  fast   attnlens.analysis.reconstruct.selection.greedy_path: rank-one Schur-complement updates, the whole
          path k = 1…n, all 72 heads in one call
-  naive  attnlens.selection.naive_greedy_path: at each step refit least squares for
+  naive  attnlens.analysis.reconstruct.selection.naive_greedy_path: at each step refit least squares for
          every candidate (numpy.linalg.lstsq) and keep the best
 
 The naive search is O(n⁵) per head, so both are timed on the same workload (one
@@ -38,9 +38,9 @@ def main() -> None:
     args = parser.parse_args()
 
     import attnlens
-    from attnlens.moments import compute_moments
-    from attnlens.selection import greedy_path, naive_greedy_path
-    from attnlens.sources import ModelRows
+    from attnlens.rows.moments import compute_moments
+    from attnlens.analysis.reconstruct.selection import greedy_path, naive_greedy_path
+    from attnlens.rows.sources import ModelRows
 
     model = attnlens.load_model("minilm-l6")
     rows = ModelRows(model, attnlens.load_corpus("kjv").blocks(model, 128, args.num_seqs))

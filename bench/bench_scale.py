@@ -47,7 +47,7 @@ ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("P
 
 def worker(argv: list[str]) -> None:
     """Run ``attnlens ARGV`` with timers around the accumulation and the reduce; print one JSON line."""
-    import attnlens.job as job
+    import attnlens.rows.jobs as job
     from attnlens.cli import main
 
     record: dict[str, float] = {"accumulate_s": 0.0}
@@ -80,7 +80,7 @@ def forward_only(seq_len: int, num_seqs: int, batch_size: int) -> None:
     import numpy as np
 
     import attnlens
-    from attnlens.sources import ModelRows
+    from attnlens.rows.sources import ModelRows
 
     model = attnlens.load_model("minilm-l6")
     rows = ModelRows(model, attnlens.load_corpus("kjv").blocks(model, seq_len, num_seqs))
@@ -111,7 +111,7 @@ def launch(args: list[str], *, ranks: int, threads: int) -> dict:
 def throughput(args) -> dict:
     import numpy as np
 
-    from attnlens.partials import load_moments
+    from attnlens.rows.partials import load_moments
 
     configs = {"1 process, 1 thread": (1, 1), "1 process, 2 threads": (1, 2), "2 ranks x 1 thread": (2, 1)}
     runs: dict[str, list[dict]] = {name: [] for name in configs}
@@ -144,7 +144,7 @@ def throughput(args) -> dict:
 
 
 def memory(args) -> None:
-    from attnlens.budget import MomentsCost, format_bytes, parse_bytes, plan_units
+    from attnlens.rows.budgets import MomentsCost, format_bytes, parse_bytes, plan_units
 
     n, seqs, batch, budget = 512, 8, 2, args.budget
     units = [(layer, head) for layer in range(6) for head in range(12)]
@@ -179,7 +179,7 @@ def layer_costs() -> dict:
     import torch
 
     import attnlens
-    from attnlens.accumulate import UnitSums
+    from attnlens.rows.accumulate import UnitSums
 
     torch.set_num_threads(1)
     model = attnlens.load_model("minilm-l6")
@@ -232,7 +232,7 @@ def float32_error() -> None:
     import torch
 
     import attnlens
-    from attnlens.sources import ModelRows
+    from attnlens.rows.sources import ModelRows
 
     model = attnlens.load_model("minilm-l6")
     n = 128
@@ -291,7 +291,7 @@ GPU = {  # stated assumptions: NVIDIA H100 SXM 80 GB, achieved fractions of peak
 
 
 def projection(rates: dict, args) -> None:
-    from attnlens.budget import MomentsCost, format_bytes, parse_bytes, plan_units
+    from attnlens.rows.budgets import MomentsCost, format_bytes, parse_bytes, plan_units
 
     layers, heads, d_head, d_model, d_ff, n, gpus, seqs = 32, 32, 128, 4096, 11008, 4096, 8, args.project_seqs
     params = layers * (4 * d_model * d_model + 3 * d_model * d_ff) + 2 * 32000 * d_model

@@ -12,7 +12,7 @@ import pytest
 
 import attnlens
 from attnlens.cli import main
-from attnlens.store import StoreWriter
+from attnlens.io.store import StoreWriter
 
 
 def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
@@ -65,7 +65,7 @@ def test_unknown_model(capsys, small):
 
 
 def test_alias_whose_package_is_missing(capsys, small, monkeypatch):
-    from attnlens import models
+    from attnlens.models import loading as models
 
     alias = models.ALIASES["gemma3-270m"]
     monkeypatch.setitem(models.ALIASES, "gemma3-270m", models.Alias(

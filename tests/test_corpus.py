@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import attnlens
-from attnlens.corpus import read_wordnet
+from attnlens.data.corpus import read_wordnet
 
 
 def test_txt_lines_paragraphs_jsonl_and_folders(tmp_path):
@@ -52,7 +52,7 @@ def test_blocks_have_the_special_token_layout_and_follow_the_text(minilm_l6, kjv
 def test_decoder_blocks_start_with_bos(tmp_path, minilm_l6):
     from types import SimpleNamespace
 
-    from attnlens.models import SpecialTokens
+    from attnlens.models.loading import SpecialTokens
 
     decoder_like = SimpleNamespace(
         tokenizer=minilm_l6.tokenizer, special=SpecialTokens(prefix=(2,), suffix=(), pad=0, mask=None, all_special=frozenset({2}))

@@ -11,10 +11,10 @@ import torch
 
 import attnlens
 from attnlens import Capture
-from attnlens.dam import LAYOUTS, DamResult, DamTrainer, evaluate_mask, parse_tau, rescue_rows
-from attnlens.evaluation import removal, valid_masks
-from attnlens.objectives import Objective
-from attnlens.positions import class_masks, exclusive_index
+from attnlens.analysis.dam import LAYOUTS, DamResult, DamTrainer, evaluate_mask, parse_tau, rescue_rows
+from attnlens.analysis.evaluation import removal, valid_masks
+from attnlens.analysis.objectives import Objective
+from attnlens.data.positions import class_masks, exclusive_index
 from tiny_models import save_tiny
 
 TINY = dict(seq_len=16, train_seqs=4, eval_seqs=2, batch_size=2, bootstrap=50, patterns=False, progress=False)
@@ -89,7 +89,7 @@ def test_gradient_scale_multiplies_the_task_gradient(minilm_l6, setting):
     grads = []
     for scale in (1.0, 10.0):
         trainer = DamTrainer(layout, lam=0.0, steps=1, gradient_scale=scale).start(minilm_l6)
-        with attnlens.evaluation.frozen(minilm_l6.model):
+        with attnlens.analysis.evaluation.frozen(minilm_l6.model):
             trainer.step(objective, batch, context)
         grads.append(trainer.logits_.grad.clone())
     assert grads[0].abs().sum() > 0

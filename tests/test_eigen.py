@@ -8,10 +8,10 @@ import torch
 from sklearn.decomposition import PCA
 
 import attnlens
-from attnlens.eigen import analyse_moments, components_for_energy, gaussian_baseline, matrix_spectrum
-from attnlens.moments import HalfMoments, Moments, compute_moments, split_halves
-from attnlens.sources import StoreRows
-from attnlens.overlap import chance_overlap, principal_angles, subspace_overlap
+from attnlens.analysis.eigen import analyse_moments, components_for_energy, gaussian_baseline, matrix_spectrum
+from attnlens.rows.moments import HalfMoments, Moments, compute_moments, split_halves
+from attnlens.rows.sources import StoreRows
+from attnlens.analysis.overlap import chance_overlap, principal_angles, subspace_overlap
 
 
 def moments_of(rows: np.ndarray, quantity: str = "scores") -> Moments:

@@ -13,10 +13,10 @@ import torch
 
 import attnlens
 from attnlens import Capture
-from attnlens.evaluation import evaluate_batch, guard_rows, removal, split_blocks
-from attnlens.importance import ImportanceResult, hidden_projection, random_positions
-from attnlens.objectives import Objective
-from attnlens.positions import class_masks
+from attnlens.analysis.evaluation import evaluate_batch, guard_rows, removal, split_blocks
+from attnlens.analysis.importance import ImportanceResult, hidden_projection, random_positions
+from attnlens.analysis.objectives import Objective
+from attnlens.data.positions import class_masks
 from tiny_models import save_tiny
 
 SMALL = dict(seq_len=16, num_seqs=4, batch_size=2, bootstrap=100, progress=False)

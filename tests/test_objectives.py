@@ -8,7 +8,7 @@ import torch
 
 import attnlens
 from attnlens import Capture
-from attnlens.objectives import MASK_RATE, Objective, resolve_objective
+from attnlens.analysis.objectives import MASK_RATE, Objective, resolve_objective
 from tiny_models import save_tiny
 
 

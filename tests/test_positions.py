@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import attnlens
-from attnlens.positions import DEFAULT_CLASSES, class_masks, exclusive_index, is_punctuation, parse_classes, token_roles
+from attnlens.data.positions import DEFAULT_CLASSES, class_masks, exclusive_index, is_punctuation, parse_classes, token_roles
 
 
 def hand_masks(tokens: list[str], cls_positions: set[int], sep_positions: set[int], punct: set[str], width: int) -> dict:

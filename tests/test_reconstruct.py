@@ -7,10 +7,10 @@ import pytest
 import torch
 
 import attnlens
-from attnlens.moments import Moments
-from attnlens.pairs import fit_pairs, greedy_pairs
-from attnlens.reconstruct import MapFitter, attention_flops, reconstruct
-from attnlens.selection import greedy_path, naive_greedy_path
+from attnlens.rows.moments import Moments
+from attnlens.analysis.reconstruct.pairs import fit_pairs, greedy_pairs
+from attnlens.analysis.reconstruct import MapFitter, attention_flops, reconstruct
+from attnlens.analysis.reconstruct.selection import greedy_path, naive_greedy_path
 from test_cli import assert_one_line_error, run_cli
 
 

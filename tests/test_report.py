@@ -8,7 +8,7 @@ import matplotlib.pyplot as plt
 import pytest
 
 import attnlens
-from attnlens import models
+from attnlens.models import loading as models
 from test_cli import assert_one_line_error, run_cli
 
 

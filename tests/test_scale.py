@@ -21,12 +21,12 @@ import pytest
 import torch
 
 import attnlens
-from attnlens.accumulate import ARRAYS, UnitSums
-from attnlens.budget import MomentsCost, parse_bytes, plan_units
-from attnlens.job import run_moments
-from attnlens.moments import compute_moments, split_halves
-from attnlens.partials import load_moments, load_partial
-from attnlens.sources import ModelRows
+from attnlens.rows.accumulate import ARRAYS, UnitSums
+from attnlens.rows.budgets import MomentsCost, parse_bytes, plan_units
+from attnlens.rows.jobs import run_moments
+from attnlens.rows.moments import compute_moments, split_halves
+from attnlens.rows.partials import load_moments, load_partial
+from attnlens.rows.sources import ModelRows
 from test_cli import assert_one_line_error, run_cli
 
 # The repository this attnlens comes from goes first on the path of every launched rank.
@@ -111,7 +111,7 @@ def test_merge_of_partial_files_equals_the_all_reduce(capsys, tmp_path, two_rank
 KILLER = textwrap.dedent(
     """
     import os, signal, sys
-    import attnlens.partials as partials
+    import attnlens.rows.partials as partials
     from attnlens.cli import main
     original, calls = partials._dump, []
     def dump_then_die(path, meta, arrays):
@@ -171,7 +171,7 @@ def test_head_sharding_under_a_small_budget_gives_the_same_eigenvalues(tmp_path,
 STORE_KILLER = textwrap.dedent(
     """
     import os, signal, sys
-    from attnlens.store import StoreWriter, _pwrite_all
+    from attnlens.io.store import StoreWriter, _pwrite_all
     from attnlens.cli import main
     calls = []
     def write_then_die(descriptor, data, offset):

@@ -15,7 +15,7 @@ import torch
 
 import attnlens
 from attnlens import Capture
-from attnlens.store import StoreWriter
+from attnlens.io.store import StoreWriter
 
 SETTINGS = dict(seq_len=32, num_seqs=24, batch_size=8, layers=[0, 3], progress=False)
 
@@ -58,7 +58,7 @@ KILLER = textwrap.dedent(
     """
     import os, signal, sys
     import attnlens
-    from attnlens.store import StoreWriter, _pwrite_all
+    from attnlens.io.store import StoreWriter, _pwrite_all
     calls = 0
     def write_then_die(descriptor, data, offset):
         global calls

@@ -13,7 +13,7 @@ from typing import Annotated
 
 import typer
 
-from ..errors import AttnlensError
+from attnlens.errors import AttnlensError
 
 app = typer.Typer(
     name="attnlens",
@@ -46,7 +46,7 @@ DISTRIBUTED_COMMANDS = ("extract", "moments")
 def _launch(context: typer.Context) -> None:
     # Under torchrun every rank runs the command line: a command that does not split its
     # work would run N times and write N times to the same --out, so it is refused.
-    from ..distributed import ReportedError, environment_world_size
+    from attnlens.io.ranks import ReportedError, environment_world_size
 
     if environment_world_size() > 1 and context.invoked_subcommand not in DISTRIBUTED_COMMANDS:
         message = (f"'attnlens {context.invoked_subcommand}' runs in one process; launch it without torchrun "
@@ -71,7 +71,7 @@ def parse_int_list(text: str | None, option: str) -> list[int] | None:
 # ------------------------------------------------------------------ entry point
 def main(argv: list[str] | None = None) -> None:
     """Run the CLI; user errors become one line on stderr and exit status 2."""
-    from ..provenance import set_cli_command
+    from attnlens.io.provenance import set_cli_command
 
     set_cli_command(sys.argv[1:] if argv is None else list(argv))
     command = typer.main.get_command(app)

@@ -46,8 +46,8 @@ def eigen(
     progress: ProgressOption = True,
 ) -> None:
     """Eigen analysis of attention rows per head, layer and model, against a Gaussian baseline."""
-    from ..eigen import eigen as run
-    from ..results import check_out
+    from attnlens.analysis.eigen import eigen as run
+    from attnlens.io.results import check_out
 
     check_out(out, overwrite)
     result = run(
@@ -71,9 +71,9 @@ def overlap(
     overwrite: OverwriteOption = False,
 ) -> None:
     """Overlap of top-d eigenspaces across layers, heads and models, with chance level and split-half check."""
-    from ..eigen import EigenResult
-    from ..overlap import overlap as run
-    from ..results import check_out
+    from attnlens.analysis.eigen import EigenResult
+    from attnlens.analysis.overlap import overlap as run
+    from attnlens.io.results import check_out
 
     check_out(out, overwrite)
     result = run([EigenResult.load(path) for path in eigen_dirs], dim=dim, query=query)

@@ -25,7 +25,7 @@ from .app import (
 @app.command()
 def models() -> None:
     """List the model aliases and whether each is installed."""
-    from ..models import cache_dir, list_models
+    from attnlens.models.loading import cache_dir, list_models
 
     rows = list_models()
     width = max(len(row["alias"]) for row in rows)
@@ -53,7 +53,7 @@ def extract(
     progress: ProgressOption = True,
 ) -> None:
     """Capture pre-softmax attention scores of corpus blocks into a store."""
-    from ..extract import extract as run
+    from attnlens.io.extract import extract as run
 
     store = run(
         model, corpus, out, seq_len=seq_len, num_seqs=num_seqs, batch_size=batch_size, dtype=dtype,

@@ -16,8 +16,8 @@ def figures(
     out: OutOption,
 ) -> None:
     """Redraw the figures of saved results (PNG and PDF), one folder per result, named after it."""
-    from ..figures import save_figures
-    from ..results import load_result
+    from attnlens.figures import save_figures
+    from attnlens.io.results import load_result
 
     results = [(path, load_result(path)) for path in result_dirs]  # read everything before writing anything
     for path, result in results:

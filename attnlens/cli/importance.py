@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from ..errors import AttnlensError
+from attnlens.errors import AttnlensError
 from .app import (
     BatchSizeOption,
     CorpusOption,
@@ -61,8 +61,8 @@ def importance(
     progress: ProgressOption = True,
 ) -> None:
     """Attention mass, ablation importance (with a random control) and gradient importance of position classes."""
-    from ..importance import importance as run
-    from ..results import check_out
+    from attnlens.analysis.importance import importance as run
+    from attnlens.io.results import check_out
 
     check_out(out, overwrite)
     result = run(model, corpus, classes=classes, objective=objective, per=per, seq_len=seq_len, num_seqs=num_seqs,
@@ -105,8 +105,8 @@ def dam(
     progress: ProgressOption = True,
 ) -> None:
     """Learn sparse attention masks (DAM) for each λ and compare them with fixed sparse patterns."""
-    from ..dam import dam as run
-    from ..results import check_out
+    from attnlens.analysis.dam import dam as run
+    from attnlens.io.results import check_out
 
     check_out(out, overwrite)
     result = run(model, corpus, variant=variant, lambdas=parse_float_list(lambdas, "--lambdas"), steps=steps, tau=tau, lr=lr,

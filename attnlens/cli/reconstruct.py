@@ -55,8 +55,8 @@ def reconstruct(
     progress: ProgressOption = True,
 ) -> None:
     """Compute k exact scores per row, rebuild the rest by least squares, measure the error on held-out blocks."""
-    from ..reconstruct import reconstruct as run
-    from ..results import check_out
+    from attnlens.analysis.reconstruct import reconstruct as run
+    from attnlens.io.results import check_out
 
     check_out(out, overwrite)
     result = run(

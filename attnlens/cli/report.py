@@ -22,7 +22,7 @@ def report(
     progress: ProgressOption = True,
 ) -> None:
     """Run every analysis and write a self-contained HTML report with all result files."""
-    from ..report import report as run
+    from attnlens.report import report as run
 
     page = run(out, model=model, corpus=corpus, compare=None if compare == "none" else compare, quick=quick, seed=seed,
                device=device, overwrite=overwrite, progress=progress)

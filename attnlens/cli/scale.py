@@ -46,7 +46,7 @@ def moments(
     progress: ProgressOption = True,
 ) -> None:
     """Moments of attention rows, sharded over torchrun ranks and checkpointed; eigen reads the result."""
-    from ..job import run_moments, summary
+    from attnlens.rows.jobs import run_moments, summary
 
     result = run_moments(
         source, out, corpus=corpus, seq_len=seq_len, num_seqs=num_seqs, batch_size=batch_size, quantity=quantity,
@@ -67,7 +67,7 @@ def merge(
     progress: ProgressOption = True,
 ) -> None:
     """Add the partial moment files of a job's ranks and passes into one moments result."""
-    from ..partials import merge_partials
+    from attnlens.rows.partials import merge_partials
 
     files = [file for path in partials for file in _partial_files(path)]
     result = merge_partials(files, out, overwrite=overwrite, progress=progress)
@@ -78,7 +78,7 @@ def merge(
 
 
 def _partial_files(path: Path) -> list[Path]:
-    from ..errors import AttnlensError
+    from attnlens.errors import AttnlensError
 
     if path.is_dir():
         folder = path / "partials" if (path / "partials").is_dir() else path

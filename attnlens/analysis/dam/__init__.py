@@ -23,7 +23,7 @@ objective with its bootstrap interval, and the keep-probability ``σ(α)`` (the 
 a sample keeps the position) per position class; ``expected_sparsity`` is that of the
 sampled masks (``1 - mean σ(α)``). A row the hard mask would leave with no valid key keeps
 its keys of largest logit (:func:`rescue_rows`; ``rows_rescued`` counts them): sparing
-such a row whole, as ablations do, would let a large λ remove everything and look dense. Fixed sparse patterns (:mod:`attnlens.patterns`) are judged
+such a row whole, as ablations do, would let a large λ remove everything and look dense. Fixed sparse patterns (:mod:`attnlens.analysis.dam.patterns`) are judged
 on the same blocks for comparison.
 
 >>> from attnlens import dam
@@ -47,10 +47,10 @@ import numpy as np
 import pandas as pd
 import torch
 
-from .capture import Capture
-from .corpus import Corpus, load_corpus
-from .errors import AttnlensError
-from .evaluation import (
+from attnlens.models.capture import Capture
+from attnlens.data.corpus import Corpus, load_corpus
+from attnlens.errors import AttnlensError
+from attnlens.analysis.evaluation import (
     bootstrap_interval,
     evaluate_batch,
     frozen,
@@ -59,15 +59,15 @@ from .evaluation import (
     split_blocks,
     valid_masks,
 )
-from .extract import check_seq_len
-from .importance import check_classes_occur, layer_groups
-from .models import LoadedModel, load_model
-from .objectives import Objective, PreparedBatch
-from .patterns import PATTERNS, build, removed_mask
-from .positions import class_masks, exclusive_index, parse_classes, token_roles
-from .progress import progress_bar
-from .provenance import provenance
-from .results import TabularResult, register_result
+from attnlens.io.extract import check_seq_len
+from attnlens.analysis.importance import check_classes_occur, layer_groups
+from attnlens.models.loading import LoadedModel, load_model
+from attnlens.analysis.objectives import Objective, PreparedBatch
+from attnlens.analysis.dam.patterns import PATTERNS, build, removed_mask
+from attnlens.data.positions import class_masks, exclusive_index, parse_classes, token_roles
+from attnlens.progress import progress_bar
+from attnlens.io.provenance import provenance
+from attnlens.io.results import TabularResult, register_result
 
 VARIANTS = ("unstructured", "structured", "class")
 REMOVALS = ("1e4", "inf")

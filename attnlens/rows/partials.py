@@ -1,14 +1,14 @@
 """Partial moment files, and merging them into one moments result.
 
 A **partial file** holds the sums one rank accumulated in one pass of a moments job
-(:mod:`attnlens.job`): its (layer, head) units, over its range of sequences, of which
+(:mod:`attnlens.rows.jobs`): its (layer, head) units, over its range of sequences, of which
 ``done`` are finished. It is one ``.npz`` (arrays ``count``, ``key_count``, ``sum``,
 ``sum_outer`` with axes (half, unit, query, ...), and ``meta``, a JSON text), replaced
 atomically at every checkpoint: a crash leaves the previous checkpoint, never half of
 one.
 
 A **moments result** is a result directory (kind ``moments``, see
-:mod:`attnlens.results`) of float64 arrays that can be memory-mapped: for each half
+:mod:`attnlens.io.results`) of float64 arrays that can be memory-mapped: for each half
 ``a`` and ``b``, ``{half}_count.npy`` (L, H, Q), ``{half}_key_count.npy`` and
 ``{half}_sum.npy`` (L, H, Q, n), ``{half}_sum_outer.npy`` (L, H, Q, n, n). Analyses read
 one unit at a time from it, so it may be larger than memory.
@@ -37,13 +37,13 @@ from pathlib import Path
 
 import numpy as np
 
-from .accumulate import ARRAYS
-from .errors import AttnlensError
-from .moments import HalfMoments, Moments
-from .progress import progress_bar
-from .provenance import provenance
-from .results import read_result_dir, register_result, write_result
-from .store import _flatten, _fsync_directory, _short
+from attnlens.rows.accumulate import ARRAYS
+from attnlens.errors import AttnlensError
+from attnlens.rows.moments import HalfMoments, Moments
+from attnlens.progress import progress_bar
+from attnlens.io.provenance import provenance
+from attnlens.io.results import read_result_dir, register_result, write_result
+from attnlens.io.store import _flatten, _fsync_directory, _short
 
 PARTIAL_FORMAT = "attnlens-moments-partial"
 PARTIAL_FORMAT_VERSION = 1
@@ -147,7 +147,7 @@ class MergedWriter:
 
     def write_units(self, units: Sequence[tuple[int, int]], sums: dict[str, np.ndarray]) -> None:
         """Write the float64 ``sums`` (axes half, unit, ...) of ``units``."""
-        from .store import _pwrite_all
+        from attnlens.io.store import _pwrite_all
 
         for index, (layer, head) in enumerate(units):
             position = self.layers.index(layer) * self.num_heads + head
@@ -256,7 +256,7 @@ def merge_partials(
                 "the same attnlens moments command with --resume, then merge"
             )
     groups = _groups(metas, settings)
-    from .results import check_out
+    from attnlens.io.results import check_out
 
     check_out(out, overwrite)
 

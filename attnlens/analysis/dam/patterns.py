@@ -2,7 +2,7 @@
 
 Each pattern is a boolean **keep** mask over (query, key), built from positions and, for
 the ones with global tokens, from which keys are in the ``cls`` role
-(:func:`attnlens.positions.token_roles`: ``[CLS]``, or ``<bos>``/the first token):
+(:func:`attnlens.data.positions.token_roles`: ``[CLS]``, or ``<bos>``/the first token):
 
 ==============  ================================================================  ==========
 strided         ``|i - j| < s`` or ``(i - j) mod s = 0`` (Child et al. 2019)       stride s
@@ -17,7 +17,7 @@ no-diagonal     every position but ``i = j`` (SparseBERT's diagonal removal)    
 ==============  ================================================================  ==========
 
 :func:`removed_mask` turns a pattern into the positions it removes from a model's valid
-ones, after the row guard (:func:`attnlens.evaluation.guard_rows`), and :func:`sparsity`
+ones, after the row guard (:func:`attnlens.analysis.evaluation.guard_rows`), and :func:`sparsity`
 is honest: the fraction of valid positions that are actually removed.
 
 >>> import torch
@@ -36,8 +36,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .errors import AttnlensError
-from .evaluation import guard_rows
+from attnlens.errors import AttnlensError
+from attnlens.analysis.evaluation import guard_rows
 
 
 def _positions(n: int, device: torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -30,9 +30,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from . import capture
-from .cache import cache_dir
-from .errors import AttnlensError
+from attnlens.models import capture
+from attnlens.models.cache import cache_dir
+from attnlens.errors import AttnlensError
 
 # --------------------------------------------------------------------------- aliases
 

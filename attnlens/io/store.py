@@ -24,7 +24,7 @@ must see the same directory: one machine, or a shared file system.) Single-proce
 stores keep format version 1 and ``progress.json``.
 
 >>> import tempfile, numpy as np
->>> from attnlens.store import StoreWriter, open_store
+>>> from attnlens.io.store import StoreWriter, open_store
 >>> path = tempfile.mkdtemp() + "/store"
 >>> writer = StoreWriter.create(path, {"n": 3, "num_heads": 1, "layers": [0], "dtype": "float32",
 ...                                    "weights": False}, tokens=np.zeros((2, 3), dtype=np.int32))
@@ -46,7 +46,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import AttnlensError
+from attnlens.errors import AttnlensError
 
 FORMAT = "attnlens-store"
 FORMAT_VERSION = 2  # the newest this attnlens reads

@@ -16,7 +16,7 @@ each key was valid, and analyses use the keys valid in every row of the unit (th
 "complete" keys: the valid prefix for causal models).
 
 >>> import torch
->>> from attnlens.moments import Moments
+>>> from attnlens.rows.moments import Moments
 >>> m = Moments.empty("scores", n=3, layers=[0], num_heads=1)
 >>> rows = torch.tensor([[[[1., 2., 3.], [3., 2., 1.]]]])            # (batch, head, query, key)
 >>> m.accumulate(0, rows, torch.ones(1, 2, 3, dtype=torch.bool))
@@ -35,8 +35,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .errors import AttnlensError
-from .sources import ModelRows, StoreRows
+from attnlens.errors import AttnlensError
+from attnlens.rows.sources import ModelRows, StoreRows
 
 QUANTITIES = ("scores", "weights", "log-weights")
 LEVELS = ("head", "layer", "model")

@@ -15,7 +15,7 @@ block and differentiable, so the same objective trains DAM masks and learned R.
 
 >>> import torch
 >>> from attnlens import Capture, load_model
->>> from attnlens.objectives import Objective
+>>> from attnlens.analysis.objectives import Objective
 >>> model = load_model("minilm-l6")
 >>> objective = Objective(model)                     # auto -> hidden for a bare encoder
 >>> batch = objective.prepare(torch.tensor([[101, 1999, 1996, 2927, 102]]))
@@ -30,9 +30,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .capture import no_capture
-from .errors import AttnlensError
-from .models import LoadedModel
+from attnlens.models.capture import no_capture
+from attnlens.errors import AttnlensError
+from attnlens.models.loading import LoadedModel
 
 OBJECTIVES = ("auto", "clm", "mlm", "hidden")
 MASK_RATE = 0.15

@@ -21,7 +21,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from .errors import AttnlensError
+from attnlens.errors import AttnlensError
 
 STRATEGIES = ("greedy", "random", "stride", "local+global", "eigen")
 QUERY_DEPENDENT = ("local+global",)

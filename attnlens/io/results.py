@@ -6,7 +6,7 @@ directory and renamed into place, so a crash never leaves half a result, and an
 existing result is only replaced when the caller says ``overwrite``.
 
 >>> import tempfile, numpy as np, pandas as pd
->>> from attnlens.results import write_result, read_result_dir
+>>> from attnlens.io.results import write_result, read_result_dir
 >>> out = tempfile.mkdtemp() + "/r"
 >>> _ = write_result(out, "demo", {"answer": 42}, tables={"table": pd.DataFrame({"a": [1, 2]})},
 ...                  arrays={"x": np.arange(3)})
@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .errors import AttnlensError
+from attnlens.errors import AttnlensError
 
 FORMAT_VERSION = 1
 _LOADERS: dict[str, Callable[[Path], object]] = {}
@@ -63,7 +63,7 @@ class TabularResult:
 
         def extra(directory: Path) -> None:
             if figures:
-                from .figures import save_figures
+                from attnlens.figures import save_figures
 
                 save_figures(self, directory / "figures")
 
@@ -218,7 +218,8 @@ def load_result(path: str | Path) -> object:
     kind = _read_meta(path)["kind"]
     if kind not in _LOADERS:
         # Importing the analysis modules registers their loaders.
-        from . import dam, eigen, importance, overlap, reconstruct, report  # noqa: F401
+        from attnlens.analysis import dam, eigen, importance, overlap, reconstruct  # noqa: F401
+        from attnlens import report  # noqa: F401
     if kind not in _LOADERS:
         raise AttnlensError(f"result '{path}' is of kind '{kind}', which this attnlens cannot read")
     return _LOADERS[kind](path)

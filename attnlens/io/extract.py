@@ -1,7 +1,7 @@
 """Extract: run a model over corpus blocks and write the captured attention to a store.
 
 Launched by ``torchrun`` with several ranks, every rank computes its own contiguous
-share of the blocks and writes it into one sharded store (see :mod:`attnlens.store`);
+share of the blocks and writes it into one sharded store (see :mod:`attnlens.io.store`);
 a rank that dies loses only its unfinished batch, and ``--resume`` with the same number
 of ranks continues each rank where it stopped.
 
@@ -22,15 +22,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .capture import Capture
-from .corpus import Corpus, load_corpus
-from .distributed import init_world, shard_range
-from .errors import AttnlensError
-from .models import LoadedModel, load_model
-from .progress import progress_bar
-from .provenance import provenance
-from .results import check_resumable_out
-from .store import DTYPES, Store, StoreWriter, is_store, open_store
+from attnlens.models.capture import Capture
+from attnlens.data.corpus import Corpus, load_corpus
+from attnlens.io.ranks import init_world, shard_range
+from attnlens.errors import AttnlensError
+from attnlens.models.loading import LoadedModel, load_model
+from attnlens.progress import progress_bar
+from attnlens.io.provenance import provenance
+from attnlens.io.results import check_resumable_out
+from attnlens.io.store import DTYPES, Store, StoreWriter, is_store, open_store
 
 MIN_SEQ_LEN = 4
 

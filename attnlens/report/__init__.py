@@ -25,12 +25,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .errors import AttnlensError
-from .figures.dam import nearest_lambda
-from .models import ALIASES, LoadedModel, load_model, missing_distributions
-from .progress import progress_bar
-from .provenance import provenance
-from .results import check_out, read_result_dir, register_result, swap_into_place
+from attnlens.errors import AttnlensError
+from attnlens.figures.dam import nearest_lambda
+from attnlens.models.loading import ALIASES, LoadedModel, load_model, missing_distributions
+from attnlens.progress import progress_bar
+from attnlens.io.provenance import provenance
+from attnlens.io.results import check_out, read_result_dir, register_result, swap_into_place
 
 
 @dataclass(frozen=True)
@@ -109,11 +109,11 @@ def report(
     if installed; ``None``: none). Everything is written into a staging directory and
     moved into place at the end, so an interrupted report leaves nothing half-written.
     """
-    from .dam import dam
-    from .eigen import eigen
-    from .importance import importance
-    from .overlap import overlap
-    from .reconstruct import reconstruct
+    from attnlens.analysis.dam import dam
+    from attnlens.analysis.eigen import eigen
+    from attnlens.analysis.importance import importance
+    from attnlens.analysis.overlap import overlap
+    from attnlens.analysis.reconstruct import reconstruct
 
     out = check_out(out, overwrite)
     settings = QUICK if quick else DEFAULT
@@ -429,7 +429,7 @@ class Report:
 
     def result(self, key: str) -> object:
         """One of the report's results (``eigen``, ``overlap``, ``reconstruct``, ...), loaded."""
-        from .results import load_result
+        from attnlens.io.results import load_result
 
         if key not in self.meta["results"]:
             raise AttnlensError(f"the report has no '{key}' result; it has {', '.join(self.meta['results'])}")

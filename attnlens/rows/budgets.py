@@ -29,8 +29,8 @@ import math
 import re
 from dataclasses import dataclass
 
-from .errors import AttnlensError
-from .distributed import shard_range
+from attnlens.errors import AttnlensError
+from attnlens.io.ranks import shard_range
 
 ACCUMULATE = ("float64", "float32")
 _ITEMSIZE = {"float64": 8, "float32": 4}

@@ -1,6 +1,6 @@
 """Moment sums of a group of (layer, head) units, kept as torch tensors on one device.
 
-:class:`attnlens.moments.Moments` holds the sums of every unit as float64 numpy arrays,
+:class:`attnlens.rows.moments.Moments` holds the sums of every unit as float64 numpy arrays,
 which is what the analyses read. A scaled-out run needs two more things, which
 :class:`UnitSums` adds: sums of only some units (a memory budget splits the heads among
 processes and passes) and sums that live where the scores are computed (a GPU), in
@@ -23,9 +23,9 @@ from collections.abc import Iterable
 import numpy as np
 import torch
 
-from .budget import ACCUMULATE
-from .errors import AttnlensError
-from .moments import QUANTITIES, HalfMoments, Moments, row_values
+from attnlens.rows.budgets import ACCUMULATE
+from attnlens.errors import AttnlensError
+from attnlens.rows.moments import QUANTITIES, HalfMoments, Moments, row_values
 
 _DTYPES = {"float64": torch.float64, "float32": torch.float32}
 ARRAYS = ("count", "key_count", "sum", "sum_outer")

@@ -1,7 +1,7 @@
 """Position importance: which classes of (query, key) pairs a model's attention needs.
 
-Three independent measures, on held-out blocks (:func:`attnlens.evaluation.split_blocks`),
-for the position classes of :mod:`attnlens.positions`:
+Three independent measures, on held-out blocks (:func:`attnlens.analysis.evaluation.split_blocks`),
+for the position classes of :mod:`attnlens.data.positions`:
 
 1. **Attention mass** (no intervention; Clark et al. 2019): for each layer, head and
    class, ``Σ_ij A_ij·S_ij`` divided by the number of queries, i.e. the average weight a
@@ -16,7 +16,7 @@ for the position classes of :mod:`attnlens.positions`:
    in every layer and head it applies to; ``excess = delta(class) - delta(random)``
    (paired over blocks). For the ``hidden`` objective the cosine of mean-pooled
    embeddings to the unmodified model's (``pooled_cosine``) is reported beside it. A row whose every valid key is in the class (query 0 of a causal
-   model for ``self``/``cls``) is left as it is (:func:`attnlens.evaluation.guard_rows`);
+   model for ``self``/``cls``) is left as it is (:func:`attnlens.analysis.evaluation.guard_rows`);
    ``rows_spared`` counts them.
 3. **Gradient importance** (Michel et al. 2019): a gate per class and head multiplying the
    attention weights; importance ``= mean over blocks of |∂L/∂gate|`` at gate = 1, from
@@ -51,10 +51,10 @@ import numpy as np
 import pandas as pd
 import torch
 
-from .capture import Capture
-from .corpus import Corpus, load_corpus
-from .errors import AttnlensError
-from .evaluation import (
+from attnlens.models.capture import Capture
+from attnlens.data.corpus import Corpus, load_corpus
+from attnlens.errors import AttnlensError
+from attnlens.analysis.evaluation import (
     bootstrap_interval,
     evaluate_batch,
     frozen,
@@ -64,13 +64,13 @@ from .evaluation import (
     split_blocks,
     valid_masks,
 )
-from .extract import check_seq_len
-from .models import LoadedModel, load_model
-from .objectives import Objective, PreparedBatch
-from .positions import class_masks, parse_classes, token_roles
-from .progress import progress_bar
-from .provenance import provenance
-from .results import TabularResult, register_result
+from attnlens.io.extract import check_seq_len
+from attnlens.models.loading import LoadedModel, load_model
+from attnlens.analysis.objectives import Objective, PreparedBatch
+from attnlens.data.positions import class_masks, parse_classes, token_roles
+from attnlens.progress import progress_bar
+from attnlens.io.provenance import provenance
+from attnlens.io.results import TabularResult, register_result
 
 SCOPES = ("model", "layer", "head")
 CONTROLS = ("class", "random")
@@ -299,7 +299,7 @@ def importance(
 
     ``per`` adds per-layer or per-head ablations to the whole-model ones (per-head costs
     ``2 × classes × layers × heads`` forward passes per batch). ``classes=None`` takes
-    :data:`attnlens.positions.DEFAULT_CLASSES` and drops those that never occur.
+    :data:`attnlens.data.positions.DEFAULT_CLASSES` and drops those that never occur.
     """
     explicit = classes is not None
     classes = parse_classes(classes)

@@ -5,8 +5,8 @@ estimate the others by an affine least-squares map fitted on the rows' moments,
 
     ŝ = μ + C[:, S] (C[S, S] + ridge)⁻¹ (s_S − μ_S),      with ŝ_S = s_S exactly,
 
-where μ and C are the mean and covariance of the rows (:mod:`attnlens.moments`) and S
-the chosen keys (:mod:`attnlens.selection`). attnlens fits the map on one part of the
+where μ and C are the mean and covariance of the rows (:mod:`attnlens.rows.moments`) and S
+the chosen keys (:mod:`attnlens.analysis.reconstruct.selection`). attnlens fits the map on one part of the
 corpus and measures, on held-out blocks and for every k:
 
 - the relative error against the mean row ``‖s − ŝ‖² / ‖s − μ‖²`` (the honest one: 1
@@ -15,7 +15,7 @@ corpus and measures, on held-out blocks and for every k:
 - the error after softmax: total-variation distance and KL(w ‖ ŵ) per row;
 - attention FLOPs against full attention (:func:`attention_flops`);
 - with ``plug_in``, what the model's own outputs lose with the reconstruction inside
-  attention (:mod:`attnlens.objectives`), and with ``learn_r`` the gain of fine-tuning
+  attention (:mod:`attnlens.analysis.objectives`), and with ``learn_r`` the gain of fine-tuning
   the maps on that objective over the closed form.
 
 Scopes: one map per ``head``, one per ``layer`` (shared by its heads), or one for
@@ -42,17 +42,17 @@ import numpy as np
 import pandas as pd
 import torch
 
-from .capture import Capture
-from .corpus import Corpus
-from .errors import AttnlensError
-from .evaluation import bootstrap_interval, evaluate_batch, frozen, prepare_batches
-from .models import LoadedModel, load_model
-from .moments import Moments, compute_moments
-from .objectives import Objective, PreparedBatch, resolve_objective
-from .progress import progress_bar
-from .provenance import provenance
-from .results import read_result_dir, register_result, write_result
-from .selection import (
+from attnlens.models.capture import Capture
+from attnlens.data.corpus import Corpus
+from attnlens.errors import AttnlensError
+from attnlens.analysis.evaluation import bootstrap_interval, evaluate_batch, frozen, prepare_batches
+from attnlens.models.loading import LoadedModel, load_model
+from attnlens.rows.moments import Moments, compute_moments
+from attnlens.analysis.objectives import Objective, PreparedBatch, resolve_objective
+from attnlens.progress import progress_bar
+from attnlens.io.provenance import provenance
+from attnlens.io.results import read_result_dir, register_result, write_result
+from attnlens.analysis.reconstruct.selection import (
     QUERY_DEPENDENT,
     check_ks,
     check_strategies,
@@ -62,8 +62,8 @@ from .selection import (
     random_order,
     stride_positions,
 )
-from .sources import ModelRows, StoreRows, open_rows
-from .store import Store
+from attnlens.rows.sources import ModelRows, StoreRows, open_rows
+from attnlens.io.store import Store
 
 SCOPES = ("head", "layer", "all")
 ROW_MODES = ("auto", "pooled", "per-query")
@@ -327,7 +327,7 @@ class ReconstructResult:
         def extra(directory: Path) -> None:
             np.savez_compressed(directory / "selections.npz", **{key.replace("/", "|"): value for key, value in self.selections.items()})
             if figures:
-                from .figures import save_figures
+                from attnlens.figures import save_figures
 
                 save_figures(self, directory / "figures")
 
@@ -451,7 +451,7 @@ def reconstruct(
     ``plug_in`` runs the model with the reconstruction inside attention in
     ``plug_in_layers`` (default: all analysed layers) for every strategy and k, and
     every scope in ``plug_in_scopes`` (default: all of ``scopes``).
-    ``pairs`` adds pairs mode (:mod:`attnlens.pairs`, from a store): k·n (query, key)
+    ``pairs`` adds pairs mode (:mod:`attnlens.analysis.reconstruct.pairs`, from a store): k·n (query, key)
     pairs of each head's matrix, strategy ``greedy-pairs``. Its fit has about as many
     unknowns as training matrices, so it takes a larger ridge (``pairs_ridge``): near
     the interpolation threshold (k·n ≈ the number of fit sequences) an unregularised fit
@@ -625,8 +625,8 @@ def _evaluate_pairs(rows: StoreRows, fitter: MapFitter, ks: list[int], fitted: n
 
     ``rel_error`` uses the same mean-row baseline as rows mode, so the two are comparable.
     """
-    from .eigen import matrix_spectrum
-    from .pairs import fit_pairs, greedy_pairs
+    from attnlens.analysis.eigen import matrix_spectrum
+    from attnlens.analysis.reconstruct.pairs import fit_pairs, greedy_pairs
 
     store, n, layers = rows.store, rows.n, list(fitter.moments.layers)
     records, totals = [], {k: {} for k in ks}

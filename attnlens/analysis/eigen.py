@@ -31,16 +31,16 @@ import numpy as np
 import pandas as pd
 import torch
 
-from .corpus import Corpus
-from .errors import AttnlensError
-from .models import LoadedModel
-from .moments import LEVELS, QUANTITIES, HalfMoments, Moments, compute_moments, level_shape, unit_sums
-from .progress import progress_bar
-from .provenance import provenance
-from .results import read_result_dir, register_result, write_result
-from .sources import open_rows
-from .partials import is_moments_source
-from .store import Store, is_store
+from attnlens.data.corpus import Corpus
+from attnlens.errors import AttnlensError
+from attnlens.models.loading import LoadedModel
+from attnlens.rows.moments import LEVELS, QUANTITIES, HalfMoments, Moments, compute_moments, level_shape, unit_sums
+from attnlens.progress import progress_bar
+from attnlens.io.provenance import provenance
+from attnlens.io.results import read_result_dir, register_result, write_result
+from attnlens.rows.sources import open_rows
+from attnlens.rows.partials import is_moments_source
+from attnlens.io.store import Store, is_store
 
 ENERGY_LEVELS = (0.90, 0.95, 0.99)
 
@@ -186,7 +186,7 @@ class EigenResult:
             if self.moments is not None:
                 self.moments.save(directory)
             if figures:
-                from .figures import save_figures
+                from attnlens.figures import save_figures
 
                 save_figures(self, directory / "figures")
 
@@ -211,7 +211,7 @@ def analyse_moments(
     One unit at a time: its sums (pooled over heads, or heads and layers, at the coarser
     levels) are read, its covariance formed and decomposed, so memory holds a few n × n
     matrices, whatever the number of units; the moments may be memory-mapped
-    (:func:`attnlens.partials.load_moments`) and larger than memory.
+    (:func:`attnlens.rows.partials.load_moments`) and larger than memory.
     """
     rng = np.random.default_rng(seed)
     a, b = halves.a, halves.b
@@ -294,7 +294,7 @@ def matrix_spectrum(matrices: np.ndarray, centred: bool = True) -> tuple[np.ndar
 
 def _matrix_analysis(store: Store, layers: list[int], quantity: str, centred: bool, keep: int, seed: int,
                      progress: bool) -> tuple[pd.DataFrame, dict[str, np.ndarray]]:
-    from .moments import row_values
+    from attnlens.rows.moments import row_values
 
     rng = np.random.default_rng(seed)
     rows, values_by_unit, vectors_by_unit = [], [], []
@@ -410,7 +410,7 @@ def _eigen_of_moments(
     command: str | None,
 ) -> EigenResult:
     """:func:`eigen` of merged moments (see there)."""
-    from .partials import load_moments
+    from attnlens.rows.partials import load_moments
 
     if full_matrices:
         raise AttnlensError(f"full-matrix analysis reads the matrices of each sequence from a store; {source} holds moments only")

@@ -26,7 +26,7 @@ The table :data:`PREDICATES` maps each class name to a predicate over query posi
 
 >>> import torch
 >>> from attnlens import load_model
->>> from attnlens.positions import class_masks, parse_classes
+>>> from attnlens.data.positions import class_masks, parse_classes
 >>> model = load_model("minilm-l6")
 >>> ids = torch.tensor([[101, 1999, 1996, 2927, 1010, 102]])    # [CLS] in the beginning , [SEP]
 >>> masks = class_masks(ids, model, parse_classes("self,band(1),punct,other"))
@@ -45,7 +45,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .errors import AttnlensError
+from attnlens.errors import AttnlensError
 
 DEFAULT_CLASSES: tuple[str, ...] = ("self", "prev", "next", "cls", "sep", "punct", "other")
 _BAND = re.compile(r"band\((-?\d+)\)")
@@ -128,7 +128,7 @@ def is_punctuation(token: str) -> bool:
 def token_roles(ids: torch.Tensor, model: object) -> TokenRoles:
     """Which tokens of ``ids`` (batch, n) are in the cls, sep and punct roles.
 
-    The roles come from the tokenizer's layout (:class:`attnlens.models.SpecialTokens`):
+    The roles come from the tokenizer's layout (:class:`attnlens.models.loading.SpecialTokens`):
     ``cls`` are the ids it puts before a text, ``sep`` those it puts after; a tokenizer
     that puts none gets position 0 (``cls``) or the last position (``sep``) instead.
     """

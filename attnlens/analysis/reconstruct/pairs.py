@@ -6,7 +6,7 @@ computed exactly and the matrix is rebuilt from them by affine least squares.
 
 At n = 128 the P×P covariance (16384²) is too large to update. But it is low rank:
 C = G Gᵀ with G (P × r), r ≤ number of sequences, the factor that the full-matrix
-eigen analysis gives (:func:`attnlens.eigen.matrix_spectrum`). Conditioning on entry j
+eigen analysis gives (:func:`attnlens.analysis.eigen.matrix_spectrum`). Conditioning on entry j
 maps G to G (I − f fᵀ/‖f‖²) with f = G[j], so each greedy step costs O(P·r): the
 candidate gains ‖C[:, j]‖² / C[j, j] = ‖G Gᵀ[:, j]‖² / ‖G[j]‖² are kept up to date
 through M = G GᵀG. After r steps the training residual is exhausted; further pairs

@@ -27,12 +27,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .capture import Capture
-from .corpus import Blocks, Corpus, load_corpus
-from .errors import AttnlensError
-from .models import LoadedModel, load_model
-from .progress import progress_bar
-from .store import Store, is_store, open_store
+from attnlens.models.capture import Capture
+from attnlens.data.corpus import Blocks, Corpus, load_corpus
+from attnlens.errors import AttnlensError
+from attnlens.models.loading import LoadedModel, load_model
+from attnlens.progress import progress_bar
+from attnlens.io.store import Store, is_store, open_store
 
 Consumer = Callable[[int, torch.Tensor, torch.Tensor, np.ndarray], None]
 
@@ -85,7 +85,7 @@ class ModelRows:
         return self.blocks.ids[sequences]
 
     def check_layers(self, layers: Iterable[int] | None) -> list[int]:
-        from .extract import check_layers
+        from attnlens.io.extract import check_layers
 
         return check_layers(self.model, None if layers is None else list(layers))
 
@@ -124,7 +124,7 @@ def open_rows(
         if path.is_dir() and not (path / "config.json").is_file():
             raise AttnlensError(f"'{source}' is neither an attnlens store (no manifest.json) nor a model directory (no config.json)")
         source = load_model(str(source), device=device)
-    from .extract import check_seq_len
+    from attnlens.io.extract import check_seq_len
 
     check_seq_len(source, seq_len)
     corpus = corpus if isinstance(corpus, Corpus) else load_corpus(corpus)

@@ -29,8 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .cache import cached_array
-from .errors import AttnlensError
+from attnlens.models.cache import cached_array
+from attnlens.errors import AttnlensError
 
 WORDNET_DIR = Path("/usr/share/wordnet")
 TEXT_SUFFIXES = (".txt", ".jsonl")
@@ -69,7 +69,7 @@ class Corpus:
     def token_stream(self, tokenizer: object) -> np.ndarray:
         """All documents tokenized without special tokens and concatenated, in order.
 
-        Cached per corpus and tokenizer (see :mod:`attnlens.cache`): tokenizing a
+        Cached per corpus and tokenizer (see :mod:`attnlens.models.cache`): tokenizing a
         large corpus takes seconds, and every command needs it.
         """
 

@@ -6,10 +6,10 @@ a store or of a model's rows over corpus blocks, in one process or in many start
 
     WORKDIR/job.json         settings and how the job is split (rank 0 writes it once; --resume checks it)
     WORKDIR/partials/        passPPP-rankRRRRR.npz: each rank's sums in each pass, replaced atomically
-                             every --checkpoint-every batches (see attnlens.partials)
+                             every --checkpoint-every batches (see attnlens.rows.partials)
     WORKDIR/moments/         the merged moments (a result of kind "moments"), written by rank 0 at the end
 
-How the work is split (:mod:`attnlens.budget`): without ``--max-memory`` every rank
+How the work is split (:mod:`attnlens.rows.budgets`): without ``--max-memory`` every rank
 accumulates every (layer, head) unit over its own contiguous share of the sequences.
 With it, the units are divided into groups that fit the budget; teams of ranks take a
 group each, and passes over the data repeat until every group is done. Each rank
@@ -20,7 +20,7 @@ rank 0 unit by unit (``torch.distributed.reduce``, in float64), which writes the
 moments; ``attnlens merge WORKDIR/partials/*.npz`` gives the same sums from the files.
 
 The split halves (for overlap's split-half check) are assigned over all sequences with
-the job's seed, exactly as :func:`attnlens.moments.compute_moments` does, so a job's
+the job's seed, exactly as :func:`attnlens.rows.moments.compute_moments` does, so a job's
 moments equal those of a single in-memory pass up to float64 summation order.
 
 >>> import tempfile
@@ -40,22 +40,22 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .accumulate import ARRAYS, UnitSums
-from .budget import MomentsCost, Plan, format_bytes, format_option, parse_bytes, plan_units
-from .corpus import Corpus
-from .distributed import World, init_world, local_gpus
-from .errors import AttnlensError
-from .models import LoadedModel, load_model
-from .moments import QUANTITIES, check_rows_for_per_query, split_halves
-from .partials import (
+from attnlens.rows.accumulate import ARRAYS, UnitSums
+from attnlens.rows.budgets import MomentsCost, Plan, format_bytes, format_option, parse_bytes, plan_units
+from attnlens.data.corpus import Corpus
+from attnlens.io.ranks import World, init_world, local_gpus
+from attnlens.errors import AttnlensError
+from attnlens.models.loading import LoadedModel, load_model
+from attnlens.rows.moments import QUANTITIES, check_rows_for_per_query, split_halves
+from attnlens.rows.partials import (
     MergedWriter, MomentsResult, first_difference, load_partial, merged_meta, partial_name,
     remove_staging_leftovers, save_partial, values_at,
 )
-from .progress import progress_bar
-from .provenance import provenance
-from .results import check_resumable_out, write_result
-from .sources import ModelRows, StoreRows, open_rows
-from .store import Store, is_store, write_json_atomic
+from attnlens.progress import progress_bar
+from attnlens.io.provenance import provenance
+from attnlens.io.results import check_resumable_out, write_result
+from attnlens.rows.sources import ModelRows, StoreRows, open_rows
+from attnlens.io.store import Store, is_store, write_json_atomic
 
 JOB_FILE = "job.json"
 JOB_FORMAT = "attnlens-moments-job"
@@ -89,11 +89,11 @@ def run_moments(
     """Run (or, with ``resume``, finish) a moments job in ``out``; see the module docstring.
 
     ``source``, ``corpus``, ``seq_len``, ``num_seqs``, ``seed``, ``quantity``,
-    ``queries``/``per_query`` and ``layers`` mean what they mean for :func:`attnlens.eigen`.
+    ``queries``/``per_query`` and ``layers`` mean what they mean for :func:`attnlens.analysis.eigen`.
     ``model_dtype`` is the dtype of the model's weights (scores are accumulated in
     ``accumulate`` regardless), ``device_map="auto"`` spreads a large model over the
     GPUs, ``max_memory`` (``"8GB"``) bounds the sums each process holds. Returns the
-    merged :class:`~attnlens.partials.MomentsResult` on rank 0, ``None`` on other ranks.
+    merged :class:`~attnlens.rows.partials.MomentsResult` on rank 0, ``None`` on other ranks.
     """
     out = Path(out)
     _check_options(batch_size, checkpoint_every, quantity, model_dtype, device_map)

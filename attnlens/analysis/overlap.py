@@ -22,10 +22,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .eigen import EigenResult
-from .errors import AttnlensError
-from .provenance import provenance
-from .results import read_result_dir, register_result, write_result
+from attnlens.analysis.eigen import EigenResult
+from attnlens.errors import AttnlensError
+from attnlens.io.provenance import provenance
+from attnlens.io.results import read_result_dir, register_result, write_result
 
 
 def subspace_overlap(u: np.ndarray, v: np.ndarray) -> float:
@@ -103,7 +103,7 @@ class OverlapResult:
     def save(self, out: str | Path, overwrite: bool = False, figures: bool = True) -> Path:
         def extra(directory: Path) -> None:
             if figures:
-                from .figures import save_figures
+                from attnlens.figures import save_figures
 
                 save_figures(self, directory / "figures")
 

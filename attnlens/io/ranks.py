@@ -33,7 +33,7 @@ from typing import TypeVar
 
 import torch
 
-from .errors import AttnlensError
+from attnlens.errors import AttnlensError
 
 T = TypeVar("T")
 
