@@ -18,8 +18,8 @@ Scaling out: :mod:`~attnlens.rows.jobs` (moments sharded over torchrun ranks and
 from attnlens.models.capture import Capture
 from attnlens.data.corpus import Blocks, Corpus, load_corpus
 from attnlens.analysis.dam import DamResult, dam
-from attnlens.analysis.eigen import EigenResult, eigen
-from attnlens.errors import AttnlensError
+from attnlens.analysis.eigen import EigenResult, EigenSettings, eigen
+from attnlens.errors import AttnlensError, BadFile, BadInput, UnsupportedModel
 from attnlens.io.extract import extract
 from attnlens.analysis.importance import ImportanceResult, importance
 from attnlens.rows.jobs import run_moments
@@ -29,23 +29,28 @@ from attnlens.analysis.overlap import OverlapResult, overlap
 from attnlens.rows.partials import MomentsResult, load_moments, merge_partials
 from attnlens.data.positions import class_masks, parse_classes
 from attnlens.analysis.reconstruct import ReconstructResult, reconstruct
-from attnlens.io.results import load_result
+from attnlens.io.results import Result, load_result
 from attnlens.io.store import Store, open_store
 
 __all__ = [
     "AttnlensError",
+    "BadFile",
+    "BadInput",
     "Blocks",
     "Capture",
     "Corpus",
     "DamResult",
     "EigenResult",
+    "EigenSettings",
     "ImportanceResult",
     "LoadedModel",
     "Moments",
     "MomentsResult",
     "OverlapResult",
     "ReconstructResult",
+    "Result",
     "Store",
+    "UnsupportedModel",
     "class_masks",
     "dam",
     "eigen",

@@ -1,14 +1,65 @@
-"""The one exception type attnlens raises for problems with the user's input."""
+"""Errors attnlens raises for problems with the user's input, files or model.
+
+Every message is one line that says what is wrong and how to fix it. A message names
+the parameters it is about between backticks; Python callers read the parameter's name
+(``lambdas``), the command line its option (``--lambdas``), from the same error:
+
+>>> error = BadInput("`seq_len` 2 is below 4; use `seq_len` 4 or more")
+>>> str(error)
+'seq_len 2 is below 4; use seq_len 4 or more'
+>>> error.cli_message()
+'--seq-len 2 is below 4; use --seq-len 4 or more'
+>>> isinstance(error, ValueError), isinstance(error, AttnlensError)
+(True, True)
+
+The hierarchy lets callers catch what they mean: :class:`BadInput` (a setting or
+argument out of range, unknown or inconsistent), :class:`BadFile` (a store, result,
+moments or partial file that is missing, damaged or of another kind) and
+:class:`UnsupportedModel` (a model attnlens cannot load or whose attention it cannot
+reach). Anything else that escapes is a bug in attnlens and keeps its traceback.
+"""
 
 from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+_PARAMETER = re.compile(r"`([A-Za-z_][A-Za-z0-9_]*)`")
+
+
+def option_name(parameter: str) -> str:
+    """The command-line option of a library parameter: ``num_seqs`` -> ``--num-seqs``.
+
+    >>> option_name("num_seqs")
+    '--num-seqs'
+    """
+    return "--" + parameter.replace("_", "-")
 
 
 class AttnlensError(Exception):
     """Bad input or an unusable environment, with a one-line message saying how to fix it.
 
-    The CLI prints the message on stderr, without a traceback, and exits non-zero.
-    Anything else that escapes is a bug in attnlens and keeps its traceback.
-
-    >>> str(AttnlensError("--seq-len 2 is below 4; use --seq-len 4 or more"))
-    '--seq-len 2 is below 4; use --seq-len 4 or more'
+    The CLI prints :meth:`cli_message` on stderr, without a traceback, and exits non-zero.
     """
+
+    def __str__(self) -> str:
+        return _PARAMETER.sub(r"\1", str(self.args[0]) if self.args else "")
+
+    def cli_message(self, options: Mapping[str, str] | None = None) -> str:
+        """The message with each named parameter written as its command-line option
+        (``options`` maps parameters whose option is spelt otherwise, e.g. ``source`` -> ``SOURCE``)."""
+        options = options or {}
+        text = str(self.args[0]) if self.args else ""
+        return _PARAMETER.sub(lambda match: options.get(match.group(1), option_name(match.group(1))), text)
+
+
+class BadInput(AttnlensError, ValueError):
+    """A setting or argument that is out of range, unknown, or contradicts another."""
+
+
+class BadFile(AttnlensError):
+    """A store, result, moments or partial file that is missing, damaged, unfinished or of another kind."""
+
+
+class UnsupportedModel(AttnlensError):
+    """A model attnlens cannot load, or whose attention it cannot capture."""

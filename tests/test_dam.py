@@ -156,14 +156,14 @@ def test_tau_schedule():
 
 
 @pytest.mark.parametrize("settings, phrase", [
-    (dict(lambdas=[0.1, -1e-3]), "--lambdas -0.001: λ must be 0 or more"),
-    (dict(tau="0"), "--tau 0: the temperature τ must be greater than 0"),
-    (dict(tau="1:-0.5"), "--tau -0.5: the temperature"),
-    (dict(tau="hot"), "--tau 'hot' is not a number"),
-    (dict(steps=0), "--steps 0 must be at least 1"),
-    (dict(variant="dense"), "--variant dense is unknown"),
-    (dict(init_keep=1.0), "--init-keep 1 must be a probability"),
-    (dict(removal="zero"), "--removal zero is unknown"),
+    (dict(lambdas=[0.1, -1e-3]), "lambdas -0.001: λ must be 0 or more"),
+    (dict(tau="0"), "tau 0: the temperature τ must be greater than 0"),
+    (dict(tau="1:-0.5"), "tau -0.5: the temperature"),
+    (dict(tau="hot"), "tau 'hot' is not a number"),
+    (dict(steps=0), "steps 0 must be at least 1"),
+    (dict(variant="dense"), "variant dense is unknown"),
+    (dict(init_keep=1.0), "init_keep 1 must be a probability"),
+    (dict(removal="zero"), "removal zero is unknown"),
     (dict(classes="self,band(0)"), "band(0): the width"),
 ])
 def test_bad_settings(minilm_l6, kjv, settings, phrase):
@@ -190,6 +190,8 @@ def test_save_load_round_trip_with_patterns_and_figures(minilm_l6, kjv, tmp_path
     matched = result.matched()
     assert len(matched) == 2 * 6
     out = result.save(tmp_path / "dam")
+    assert not (out / "figures").exists(), "saving does not draw"
+    result.save_figures(out / "figures")
     meta = json.loads((out / "result.json").read_text())
     assert meta["kind"] == "dam" and meta["format_version"] == 1 and meta["settings"]["variant"] == "structured"
     loaded = DamResult.load(out)

@@ -278,7 +278,7 @@ def test_a_class_that_never_occurs(tiny_causal, kjv, tmp_path):
     assert not row["occurs"] and "causal" in row["note"]
     assert row[["mass", "delta", "random"]].isna().all(), "missing, not a number"
     assert "next" not in set(result.ablation["class"]) and "next" not in set(result.mass["class"])
-    result.save(tmp_path / "r", figures=False)
+    result.save(tmp_path / "r")
     text = (tmp_path / "r" / "summary.csv").read_text()
     assert "nan" not in text.lower() and "NaN" not in (tmp_path / "r" / "result.json").read_text()
 
@@ -286,6 +286,7 @@ def test_a_class_that_never_occurs(tiny_causal, kjv, tmp_path):
 def test_save_load_round_trip_with_figures(minilm_l6, kjv, tmp_path):
     result = attnlens.importance(minilm_l6, kjv, classes="self,prev,cls,other", **SMALL)
     out = result.save(tmp_path / "imp")
+    result.save_figures(out / "figures")
     meta = json.loads((out / "result.json").read_text())
     assert meta["kind"] == "importance" and meta["format_version"] == 1
     assert meta["model"]["weights_sha256"] == minilm_l6.weights_sha256() and meta["roles"]["cls"] == "[CLS] (id 101)"
@@ -296,9 +297,9 @@ def test_save_load_round_trip_with_figures(minilm_l6, kjv, tmp_path):
     np.testing.assert_array_equal(loaded.arrays["gradient_blocks"], result.arrays["gradient_blocks"])
     for figure in ("mass", "ablation", "gradient", "head_importance"):
         assert (out / "figures" / f"{figure}.png").stat().st_size > 10_000 and (out / "figures" / f"{figure}.pdf").is_file()
-    with pytest.raises(attnlens.AttnlensError, match="already exists .* --overwrite"):
+    with pytest.raises(attnlens.AttnlensError, match="already exists .* overwrite"):
         result.save(out)
-    result.save(out, overwrite=True, figures=False)
+    result.save(out, overwrite=True)
     assert not (out / "figures").exists()
 
 
@@ -318,6 +319,7 @@ def test_per_head_ablation_figure(minilm_l6, kjv, tmp_path):
     heads = result.ablation[result.ablation["scope"] == "head"]
     assert len(heads) == 6 * 12 * 2 and heads["removed"].gt(0).all()
     out = result.save(tmp_path / "r")
+    result.save_figures(out / "figures")
     assert (out / "figures" / "ablation_per_head.png").stat().st_size > 10_000
 
 

@@ -113,7 +113,7 @@ def test_hidden_loss_is_zero_unmodified_and_rises_under_an_intervention(minilm_l
 def test_objective_choice(minilm_l6, tiny_mlm):
     assert resolve_objective(minilm_l6, "auto") == "hidden"
     assert resolve_objective(tiny_mlm, "auto") == "mlm" and resolve_objective(tiny_mlm, "hidden") == "hidden"
-    with pytest.raises(attnlens.AttnlensError, match="--objective mlm needs a masked language-model head"):
+    with pytest.raises(attnlens.AttnlensError, match="objective mlm needs a masked language-model head"):
         resolve_objective(minilm_l6, "mlm")
-    with pytest.raises(attnlens.AttnlensError, match="--objective xent is unknown"):
+    with pytest.raises(attnlens.AttnlensError, match="objective xent is unknown"):
         resolve_objective(minilm_l6, "xent")

@@ -91,7 +91,7 @@ def test_parse_classes_accepts_and_normalises():
     ("band(-2)", "band(-2): the width w"),
     ("band(x)", "unknown position class 'band(x)'"),
     ("self,self", "names 'self' more than once"),
-    (" , ", "--classes is empty"),
+    (" , ", "classes is empty"),
 ])
 def test_parse_classes_rejects(text, phrase):
     with pytest.raises(attnlens.AttnlensError, match=phrase.replace("(", r"\(").replace(")", r"\)")):

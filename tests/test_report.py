@@ -67,14 +67,14 @@ def test_figures_are_redrawn_from_results_without_the_model(capsys, tmp_path, qu
 
 
 def test_every_figure_function_draws_on_given_axes(quick_report):
-    from attnlens.figures import attention, dam, eigen, importance, reconstruct
+    from attnlens.figures import attention, dam, eigen, importance, overlap, reconstruct
 
     report = attnlens.load_result(quick_report)
     e, o, r = report.result("eigen"), report.result("overlap"), report.result("reconstruct")
     i, d = report.result("importance"), report.result("dam")
     calls = [
         lambda ax: eigen.plot_spectra(e, ax), lambda ax: eigen.plot_energy(e, ax),
-        lambda ax: eigen.plot_overlap(o, "layers_0_1", ax), lambda ax: eigen.plot_split_half(o, ax),
+        lambda ax: overlap.plot_overlap(o, "layers_0_1", ax), lambda ax: overlap.plot_split_half(o, ax),
         lambda ax: reconstruct.plot_error_vs_k(r, ax), lambda ax: reconstruct.plot_error_vs_flops(r, ax),
         lambda ax: reconstruct.plot_fidelity_vs_k(r, ax),
         lambda ax: importance.plot_mass(i, "self", ax), lambda ax: importance.plot_entropy(i, ax),

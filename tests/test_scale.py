@@ -171,15 +171,16 @@ def test_head_sharding_under_a_small_budget_gives_the_same_eigenvalues(tmp_path,
 STORE_KILLER = textwrap.dedent(
     """
     import os, signal, sys
-    from attnlens.io.store import StoreWriter, _pwrite_all
+    from attnlens.io.files import pwrite_all
+    from attnlens.io.store import StoreWriter
     from attnlens.cli import main
     calls = []
     def write_then_die(descriptor, data, offset):
         calls.append(offset)
         if os.environ["RANK"] == "1" and len(calls) == 6:   # rank 1, second batch: half an array, then SIGKILL
-            _pwrite_all(descriptor, data[: len(data) // 2], offset)
+            pwrite_all(descriptor, data[: len(data) // 2], offset)
             os.kill(os.getpid(), signal.SIGKILL)
-        _pwrite_all(descriptor, data, offset)
+        pwrite_all(descriptor, data, offset)
     StoreWriter._write_at = staticmethod(write_then_die)
     main(sys.argv[1:])
     """

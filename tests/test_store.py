@@ -58,15 +58,16 @@ KILLER = textwrap.dedent(
     """
     import os, signal, sys
     import attnlens
-    from attnlens.io.store import StoreWriter, _pwrite_all
+    from attnlens.io.files import pwrite_all
+    from attnlens.io.store import StoreWriter
     calls = 0
     def write_then_die(descriptor, data, offset):
         global calls
         calls += 1
         if calls == {kill_at}:   # halfway through the second batch: half an array written, then SIGKILL
-            _pwrite_all(descriptor, data[: len(data) // 2], offset)
+            pwrite_all(descriptor, data[: len(data) // 2], offset)
             os.kill(os.getpid(), signal.SIGKILL)
-        _pwrite_all(descriptor, data, offset)
+        pwrite_all(descriptor, data, offset)
     StoreWriter._write_at = staticmethod(write_then_die)
     attnlens.extract("minilm-l6", "kjv", sys.argv[1], dtype="float32", weights=True, **{settings})
     """

@@ -31,13 +31,15 @@ import numpy as np
 import pandas as pd
 import torch
 
-from attnlens.data.corpus import Corpus
-from attnlens.errors import AttnlensError
+from attnlens.errors import BadInput
 from attnlens.models.loading import LoadedModel
-from attnlens.rows.moments import LEVELS, QUANTITIES, HalfMoments, Moments, compute_moments, level_shape, unit_sums
+from attnlens.rows.moments import (
+    LEVELS, QUANTITIES, HalfMoments, Moments, compute_moments, level_shape, split_halves, unit_sums,
+)
 from attnlens.progress import progress_bar
 from attnlens.io.provenance import provenance
-from attnlens.io.results import read_result_dir, register_result, write_result
+from attnlens.io.results import Result
+from attnlens.settings import CorpusSettings, at_least, one_of
 from attnlens.rows.sources import open_rows
 from attnlens.rows.partials import is_moments_source
 from attnlens.io.store import Store, is_store
@@ -146,8 +148,7 @@ def unit_spectrum(moment: np.ndarray, complete: np.ndarray, keep: int, project_o
 # ---------------------------------------------------------------------- result
 
 
-@register_result("eigen")
-class EigenResult:
+class EigenResult(Result):
     """Spectra of every unit at every level; see :func:`eigen`.
 
     ``table``: one row per unit (``level`` head / layer / model, ``layer`` and
@@ -157,13 +158,17 @@ class EigenResult:
     full key coordinates; ``_a`` / ``_b`` are the same from two halves of the data.
     """
 
-    def __init__(self, meta: dict, table: pd.DataFrame, arrays: dict[str, np.ndarray],
-                 matrix_table: pd.DataFrame | None = None, moments: HalfMoments | None = None) -> None:
-        self.meta = meta
-        self.table = table
-        self.arrays = arrays
-        self.matrix_table = matrix_table
-        self.moments = moments
+    kind = "eigen"
+
+    def __init__(self, meta: dict, tables: dict[str, pd.DataFrame], arrays: dict[str, np.ndarray],
+                 path: Path | None = None, moments: HalfMoments | None = None) -> None:
+        super().__init__(meta, tables, arrays, path)
+        self.moments = moments  # the row moments of the two halves, when computed here (not for moments read from disk)
+
+    @property
+    def matrix_table(self) -> pd.DataFrame | None:
+        """Spectra of whole score matrices (``full_matrices``), else None."""
+        return self.tables.get("matrix_table")
 
     @property
     def n(self) -> int:
@@ -177,29 +182,19 @@ class EigenResult:
         """(L, H, Q, n, keep) top eigenvectors at ``level``; ``half`` "a" or "b" for the halves."""
         return self.arrays[f"{level}_eigenvectors" + (f"_{half}" if half else "")]
 
-    def save(self, out: str | Path, overwrite: bool = False, figures: bool = True) -> Path:
-        tables = {"table": self.table}
-        if self.matrix_table is not None:
-            tables["matrix_table"] = self.matrix_table
-
-        def extra(directory: Path) -> None:
-            if self.moments is not None:
-                self.moments.save(directory)
-            if figures:
-                from attnlens.figures import save_figures
-
-                save_figures(self, directory / "figures")
-
-        return write_result(out, "eigen", self.meta, tables=tables, arrays=self.arrays, overwrite=overwrite, extra=extra)
+    def _save_extra(self, directory: Path) -> None:
+        if self.moments is not None:
+            self.moments.save(directory)
 
     @classmethod
-    def load(cls, path: str | Path) -> EigenResult:
-        meta, tables, arrays = read_result_dir(path, "eigen")
-        moments = HalfMoments.load(path) if (Path(path) / "moments_a.npz").is_file() else None
-        return cls(meta, tables["table"], arrays, tables.get("matrix_table"), moments)
+    def _from_disk(cls, meta: dict, tables: dict, arrays: dict, path: Path) -> EigenResult:
+        moments = HalfMoments.load(path) if (path / "moments_a.npz").is_file() else None
+        return cls(meta, tables, arrays, path, moments)
 
-    def __repr__(self) -> str:
-        return f"EigenResult(model={self.meta['model']['name']!r}, n={self.n}, quantity={self.meta['settings']['quantity']!r})"
+    def summary(self) -> str:
+        settings = self.settings
+        return f"n={self.n}, {settings['quantity']}, {len(self.meta['layers'])} layers x {self.meta['num_heads']} heads"
+
 
 
 def analyse_moments(
@@ -328,118 +323,140 @@ def _matrix_baseline(variances: np.ndarray, count: int, centred: bool, rng: np.r
     return matrix_spectrum(draws, centred)[0]
 
 
+# ---------------------------------------------------------------------- settings
+
+
+@dataclass(frozen=True)
+class EigenSettings(CorpusSettings):
+    """What :func:`eigen` computes, and from which rows (the corpus fields apply when the source is a model).
+
+    ``quantity``: ``scores`` (the default, pre-softmax), ``weights`` or ``log-weights``;
+    ``centred``: covariance, else the uncentred second moment; ``project_ones``: remove
+    the all-ones direction, which softmax ignores; ``per_query`` / ``queries``: one
+    analysis per query position (all, or those listed) instead of pooling rows over
+    queries; ``full_matrices``: also the spectra of whole n×n matrices (from a store);
+    ``keep``: eigenvectors kept per unit; ``layers``: default all.
+    """
+
+    num_seqs: int = 256
+    quantity: str | None = None
+    centred: bool = True
+    project_ones: bool = False
+    per_query: bool = False
+    queries: tuple[int, ...] | None = None
+    full_matrices: bool = False
+    keep: int = 32
+    layers: tuple[int, ...] | None = None
+
+    def validate(self) -> None:
+        super().validate()
+        at_least("num_seqs", self.num_seqs, 1)
+        at_least("keep", self.keep, 1)
+        if self.quantity is not None:
+            one_of("quantity", self.quantity, QUANTITIES)
+        bad = [q for q in self.queries or () if q < 0]
+        if bad:
+            raise BadInput(f"`queries` {bad[0]} is out of range; query positions start at 0")
+
+
 # ---------------------------------------------------------------------- entry point
 
 
 def eigen(
     source: str | Path | Store | LoadedModel = "minilm-l6",
+    settings: EigenSettings | None = None,
     *,
-    corpus: str | Path | Corpus = "kjv",
-    seq_len: int = 128,
-    num_seqs: int = 256,
-    batch_size: int = 32,
-    quantity: str | None = None,
-    centred: bool = True,
-    project_ones: bool = False,
-    queries: list[int] | None = None,
-    per_query: bool = False,
-    full_matrices: bool = False,
-    keep: int = 32,
-    layers: list[int] | None = None,
-    seed: int = 0,
     device: str = "cpu",
     progress: bool = True,
     command: str | None = None,
+    **changes: object,
 ) -> EigenResult:
     """Eigen analysis of attention rows, from a store directory, straight from a model, or
-    from moments computed beforehand.
+    from moments computed beforehand; ``settings`` (:class:`EigenSettings`) with
+    ``changes`` applied (``eigen("minilm-l6", num_seqs=64)``).
 
     ``source`` is a store path (or :class:`Store`) or a model (alias, path, Hub id, or
-    :class:`LoadedModel`); with a model, ``corpus``, ``seq_len``, ``num_seqs`` and
-    ``seed`` choose the blocks and nothing is written to disk. ``per_query=True``
-    analyses every query position separately (``queries`` picks some). ``quantity`` is
-    ``"scores"`` unless given.
-
-    ``source`` may also be merged moments: the work directory of ``attnlens moments``
-    or a moments result (``attnlens merge``). Their rows were chosen when the moments
-    were computed; ``layers`` and ``queries`` may pick among theirs, and the result
-    refers to the moments (it does not copy them).
+    :class:`LoadedModel`); with a model, the corpus settings choose the blocks and nothing
+    is written to disk. ``source`` may also be merged moments: the work directory of
+    ``attnlens moments`` or a moments result (``attnlens merge``). Their rows were chosen
+    when the moments were computed; ``layers`` and ``queries`` may pick among theirs, and
+    the result refers to the moments (it does not copy them).
     """
-    if quantity is not None and quantity not in QUANTITIES:
-        raise AttnlensError(f"--quantity {quantity} is unknown; use one of {', '.join(QUANTITIES)}")
-    if keep < 1:
-        raise AttnlensError(f"--keep {keep} must be at least 1")
+    settings = EigenSettings.build(settings, **changes)
     if isinstance(source, (str, Path)) and is_moments_source(source):
-        return _eigen_of_moments(source, quantity=quantity, centred=centred, project_ones=project_ones, queries=queries,
-                                 per_query=per_query, full_matrices=full_matrices, keep=keep, layers=layers, seed=seed,
-                                 progress=progress, command=command)
-    quantity = quantity or "scores"
-    if full_matrices and not isinstance(source, Store) and not is_store(Path(str(source))):
-        raise AttnlensError("full-matrix analysis reads the matrices of each sequence from a store; run 'attnlens extract' first and give its directory")
-    rows = open_rows(source, corpus=corpus, seq_len=seq_len, num_seqs=num_seqs, seed=seed, device=device)
-    n = rows.n
-    if per_query and queries is None:
-        queries = list(range(n))
-    if queries is not None:
-        bad = [q for q in queries if not 0 <= q < n]
-        if bad:
-            raise AttnlensError(f"--queries {bad[0]} is out of range; query positions run from 0 to {n - 1}")
-    halves = compute_moments(rows, quantity=quantity, queries=queries, layers=layers, batch_size=batch_size, seed=seed,
-                             progress=progress)
-    table, arrays = analyse_moments(halves, centred=centred, project_ones=project_ones, keep=keep, seed=seed, progress=progress)
-    matrix_table = None
-    if full_matrices:
-        matrix_table, matrix_arrays = _matrix_analysis(rows.store, list(halves.a.layers), quantity, centred, min(keep, 8), seed, progress)
+        return _eigen_of_moments(source, settings, progress=progress, command=command)
+    if settings.full_matrices and not isinstance(source, Store) and not is_store(Path(str(source))):
+        raise BadInput("`full_matrices` analysis reads the matrices of each sequence from a store; run 'attnlens extract' first and give its directory")
+    s = settings.replace(quantity=settings.quantity or "scores")
+    rows = open_rows(source, corpus=s.corpus, seq_len=s.seq_len, num_seqs=s.num_seqs, seed=s.seed, device=device)
+    queries = _queries(s, rows.n)
+    halves = compute_moments(rows, quantity=s.quantity, queries=queries, layers=s.layers, batch_size=s.batch_size,
+                             seed=s.seed, progress=progress)
+    table, arrays = analyse_moments(halves, centred=s.centred, project_ones=s.project_ones, keep=s.keep, seed=s.seed,
+                                    progress=progress)
+    tables = {"table": table}
+    if s.full_matrices:
+        tables["matrix_table"], matrix_arrays = _matrix_analysis(rows.store, list(halves.a.layers), s.quantity, s.centred,
+                                                                 min(s.keep, 8), s.seed, progress)
         arrays.update(matrix_arrays)
     meta = {
         "model": rows.model_info,
-        "corpus": rows.corpus_info,
-        "n": n,
+        "corpus": {**rows.corpus_info, "block_index": rows.block_index.tolist(),
+                   "half_of_block": split_halves(rows.num_seqs, s.seed).tolist()},
+        "n": rows.n,
         "layers": list(halves.a.layers),
         "num_heads": halves.a.num_heads,
-        "settings": {"quantity": quantity, "centred": centred, "project_ones": project_ones,
-                     "queries": queries, "full_matrices": full_matrices, "keep": min(keep, n), "seed": seed},
+        "settings": {**s.to_dict(), "corpus": rows.corpus_info.get("source"), "queries": queries, "keep": min(s.keep, rows.n)},
         **provenance(command),
     }
-    return EigenResult(meta, table, arrays, matrix_table, halves)
+    return EigenResult(meta, tables, arrays, moments=halves)
 
 
-def _eigen_of_moments(
-    source: str | Path, *, quantity: str | None, centred: bool, project_ones: bool, queries: list[int] | None,
-    per_query: bool, full_matrices: bool, keep: int, layers: list[int] | None, seed: int, progress: bool,
-    command: str | None,
-) -> EigenResult:
+def _queries(settings: EigenSettings, n: int) -> list[int] | None:
+    """The query positions analysed one by one (None: rows pooled over queries)."""
+    if settings.per_query and settings.queries is None:
+        return list(range(n))
+    if settings.queries is None:
+        return None
+    bad = [q for q in settings.queries if q >= n]
+    if bad:
+        raise BadInput(f"`queries` {bad[0]} is out of range; query positions run from 0 to {n - 1}")
+    return sorted(set(settings.queries))
+
+
+def _eigen_of_moments(source: str | Path, settings: EigenSettings, *, progress: bool, command: str | None) -> EigenResult:
     """:func:`eigen` of merged moments (see there)."""
     from attnlens.rows.partials import load_moments
 
-    if full_matrices:
-        raise AttnlensError(f"full-matrix analysis reads the matrices of each sequence from a store; {source} holds moments only")
+    if settings.full_matrices:
+        raise BadInput(f"`full_matrices` analysis reads the matrices of each sequence from a store; {source} holds moments only")
     merged = load_moments(source)
     made = merged.settings
-    if quantity is not None and quantity != made["quantity"]:
-        raise AttnlensError(
-            f"the moments in {source} are of {made['quantity']}, not {quantity}; the quantity is chosen when the moments are "
-            f"computed: attnlens moments --quantity {quantity}"
+    if settings.quantity is not None and settings.quantity != made["quantity"]:
+        raise BadInput(
+            f"the moments in {source} are of {made['quantity']}, not {settings.quantity}; the `quantity` is chosen when the "
+            f"moments are computed: attnlens moments --quantity {settings.quantity}"
         )
-    if (per_query or queries is not None) and made["queries"] is None:
-        raise AttnlensError(f"the moments in {source} pool rows over queries; compute per-query moments with attnlens moments --per-query or --queries")
-    halves = _select(merged.halves, layers, queries, source)
+    if (settings.per_query or settings.queries is not None) and made["queries"] is None:
+        raise BadInput(f"the moments in {source} pool rows over queries; compute per-query moments with attnlens moments --per-query or --queries")
+    halves = _select(merged.halves, settings.layers, settings.queries, source)
     n = made["n"]
-    table, arrays = analyse_moments(halves, centred=centred, project_ones=project_ones, keep=keep, seed=seed, progress=progress)
+    table, arrays = analyse_moments(halves, centred=settings.centred, project_ones=settings.project_ones, keep=settings.keep,
+                                    seed=settings.seed, progress=progress)
     meta = {
         "model": merged.meta["model"],
         "corpus": merged.meta["corpus"],
         "n": n,
         "layers": list(halves.a.layers),
         "num_heads": halves.a.num_heads,
-        "settings": {"quantity": made["quantity"], "centred": centred, "project_ones": project_ones,
-                     "queries": None if halves.a.queries is None else list(halves.a.queries), "full_matrices": False,
-                     "keep": min(keep, n), "seed": seed},
+        "settings": {**settings.to_dict(), "quantity": made["quantity"], "corpus": merged.meta["corpus"].get("source"),
+                     "seq_len": n, "num_seqs": made["num_seqs"], "seed": settings.seed,
+                     "queries": None if halves.a.queries is None else list(halves.a.queries), "keep": min(settings.keep, n)},
         "moments": {"path": str(merged.path), "num_seqs": made["num_seqs"], "seed": made["seed"],
                     "accumulate": made["accumulate"], "run": merged.meta.get("run")},
         **provenance(command),
     }
-    return EigenResult(meta, table, arrays)
+    return EigenResult(meta, {"table": table}, arrays)
 
 
 def _select(halves: HalfMoments, layers: list[int] | None, queries: list[int] | None, source: object) -> HalfMoments:
@@ -451,12 +468,12 @@ def _select(halves: HalfMoments, layers: list[int] | None, queries: list[int] | 
     layers = list(moments.layers) if layers is None else sorted(set(layers))
     missing = [layer for layer in layers if layer not in moments.layers]
     if missing:
-        raise AttnlensError(f"layer {missing[0]} is not in the moments in {source}; they hold layers {list(moments.layers)}")
+        raise BadInput(f"layer {missing[0]} is not in the moments in {source}; they hold layers {list(moments.layers)}")
     chosen = list(moments.queries) if queries is None or moments.queries is None else sorted(set(queries))
     if moments.queries is not None:
         absent = [q for q in chosen if q not in moments.queries]
         if absent:
-            raise AttnlensError(f"query {absent[0]} is not in the moments in {source}; they hold query positions {list(moments.queries)}")
+            raise BadInput(f"query {absent[0]} is not in the moments in {source}; they hold query positions {list(moments.queries)}")
     layer_at = [moments.layers.index(layer) for layer in layers]
     query_at = [0] if moments.queries is None else [moments.queries.index(q) for q in chosen]
 

@@ -43,7 +43,7 @@ def split_blocks(
     next ``num_train`` train.
     """
     if num_eval < 2:
-        raise AttnlensError(f"--num-seqs/--eval-seqs {num_eval} is too few; the bootstrap intervals need at least 2 blocks")
+        raise AttnlensError(f"`num_seqs`/`eval_seqs` {num_eval} is too few; the bootstrap intervals need at least 2 blocks")
     every = corpus.blocks(model, n, num_blocks=None)
     if num_eval + num_train > every.available:
         raise AttnlensError(
@@ -86,6 +86,43 @@ def removal(remove_for_layer: Callable[[int, torch.Tensor], torch.Tensor | None]
     return intervene
 
 
+def layer_groups(valid: torch.Tensor) -> tuple[list[int], torch.Tensor]:
+    """Group layers whose valid masks are equal, so masks are built once per group.
+
+    Returns the group of every layer and the distinct (group, n, n) masks.
+    """
+    distinct: list[torch.Tensor] = []
+    group = []
+    for layer_valid in valid:
+        match = next((k for k, seen in enumerate(distinct) if torch.equal(seen, layer_valid)), None)
+        if match is None:
+            distinct.append(layer_valid)
+            match = len(distinct) - 1
+        group.append(match)
+    return group, torch.stack(distinct)
+
+
+def _absence_reason(name: str, model: LoadedModel) -> str:
+    if name == "next" and model.causal:
+        return f"model '{model.name}' is causal, so no query sees the next token"
+    return "no block has such a position"
+
+
+def check_classes_occur(
+    classes: tuple[str, ...], counts: dict[str, int], model: LoadedModel, num_blocks: int, *, explicit: bool
+) -> tuple[tuple[str, ...], dict[str, str]]:
+    """Keep the classes that occur; a missing class is an error if named, else dropped with a note."""
+    missing = [name for name in classes if counts[name] == 0]
+    if missing and explicit:
+        name = missing[0]
+        raise AttnlensError(
+            f"class '{name}' never occurs among the valid (query, key) positions of these {num_blocks} blocks "
+            f"({_absence_reason(name, model)}); drop it from `classes`"
+        )
+    notes = {name: f"never occurs among the valid positions: {_absence_reason(name, model)}; not measured" for name in missing}
+    return tuple(name for name in classes if name not in missing), notes
+
+
 def valid_masks(model: LoadedModel, ids: np.ndarray) -> torch.Tensor:
     """(layer, n, n) valid masks of unpadded blocks of this length, from one forward pass.
 
@@ -99,7 +136,7 @@ def valid_masks(model: LoadedModel, ids: np.ndarray) -> torch.Tensor:
 def prepare_batches(objective: Objective, ids: np.ndarray, batch_size: int) -> list[PreparedBatch]:
     """The objective's inputs for every batch, prepared once (references from the unmodified model)."""
     if batch_size < 1:
-        raise AttnlensError(f"--batch-size {batch_size} must be at least 1")
+        raise AttnlensError(f"`batch_size` {batch_size} must be at least 1")
     return [objective.prepare(torch.from_numpy(ids[start : start + batch_size]), offset=start)
             for start in range(0, len(ids), batch_size)]
 

@@ -55,6 +55,8 @@ from attnlens.models.capture import Capture
 from attnlens.data.corpus import Corpus, load_corpus
 from attnlens.errors import AttnlensError
 from attnlens.analysis.evaluation import (
+    check_classes_occur,
+    layer_groups,
     bootstrap_interval,
     evaluate_batch,
     frozen,
@@ -70,7 +72,7 @@ from attnlens.analysis.objectives import Objective, PreparedBatch
 from attnlens.data.positions import class_masks, parse_classes, token_roles
 from attnlens.progress import progress_bar
 from attnlens.io.provenance import provenance
-from attnlens.io.results import TabularResult, register_result
+from attnlens.io.results import Result
 
 SCOPES = ("model", "layer", "head")
 CONTROLS = ("class", "random")
@@ -79,22 +81,6 @@ _RANDOM_STREAM = 2
 
 
 # ----------------------------------------------------------------------------- helpers
-
-
-def layer_groups(valid: torch.Tensor) -> tuple[list[int], torch.Tensor]:
-    """Group layers whose valid masks are equal, so masks are built once per group.
-
-    Returns the group of every layer and the distinct (group, n, n) masks.
-    """
-    distinct: list[torch.Tensor] = []
-    group = []
-    for layer_valid in valid:
-        match = next((k for k, seen in enumerate(distinct) if torch.equal(seen, layer_valid)), None)
-        if match is None:
-            distinct.append(layer_valid)
-            match = len(distinct) - 1
-        group.append(match)
-    return group, torch.stack(distinct)
 
 
 def random_positions(remove: torch.Tensor, valid: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
@@ -168,27 +154,6 @@ def ablation_conditions(classes: tuple[str, ...], per: str, num_layers: int, num
     ]
 
 
-def _absence_reason(name: str, model: LoadedModel) -> str:
-    if name == "next" and model.causal:
-        return f"model '{model.name}' is causal, so no query sees the next token"
-    return "no block has such a position"
-
-
-def check_classes_occur(
-    classes: tuple[str, ...], counts: dict[str, int], model: LoadedModel, num_blocks: int, *, explicit: bool
-) -> tuple[tuple[str, ...], dict[str, str]]:
-    """Keep the classes that occur; a missing class is an error if named, else dropped with a note."""
-    missing = [name for name in classes if counts[name] == 0]
-    if missing and explicit:
-        name = missing[0]
-        raise AttnlensError(
-            f"class '{name}' never occurs among the valid (query, key) positions of these {num_blocks} blocks "
-            f"({_absence_reason(name, model)}); drop it from --classes"
-        )
-    notes = {name: f"never occurs among the valid positions: {_absence_reason(name, model)}; not measured" for name in missing}
-    return tuple(name for name in classes if name not in missing), notes
-
-
 # ----------------------------------------------------------------------------- passes
 
 
@@ -250,8 +215,7 @@ def _batch_removals(
 # ----------------------------------------------------------------------------- result
 
 
-@register_result("importance")
-class ImportanceResult(TabularResult):
+class ImportanceResult(Result):
     """Tables of one importance run; see the module docstring.
 
     ``table`` (one row per class: mass, share, ablation delta and random control with
@@ -261,17 +225,17 @@ class ImportanceResult(TabularResult):
     signed derivatives; ``meta`` holds provenance, settings and the token roles.
     """
 
-
-    table = property(lambda self: self.tables["summary"])
+    kind = "importance"
+    main_table = "summary"
     classes = property(lambda self: self.tables["classes"])
     mass = property(lambda self: self.tables["mass"])
     entropy = property(lambda self: self.tables["entropy"])
     ablation = property(lambda self: self.tables["ablation"])
     gradient = property(lambda self: self.tables["gradient"])
 
-    def __repr__(self) -> str:
-        settings = self.meta["settings"]
-        return f"ImportanceResult(model={self.meta['model']['name']!r}, objective={settings['objective']!r}, classes={settings['classes']})"
+    def summary(self) -> str:
+        settings = self.settings
+        return f"objective {settings['objective']!r}, classes {settings['classes']}"
 
 
 # ----------------------------------------------------------------------------- main
@@ -304,9 +268,9 @@ def importance(
     explicit = classes is not None
     classes = parse_classes(classes)
     if per not in SCOPES:
-        raise AttnlensError(f"--per {per} is unknown; use one of {', '.join(SCOPES)}")
+        raise AttnlensError(f"`per` {per} is unknown; use one of {', '.join(SCOPES)}")
     if bootstrap < 10:
-        raise AttnlensError(f"--bootstrap {bootstrap} is too few resamples for an interval; use 10 or more (1000 is usual)")
+        raise AttnlensError(f"`bootstrap` {bootstrap} is too few resamples for an interval; use 10 or more (1000 is usual)")
     if not isinstance(corpus, Corpus):
         corpus = load_corpus(corpus)
     if not isinstance(model, LoadedModel):

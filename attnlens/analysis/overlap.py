@@ -17,7 +17,6 @@ layer differ, the difference is sampling noise, not structure.
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -25,7 +24,7 @@ import pandas as pd
 from attnlens.analysis.eigen import EigenResult
 from attnlens.errors import AttnlensError
 from attnlens.io.provenance import provenance
-from attnlens.io.results import read_result_dir, register_result, write_result
+from attnlens.io.results import Result
 
 
 def subspace_overlap(u: np.ndarray, v: np.ndarray) -> float:
@@ -74,19 +73,21 @@ def _query_index(result: EigenResult, query: int | None) -> tuple[int, int]:
         return 0, -1
     chosen = queries[-1] if query is None else query
     if chosen not in queries:
-        raise AttnlensError(f"--query {chosen} is not among the query positions of the eigen result ({queries[0]}…{queries[-1]})")
+        raise AttnlensError(f"`query` {chosen} is not among the query positions of the eigen result ({queries[0]}…{queries[-1]})")
     return queries.index(chosen), chosen
 
 
-@register_result("overlap")
-class OverlapResult:
+class OverlapResult(Result):
     """Overlap matrices (``arrays``), a tidy table of every pair (``table``) and the split-half check."""
 
-    def __init__(self, meta: dict, table: pd.DataFrame, split_half: pd.DataFrame, arrays: dict[str, np.ndarray]) -> None:
-        self.meta = meta
-        self.table = table
-        self.split_half = split_half
-        self.arrays = arrays
+    kind = "overlap"
+
+    @property
+    def split_half(self) -> pd.DataFrame:
+        return self.tables["split_half"]
+
+    def summary(self) -> str:
+        return f"d={self.dim} of n={self.meta['n']}, models {', '.join(self.meta['models'])}"
 
     @property
     def dim(self) -> int:
@@ -100,20 +101,6 @@ class OverlapResult:
         """``layers_0`` (layer × layer of model 0), ``heads_0``, ``layers_0_1`` (model 0 × model 1), ..."""
         return self.arrays[f"{name}_overlap"]
 
-    def save(self, out: str | Path, overwrite: bool = False, figures: bool = True) -> Path:
-        def extra(directory: Path) -> None:
-            if figures:
-                from attnlens.figures import save_figures
-
-                save_figures(self, directory / "figures")
-
-        return write_result(out, "overlap", self.meta, tables={"table": self.table, "split_half": self.split_half},
-                            arrays=self.arrays, overwrite=overwrite, extra=extra)
-
-    @classmethod
-    def load(cls, path: str | Path) -> OverlapResult:
-        meta, tables, arrays = read_result_dir(path, "overlap")
-        return cls(meta, tables["table"], tables["split_half"], arrays)
 
 
 def overlap(
@@ -135,13 +122,13 @@ def overlap(
         if result.n != n:
             raise AttnlensError(
                 f"eigen results have different n ({n} for {results[0].meta['model']['name']}, {result.n} for "
-                f"{result.meta['model']['name']}); overlap compares subspaces of the same R^n: use the same --seq-len"
+                f"{result.meta['model']['name']}); overlap compares subspaces of the same R^n: use the same `seq_len`"
             )
     if dim < 1 or dim > n:
-        raise AttnlensError(f"--dim {dim} is out of range; it must be between 1 and n = {n}")
+        raise AttnlensError(f"`dim` {dim} is out of range; it must be between 1 and n = {n}")
     for result in results:
         if dim > result.keep:
-            raise AttnlensError(f"--dim {dim} is above the {result.keep} eigenvectors the eigen result keeps; rerun eigen with --keep {dim}")
+            raise AttnlensError(f"`dim` {dim} is above the {result.keep} eigenvectors the eigen result keeps; rerun eigen with `keep` {dim}")
     positions = [_query_index(result, query) for result in results]
     names = [result.meta["model"]["name"] for result in results]
     arrays: dict[str, np.ndarray] = {}
@@ -186,4 +173,4 @@ def overlap(
         "sources": [{"model": r.meta["model"], "corpus": r.meta["corpus"], "settings": r.meta["settings"]} for r in results],
         **provenance(command),
     }
-    return OverlapResult(meta, pd.DataFrame(rows), pd.DataFrame(split_rows), arrays)
+    return OverlapResult(meta, {"table": pd.DataFrame(rows), "split_half": pd.DataFrame(split_rows)}, arrays)

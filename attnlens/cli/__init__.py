@@ -3,7 +3,7 @@
 One module per pipeline step registers its commands on the shared app.
 """
 
-from . import eigen, extract, figures, importance, reconstruct, report, scale  # noqa: F401  (each registers its commands)
+from . import dam, eigen, extract, figures, importance, overlap, reconstruct, report, scale  # noqa: F401  (each registers its commands)
 from .app import app, main
 
 __all__ = ["app", "main"]

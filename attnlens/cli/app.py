@@ -36,6 +36,7 @@ DeviceOption = Annotated[str, typer.Option("--device", help="cpu, cuda, cuda:1, 
 SeedOption = Annotated[int, typer.Option("--seed", help="Seed for every random choice.")]
 ProgressOption = Annotated[bool, typer.Option("--progress/--no-progress", help="Show a progress bar.")]
 OverwriteOption = Annotated[bool, typer.Option("--overwrite", help="Replace an existing result in --out.")]
+FiguresOption = Annotated[bool, typer.Option("--figures/--no-figures", help="Also draw the figures (PNG and PDF) into OUT/figures.")]
 
 
 # Commands that split their work over the ranks torchrun starts; the others run in one process.
@@ -68,6 +69,13 @@ def parse_int_list(text: str | None, option: str) -> list[int] | None:
         raise AttnlensError(f"{option} '{text}' is not a comma-separated list of integers, e.g. {option} 0,1,2") from None
 
 
+def save_result(result, out: Path, *, overwrite: bool, figures: bool) -> None:
+    """Write a result directory, then (``figures``) its figures into ``out/figures``."""
+    result.save(out, overwrite=overwrite)
+    if figures:
+        result.save_figures(Path(out) / "figures")
+
+
 # ------------------------------------------------------------------ entry point
 def main(argv: list[str] | None = None) -> None:
     """Run the CLI; user errors become one line on stderr and exit status 2."""
@@ -80,7 +88,7 @@ def main(argv: list[str] | None = None) -> None:
     except AttnlensError as error:
         if getattr(error, "reported", False):  # rank 0 has printed it already
             sys.exit(2)
-        _fail(str(error))
+        _fail(error.cli_message())
     except typer.TyperException as error:  # click's usage errors, as vendored by typer
         if type(error).__name__ == "NoArgsIsHelpError":
             print(error.format_message())

@@ -16,10 +16,9 @@ def figures(
     out: OutOption,
 ) -> None:
     """Redraw the figures of saved results (PNG and PDF), one folder per result, named after it."""
-    from attnlens.figures import save_figures
     from attnlens.io.results import load_result
 
     results = [(path, load_result(path)) for path in result_dirs]  # read everything before writing anything
     for path, result in results:
-        written = save_figures(result, Path(out) / path.resolve().name)
+        written = result.save_figures(Path(out) / path.resolve().name)
         typer.echo(f"{path}: {len(written) // 2} figures in {Path(out) / path.resolve().name}")

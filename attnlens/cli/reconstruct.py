@@ -10,6 +10,7 @@ from .app import (
     BatchSizeOption,
     CorpusOption,
     DeviceOption,
+    FiguresOption,
     LayersOption,
     NumSeqsOption,
     OutOption,
@@ -19,6 +20,7 @@ from .app import (
     SeqLenOption,
     app,
     parse_int_list,
+    save_result,
 )
 
 
@@ -52,6 +54,7 @@ def reconstruct(
     seed: SeedOption = 0,
     device: DeviceOption = "cpu",
     overwrite: OverwriteOption = False,
+    figures: FiguresOption = True,
     progress: ProgressOption = True,
 ) -> None:
     """Compute k exact scores per row, rebuild the rest by least squares, measure the error on held-out blocks."""
@@ -67,7 +70,7 @@ def reconstruct(
         plug_in_scopes=None if plug_in_scope is None else _names(plug_in_scope), objective=objective, model=model,
         learn_r=learn_r, learn_steps=learn_steps, batch_size=batch_size, seed=seed, device=device, progress=progress,
     )
-    result.save(out, overwrite=overwrite)
+    save_result(result, out, overwrite=overwrite, figures=figures)
     overall = result.table[result.table.layer == -1]
     typer.echo(overall[["strategy", "scope", "k", "rel_error", "rel_error_zero", "tv", "flops_ratio"]].to_string(index=False))
     if result.plug_in is not None:

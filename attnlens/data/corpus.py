@@ -92,22 +92,22 @@ class Corpus:
         prefix, suffix = model.special.prefix, model.special.suffix
         body = n - len(prefix) - len(suffix)
         if body < 1:
-            raise AttnlensError(f"--seq-len {n} leaves no room for text beside the special tokens; use --seq-len 4 or more")
+            raise AttnlensError(f"`seq_len` {n} leaves no room for text beside the special tokens; use `seq_len` 4 or more")
         stream = self.token_stream(model.tokenizer)
         available = len(stream) // body
         if available == 0:
             raise AttnlensError(
-                f"corpus '{self.source}' has {len(stream)} tokens, fewer than one block of {n}; give more text or a smaller --seq-len"
+                f"corpus '{self.source}' has {len(stream)} tokens, fewer than one block of {n}; give more text or a smaller `seq_len`"
             )
         if num_blocks is None:
             index = np.arange(available)
         elif num_blocks > available:
             raise AttnlensError(
                 f"corpus '{self.source}' gives {available} blocks of {n} tokens, fewer than the {num_blocks} asked for; "
-                f"use --num-seqs {available} or less, or a larger corpus"
+                f"use `num_seqs` {available} or less, or a larger corpus"
             )
         elif num_blocks < 1:
-            raise AttnlensError(f"--num-seqs {num_blocks} must be at least 1")
+            raise AttnlensError(f"`num_seqs` {num_blocks} must be at least 1")
         else:
             index = np.sort(np.random.default_rng(seed).choice(available, size=num_blocks, replace=False))
         chunks = stream[: available * body].reshape(available, body)[index]
@@ -146,7 +146,7 @@ def _read_jsonl(path: Path, text_field: str) -> list[str]:
         except json.JSONDecodeError:
             raise AttnlensError(f"{path}:{number} is not valid JSON; each line of a .jsonl corpus must be one JSON object") from None
         if not isinstance(record, dict) or text_field not in record:
-            raise AttnlensError(f"{path}:{number} has no '{text_field}' field; name the text field with --text-field")
+            raise AttnlensError(f"{path}:{number} has no '{text_field}' field; name the text field with `text_field`")
         if str(record[text_field]).strip():
             documents.append(str(record[text_field]))
     return documents

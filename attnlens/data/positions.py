@@ -88,23 +88,23 @@ def parse_classes(text: str | Iterable[str] | None) -> tuple[str, ...]:
     >>> parse_classes("band(0)")
     Traceback (most recent call last):
     ...
-    attnlens.errors.AttnlensError: --classes band(0): the width w of band(w) must be at least 1, e.g. band(2)
+    attnlens.errors.AttnlensError: classes band(0): the width w of band(w) must be at least 1, e.g. band(2)
     """
     if text is None:
         return DEFAULT_CLASSES
     parts = [part.strip() for part in (text.split(",") if isinstance(text, str) else text)]
     parts = [part.replace(" ", "") for part in parts if part]
     if not parts:
-        raise AttnlensError(f"--classes is empty; name at least one of {CLASS_HELP}")
+        raise AttnlensError(f"`classes` is empty; name at least one of {CLASS_HELP}")
     for name in parts:
         band = _BAND.fullmatch(name)
         if band is not None and int(band.group(1)) < 1:
-            raise AttnlensError(f"--classes {name}: the width w of band(w) must be at least 1, e.g. band(2)")
+            raise AttnlensError(f"`classes` {name}: the width w of band(w) must be at least 1, e.g. band(2)")
         if band is None and name not in PREDICATES and name != "other":
-            raise AttnlensError(f"unknown position class '{name}' in --classes; use {CLASS_HELP}")
+            raise AttnlensError(f"unknown position class '{name}' in `classes`; use {CLASS_HELP}")
     repeated = sorted({name for name in parts if parts.count(name) > 1})
     if repeated:
-        raise AttnlensError(f"--classes names '{repeated[0]}' more than once; name each class once")
+        raise AttnlensError(f"`classes` names '{repeated[0]}' more than once; name each class once")
     return tuple(parts)
 
 

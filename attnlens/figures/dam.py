@@ -12,14 +12,14 @@ sparsity for the λ sweep and the fixed patterns, and the training curves.
 
 from __future__ import annotations
 
-from pathlib import Path
+from collections.abc import Iterator
 
 import matplotlib.pyplot as plt
 import numpy as np
 import seaborn as sns
 
 from .importance import ABSOLUTE_LOSS_LABELS, describe
-from .style import apply_style, new_axes, save_figure
+from .style import apply_style, new_axes
 
 PATTERN_MARKERS = {"strided": "s", "fixed": "D", "local": "^", "bigbird": "v", "star": "*", "no-diagonal": "X"}
 
@@ -134,11 +134,9 @@ def plot_masks(result, index: int | None = None) -> plt.Figure:
     return figure
 
 
-def save_dam_figures(result, directory: str | Path) -> list[Path]:
-    """Every figure of a DAM result, as PNG and PDF, in ``directory``."""
-    directory = Path(directory)
-    paths = save_figure(plot_keep(result).figure, directory / "keep_per_class")
-    paths += save_figure(plot_loss_vs_sparsity(result).figure, directory / "loss_vs_sparsity")
-    paths += save_figure(plot_training(result).figure, directory / "training")
-    paths += save_figure(plot_masks(result), directory / "masks")
-    return paths
+def draw(result) -> Iterator[tuple[str, plt.Figure]]:
+    """``loss_vs_sparsity`` (main), ``keep_per_class``, ``training``, ``masks``."""
+    yield "loss_vs_sparsity", plot_loss_vs_sparsity(result).figure
+    yield "keep_per_class", plot_keep(result).figure
+    yield "training", plot_training(result).figure
+    yield "masks", plot_masks(result)

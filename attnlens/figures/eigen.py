@@ -1,4 +1,4 @@
-"""Figures of eigen and overlap results: spectra, cumulative energy, overlap heatmaps, split-half.
+"""Figures of eigen results: spectra against the Gaussian baseline, cumulative energy.
 
 >>> import attnlens
 >>> from attnlens.figures.eigen import plot_spectra
@@ -10,13 +10,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+from collections.abc import Iterator
 
 import matplotlib.pyplot as plt
 import numpy as np
-import seaborn as sns
 
-from .style import layer_colours, new_axes, save_figure
+from .style import layer_colours, new_axes
 
 QUANTITY_LABELS = {"scores": "pre-softmax score rows", "weights": "attention-weight rows", "log-weights": "log-weight rows"}
 
@@ -77,86 +76,7 @@ def plot_energy(result, ax: plt.Axes | None = None, *, query: int | None = None)
     return ax
 
 
-def _matrix_labels(overlap_result, name: str) -> tuple[list[str], list[str], str, str]:
-    """Tick labels of both axes of a matrix named ``layers_0``, ``heads_0_1``, ... and the two model names."""
-    kind, *models = name.split("_")
-    first, last = int(models[0]), int(models[-1])
-    meta = overlap_result.meta
-
-    def labels(index: int) -> list[str]:
-        layers = meta["layers"][index]
-        if kind == "layers":
-            return [f"L{layer}" for layer in layers]
-        return [f"L{layer}H{head}" for layer in layers for head in range(meta["num_heads"][index])]
-
-    return labels(first), labels(last), meta["models"][first], meta["models"][last]
-
-
-def plot_overlap(overlap_result, name: str = "layers_0", ax: plt.Axes | None = None) -> plt.Axes:
-    """Heatmap of one overlap matrix (0 = orthogonal, 1 = same subspace) with the chance level d/n marked."""
-    matrix = overlap_result.matrix(name)
-    rows, columns, model_a, model_b = _matrix_labels(overlap_result, name)
-    big = max(matrix.shape) > 16
-    ax = new_axes(ax, size=(7.5, 6.2) if big else (6.4, 5.2))
-    chance = overlap_result.chance
-    sns.heatmap(matrix, vmin=0, vmax=1, cmap="viridis", square=True, ax=ax, annot=not big, fmt=".2f",
-                annot_kws={"fontsize": 7}, xticklabels=columns, yticklabels=rows,
-                cbar_kws={"label": "normalised overlap ‖UᵀV‖²/d", "shrink": 0.8})
-    colorbar = ax.collections[0].colorbar
-    colorbar.ax.axhline(chance, color="white", lw=2)
-    colorbar.ax.text(-0.1, chance, f"chance {chance:.3f} ", color="black", ha="right", va="center", fontsize=8,
-                     transform=colorbar.ax.get_yaxis_transform())
-    if big:
-        step = max(1, len(rows) // 12)
-        ax.set_xticks(np.arange(0, len(columns), step) + 0.5, columns[::step], rotation=90, fontsize=7)
-        ax.set_yticks(np.arange(0, len(rows), step) + 0.5, rows[::step], rotation=0, fontsize=7)
-    ax.set_xlabel(model_b)
-    ax.set_ylabel(model_a)
-    kind = "layers" if name.startswith("layers") else ("heads" if name.startswith("heads") else "models")
-    ax.set_title(f"Overlap of top-{overlap_result.dim} eigenspaces, {kind} (n = {overlap_result.meta['n']})\n"
-                 f"chance level d/n = {chance:.3f}", fontsize=10)
-    return ax
-
-
-def plot_split_half(overlap_result, ax: plt.Axes | None = None, *, model: int = 0) -> plt.Axes:
-    """Per layer: overlap of its subspace from two halves of the data, against its mean
-    overlap with the other layers, and the chance level."""
-    ax = new_axes(ax)
-    name = overlap_result.meta["models"][model]
-    table = overlap_result.split_half
-    halves = table[(table["result"] == model) & (table["level"] == "layer")]  # two results may share a model
-    matrix = overlap_result.matrix(f"layers_{model}")
-    others = (matrix.sum(1) - np.diag(matrix)) / max(len(matrix) - 1, 1)
-    x = np.arange(len(halves))
-    ax.bar(x - 0.2, halves.overlap, width=0.4, label="split-half (same layer, two halves)")
-    if len(matrix) > 1:
-        ax.bar(x + 0.2, others, width=0.4, label="mean overlap with other layers")
-    ax.axhline(overlap_result.chance, color="black", ls=":", lw=1, label=f"chance d/n = {overlap_result.chance:.3f}")
-    ax.set_xticks(x, [f"L{layer}" for layer in halves.layer])
-    ax.set_ylim(0, 1.05)
-    ax.set_xlabel("layer")
-    ax.set_ylabel(f"overlap of top-{overlap_result.dim} eigenspaces")
-    ax.set_title(f"Split-half check ({name}): is a cross-layer difference real?", fontsize=10)
-    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, frameon=False)
-    return ax
-
-
-def save_eigen_figures(result, directory: Path) -> list[Path]:
-    """spectra.{png,pdf} and energy.{png,pdf}."""
-    paths = []
-    for stem, plot in (("spectra", plot_spectra), ("energy", plot_energy)):
-        ax = plot(result)
-        paths += save_figure(ax.figure, directory / stem)
-    return paths
-
-
-def save_overlap_figures(overlap_result, directory: Path) -> list[Path]:
-    """overlap_<matrix>.{png,pdf} for every matrix, and split_half_<i>.{png,pdf} per model."""
-    paths = []
-    for key in sorted(overlap_result.arrays):
-        if key.endswith("_overlap") and not key.startswith("model_"):
-            name = key.removesuffix("_overlap")
-            paths += save_figure(plot_overlap(overlap_result, name).figure, directory / f"overlap_{name}")
-    for index in range(len(overlap_result.meta["models"])):
-        paths += save_figure(plot_split_half(overlap_result, model=index).figure, directory / f"split_half_{index}")
-    return paths
+def draw(result) -> Iterator[tuple[str, plt.Figure]]:
+    """The figures of an eigen result: ``spectra`` (main) and ``energy``."""
+    yield "spectra", plot_spectra(result).figure
+    yield "energy", plot_energy(result).figure

@@ -16,13 +16,13 @@ read from its tables; :func:`save_importance_figures` writes them all as PNG and
 from __future__ import annotations
 
 import math
-from pathlib import Path
+from collections.abc import Iterator
 
 import matplotlib.pyplot as plt
 import numpy as np
 import seaborn as sns
 
-from .style import apply_style, new_axes, save_figure
+from .style import apply_style, new_axes
 
 LOSS_LABELS = {
     "hidden": "Δ loss (1 − token cosine to the unmodified model)",
@@ -167,33 +167,39 @@ def plot_scope(result, cls: str | None = None, ax: plt.Axes | None = None) -> pl
 # ----------------------------------------------------------------------------- all
 
 
-def save_importance_figures(result, directory: str | Path) -> list[Path]:
-    """Every figure of an importance result, as PNG and PDF, in ``directory``."""
-    directory = Path(directory)
-    paths = []
+def plot_mass_grid(result) -> plt.Figure:
+    """Attention mass per class, one layer × head map per class, and the entropy map."""
     classes = list(result.mass["class"].drop_duplicates())
-    layers = result.mass["layer"].nunique()
-    heads = result.mass["head"].nunique()
-    cell = (min(1.2 + 0.42 * heads, 7.0), min(1.3 + 0.32 * layers, 7.0))
-    figure, axes = grid(len(classes) + 1, 4 if heads <= 6 else 2, cell)
+    layers, heads = result.mass["layer"].nunique(), result.mass["head"].nunique()
+    figure, axes = grid(len(classes) + 1, 4 if heads <= 6 else 2, _cell(layers, heads))
     for ax, cls in zip(axes.flat, classes):
         plot_mass(result, cls, ax)
     plot_entropy(result, axes.flat[len(classes)])
     figure.suptitle(f"Attention mass per query on each position class\n{describe(result.meta)}")
-    paths += save_figure(figure, directory / "mass")
+    return figure
 
-    paths += save_figure(plot_ablation(result).figure, directory / "ablation")
+
+def _cell(layers: int, heads: int) -> tuple[float, float]:
+    return (min(1.2 + 0.42 * heads, 7.0), min(1.3 + 0.32 * layers, 7.0))
+
+
+def draw(result) -> Iterator[tuple[str, plt.Figure]]:
+    """``ablation`` (main), ``mass``, ``gradient`` and ``head_importance`` (with gradients), and
+    ``ablation_per_layer`` or ``ablation_per_head`` (with ``per``)."""
+    yield "ablation", plot_ablation(result).figure
+    yield "mass", plot_mass_grid(result)
     if len(result.gradient):
-        paths += save_figure(plot_gradient(result).figure, directory / "gradient")
-        paths += save_figure(plot_head_importance(result).figure, directory / "head_importance")
+        yield "gradient", plot_gradient(result).figure
+        yield "head_importance", plot_head_importance(result).figure
+    classes = list(result.mass["class"].drop_duplicates())
     per = result.meta["settings"]["per"]
     if per == "layer":
         ax = new_axes(None, (7.6, 0.5 * len(classes) + 2.2))
-        paths += save_figure(plot_scope(result, ax=ax).figure, directory / "ablation_per_layer")
+        yield "ablation_per_layer", plot_scope(result, ax=ax).figure
     elif per == "head":
-        figure, axes = grid(len(classes), 4 if heads <= 6 else 2, cell)
+        figure, axes = grid(len(classes), 4 if result.mass["head"].nunique() <= 6 else 2,
+                            _cell(result.mass["layer"].nunique(), result.mass["head"].nunique()))
         for ax, cls in zip(axes.flat, classes):
             plot_scope(result, cls, ax)
         figure.suptitle(f"Removing a class in one head\n{describe(result.meta)}")
-        paths += save_figure(figure, directory / "ablation_per_head")
-    return paths
+        yield "ablation_per_head", figure

@@ -10,11 +10,11 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+from collections.abc import Iterator
 
 import matplotlib.pyplot as plt
 
-from .style import new_axes, save_figure
+from .style import new_axes
 
 SCOPE_STYLES = {"head": "-", "layer": "--", "all": ":"}
 METRIC_LABELS = {
@@ -109,11 +109,10 @@ def plot_fidelity_vs_k(result, ax: plt.Axes | None = None) -> plt.Axes:
     return ax
 
 
-def save_reconstruct_figures(result, directory: Path) -> list[Path]:
-    """error_vs_k, tv_vs_k, error_vs_flops, and fidelity_vs_k when there is a plug-in table."""
-    paths = save_figure(plot_error_vs_k(result).figure, directory / "error_vs_k")
-    paths += save_figure(plot_error_vs_k(result, metric="tv").figure, directory / "tv_vs_k")
-    paths += save_figure(plot_error_vs_flops(result).figure, directory / "error_vs_flops")
+def draw(result) -> Iterator[tuple[str, plt.Figure]]:
+    """``error_vs_k`` (main), ``tv_vs_k``, ``error_vs_flops``, and ``fidelity_vs_k`` when there is a plug-in table."""
+    yield "error_vs_k", plot_error_vs_k(result).figure
+    yield "tv_vs_k", plot_error_vs_k(result, metric="tv").figure
+    yield "error_vs_flops", plot_error_vs_flops(result).figure
     if result.plug_in is not None and len(result.plug_in):
-        paths += save_figure(plot_fidelity_vs_k(result).figure, directory / "fidelity_vs_k")
-    return paths
+        yield "fidelity_vs_k", plot_fidelity_vs_k(result).figure

@@ -37,11 +37,11 @@ MIN_SEQ_LEN = 4
 
 def check_seq_len(model: LoadedModel, seq_len: int) -> None:
     if seq_len < MIN_SEQ_LEN:
-        raise AttnlensError(f"--seq-len {seq_len} is below {MIN_SEQ_LEN}; use --seq-len {MIN_SEQ_LEN} or more")
+        raise AttnlensError(f"`seq_len` {seq_len} is below {MIN_SEQ_LEN}; use `seq_len` {MIN_SEQ_LEN} or more")
     if seq_len > model.max_positions:
         raise AttnlensError(
-            f"--seq-len {seq_len} is above the {model.max_positions} positions model '{model.name}' supports; "
-            f"use --seq-len {model.max_positions} or less"
+            f"`seq_len` {seq_len} is above the {model.max_positions} positions model '{model.name}' supports; "
+            f"use `seq_len` {model.max_positions} or less"
         )
 
 
@@ -51,10 +51,10 @@ def check_layers(model: LoadedModel, layers: list[int] | None) -> list[int]:
     bad = [layer for layer in layers if not 0 <= layer < model.num_layers]
     if bad:
         raise AttnlensError(
-            f"--layers {bad[0]} is out of range; model '{model.name}' has layers 0 to {model.num_layers - 1}"
+            f"`layers` {bad[0]} is out of range; model '{model.name}' has layers 0 to {model.num_layers - 1}"
         )
     if not layers:
-        raise AttnlensError("--layers is empty; name at least one layer, e.g. --layers 0")
+        raise AttnlensError("`layers` is empty; name at least one layer, e.g. `layers` 0")
     return sorted(set(layers))
 
 
@@ -91,9 +91,9 @@ def extract(
     """
     out = Path(out)
     if dtype not in DTYPES:
-        raise AttnlensError(f"--dtype {dtype} is not supported; use one of {', '.join(DTYPES)}")
+        raise AttnlensError(f"`dtype` {dtype} is not supported; use one of {', '.join(DTYPES)}")
     if batch_size < 1:
-        raise AttnlensError(f"--batch-size {batch_size} must be at least 1")
+        raise AttnlensError(f"`batch_size` {batch_size} must be at least 1")
     world = init_world(device)
     world.run_on_main(lambda: prepare_out(out, resume=resume, overwrite=overwrite))
     if not isinstance(corpus, Corpus):
@@ -144,7 +144,7 @@ def extract(
         except OSError as error:
             raise AttnlensError(
                 f"could not write to {out} ({error.strerror or error}) after {writer.complete - writer.start} finished sequences, "
-                "which are safe; fix the cause (e.g. free disk space) and rerun with --resume"
+                "which are safe; fix the cause (e.g. free disk space) and rerun with `resume`"
             ) from None
     world.barrier()  # every rank's shard is on disk
     return open_store(out) if world.is_main else None

@@ -165,7 +165,7 @@ def init_world(device: str = "cpu", *, spread: bool = False) -> World:
     local_size = int(os.environ.get("LOCAL_WORLD_SIZE", str(size)))
     cuda = device.startswith("cuda")
     if cuda and not torch.cuda.is_available():
-        raise AttnlensError(f"--device {device} asks for a GPU, but torch sees none here; use --device cpu")
+        raise AttnlensError(f"`device` {device} asks for a GPU, but torch sees none here; use `device` cpu")
     if cuda:  # before the first collective: NCCL binds each rank to its current device
         if spread:
             torch.cuda.set_device(local_gpus(local_rank, local_size)[0])
@@ -199,7 +199,7 @@ def local_gpus(local_rank: int, local_size: int, count: int | None = None) -> li
     count = torch.cuda.device_count() if count is None else count
     if count < local_size:
         raise AttnlensError(
-            f"{local_size} ranks on this machine but {count} GPUs; with --device-map auto start at most one rank per GPU"
+            f"{local_size} ranks on this machine but {count} GPUs; with `device_map` auto start at most one rank per GPU"
         )
     per_rank = count // local_size
     return list(range(local_rank * per_rank, (local_rank + 1) * per_rank))

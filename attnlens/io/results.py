@@ -1,12 +1,19 @@
-"""Results on disk: one directory per result, written atomically, reloadable by kind.
+"""Results: one base class for every kind, one registry, one directory format on disk.
 
-A result directory holds ``result.json`` (``kind``, ``format_version``, provenance and
-settings), tidy CSV tables and ``.npy`` arrays. It is written into a hidden sibling
-directory and renamed into place, so a crash never leaves half a result, and an
-existing result is only replaced when the caller says ``overwrite``.
+A result holds ``meta`` (its kind, settings and provenance: model, corpus, versions,
+command), named tables (pandas) and named arrays (numpy). :meth:`Result.save` writes a
+directory: ``result.json``, one CSV per table and one ``.npy`` per array, staged in a
+hidden sibling directory and renamed into place, so a crash never leaves half a result,
+and an existing result is replaced only when the caller says ``overwrite``. Saving does
+not draw; figures are drawn on demand (:meth:`Result.figures`,
+:meth:`Result.save_figures`, ``attnlens figures``) from the saved numbers alone.
+
+:data:`REGISTRY` is the one list of result kinds: for each, the class that loads it and
+the figures module that draws it (a module with ``draw(result)``, yielding
+``(name, figure)`` pairs, the main figure first). It names them by import path, so this
+storage layer imports neither the analyses nor matplotlib.
 
 >>> import tempfile, numpy as np, pandas as pd
->>> from attnlens.io.results import write_result, read_result_dir
 >>> out = tempfile.mkdtemp() + "/r"
 >>> _ = write_result(out, "demo", {"answer": 42}, tables={"table": pd.DataFrame({"a": [1, 2]})},
 ...                  arrays={"x": np.arange(3)})
@@ -17,62 +24,220 @@ existing result is only replaced when the caller says ``overwrite``.
 
 from __future__ import annotations
 
+import base64
+import html
+import importlib
+import io
 import json
-import math
-import os
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, ClassVar, Self
 
 import numpy as np
 import pandas as pd
 
-from attnlens.errors import AttnlensError
+from attnlens.errors import BadFile, BadInput
+from attnlens.io.files import json_safe, swap_into_place
 
 FORMAT_VERSION = 1
-_LOADERS: dict[str, Callable[[Path], object]] = {}
 
 
-def register_result(kind: str) -> Callable:
-    """Class decorator: ``load_result`` dispatches directories of ``kind`` to ``cls.load``."""
-
-    def decorate(cls):
-        _LOADERS[kind] = cls.load
-        cls.kind = kind
-        return cls
-
-    return decorate
+# ---------------------------------------------------------------------- the registry
 
 
-class TabularResult:
-    """A result made of ``meta``, named tables and named arrays, saved with its figures.
+@dataclass(frozen=True)
+class Kind:
+    """How to load and draw one kind of result: ``"module:Class"`` and a figures module (or None)."""
 
-    Subclasses are registered with :func:`register_result`, which gives them their ``kind``.
+    result: str
+    figures: str | None = None
+
+
+REGISTRY: dict[str, Kind] = {
+    "eigen": Kind("attnlens.analysis.eigen:EigenResult", "attnlens.figures.eigen"),
+    "overlap": Kind("attnlens.analysis.overlap:OverlapResult", "attnlens.figures.overlap"),
+    "reconstruct": Kind("attnlens.analysis.reconstruct:ReconstructResult", "attnlens.figures.reconstruct"),
+    "importance": Kind("attnlens.analysis.importance:ImportanceResult", "attnlens.figures.importance"),
+    "dam": Kind("attnlens.analysis.dam:DamResult", "attnlens.figures.dam"),
+    "moments": Kind("attnlens.rows.partials:MomentsResult"),
+    "report": Kind("attnlens.report:Report"),
+}
+
+
+def _imported(path: str) -> Any:
+    module, _, name = path.partition(":")
+    loaded = importlib.import_module(module)
+    return getattr(loaded, name) if name else loaded
+
+
+def result_class(kind: str) -> type[Result]:
+    """The class of results of ``kind``."""
+    if kind not in REGISTRY:
+        raise BadFile(f"results of kind '{kind}' cannot be read by this attnlens (it reads {', '.join(REGISTRY)})")
+    return _imported(REGISTRY[kind].result)
+
+
+def load_result(path: str | Path) -> Result:
+    """Read any attnlens result back (eigen, overlap, ...), as the object that wrote it."""
+    return result_class(read_meta(Path(path))["kind"]).load(path)
+
+
+# ---------------------------------------------------------------------- the base class
+
+
+class Result:
+    """A result: ``meta``, named ``tables`` and ``arrays``, and where it was saved (``path``).
+
+    Subclasses set ``kind`` (a key of :data:`REGISTRY`) and may name their ``main_table``;
+    they add properties that read their tables and arrays, and override :meth:`_save_extra`
+    / :meth:`_from_disk` only when they keep something other than tables and arrays.
     """
 
-    kind: str
+    kind: ClassVar[str] = ""
+    main_table: ClassVar[str] = "table"
 
-    def __init__(self, meta: dict, tables: dict[str, pd.DataFrame], arrays: dict[str, np.ndarray]) -> None:
+    def __init__(self, meta: dict, tables: dict[str, pd.DataFrame] | None = None,
+                 arrays: dict[str, np.ndarray] | None = None, path: Path | None = None) -> None:
         self.meta = meta
-        self.tables = tables
-        self.arrays = arrays
+        self.tables = dict(tables or {})
+        self.arrays = dict(arrays or {})
+        self.path = None if path is None else Path(path)
 
-    def save(self, out: str | Path, overwrite: bool = False, figures: bool = True) -> Path:
-        """Write the result directory (tables as CSV, arrays as .npy, figures as PNG and PDF)."""
+    # ------------------------------------------------------------------ contents
+    @property
+    def settings(self) -> dict:
+        return self.meta.get("settings", {})
 
-        def extra(directory: Path) -> None:
-            if figures:
-                from attnlens.figures import save_figures
+    @property
+    def table(self) -> pd.DataFrame | None:
+        return self.tables.get(self.main_table)
 
-                save_figures(self, directory / "figures")
+    @property
+    def model_name(self) -> str:
+        model = self.meta.get("model")
+        return str(model.get("name", "")) if isinstance(model, dict) else ""
 
-        return write_result(out, self.kind, self.meta, tables=self.tables, arrays=self.arrays, overwrite=overwrite, extra=extra)
+    def summary(self) -> str:
+        """One line on what the result holds (subclasses say more)."""
+        parts = [f"{len(table)} rows in {name}" for name, table in self.tables.items()]
+        return ", ".join(parts) if parts else f"{len(self.arrays)} arrays"
+
+    # ------------------------------------------------------------------ disk
+    def save(self, out: str | Path, *, overwrite: bool = False) -> Path:
+        """Write the result directory atomically (tables as CSV, arrays as .npy); no figures."""
+        self.path = write_result(out, self.kind, self.meta, tables=self.tables, arrays=self.arrays,
+                                 overwrite=overwrite, extra=self._save_extra)
+        return self.path
+
+    def _save_extra(self, directory: Path) -> None:
+        """Hook: write files beside the tables and arrays (into the staging directory)."""
 
     @classmethod
-    def load(cls, path: str | Path):
+    def load(cls, path: str | Path) -> Self:
+        """Read a result directory of this kind (arrays are memory-mapped)."""
         meta, tables, arrays = read_result_dir(path, cls.kind)
-        return cls(meta, tables, arrays)
+        return cls._from_disk(meta, tables, arrays, Path(path))
+
+    @classmethod
+    def _from_disk(cls, meta: dict, tables: dict, arrays: dict, path: Path) -> Self:
+        return cls(meta, tables, arrays, path)
+
+    # ------------------------------------------------------------------ figures
+    def figures(self) -> dict[str, Any]:
+        """Every figure of this result, drawn now: ``{name: matplotlib Figure}``."""
+        return dict(draw(self))
+
+    def save_figures(self, directory: str | Path) -> list[Path]:
+        """Draw every figure and write it as PNG and PDF into ``directory`` (replaced atomically)."""
+        return save_figures(self, directory)
+
+    # ------------------------------------------------------------------ display
+    def __repr__(self) -> str:
+        where = f", path={str(self.path)!r}" if self.path is not None else ""
+        model = f"model={self.model_name!r}, " if self.model_name else ""
+        return f"{type(self).__name__}({model}{self.summary()}{where})"
+
+    def _repr_html_(self) -> str:
+        """Jupyter: provenance, the head of the main table, and the main figure."""
+        parts = [f"<h4>{html.escape(type(self).__name__)}</h4>", _provenance_html(self.meta)]
+        if self.table is not None:
+            parts.append(f"<p>{html.escape(self.main_table)} ({len(self.table)} rows), first 10:</p>")
+            parts.append(self.table.head(10).to_html(index=False, float_format=lambda v: f"{v:.4g}", border=0))
+        figure = first_figure(self)
+        if figure is not None:
+            parts.append(f'<img src="data:image/png;base64,{figure}" style="max-width:640px">')
+        return "\n".join(parts)
+
+
+def _provenance_html(meta: dict) -> str:
+    rows = []
+    model = meta.get("model")
+    if isinstance(model, dict):
+        rows.append(("model", f"{model.get('name', '')} ({model.get('architecture', '')})"))
+    corpus = meta.get("corpus")
+    if isinstance(corpus, dict):
+        rows.append(("corpus", str(corpus.get("source", corpus.get("name", "")))))
+    if meta.get("settings"):
+        rows.append(("settings", ", ".join(f"{key}={value}" for key, value in meta["settings"].items()
+                                           if not isinstance(value, (dict, list)) or len(str(value)) < 60)))
+    versions = meta.get("versions") or {}
+    rows.append(("made", f"{meta.get('created', '')} with attnlens {versions.get('attnlens', '')}, "
+                         f"torch {versions.get('torch', '')}, transformers {versions.get('transformers', '')}"))
+    if meta.get("command"):
+        rows.append(("command", f"<code>{html.escape(str(meta['command']))}</code>"))
+    body = "".join(f"<tr><th style='text-align:left'>{html.escape(key)}</th><td style='text-align:left'>"
+                   f"{value if key == 'command' else html.escape(value)}</td></tr>" for key, value in rows)
+    return f"<table>{body}</table>"
+
+
+# ---------------------------------------------------------------------- drawing through the registry
+
+
+def draw(result: Result) -> Iterator[tuple[str, Any]]:
+    """``(name, figure)`` for every figure of ``result``, main figure first (none for kinds without figures)."""
+    kind = REGISTRY.get(result.kind)
+    if kind is None or kind.figures is None:
+        return iter(())
+    return _imported(kind.figures).draw(result)
+
+
+def first_figure(result: Result) -> str | None:
+    """The main figure as base64 PNG, or None."""
+    figures = draw(result)
+    try:
+        _, figure = next(figures)
+    except StopIteration:
+        return None
+    import matplotlib.pyplot as plt
+
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=80)
+    plt.close(figure)
+    figures.close() if hasattr(figures, "close") else None
+    return base64.b64encode(buffer.getvalue()).decode()
+
+
+def save_figures(result: Result, directory: str | Path) -> list[Path]:
+    """Every figure of ``result`` as ``NAME.png`` and ``NAME.pdf`` in ``directory``, which is
+    written into a staging directory and swapped into place (a crash leaves the old figures)."""
+    from attnlens.figures.style import save_figure
+
+    directory = Path(directory)
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
+    try:
+        written = [path.name for name, figure in draw(result) for path in save_figure(figure, staging / name)]
+        swap_into_place(staging, directory)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return [directory / name for name in written]
+
+
+# ---------------------------------------------------------------------- result directories
 
 
 def is_result_dir(path: Path) -> bool:
@@ -83,12 +248,12 @@ def check_out(out: str | Path, overwrite: bool) -> Path:
     """Fail early (before any work) if ``out`` cannot receive a result."""
     out = Path(out)
     if out.exists() and not out.is_dir():
-        raise AttnlensError(f"--out {out} is a file; give a directory path")
+        raise BadInput(f"`out` {out} is a file; give a directory path")
     if out.exists() and any(out.iterdir()):
         if not is_result_dir(out):
-            raise AttnlensError(f"--out {out} is a non-empty directory that is not an attnlens result; choose another --out")
+            raise BadInput(f"`out` {out} is a non-empty directory that is not an attnlens result; choose another `out`")
         if not overwrite:
-            raise AttnlensError(f"a result already exists in {out}; pass --overwrite to replace it, or choose another --out")
+            raise BadInput(f"a result already exists in {out}; pass `overwrite` to replace it, or choose another `out`")
     return out
 
 
@@ -99,17 +264,17 @@ def check_resumable_out(out: Path, *, resume: bool, overwrite: bool, owned: Call
     the messages. Returns whether an existing job is to be replaced (``overwrite``).
     """
     if resume and overwrite:
-        raise AttnlensError("--resume and --overwrite contradict each other; choose one")
+        raise BadInput("`resume` and `overwrite` contradict each other; choose one")
     if out.exists() and not out.is_dir():
-        raise AttnlensError(f"--out {out} is a file; give a directory path")
+        raise BadInput(f"`out` {out} is a file; give a directory path")
     if not out.exists() or not any(out.iterdir()):
         if resume:
-            raise AttnlensError(f"nothing to resume in {out}; run without --resume to start a new {what}")
+            raise BadInput(f"nothing to resume in {out}; run without `resume` to start a new {what}")
         return False
     if not owned(out):
-        raise AttnlensError(f"--out {out} is a non-empty directory that is not an attnlens {what}; choose another --out")
+        raise BadInput(f"`out` {out} is a non-empty directory that is not an attnlens {what}; choose another `out`")
     if not resume and not overwrite:
-        raise AttnlensError(f"a {what} already exists in {out}; pass --resume to finish it or --overwrite to replace it")
+        raise BadInput(f"a {what} already exists in {out}; pass `resume` to finish it or `overwrite` to replace it")
     return overwrite
 
 
@@ -123,13 +288,13 @@ def write_result(
     overwrite: bool = False,
     extra: Callable[[Path], None] | None = None,
 ) -> Path:
-    """Write a result directory atomically; ``extra(dir)`` may add files (e.g. figures)."""
+    """Write a result directory atomically; ``extra(dir)`` may add files to it."""
     out = check_out(out, overwrite)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     except OSError as error:
-        raise AttnlensError(f"cannot write to {out}: {error.strerror or error}; choose a writable --out") from None
+        raise BadInput(f"cannot write to {out}: {error.strerror or error}; choose a writable `out`") from None
     try:
         for name, table in (tables or {}).items():
             table.to_csv(staging / f"{name}.csv", index=False)
@@ -137,41 +302,14 @@ def write_result(
             np.save(staging / f"{name}.npy", array)
         if extra is not None:
             extra(staging)
-        payload = {"kind": kind, "format_version": FORMAT_VERSION, **meta,
+        payload = {**meta, "kind": kind, "format_version": FORMAT_VERSION,
                    "tables": sorted(tables or {}), "arrays": sorted(arrays or {})}
-        (staging / "result.json").write_text(json.dumps(_json_safe(payload), indent=2, allow_nan=False))
+        (staging / "result.json").write_text(json.dumps(json_safe(payload), indent=2, allow_nan=False))
         swap_into_place(staging, out)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return out
-
-
-def swap_into_place(staging: Path, out: Path) -> None:
-    if out.exists():
-        retired = out.with_name(f".{out.name}.old-{os.getpid()}")
-        out.rename(retired)
-        staging.rename(out)
-        shutil.rmtree(retired, ignore_errors=True)
-    else:
-        staging.rename(out)
-
-
-def _json_safe(value: object) -> object:
-    """JSON without NaN: a missing number is written as null, never as a number."""
-    if isinstance(value, dict):
-        return {str(key): _json_safe(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(item) for item in value]
-    if isinstance(value, np.ndarray):
-        return _json_safe(value.tolist())
-    if isinstance(value, np.generic):
-        value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, Path):
-        return str(value)
-    return value
 
 
 def _text_columns(table: pd.DataFrame) -> pd.DataFrame:
@@ -185,41 +323,29 @@ def _text_columns(table: pd.DataFrame) -> pd.DataFrame:
 def read_result_dir(path: str | Path, kind: str | None = None) -> tuple[dict, dict[str, pd.DataFrame], dict[str, np.ndarray]]:
     """Read and validate a result directory: (meta, tables, arrays); arrays are memory-mapped."""
     path = Path(path)
-    meta = _read_meta(path)
+    meta = read_meta(path)
     if kind is not None and meta["kind"] != kind:
-        raise AttnlensError(f"'{path}' holds a {meta['kind']} result, not the {kind} result this needs")
+        raise BadFile(f"'{path}' holds a {meta['kind']} result, not the {kind} result this needs")
     try:
         tables = {name: _text_columns(pd.read_csv(path / f"{name}.csv")) for name in meta.get("tables", [])}
         arrays = {name: np.load(path / f"{name}.npy", mmap_mode="r") for name in meta.get("arrays", [])}
     except (OSError, ValueError) as error:
-        raise AttnlensError(f"result '{path}' is damaged ({error})") from None
+        raise BadFile(f"result '{path}' is damaged ({error})") from None
     return meta, tables, arrays
 
 
-def _read_meta(path: Path) -> dict:
+def read_meta(path: Path) -> dict:
+    """``result.json`` of a result directory, checked."""
     if not path.is_dir():
-        raise AttnlensError(f"result '{path}' does not exist")
+        raise BadFile(f"result '{path}' does not exist")
     if not is_result_dir(path):
-        raise AttnlensError(f"'{path}' is not an attnlens result (no result.json); give a directory an attnlens command wrote")
+        raise BadFile(f"'{path}' is not an attnlens result (no result.json); give a directory an attnlens command wrote")
     try:
         meta = json.loads((path / "result.json").read_text())
     except (OSError, json.JSONDecodeError) as error:
-        raise AttnlensError(f"result '{path}' is damaged ({type(error).__name__} reading result.json)") from None
+        raise BadFile(f"result '{path}' is damaged ({type(error).__name__} reading result.json)") from None
     if not isinstance(meta, dict) or "kind" not in meta:
-        raise AttnlensError(f"'{path}' is not an attnlens result (its result.json has no kind)")
+        raise BadFile(f"'{path}' is not an attnlens result (its result.json has no kind)")
     if int(meta.get("format_version", 0)) > FORMAT_VERSION:
-        raise AttnlensError(f"result '{path}' was written by a newer attnlens (format {meta['format_version']}); upgrade attnlens")
+        raise BadFile(f"result '{path}' was written by a newer attnlens (format {meta['format_version']}); upgrade attnlens")
     return meta
-
-
-def load_result(path: str | Path) -> object:
-    """Read any attnlens result back (eigen, overlap, ...), as the object that wrote it."""
-    path = Path(path)
-    kind = _read_meta(path)["kind"]
-    if kind not in _LOADERS:
-        # Importing the analysis modules registers their loaders.
-        from attnlens.analysis import dam, eigen, importance, overlap, reconstruct  # noqa: F401
-        from attnlens import report  # noqa: F401
-    if kind not in _LOADERS:
-        raise AttnlensError(f"result '{path}' is of kind '{kind}', which this attnlens cannot read")
-    return _LOADERS[kind](path)

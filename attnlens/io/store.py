@@ -47,31 +47,13 @@ from pathlib import Path
 import numpy as np
 
 from attnlens.errors import AttnlensError
+from attnlens.io.files import flatten, pwrite_all, short, write_json_atomic
 
 FORMAT = "attnlens-store"
 FORMAT_VERSION = 2  # the newest this attnlens reads
 PLAIN_FORMAT_VERSION = 1  # single-process stores: unchanged, so older attnlens versions read them
 SHARDED_FORMAT_VERSION = 2
 DTYPES = ("float16", "float32")
-
-
-def write_json_atomic(path: Path, payload: object) -> None:
-    """Write JSON so that a crash leaves either the old file or the new one, never half of one."""
-    temporary = path.with_name(f".{path.name}.tmp")
-    with open(temporary, "w", encoding="utf-8") as handle:
-        json.dump(payload, handle, indent=2)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(temporary, path)
-    _fsync_directory(path.parent)
-
-
-def _fsync_directory(path: Path) -> None:
-    descriptor = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
 
 
 def layer_file(kind: str, layer: int) -> str:
@@ -125,12 +107,6 @@ def _version_for(shards: list | None) -> int:
     return SHARDED_FORMAT_VERSION if shards else PLAIN_FORMAT_VERSION
 
 
-def _pwrite_all(descriptor: int, data: memoryview, offset: int) -> None:
-    while data:
-        written = os.pwrite(descriptor, data, offset)
-        data, offset = data[written:], offset + written
-
-
 class StoreWriter:
     """Writes a store batch by batch. Create with :meth:`create` or :meth:`resume`; the other
     ranks of a sharded store open their shard with :meth:`open_shard`.
@@ -171,7 +147,7 @@ class StoreWriter:
             if needed > free:
                 raise AttnlensError(
                     f"not enough disk space for the store in {path}: it needs {needed / 1e6:.0f} MB and "
-                    f"{free / 1e6:.0f} MB are free; free space, choose another --out, or ask for fewer --num-seqs or --layers"
+                    f"{free / 1e6:.0f} MB are free; free space, choose another `out`, or ask for fewer `num_seqs` or `layers`"
                 )
             for kind in ("scores", "valid", "weights") if manifest["weights"] else ("scores", "valid"):
                 (path / kind).mkdir(exist_ok=True)
@@ -195,11 +171,11 @@ class StoreWriter:
                 write_json_atomic(path / "progress.json", {"complete": 0})
             write_json_atomic(path / "manifest.json", manifest)
         except PermissionError:
-            raise AttnlensError(f"cannot write to {path}: permission denied; choose a writable --out") from None
+            raise AttnlensError(f"cannot write to {path}: permission denied; choose a writable `out`") from None
         except OSError as error:
             if error.errno == errno.ENOSPC:
-                raise AttnlensError(f"disk full while creating the store in {path}; free space or choose another --out") from None
-            raise AttnlensError(f"cannot create the store in {path}: {error.strerror or error}; choose a writable --out") from None
+                raise AttnlensError(f"disk full while creating the store in {path}; free space or choose another `out`") from None
+            raise AttnlensError(f"cannot create the store in {path}: {error.strerror or error}; choose a writable `out`") from None
         return cls.open_shard(path, shard) if shards else cls(path, manifest, complete=0)
 
     @classmethod
@@ -221,23 +197,23 @@ class StoreWriter:
             how = "without torchrun" if made_ranks == 1 else f"with torchrun --nproc-per-node {made_ranks} (or as many ranks in all)"
             raise AttnlensError(
                 f"cannot resume {path}: it was extracted by {made_ranks} rank(s), this run has {asked_ranks}; resume it {how}, "
-                "or use --overwrite to start again"
+                "or use `overwrite` to start again"
             )
         expected = {"format": FORMAT, "format_version": _version_for(shards), **manifest, "num_seqs": int(tokens.shape[0])}
         if shards:
             expected["shards"] = [[int(start), int(stop)] for start, stop in shards]
         ignored = ("command", "created", "versions", "attnlens_version")
-        made, asked = _flatten(store.manifest), _flatten({k: v for k, v in expected.items() if k not in ignored})
+        made, asked = flatten(store.manifest), flatten({k: v for k, v in expected.items() if k not in ignored})
         # Plain settings (n, dtype, layers, ...) first: they explain differences in the nested ones.
         differing = sorted((key for key in asked if made.get(key) != asked[key]), key=lambda key: ("." in key, key))
         if differing:
             key = differing[0]
             raise AttnlensError(
-                f"cannot resume {path}: it was made with {key} = {_short(made.get(key))}, this run has "
-                f"{_short(asked[key])}; rerun with the original settings, or use --overwrite to start again"
+                f"cannot resume {path}: it was made with {key} = {short(made.get(key))}, this run has "
+                f"{short(asked[key])}; rerun with the original settings, or use `overwrite` to start again"
             )
         if not np.array_equal(np.load(store.path / "tokens.npy", mmap_mode="r"), tokens):
-            raise AttnlensError(f"cannot resume {path}: its token blocks differ from this run's; use --overwrite to start again")
+            raise AttnlensError(f"cannot resume {path}: its token blocks differ from this run's; use `overwrite` to start again")
         if shards:
             return cls.open_shard(path, shard)
         return cls(Path(path), store.manifest, complete=store.complete)
@@ -269,7 +245,7 @@ class StoreWriter:
         write_json_atomic(self.path / progress_file(self.shard), progress)
 
     # A seam for tests that simulate a full disk.
-    _write_at = staticmethod(_pwrite_all)
+    _write_at = staticmethod(pwrite_all)
 
     def close(self) -> None:
         for descriptor, _ in self._descriptors.values():
@@ -281,22 +257,6 @@ class StoreWriter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _flatten(mapping: dict, prefix: str = "") -> dict[str, object]:
-    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}``."""
-    flat: dict[str, object] = {}
-    for key, value in mapping.items():
-        if isinstance(value, dict):
-            flat.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
-
-
-def _short(value: object) -> str:
-    text = json.dumps(value)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 class Store:
@@ -337,7 +297,7 @@ class Store:
         if layer not in self.manifest["layers"]:
             raise AttnlensError(f"layer {layer} is not in the store {self.path}; it holds layers {self.layers}")
         if kind == "weights" and not self.manifest["weights"]:
-            raise AttnlensError(f"the store {self.path} holds no weights; extract again with --weights")
+            raise AttnlensError(f"the store {self.path} holds no weights; extract again with `weights`")
         return np.load(self.path / layer_file(kind, layer), mmap_mode="r")[: self.complete]
 
     def read(self, kind: str, layer: int, start: int, stop: int) -> np.ndarray:
@@ -408,7 +368,7 @@ def open_store(path: str | Path, *, allow_partial: bool = False) -> Store:
     if unfinished and not allow_partial:
         ranks = f", with torchrun and {len(shards)} ranks" if shards else ""
         raise AttnlensError(
-            f"store '{path}' is unfinished ({unfinished}); finish it by rerunning the same extract command with --resume{ranks}"
+            f"store '{path}' is unfinished ({unfinished}); finish it by rerunning the same extract command with `resume`{ranks}"
         )
     return Store(path, manifest, complete)
 

@@ -25,12 +25,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from attnlens.errors import AttnlensError
+from attnlens.errors import BadInput
 from attnlens.figures.dam import nearest_lambda
 from attnlens.models.loading import ALIASES, LoadedModel, load_model, missing_distributions
 from attnlens.progress import progress_bar
 from attnlens.io.provenance import provenance
-from attnlens.io.results import check_out, read_result_dir, register_result, swap_into_place
+from attnlens.io.files import swap_into_place
+from attnlens.io.results import Result, check_out, load_result
 
 
 @dataclass(frozen=True)
@@ -171,6 +172,7 @@ def _directory_name(key: str, result: object) -> str:
 def _write(directory: Path, results: dict, names: dict[str, str], settings: ReportSettings, command: str | None) -> Path:
     for key, result in results.items():
         result.save(directory / names[key])
+        result.save_figures(directory / names[key] / "figures")
     sections = [_summary_section(results, settings), *_eigen_sections(results, names, directory, settings),
                 _reconstruct_section(results, names, directory), _importance_section(results, names, directory),
                 _dam_section(results, names, directory)]
@@ -415,22 +417,16 @@ def _page(eigen_result, sections: list[str], names: dict[str, str], command: str
 """
 
 
-@register_result("report")
-class Report:
+class Report(Result):
     """A written report: its settings and the result directories it holds."""
 
-    def __init__(self, path: Path, meta: dict) -> None:
-        self.path, self.meta = path, meta
+    kind = "report"
 
-    @classmethod
-    def load(cls, path: str | Path) -> Report:
-        meta, _, _ = read_result_dir(path, "report")
-        return cls(Path(path), meta)
-
-    def result(self, key: str) -> object:
+    def result(self, key: str) -> Result:
         """One of the report's results (``eigen``, ``overlap``, ``reconstruct``, ...), loaded."""
-        from attnlens.io.results import load_result
-
         if key not in self.meta["results"]:
-            raise AttnlensError(f"the report has no '{key}' result; it has {', '.join(self.meta['results'])}")
+            raise BadInput(f"the report has no '{key}' result; it has {', '.join(self.meta['results'])}")
         return load_result(self.path / self.meta["results"][key])
+
+    def summary(self) -> str:
+        return f"results {', '.join(self.meta['results'])}"

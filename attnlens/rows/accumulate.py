@@ -47,9 +47,9 @@ class UnitSums:
         head_chunk: int | None = None,
     ) -> None:
         if quantity not in QUANTITIES:
-            raise AttnlensError(f"--quantity {quantity} is unknown; use one of {', '.join(QUANTITIES)}")
+            raise AttnlensError(f"`quantity` {quantity} is unknown; use one of {', '.join(QUANTITIES)}")
         if accumulate not in ACCUMULATE:
-            raise AttnlensError(f"--accumulate {accumulate} is unknown; use one of {', '.join(ACCUMULATE)}")
+            raise AttnlensError(f"`accumulate` {accumulate} is unknown; use one of {', '.join(ACCUMULATE)}")
         self.units = [(int(layer), int(head)) for layer, head in units]
         self.n, self.num_heads, self.quantity, self.accumulate = n, num_heads, quantity, accumulate
         self.queries = None if queries is None else tuple(int(q) for q in queries)

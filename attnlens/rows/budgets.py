@@ -58,7 +58,7 @@ def parse_bytes(text: str) -> int:
     match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
     if not match or match.group(2).lower() not in _UNITS or float(match.group(1)) <= 0:
         raise AttnlensError(
-            f"--max-memory '{text}' is not a memory size; write a positive number with a unit, e.g. 8GB, 512MB or 16GiB"
+            f"`max_memory` '{text}' is not a memory size; write a positive number with a unit, e.g. 8GB, 512MB or 16GiB"
         )
     return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
 
@@ -105,7 +105,7 @@ class MomentsCost:
 
     def __post_init__(self) -> None:
         if self.accumulate not in ACCUMULATE:
-            raise AttnlensError(f"--accumulate {self.accumulate} is unknown; use one of {', '.join(ACCUMULATE)}")
+            raise AttnlensError(f"`accumulate` {self.accumulate} is unknown; use one of {', '.join(ACCUMULATE)}")
 
     @property
     def query_units(self) -> int:
@@ -212,11 +212,11 @@ def plan_units(
         if capacity < 1:
             need = cost.unit_bytes + cost.working_bytes(1)
             raise AttnlensError(
-                f"--max-memory {format_bytes(budget)} is too small: one (layer, head) unit needs {format_bytes(need)} "
+                f"`max_memory` {format_bytes(budget)} is too small: one (layer, head) unit needs {format_bytes(need)} "
                 f"({format_bytes(cost.unit_bytes)} of {cost.accumulate} sums for n = {cost.n}, both halves, "
                 f"{cost.query_units} query unit(s), plus {format_bytes(cost.working_bytes(1))} working memory per batch of "
-                f"{cost.batch_size}); give --max-memory {format_option(need)} or more, or use --accumulate float32, "
-                "a smaller --batch-size or fewer --queries"
+                f"{cost.batch_size}); give `max_memory` {format_option(need)} or more, or use `accumulate` float32, "
+                "a smaller `batch_size` or fewer `queries`"
             )
     passes, per_pass = _passes(len(units), min(capacity, len(units)), world_size)
     groups = passes * per_pass

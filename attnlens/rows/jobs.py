@@ -55,7 +55,8 @@ from attnlens.progress import progress_bar
 from attnlens.io.provenance import provenance
 from attnlens.io.results import check_resumable_out, write_result
 from attnlens.rows.sources import ModelRows, StoreRows, open_rows
-from attnlens.io.store import Store, is_store, write_json_atomic
+from attnlens.io.files import write_json_atomic
+from attnlens.io.store import Store, is_store
 
 JOB_FILE = "job.json"
 JOB_FORMAT = "attnlens-moments-job"
@@ -133,15 +134,15 @@ def run_moments(
 
 def _check_options(batch_size: int, checkpoint_every: int, quantity: str, model_dtype: str, device_map: str | None) -> None:
     if batch_size < 1:
-        raise AttnlensError(f"--batch-size {batch_size} must be at least 1")
+        raise AttnlensError(f"`batch_size` {batch_size} must be at least 1")
     if checkpoint_every < 1:
-        raise AttnlensError(f"--checkpoint-every {checkpoint_every} must be at least 1 (batches between checkpoints)")
+        raise AttnlensError(f"`checkpoint_every` {checkpoint_every} must be at least 1 (batches between checkpoints)")
     if quantity not in QUANTITIES:
-        raise AttnlensError(f"--quantity {quantity} is unknown; use one of {', '.join(QUANTITIES)}")
+        raise AttnlensError(f"`quantity` {quantity} is unknown; use one of {', '.join(QUANTITIES)}")
     if model_dtype not in MODEL_DTYPES:
-        raise AttnlensError(f"--model-dtype {model_dtype} is unknown; use one of {', '.join(MODEL_DTYPES)}")
+        raise AttnlensError(f"`model_dtype` {model_dtype} is unknown; use one of {', '.join(MODEL_DTYPES)}")
     if device_map not in (None, "auto"):
-        raise AttnlensError(f"--device-map {device_map} is not supported; use --device-map auto, or leave it out")
+        raise AttnlensError(f"`device_map` {device_map} is not supported; use `device_map` auto, or leave it out")
 
 
 def _check_queries(n: int, queries: list[int] | None, per_query: bool) -> list[int] | None:
@@ -150,13 +151,13 @@ def _check_queries(n: int, queries: list[int] | None, per_query: bool) -> list[i
     if queries is not None:
         bad = [q for q in queries if not 0 <= q < n]
         if bad:
-            raise AttnlensError(f"--queries {bad[0]} is out of range; query positions run from 0 to {n - 1}")
+            raise AttnlensError(f"`queries` {bad[0]} is out of range; query positions run from 0 to {n - 1}")
         return sorted(set(queries))
     return None
 
 
 def _check_out(out: Path, *, resume: bool, overwrite: bool) -> None:
-    """Refuse, before any work, an --out that cannot take this job."""
+    """Refuse, before any work, an `out` that cannot take this job."""
     check_resumable_out(out, resume=resume, overwrite=overwrite, owned=lambda path: (path / JOB_FILE).is_file(),
                         what="moments job")
 
@@ -171,13 +172,13 @@ def device_memory(device: torch.device, world: World) -> int:
 
 
 def _check_fits(plan: Plan, world: World, device: torch.device) -> None:
-    """Without --max-memory, refuse up front sums that cannot fit, rather than fail halfway."""
+    """Without `max_memory`, refuse up front sums that cannot fit, rather than fail halfway."""
     available = device_memory(device, world)
     if plan.peak_bytes > available:
         raise AttnlensError(
             f"the moments need {format_bytes(plan.peak_bytes)} per process ({len(plan.units)} units of "
             f"{format_bytes(plan.unit_bytes)} plus working memory), more than the {format_bytes(available)} a rank has here; "
-            f"give --max-memory (e.g. {format_option(available // 2)}) to split the units into passes"
+            f"give `max_memory` (e.g. {format_option(available // 2)}) to split the units into passes"
         )
 
 
@@ -192,7 +193,7 @@ def _prepare(out: Path, job: dict, *, resume: bool, overwrite: bool) -> None:
                 then, now = values_at(key, made[part], job[part])
                 raise AttnlensError(
                     f"cannot resume {out}: it was started with {key} = {then}, this run has {now}; rerun with the original "
-                    "settings (and number of ranks), or use --overwrite to start again"
+                    "settings (and number of ranks), or use `overwrite` to start again"
                 )
         remove_staging_leftovers(out, "moments")
         return
@@ -277,7 +278,7 @@ def _restore(path: Path, meta: dict, sums: UnitSums) -> int:
     for key in ("settings", "run", "rank", "pass", "units", "sequences"):
         if saved.get(key) != meta[key]:
             raise AttnlensError(
-                f"partial file {path} does not belong to this job (its {key} differs); use --overwrite to start the job again"
+                f"partial file {path} does not belong to this job (its {key} differs); use `overwrite` to start the job again"
             )
     sums.load_state(arrays)
     return int(saved["done"])

@@ -55,7 +55,7 @@ def row_values(scores: torch.Tensor, valid: torch.Tensor, quantity: str, dtype: 
     elif quantity == "log-weights":
         x = torch.log_softmax(x.masked_fill(~mask, float("-inf")), dim=-1)
     elif quantity != "scores":
-        raise AttnlensError(f"--quantity {quantity} is unknown; use one of {', '.join(QUANTITIES)}")
+        raise AttnlensError(f"`quantity` {quantity} is unknown; use one of {', '.join(QUANTITIES)}")
     return x.masked_fill(~mask, 0.0)
 
 
@@ -89,7 +89,7 @@ class Moments:
         cls, quantity: str, n: int, layers: Iterable[int], num_heads: int, queries: Iterable[int] | None = None
     ) -> Moments:
         if quantity not in QUANTITIES:
-            raise AttnlensError(f"--quantity {quantity} is unknown; use one of {', '.join(QUANTITIES)}")
+            raise AttnlensError(f"`quantity` {quantity} is unknown; use one of {', '.join(QUANTITIES)}")
         layers = tuple(layers)
         queries = None if queries is None else tuple(queries)
         units = (len(layers), num_heads, 1 if queries is None else len(queries))

@@ -38,12 +38,12 @@ from pathlib import Path
 import numpy as np
 
 from attnlens.rows.accumulate import ARRAYS
-from attnlens.errors import AttnlensError
+from attnlens.errors import AttnlensError, BadFile
 from attnlens.rows.moments import HalfMoments, Moments
 from attnlens.progress import progress_bar
 from attnlens.io.provenance import provenance
-from attnlens.io.results import read_result_dir, register_result, write_result
-from attnlens.io.store import _flatten, _fsync_directory, _short
+from attnlens.io.results import Result, write_result
+from attnlens.io.files import flatten, fsync_directory, pwrite_all, short
 
 PARTIAL_FORMAT = "attnlens-moments-partial"
 PARTIAL_FORMAT_VERSION = 1
@@ -77,7 +77,7 @@ def save_partial(path: Path, meta: dict, arrays: dict[str, np.ndarray]) -> None:
     temporary = path.with_name(f".{path.name}.tmp")
     _dump(temporary, meta, arrays)
     os.replace(temporary, path)
-    _fsync_directory(path.parent)
+    fsync_directory(path.parent)
 
 
 def load_partial_meta(path: Path) -> dict:
@@ -107,7 +107,7 @@ def first_difference(made: dict, asked: dict) -> str | None:
     >>> first_difference({"n": 16, "model": {"name": "a"}}, {"n": 32, "model": {"name": "b"}})
     'n'
     """
-    made, asked = _flatten(made), _flatten(asked)
+    made, asked = flatten(made), flatten(asked)
     keys = sorted(set(made) | set(asked), key=lambda key: ("." in key, key))
     return next((key for key in keys if made.get(key) != asked.get(key)), None)
 
@@ -118,7 +118,7 @@ def values_at(key: str, *settings: dict) -> list[str]:
     >>> values_at("model.name", {"model": {"name": "a"}}, {"model": {"name": "b"}})
     ['"a"', '"b"']
     """
-    return [_short(_flatten(one).get(key)) for one in settings]
+    return [short(flatten(one).get(key)) for one in settings]
 
 
 # ---------------------------------------------------------------------- moments results
@@ -147,15 +147,13 @@ class MergedWriter:
 
     def write_units(self, units: Sequence[tuple[int, int]], sums: dict[str, np.ndarray]) -> None:
         """Write the float64 ``sums`` (axes half, unit, ...) of ``units``."""
-        from attnlens.io.store import _pwrite_all
-
         for index, (layer, head) in enumerate(units):
             position = self.layers.index(layer) * self.num_heads + head
             for which, half in enumerate(HALVES):
                 for name in ARRAYS:
                     data = np.ascontiguousarray(sums[name][which, index], dtype=np.float64)
                     descriptor, offset = self.files[half, name]
-                    _pwrite_all(descriptor, memoryview(data).cast("B"), offset + position * data.nbytes)
+                    pwrite_all(descriptor, memoryview(data).cast("B"), offset + position * data.nbytes)
 
     def close(self) -> None:
         for descriptor, _ in self.files.values():
@@ -164,24 +162,18 @@ class MergedWriter:
         self.files.clear()
 
 
-@register_result("moments")
-class MomentsResult:
+class MomentsResult(Result):
     """Merged moments of a job: ``halves`` (memory-mapped :class:`HalfMoments`) and ``meta``
     (settings, model, corpus, how the job was split, provenance)."""
 
-    def __init__(self, meta: dict, halves: HalfMoments, path: Path | None = None) -> None:
-        self.meta = meta
-        self.halves = halves
-        self.path = path
+    kind = "moments"
 
-    @property
-    def settings(self) -> dict:
-        return self.meta["settings"]
+    def __init__(self, meta: dict, halves: HalfMoments, path: Path | None = None) -> None:
+        super().__init__(meta, path=path)
+        self.halves = halves
 
     @classmethod
-    def load(cls, path: str | Path) -> MomentsResult:
-        path = Path(path)
-        meta, _, _ = read_result_dir(path, "moments")
+    def _from_disk(cls, meta: dict, tables: dict, arrays: dict, path: Path) -> MomentsResult:
         settings = meta["settings"]
         try:
             parts = [
@@ -190,12 +182,12 @@ class MomentsResult:
                 for half in HALVES
             ]
         except (OSError, ValueError) as error:
-            raise AttnlensError(f"moments result '{path}' is damaged ({error})") from None
+            raise BadFile(f"moments result '{path}' is damaged ({error})") from None
         return cls(meta, HalfMoments(*parts), path)
 
-    def __repr__(self) -> str:
+    def summary(self) -> str:
         s = self.settings
-        return f"MomentsResult({str(self.path)!r}, model={s['model']['name']!r}, n={s['n']}, seqs={s['num_seqs']})"
+        return f"n={s['n']}, {s['num_seqs']} sequences, {s['quantity']}"
 
 
 def is_moments_source(path: str | Path) -> bool:

@@ -46,6 +46,7 @@ class StoreRows:
         self.model_info = store.manifest["model"]
         corpus = {key: value for key, value in store.manifest["corpus"].items() if key != "block_index"}
         self.corpus_info = {**corpus, "store": str(store.path)}
+        self.block_index = np.asarray(store.manifest["corpus"].get("block_index", range(store.num_seqs)))
 
     def tokens(self, sequences: np.ndarray) -> np.ndarray:
         return np.asarray(self.store.tokens)[sequences].astype(np.int64)
@@ -80,6 +81,7 @@ class ModelRows:
         self.layers = list(range(model.num_layers))
         self.model_info = model.describe()
         self.corpus_info = {**(corpus.describe() if corpus is not None else {}), "num_seqs": len(blocks), "seed": seed}
+        self.block_index = np.asarray(blocks.index)
 
     def tokens(self, sequences: np.ndarray) -> np.ndarray:
         return self.blocks.ids[sequences]

@@ -51,6 +51,8 @@ from attnlens.models.capture import Capture
 from attnlens.data.corpus import Corpus, load_corpus
 from attnlens.errors import AttnlensError
 from attnlens.analysis.evaluation import (
+    check_classes_occur,
+    layer_groups,
     bootstrap_interval,
     evaluate_batch,
     frozen,
@@ -60,14 +62,13 @@ from attnlens.analysis.evaluation import (
     valid_masks,
 )
 from attnlens.io.extract import check_seq_len
-from attnlens.analysis.importance import check_classes_occur, layer_groups
 from attnlens.models.loading import LoadedModel, load_model
 from attnlens.analysis.objectives import Objective, PreparedBatch
 from attnlens.analysis.dam.patterns import PATTERNS, build, removed_mask
 from attnlens.data.positions import class_masks, exclusive_index, parse_classes, token_roles
 from attnlens.progress import progress_bar
 from attnlens.io.provenance import provenance
-from attnlens.io.results import TabularResult, register_result
+from attnlens.io.results import Result
 
 VARIANTS = ("unstructured", "structured", "class")
 REMOVALS = ("1e4", "inf")
@@ -189,13 +190,13 @@ def parse_tau(tau: str | float | tuple[float, float]) -> tuple[float, float]:
         try:
             parts = [float(part) for part in text.split(":")]
         except ValueError:
-            raise AttnlensError(f"--tau '{text}' is not a number or start:end pair, e.g. --tau 1.0 or --tau 2:0.2") from None
+            raise AttnlensError(f"`tau` '{text}' is not a number or start:end pair, e.g. `tau` 1.0 or `tau` 2:0.2") from None
         if len(parts) not in (1, 2):
-            raise AttnlensError(f"--tau '{text}' is not a number or start:end pair, e.g. --tau 1.0 or --tau 2:0.2")
+            raise AttnlensError(f"`tau` '{text}' is not a number or start:end pair, e.g. `tau` 1.0 or `tau` 2:0.2")
         start, end = parts[0], parts[-1]
     for value in (start, end):
         if not value > 0 or not math.isfinite(value):
-            raise AttnlensError(f"--tau {value:g}: the temperature τ must be greater than 0, e.g. --tau 1.0")
+            raise AttnlensError(f"`tau` {value:g}: the temperature τ must be greater than 0, e.g. `tau` 1.0")
     return float(start), float(end)
 
 
@@ -427,8 +428,7 @@ def pattern_points(n: int) -> int:
 # ----------------------------------------------------------------------------- result
 
 
-@register_result("dam")
-class DamResult(TabularResult):
+class DamResult(Result):
     """A λ sweep of learned masks, with the fixed patterns judged on the same held-out blocks.
 
     Tables: ``table`` (one row per λ: sparsity, held-out loss and its change against the
@@ -439,8 +439,8 @@ class DamResult(TabularResult):
     probabilities on the first held-out block, per-block losses.
     """
 
-
-    table = property(lambda self: self.tables["summary"])
+    kind = "dam"
+    main_table = "summary"
     keep = property(lambda self: self.tables["keep"])
     keep_summary = property(lambda self: self.tables["keep_summary"])
     patterns = property(lambda self: self.tables["patterns"])
@@ -458,9 +458,9 @@ class DamResult(TabularResult):
                              "delta_low": nearest["delta_low"], "delta_high": nearest["delta_high"]})
         return pd.DataFrame(rows)
 
-    def __repr__(self) -> str:
-        settings = self.meta["settings"]
-        return f"DamResult(model={self.meta['model']['name']!r}, variant={settings['variant']!r}, lambdas={settings['lambdas']})"
+    def summary(self) -> str:
+        settings = self.settings
+        return f"variant {settings['variant']!r}, lambdas {settings['lambdas']}"
 
 
 # ----------------------------------------------------------------------------- main
@@ -468,21 +468,21 @@ class DamResult(TabularResult):
 
 def check_settings(variant: str, lambdas, steps: int, lr: float, init_keep: float, removal: str) -> list[float]:
     if variant not in LAYOUTS:
-        raise AttnlensError(f"--variant {variant} is unknown; use one of {', '.join(VARIANTS)}")
+        raise AttnlensError(f"`variant` {variant} is unknown; use one of {', '.join(VARIANTS)}")
     lambdas = [float(value) for value in lambdas]
     if not lambdas:
-        raise AttnlensError("--lambdas is empty; give at least one λ, e.g. --lambdas 0.01,0.1")
+        raise AttnlensError("`lambdas` is empty; give at least one λ, e.g. `lambdas` 0.01,0.1")
     for value in lambdas:
         if not value >= 0 or not math.isfinite(value):
-            raise AttnlensError(f"--lambdas {value:g}: λ must be 0 or more (a finite number), e.g. --lambdas 0.01,0.1")
+            raise AttnlensError(f"`lambdas` {value:g}: λ must be 0 or more (a finite number), e.g. `lambdas` 0.01,0.1")
     if steps < 1:
-        raise AttnlensError(f"--steps {steps} must be at least 1")
+        raise AttnlensError(f"`steps` {steps} must be at least 1")
     if not lr > 0:
-        raise AttnlensError(f"--lr {lr:g} must be greater than 0, e.g. --lr 0.05")
+        raise AttnlensError(f"`lr` {lr:g} must be greater than 0, e.g. `lr` 0.05")
     if not 0 < init_keep < 1:
-        raise AttnlensError(f"--init-keep {init_keep:g} must be a probability strictly between 0 and 1, e.g. 0.9")
+        raise AttnlensError(f"`init_keep` {init_keep:g} must be a probability strictly between 0 and 1, e.g. 0.9")
     if removal not in REMOVALS:
-        raise AttnlensError(f"--removal {removal} is unknown; use 1e4 (add -10^4 to removed scores) or inf")
+        raise AttnlensError(f"`removal` {removal} is unknown; use 1e4 (add -10^4 to removed scores) or inf")
     return lambdas
 
 
@@ -523,9 +523,9 @@ def dam(
     lambdas = check_settings(variant, lambdas, steps, lr, init_keep, removal)
     tau = parse_tau(tau)
     if bootstrap < 10:
-        raise AttnlensError(f"--bootstrap {bootstrap} is too few resamples for an interval; use 10 or more (1000 is usual)")
+        raise AttnlensError(f"`bootstrap` {bootstrap} is too few resamples for an interval; use 10 or more (1000 is usual)")
     if train_seqs < 1:
-        raise AttnlensError(f"--train-seqs {train_seqs} must be at least 1")
+        raise AttnlensError(f"`train_seqs` {train_seqs} must be at least 1")
     if not isinstance(corpus, Corpus):
         corpus = load_corpus(corpus)
     if not isinstance(model, LoadedModel):

@@ -51,7 +51,7 @@ from attnlens.rows.moments import Moments, compute_moments
 from attnlens.analysis.objectives import Objective, PreparedBatch, resolve_objective
 from attnlens.progress import progress_bar
 from attnlens.io.provenance import provenance
-from attnlens.io.results import read_result_dir, register_result, write_result
+from attnlens.io.results import Result
 from attnlens.analysis.reconstruct.selection import (
     QUERY_DEPENDENT,
     check_ks,
@@ -304,41 +304,33 @@ def _summarise(sums: dict[str, np.ndarray]) -> dict[str, float]:
 # ---------------------------------------------------------------------- result
 
 
-@register_result("reconstruct")
-class ReconstructResult:
+class ReconstructResult(Result):
     """``table``: one row per (strategy, scope, k, layer, head), with ``layer = head = -1``
     for the totals over all evaluated heads; ``plug_in`` and ``learned`` tables when asked
     for; ``selections``: the chosen keys of every map, keyed ``strategy/scope/k``."""
 
-    def __init__(self, meta: dict, table: pd.DataFrame, plug_in: pd.DataFrame | None = None,
-                 learned: pd.DataFrame | None = None, selections: dict[str, np.ndarray] | None = None) -> None:
-        self.meta = meta
-        self.table = table
-        self.plug_in = plug_in
-        self.learned = learned
+    kind = "reconstruct"
+
+    def __init__(self, meta: dict, tables: dict[str, pd.DataFrame], arrays: dict[str, np.ndarray] | None = None,
+                 path: Path | None = None, selections: dict[str, np.ndarray] | None = None) -> None:
+        super().__init__(meta, tables, arrays, path)
         self.selections = selections or {}
 
-    def save(self, out: str | Path, overwrite: bool = False, figures: bool = True) -> Path:
-        tables = {"table": self.table}
-        for name in ("plug_in", "learned"):
-            if getattr(self, name) is not None:
-                tables[name] = getattr(self, name)
+    plug_in = property(lambda self: self.tables.get("plug_in"))
+    learned = property(lambda self: self.tables.get("learned"))
 
-        def extra(directory: Path) -> None:
-            np.savez_compressed(directory / "selections.npz", **{key.replace("/", "|"): value for key, value in self.selections.items()})
-            if figures:
-                from attnlens.figures import save_figures
-
-                save_figures(self, directory / "figures")
-
-        return write_result(out, "reconstruct", self.meta, tables=tables, overwrite=overwrite, extra=extra)
+    def _save_extra(self, directory: Path) -> None:
+        np.savez_compressed(directory / "selections.npz", **{key.replace("/", "|"): value for key, value in self.selections.items()})
 
     @classmethod
-    def load(cls, path: str | Path) -> ReconstructResult:
-        meta, tables, _ = read_result_dir(path, "reconstruct")
-        with np.load(Path(path) / "selections.npz") as data:
+    def _from_disk(cls, meta: dict, tables: dict, arrays: dict, path: Path) -> ReconstructResult:
+        with np.load(path / "selections.npz") as data:
             selections = {key.replace("|", "/"): data[key] for key in data.files}
-        return cls(meta, tables["table"], tables.get("plug_in"), tables.get("learned"), selections)
+        return cls(meta, tables, arrays, path, selections)
+
+    def summary(self) -> str:
+        settings = self.settings
+        return f"ks {settings.get('ks')}, strategies {settings.get('strategies')}, scopes {settings.get('scopes')}"
 
 
 # ---------------------------------------------------------------------- plug-in and learned R
@@ -461,13 +453,13 @@ def reconstruct(
     scopes = list(scopes)
     bad_scope = [scope for scope in scopes if scope not in SCOPES]
     if bad_scope or not scopes:
-        raise AttnlensError(f"--scope {bad_scope[0] if bad_scope else ''} is unknown; use some of {', '.join(SCOPES)}")
+        raise AttnlensError(f"`scope` {bad_scope[0] if bad_scope else ''} is unknown; use some of {', '.join(SCOPES)}")
     if rows not in ROW_MODES:
-        raise AttnlensError(f"--rows {rows} is unknown; use one of {', '.join(ROW_MODES)}")
+        raise AttnlensError(f"`rows` {rows} is unknown; use one of {', '.join(ROW_MODES)}")
     if not 0 < eval_fraction < 1:
-        raise AttnlensError(f"--eval-fraction {eval_fraction} must be between 0 and 1")
+        raise AttnlensError(f"`eval_fraction` {eval_fraction} must be between 0 and 1")
     if learn_r and learn_steps < 1:
-        raise AttnlensError(f"--learn-steps {learn_steps} must be at least 1")
+        raise AttnlensError(f"`learn_steps` {learn_steps} must be at least 1")
     source_rows = open_rows(source, corpus=corpus, seq_len=seq_len, num_seqs=num_seqs, seed=seed, device=device)
     n = source_rows.n
     ks = check_ks(default_ks(n) if ks is None else ks, n)
@@ -475,9 +467,9 @@ def reconstruct(
     causal = bool(source_rows.model_info["causal"])
     per_query = rows == "per-query" or (rows == "auto" and causal)
     if causal and not per_query:
-        raise AttnlensError("the model is causal: rows of different queries have different valid keys; use --rows per-query (or auto)")
+        raise AttnlensError("the model is causal: rows of different queries have different valid keys; use `rows` per-query (or auto)")
     if not per_query and any(strategy in QUERY_DEPENDENT for strategy in strategies):
-        raise AttnlensError("--select local+global picks keys around each query, so it needs one map per query: add --rows per-query")
+        raise AttnlensError("`select` local+global picks keys around each query, so it needs one map per query: add `rows` per-query")
 
     loaded = _model_for_plug_in(source_rows, model, device) if (plug_in or learn_r) else None
     if loaded is not None:
@@ -523,19 +515,21 @@ def reconstruct(
                      "objective": objective_.name if (plug_in or learn_r) else None},
         **provenance(command),
     }
-    return ReconstructResult(meta, table, plug_table, learned_table, selections)
+    tables = {"table": table, **({"plug_in": plug_table} if plug_table is not None else {}),
+              **({"learned": learned_table} if learned_table is not None else {})}
+    return ReconstructResult(meta, tables, selections=selections)
 
 
 def _model_for_plug_in(rows: StoreRows | ModelRows, model: str | LoadedModel | None, device: str) -> LoadedModel:
     if isinstance(rows, ModelRows):
         return rows.model
     if model is None:
-        raise AttnlensError("plug-in evaluation runs the model: give --model (the model the store was made with)")
+        raise AttnlensError("plug-in evaluation runs the model: give `model` (the model the store was made with)")
     loaded = model if isinstance(model, LoadedModel) else load_model(model, device=device)
     if loaded.weights_sha256() != rows.model_info["weights_sha256"]:
         raise AttnlensError(
             f"the store was made with model '{rows.model_info['name']}' (weights {rows.model_info['weights_sha256'][:12]}), "
-            f"not '{loaded.name}' (weights {loaded.weights_sha256()[:12]}); give the same --model"
+            f"not '{loaded.name}' (weights {loaded.weights_sha256()[:12]}); give the same `model`"
         )
     return loaded
 

@@ -126,7 +126,7 @@ def leverage_positions(covariance: np.ndarray, k: int, candidates: np.ndarray | 
 def check_ks(ks: Iterable[int], n: int) -> list[int]:
     ks = sorted(set(int(k) for k in ks))
     if not ks:
-        raise AttnlensError("--ks is empty; give at least one k, e.g. --ks 16,32")
+        raise AttnlensError("`ks` is empty; give at least one k, e.g. `ks` 16,32")
     if ks[0] < 1:
         raise AttnlensError(f"k = {ks[0]} selects nothing; every k must be at least 1 (an empty selection cannot reconstruct a row)")
     if ks[-1] > n:
@@ -138,7 +138,7 @@ def check_strategies(strategies: Iterable[str]) -> list[str]:
     strategies = list(strategies)
     unknown = [s for s in strategies if s not in STRATEGIES]
     if unknown:
-        raise AttnlensError(f"--select {unknown[0]} is unknown; use some of {', '.join(STRATEGIES)}")
+        raise AttnlensError(f"`select` {unknown[0]} is unknown; use some of {', '.join(STRATEGIES)}")
     if not strategies:
-        raise AttnlensError("--select is empty; name at least one strategy, e.g. --select greedy")
+        raise AttnlensError("`select` is empty; name at least one strategy, e.g. `select` greedy")
     return strategies

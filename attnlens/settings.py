@@ -1,0 +1,131 @@
+"""Settings as data: one frozen dataclass per analysis, which validates itself.
+
+Each analysis (``EigenSettings``, ``DamSettings``, ...) subclasses :class:`Settings`.
+Its fields and their defaults are the one place the defaults live: the Python entry
+point takes ``settings`` plus keyword overrides (``eigen(source, num_seqs=64)``), and
+the CLI declares its options with the same defaults (``EigenSettings.num_seqs``).
+A bad value raises :class:`~attnlens.errors.BadInput` naming the parameter, when the
+settings are made, before any model loads.
+
+>>> from dataclasses import dataclass
+>>> @dataclass(frozen=True)
+... class Demo(Settings):
+...     num_seqs: int = 8
+...     def validate(self) -> None:
+...         at_least("num_seqs", self.num_seqs, 1)
+>>> Demo().replace(num_seqs=4).num_seqs
+4
+>>> Demo(num_seqs=0)
+Traceback (most recent call last):
+    ...
+attnlens.errors.BadInput: num_seqs 0 must be at least 1
+>>> Demo.build(None, num_sqes=3)
+Traceback (most recent call last):
+    ...
+attnlens.errors.BadInput: num_sqes is not a setting of Demo; the settings are: num_seqs
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, Self
+
+from attnlens.errors import BadInput
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """Base of every analysis's settings: frozen, validated on creation, recorded in results."""
+
+    def __post_init__(self) -> None:
+        for field in dataclasses.fields(self):  # lists given by a caller are kept as tuples: hashable, compared by value
+            value = getattr(self, field.name)
+            if isinstance(value, list):
+                object.__setattr__(self, field.name, tuple(value))
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise :class:`BadInput` for a bad value; subclasses check their fields."""
+
+    @classmethod
+    def build(cls, settings: Self | None = None, **changes: Any) -> Self:
+        """``settings`` (default: the defaults) with ``changes`` applied; unknown names are an error."""
+        names = [field.name for field in dataclasses.fields(cls)]
+        unknown = [name for name in changes if name not in names]
+        if unknown:
+            raise BadInput(f"`{unknown[0]}` is not a setting of {cls.__name__}; the settings are: {', '.join(names)}")
+        base = settings if settings is not None else cls()
+        return dataclasses.replace(base, **changes) if changes else base
+
+    def replace(self, **changes: Any) -> Self:
+        return type(self).build(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The settings as JSON-ready data (tuples as lists, paths and objects as text)."""
+        return {field.name: _plain(getattr(self, field.name)) for field in dataclasses.fields(self)}
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, (list, tuple)):
+        return [_plain(item) for item in value]
+    if isinstance(value, dict):
+        return {str(key): _plain(item) for key, item in value.items()}
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, Path):
+        return str(value)
+    describe = getattr(value, "describe", None)  # a Corpus or a LoadedModel: what it is, not the object
+    return describe() if callable(describe) else str(value)
+
+
+MIN_SEQ_LEN = 4  # a block needs room for text beside its special tokens
+
+
+@dataclasses.dataclass(frozen=True)
+class CorpusSettings(Settings):
+    """Which text the model reads: the corpus, cut into blocks of ``seq_len`` tokens, taken
+    ``batch_size`` blocks per forward pass, chosen by ``seed``. Analyses add their counts
+    of blocks (``num_seqs``, or ``train_seqs`` and ``eval_seqs``).
+
+    ``corpus`` is a built-in name (``kjv``, ``wordnet``), a file or folder, or a loaded
+    :class:`~attnlens.data.corpus.Corpus`.
+    """
+
+    corpus: Any = "kjv"
+    seq_len: int = 128
+    batch_size: int = 32
+    seed: int = 0
+
+    def validate(self) -> None:
+        at_least("seq_len", self.seq_len, MIN_SEQ_LEN)
+        at_least("batch_size", self.batch_size, 1)
+
+
+# ---------------------------------------------------------------------- checks shared by every settings class
+
+
+def at_least(name: str, value: float, low: float, hint: str = "") -> None:
+    """``value >= low``, else ``BadInput`` naming the parameter."""
+    if not value >= low:
+        raise BadInput(f"`{name}` {value:g} must be at least {low:g}{hint}")
+
+
+def positive(name: str, value: float, hint: str = "") -> None:
+    """``value > 0`` and finite."""
+    if not (value > 0 and math.isfinite(value)):
+        raise BadInput(f"`{name}` {value:g} must be greater than 0{hint}")
+
+
+def probability(name: str, value: float, hint: str = "") -> None:
+    """``0 < value < 1``."""
+    if not 0 < value < 1:
+        raise BadInput(f"`{name}` {value:g} must be strictly between 0 and 1{hint}")
+
+
+def one_of(name: str, value: object, choices: Iterable[object]) -> None:
+    choices = tuple(choices)
+    if value not in choices:
+        raise BadInput(f"`{name}` {value} is unknown; use one of {', '.join(map(str, choices))}")
