@@ -1,36 +1,48 @@
 """attnlens: look inside the self-attention of pretrained transformers.
 
-The pipeline, one module per step: :mod:`~attnlens.models.loading` (load a model),
-:mod:`~attnlens.data.corpus` (text into blocks of n tokens), :mod:`~attnlens.models.capture`
-(record or change attention), :mod:`~attnlens.io.store` (captured scores on disk),
-:mod:`~attnlens.io.extract` (corpus -> capture -> store), :mod:`~attnlens.rows.moments`
-(streaming row sums), :mod:`~attnlens.analysis.eigen` and :mod:`~attnlens.analysis.overlap` (spectra and
-shared subspaces), :mod:`~attnlens.analysis.reconstruct` (partial computation),
-:mod:`~attnlens.data.positions` (position classes), :mod:`~attnlens.analysis.importance` (mass, ablation
-and gradient importance of position classes), :mod:`~attnlens.analysis.dam` (learned attention
-masks), :mod:`~attnlens.analysis.dam.patterns` (fixed sparse patterns), :mod:`~attnlens.report` (every
-analysis of a model in one HTML page) and :mod:`~attnlens.figures` (one function per figure).
-Scaling out: :mod:`~attnlens.rows.jobs` (moments sharded over torchrun ranks and passes, resumable),
-:mod:`~attnlens.rows.partials` (partial files, merging, merged moments), :mod:`~attnlens.rows.budgets`
-(memory plans), :mod:`~attnlens.io.ranks` (ranks and exact sums on torch.distributed).
+The package's folders are the pipeline, each depending only on those before it:
+
+- :mod:`attnlens.models` — load a model (aliases, conversions, cache) and **capture**, the
+  one place that reads and changes attention;
+- :mod:`attnlens.data` — corpora packed into blocks of n tokens, position classes;
+- :mod:`attnlens.io` — the store of captured scores on disk, extraction into it, results
+  (one base class, one registry), atomic files, ranks on torch.distributed;
+- :mod:`attnlens.rows` — row sources (store or model), the one moments engine, and moments
+  jobs sharded over ranks and passes (memory budgets, partial files, merging);
+- :mod:`attnlens.analysis` — eigen, overlap, reconstruct, importance, dam (with fixed
+  patterns), objectives and held-out evaluation;
+- :mod:`attnlens.figures` — one module per result kind, drawing saved numbers only;
+- :mod:`attnlens.report` — every analysis of a model in one HTML page;
+- :mod:`attnlens.cli` — the ``attnlens`` command, a thin layer over the functions here.
+
+Every analysis takes a source and one frozen settings object (``EigenSettings``,
+``ReconstructSettings``, ...) or keyword changes to its defaults, and returns a
+:class:`Result` that saves, reloads (:func:`load_result`) and draws itself.
 """
 
-from attnlens.models.capture import Capture
-from attnlens.data.corpus import Blocks, Corpus, load_corpus
-from attnlens.analysis.dam import DamResult, dam
+import importlib.metadata
+
+from attnlens.analysis.dam import DamResult, DamSettings, dam
 from attnlens.analysis.eigen import EigenResult, EigenSettings, eigen
+from attnlens.analysis.importance import ImportanceResult, ImportanceSettings, importance
+from attnlens.analysis.overlap import OverlapResult, OverlapSettings, overlap
+from attnlens.analysis.reconstruct import ReconstructResult, ReconstructSettings, reconstruct
+from attnlens.data.corpus import Blocks, Corpus, load_corpus
+from attnlens.data.positions import class_masks, parse_classes
 from attnlens.errors import AttnlensError, BadFile, BadInput, UnsupportedModel
 from attnlens.io.extract import extract
-from attnlens.analysis.importance import ImportanceResult, importance
-from attnlens.rows.jobs import run_moments
-from attnlens.models.loading import LoadedModel, list_models, load_model
-from attnlens.rows.moments import Moments
-from attnlens.analysis.overlap import OverlapResult, overlap
-from attnlens.rows.partials import MomentsResult, load_moments, merge_partials
-from attnlens.data.positions import class_masks, parse_classes
-from attnlens.analysis.reconstruct import ReconstructResult, reconstruct
 from attnlens.io.results import Result, load_result
 from attnlens.io.store import Store, open_store
+from attnlens.models.capture import Capture
+from attnlens.models.loading import LoadedModel, list_models, load_model
+from attnlens.rows.jobs import run_moments
+from attnlens.rows.moments import Moments
+from attnlens.rows.partials import MomentsResult, load_moments, merge_partials
+
+try:
+    __version__ = importlib.metadata.version("attnlens")
+except importlib.metadata.PackageNotFoundError:  # run from a source tree that was never installed
+    __version__ = "unknown"
 
 __all__ = [
     "AttnlensError",
@@ -40,17 +52,22 @@ __all__ = [
     "Capture",
     "Corpus",
     "DamResult",
+    "DamSettings",
     "EigenResult",
     "EigenSettings",
     "ImportanceResult",
+    "ImportanceSettings",
     "LoadedModel",
     "Moments",
     "MomentsResult",
     "OverlapResult",
+    "OverlapSettings",
     "ReconstructResult",
+    "ReconstructSettings",
     "Result",
     "Store",
     "UnsupportedModel",
+    "__version__",
     "class_masks",
     "dam",
     "eigen",

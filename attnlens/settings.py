@@ -122,7 +122,7 @@ def positive(name: str, value: float, hint: str = "") -> None:
 def probability(name: str, value: float, hint: str = "") -> None:
     """``0 < value < 1``."""
     if not 0 < value < 1:
-        raise BadInput(f"`{name}` {value:g} must be strictly between 0 and 1{hint}")
+        raise BadInput(f"`{name}` {value:g} must be a probability strictly between 0 and 1{hint}")
 
 
 def one_of(name: str, value: object, choices: Iterable[object]) -> None:

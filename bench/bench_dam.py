@@ -65,7 +65,7 @@ def main() -> None:
     times: dict[str, list[float]] = {mode: [] for mode in modes}
     for run in modes.values():  # warm-up: allocator, kernels, first-call costs
         run()
-    for repeat in range(args.repeats):
+    for _repeat in range(args.repeats):
         for mode, run in modes.items():
             start = time.perf_counter()
             run()

@@ -3,14 +3,17 @@
 Run:  python bench/bench_extract.py [--num-seqs 256] [--rounds 3]
 
 Each mode runs in its own process (so peak RSS is its own), rounds alternate the modes
-(so a noisy neighbour slows all of them alike), and the figures are medians:
+(so a noisy neighbour slows all of them alike), and the figures are medians. ``cpu s`` is
+the process's own CPU time (all threads, user + system) over the same span: steadier than
+the wall clock on a shared machine, though it misses work the kernel does elsewhere (such
+as writing back the page cache):
 
   plain    transformers' default attention (sdpa), forward only          <- the baseline
   eager    transformers' eager attention, forward only
   capture  attnlens, every layer's scores recorded, nothing written
   extract  attnlens.io.extract: capture + float16 store on disk (all layers)
 
-Target (issue 2): extract <= 1.3x plain at n=128, batch 32 on minilm-l6.
+Target: extract <= 1.15x plain at n=128, batch 32 on minilm-l6 (it was 1.3x, issue 2).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _memory import peak_rss_mb  # noqa: E402
 
 MODES = ("plain", "eager", "capture", "extract")
+TARGET = 1.15
 
 
 def run_mode(mode: str, num_seqs: int, seq_len: int, batch_size: int) -> dict:
@@ -56,18 +60,19 @@ def run_mode(mode: str, num_seqs: int, seq_len: int, batch_size: int) -> dict:
     try:
         with torch.no_grad():
             forward(batches[0])  # warm-up (allocator, kernels), the same for every mode
-            start = time.perf_counter()
+            start, cpu_start = time.perf_counter(), time.process_time()
             if mode == "extract":
                 attnlens.extract(model, corpus, f"{out}/store", seq_len=seq_len, num_seqs=num_seqs,
                                  batch_size=batch_size, progress=False)
             else:
                 for ids in batches:
                     forward(ids)
-            seconds = time.perf_counter() - start
+            seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
     finally:
         shutil.rmtree(out, ignore_errors=True)
     peak_mb = peak_rss_mb()
-    return {"mode": mode, "seconds": seconds, "seqs_per_s": num_seqs / seconds, "peak_rss_mb": peak_mb}
+    return {"mode": mode, "seconds": seconds, "cpu_seconds": cpu_seconds, "seqs_per_s": num_seqs / seconds,
+            "peak_rss_mb": peak_mb}
 
 
 def main() -> None:
@@ -90,12 +95,17 @@ def main() -> None:
             results[mode].append(json.loads(output.strip().splitlines()[-1]))
             print(f"round {round_ + 1} {mode:8s} {results[mode][-1]['seconds']:7.2f} s", file=sys.stderr)
     median = {mode: statistics.median(r["seconds"] for r in runs) for mode, runs in results.items()}
+    cpu = {mode: statistics.median(r["cpu_seconds"] for r in runs) for mode, runs in results.items()}
     peak = {mode: max(r["peak_rss_mb"] for r in runs) for mode, runs in results.items()}
     print(f"minilm-l6, n={args.seq_len}, batch {args.batch_size}, {args.num_seqs} sequences, median of {args.rounds} rounds")
-    print(f"{'mode':8s} {'seconds':>8s} {'seq/s':>8s} {'x plain':>8s} {'peak RSS MB':>12s}")
+    print(f"{'mode':8s} {'seconds':>8s} {'seq/s':>8s} {'x plain':>8s} {'cpu s':>7s} {'peak RSS MB':>12s}")
     for mode in MODES:
-        print(f"{mode:8s} {median[mode]:8.2f} {args.num_seqs / median[mode]:8.1f} {median[mode] / median['plain']:8.2f} {peak[mode]:12.0f}")
-    print(f"extract / plain = {median['extract'] / median['plain']:.2f}x (target <= 1.3x)")
+        print(f"{mode:8s} {median[mode]:8.2f} {args.num_seqs / median[mode]:8.1f} {median[mode] / median['plain']:8.2f} "
+              f"{cpu[mode]:7.2f} {peak[mode]:12.0f}")
+    # What writing the store adds to capturing (the rest is the eager attention capture needs).
+    writing = (median["extract"] - median["capture"]) / median["plain"]
+    print(f"extract / plain = {median['extract'] / median['plain']:.2f}x (target <= {TARGET}x); "
+          f"writing the store adds {writing:+.2f}x over capture")
 
 
 if __name__ == "__main__":

@@ -38,8 +38,8 @@ def main() -> None:
     args = parser.parse_args()
 
     import attnlens
-    from attnlens.rows.moments import compute_moments
     from attnlens.analysis.reconstruct.selection import greedy_path, naive_greedy_path
+    from attnlens.rows.moments import compute_moments
     from attnlens.rows.sources import ModelRows
 
     model = attnlens.load_model("minilm-l6")

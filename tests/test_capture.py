@@ -9,7 +9,9 @@ import transformers
 
 import attnlens
 from attnlens import Capture
-from tiny_models import save_with_minilm_tokenizer
+from attnlens.errors import UnsupportedModel
+from attnlens.models import loading
+from tiny_models import save_tiny, save_tiny_gpt_oss, tiny_model_dir
 
 
 def eager_twin(model: attnlens.LoadedModel, **config_overrides) -> torch.nn.Module:
@@ -100,6 +102,15 @@ def test_minilm_l3_conversion_matches_onnxruntime(minilm_l3, kjv):
     np.testing.assert_allclose(hidden, token_embeddings, atol=1e-4)
 
 
+def test_every_offline_model_loads_with_the_same_weights_each_time(minilm_l3):
+    """A converted model has weights for every parameter: two loads hash alike, so stores and results
+    made with it can be matched to it again (a randomly drawn pooler once made every load differ)."""
+    again = attnlens.load_model("minilm-l3")
+    assert again.weights_sha256() == minilm_l3.weights_sha256()
+    for (name, first), (_, second) in zip(minilm_l3.model.named_parameters(), again.model.named_parameters()):
+        assert torch.equal(first, second), name
+
+
 def test_intervention_replaces_scores_before_softmax(minilm_l6, kjv_blocks):
     """Removing the diagonal through an intervention equals a hand-masked softmax."""
     ids = torch.from_numpy(kjv_blocks.ids[:2])
@@ -127,12 +138,6 @@ def test_identity_intervention_and_layer_choice_change_nothing(minilm_l6, kjv_bl
             same = minilm_l6.forward(ids).last_hidden_state
     assert sorted(cap.scores) == [1, 3]
     assert torch.equal(plain, same)
-
-
-def tiny_model_dir(tmp_path, minilm_l6, config: transformers.PretrainedConfig):
-    """A small random model of another family, saved with the minilm tokenizer."""
-    torch.manual_seed(0)
-    return save_with_minilm_tokenizer(tmp_path, transformers.AutoModelForCausalLM.from_config(config), minilm_l6)
 
 
 def test_grouped_query_attention_and_softcapping(tmp_path, minilm_l6, kjv_blocks):
@@ -219,3 +224,191 @@ def test_weights_intervention_scales_attention_output(minilm_l6, kjv_blocks):
     finally:
         hook.remove()
     assert seen["context"].abs().max() == 0
+
+
+# --------------------------------------------------------------------------- rows an intervention empties
+
+
+def recording(intervention):
+    """The intervention, and a dict that keeps what it returned for each layer."""
+    returned: dict[int, torch.Tensor] = {}
+
+    def intervene(layer, scores, valid):
+        returned[layer] = intervention(scores, valid)
+        return returned[layer]
+
+    return intervene, returned
+
+
+def expected_weights(scores, valid, spared=None):
+    """Softmax over the valid keys in float64, written out. ``spared`` is (rows, scores): the
+    rows marked in the boolean (batch, head, query) tensor use those scores instead (the
+    rule for rows an intervention empties)."""
+    scores = scores.double()
+    if spared is not None:
+        spared_rows, spared_scores = spared
+        scores = torch.where(spared_rows[..., None], spared_scores.double(), scores)
+    shifted = scores.masked_fill(~valid[:, None], float("-inf"))
+    shifted = shifted - shifted.amax(-1, keepdim=True)
+    exp = shifted.exp()
+    return exp / exp.sum(-1, keepdim=True)
+
+
+def assert_weights_only_on_valid_keys(weights, valid):
+    """Weight exactly 0 on every invalid key, and every row with a valid key sums to 1."""
+    invalid = ~valid[:, None].expand_as(weights)
+    assert not weights[invalid].any(), "weight leaked onto invalid keys"
+    assert not weights.isnan().any()
+    sums = weights.double().sum(-1)[valid[:, None].expand_as(weights).any(-1)]
+    assert torch.allclose(sums, torch.ones_like(sums), atol=1e-6)
+
+
+def padded_minilm_batch(model):
+    batch = model.tokenizer(
+        ["In the beginning God created the heaven and the earth.", "Jesus wept."], padding=True, return_tensors="pt"
+    )
+    return batch["input_ids"], batch["attention_mask"]
+
+
+@pytest.mark.parametrize("removal", [float("-inf"), torch.finfo(torch.float32).min], ids=["-inf", "dtype-min"])
+@pytest.mark.parametrize("padded", [True, False], ids=["padded", "unpadded"])
+def test_intervention_emptying_rows_keeps_their_unmodified_scores(minilm_l6, kjv_blocks, padded, removal):
+    """Rows losing every valid key fall back to their unmodified scores; others lose what they lose."""
+    if padded:
+        ids, attention_mask = padded_minilm_batch(minilm_l6)
+    else:
+        ids, attention_mask = torch.from_numpy(kjv_blocks.ids[:2, :16]), None
+    n = ids.shape[1]
+    short = int(attention_mask[1].sum()) if padded else n
+    emptied = torch.zeros(2, minilm_l6.num_heads, n, dtype=torch.bool)
+    emptied[1, :, :2] = True  # every head, queries 0 and 1 of the (short) second sequence
+    emptied[0, 3, 5] = True  # one head, one query of the first
+    partial = torch.zeros(2, minilm_l6.num_heads, n, n, dtype=torch.bool)
+    partial[1, :, 2, : short - 1] = True  # query 2 keeps only its last valid key
+
+    def empty_rows(scores, valid):
+        remove = (emptied[..., None] & valid[:, None]) | partial
+        # Invalid keys of emptied rows are raised: masking after the intervention must win.
+        raise_invalid = emptied[..., None] & ~valid[:, None]
+        return scores.masked_fill(remove, removal).masked_fill(raise_invalid, 50.0)
+
+    intervene, returned = recording(empty_rows)
+    with torch.no_grad(), Capture(layers=[2], weights=True, intervene=intervene) as cap:
+        minilm_l6.forward(ids, attention_mask)
+    weights, valid, scores = cap.weights[2], cap.valid[2], cap.scores[2]
+    assert valid.all() != padded
+    assert_weights_only_on_valid_keys(weights, valid)
+    expected = expected_weights(returned[2], valid, spared=(emptied, scores))
+    assert torch.allclose(weights.double(), expected, atol=1e-6)
+    # Emptied rows are exactly the unmodified attention; the partial row is one-hot.
+    unmodified = expected_weights(scores, valid)
+    assert torch.allclose(weights[emptied].double(), unmodified[emptied], atol=1e-6)
+    assert torch.equal(weights[1, :, 2].argmax(-1), torch.full((minilm_l6.num_heads,), short - 1))
+    assert torch.allclose(weights[1, :, 2].amax(-1), torch.ones(minilm_l6.num_heads))
+
+
+def test_very_negative_scores_are_not_removals(minilm_l6):
+    """DAM's ``scores - 10⁴`` shifts a row (softmax over its valid keys is unchanged), and a
+    row set to -10⁴ everywhere, invalid keys included, is uniform over its valid keys."""
+    ids, attention_mask = padded_minilm_batch(minilm_l6)
+    short = int(attention_mask[1].sum())
+
+    def push_down(scores, valid):
+        shifted = scores - 1e4  # every key of every row, invalid keys included, as DAM does
+        shifted[1, :, 3] = -1e4  # one query of the padded sequence: every key alike, invalid ones too
+        return shifted
+
+    intervene, returned = recording(push_down)
+    with torch.no_grad(), Capture(layers=[1], weights=True, intervene=intervene) as cap:
+        minilm_l6.forward(ids, attention_mask)
+    weights, valid = cap.weights[1], cap.valid[1]
+    assert_weights_only_on_valid_keys(weights, valid)
+    assert torch.allclose(weights.double(), expected_weights(returned[1], valid), atol=1e-6)
+    # Shifted, not removed: up to float32 rounding of scores near -10⁴, the unmodified attention.
+    shifted_rows = torch.ones(weights.shape[:-1], dtype=torch.bool)
+    shifted_rows[1, :, 3] = False
+    unmodified = expected_weights(cap.scores[1], valid).float()
+    assert torch.allclose(weights[shifted_rows], unmodified[shifted_rows], atol=5e-3)
+    # Invalid keys are masked after the intervention, so the constant row is uniform over the valid ones only.
+    assert torch.allclose(weights[1, :, 3, :short], torch.full_like(weights[1, :, 3, :short], 1 / short))
+
+
+@pytest.mark.slow
+def test_gemma3_emptied_rows_do_not_attend_to_the_future(gemma3, kjv):
+    """Causal rows whose every past key is removed keep their unmodified attention, not the future's."""
+    n = 16
+    ids = torch.from_numpy(kjv.blocks(gemma3, n=n, num_blocks=2, seed=6).ids)
+    heads = gemma3.num_heads
+    emptied = torch.zeros(2, heads, n, dtype=torch.bool)
+    emptied[:, :, 0] = True  # query 0 has a single valid key
+    emptied[0, :, 9] = True
+    emptied[1, 2, 12] = True
+    minimum = torch.zeros(2, heads, n, dtype=torch.bool)
+    minimum[0, :, 9] = True  # this row is removed with the dtype's minimum, the others with -inf
+    partial = torch.zeros(2, heads, n, n, dtype=torch.bool)
+    partial[1, 0, 7, :7] = True  # query 7 keeps only itself
+
+    def empty_rows(scores, valid):
+        remove = emptied[..., None] & valid[:, None]
+        new = scores.masked_fill(remove & ~minimum[..., None], float("-inf"))
+        new = new.masked_fill(remove & minimum[..., None], torch.finfo(scores.dtype).min)
+        return new.masked_fill(partial, float("-inf")).masked_fill(emptied[..., None] & ~valid[:, None], 100.0)
+
+    intervene, returned = recording(empty_rows)
+    with torch.no_grad(), Capture(layers=[0, 5], weights=True, intervene=intervene) as cap:
+        gemma3.forward(ids)
+    for layer in (0, 5):
+        weights, valid, scores = cap.weights[layer], cap.valid[layer], cap.scores[layer]
+        assert torch.equal(valid[0], torch.ones(n, n, dtype=torch.bool).tril())
+        assert_weights_only_on_valid_keys(weights, valid)
+        assert torch.equal(weights.triu(1), torch.zeros_like(weights)), f"layer {layer} attends to the future"
+        expected = expected_weights(returned[layer], valid, spared=(emptied, scores))
+        assert torch.allclose(weights.double(), expected, atol=1e-5), f"layer {layer}"
+        assert torch.allclose(weights[emptied].double(), expected_weights(scores, valid)[emptied], atol=1e-5)
+        assert weights[1, 0, 7, 7] == 1
+
+
+def test_float64_model_softmax_runs_in_float64(tmp_path, minilm_l6, kjv_blocks):
+    """The softmax runs in the model's dtype when wider than float32 (the module docstring)."""
+    model = attnlens.load_model(str(save_tiny(tmp_path, minilm_l6, "causal-bert")), dtype=torch.float64)
+    with torch.no_grad(), Capture(weights=True) as cap:
+        model.forward(torch.from_numpy(kjv_blocks.ids[:2]))
+    scores, valid, weights = cap.scores[0], cap.valid[0], cap.weights[0]
+    assert weights.dtype == torch.float64
+    in_float64 = masked_softmax(scores, valid)
+    in_float32 = masked_softmax(scores.float(), valid).double()
+    assert (weights - in_float64).abs().max() < 1e-14
+    assert (in_float32 - in_float64).abs().max() > 1e-10, "float32 rounding must be visible for the test to mean anything"
+
+
+# --------------------------------------------------------------------------- unsupported attention
+
+
+@pytest.fixture(scope="module")
+def gpt_oss_dir(tmp_path_factory, minilm_l6):
+    return save_tiny_gpt_oss(tmp_path_factory.mktemp("gpt-oss"), minilm_l6)
+
+
+def test_attention_sinks_are_refused_before_the_weights_load(gpt_oss_dir, monkeypatch):
+    """gpt-oss is in the table: a one-line UnsupportedModel naming the model, with no weights loaded."""
+
+    def must_not_load(*args, **kwargs):
+        raise AssertionError("the weights were loaded before the model was refused")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", must_not_load)
+    with pytest.raises(UnsupportedModel) as raised:
+        attnlens.load_model(str(gpt_oss_dir))
+    message = str(raised.value)
+    assert "\n" not in message and str(gpt_oss_dir) in message and "(gpt_oss)" in message
+    assert "attention sinks (s_aux)" in message and "not support" in message
+
+
+def test_attention_sinks_of_a_family_not_in_the_table_are_refused_by_the_probe(gpt_oss_dir, monkeypatch):
+    """Without the table entry, capture itself refuses ``s_aux`` in the probe forward pass."""
+    monkeypatch.setattr(loading, "_UNSUPPORTED_ATTENTION", {})
+    with pytest.raises(UnsupportedModel) as raised:
+        attnlens.load_model(str(gpt_oss_dir))
+    message = str(raised.value)
+    assert "\n" not in message and str(gpt_oss_dir) in message and "(gpt_oss)" in message
+    assert "GptOssAttention uses attention sinks (s_aux)" in message
+    assert raised.value.__cause__ is None and raised.value.__suppress_context__

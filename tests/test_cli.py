@@ -11,24 +11,8 @@ import numpy as np
 import pytest
 
 import attnlens
-from attnlens.cli import main
 from attnlens.io.store import StoreWriter
-
-
-def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as exit_info:
-        main(list(argv))
-    captured = capsys.readouterr()
-    return exit_info.value.code, captured.out, captured.err
-
-
-def assert_one_line_error(code: int, err: str, *phrases: str) -> None:
-    assert code != 0
-    lines = [line for line in err.splitlines() if line.strip() and "it/s" not in line and "seq/s" not in line]
-    assert len(lines) == 1, f"expected one line on stderr, got:\n{err}"
-    assert lines[0].startswith("attnlens: error: ") and "Traceback" not in err
-    for phrase in phrases:
-        assert phrase in lines[0], f"{phrase!r} not in {lines[0]!r}"
+from tiny_models import assert_one_line_error, run_cli
 
 
 def test_extract_and_models_end_to_end(tmp_path, capsys):
@@ -62,6 +46,17 @@ def small(tmp_path):
 def test_unknown_model(capsys, small):
     assert_one_line_error(*run_cli(capsys, *small, "--model", "no-such-model-xyz")[::2], "cannot load model 'no-such-model-xyz'")
     assert_one_line_error(*run_cli(capsys, *small, "--model", "./no/such/dir")[::2], "does not exist")
+
+
+def test_unknown_hub_id_offline(capsys, tmp_path):
+    """A Hub id that is neither cached nor reachable (the suite runs offline, see conftest): one line, nothing written."""
+    from huggingface_hub import constants
+
+    assert constants.HF_HUB_OFFLINE, "tests must run with HF_HUB_OFFLINE=1 (set in tests/conftest.py)"
+    out = tmp_path / "eigen"
+    code, _, err = run_cli(capsys, "eigen", "no-such-org/no-such-model", "--out", str(out))
+    assert_one_line_error(code, err, "cannot load model 'no-such-org/no-such-model'", "cannot be reached")
+    assert not out.exists()
 
 
 def test_alias_whose_package_is_missing(capsys, small, monkeypatch):

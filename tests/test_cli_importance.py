@@ -6,8 +6,7 @@ import pytest
 
 import attnlens
 from attnlens.analysis.dam import DamResult
-from test_cli import assert_one_line_error, run_cli
-from tiny_models import save_tiny
+from tiny_models import assert_one_line_error, run_cli, save_tiny
 
 IMPORTANCE = ["importance", "--seq-len", "16", "--num-seqs", "4", "--batch-size", "2", "--bootstrap", "50", "--no-progress"]
 DAM = ["dam", "--seq-len", "16", "--train-seqs", "4", "--eval-seqs", "2", "--batch-size", "2", "--bootstrap", "20",

@@ -98,7 +98,7 @@ def test_gradient_scale_multiplies_the_task_gradient(minilm_l6, setting):
 
 def test_lambda_zero_keeps_almost_everything_and_a_large_lambda_removes(minilm_l6, kjv):
     # default learning rate and initial keep-probability; 60 steps let λ = 3 take logits from +2.2 below 0
-    result = attnlens.dam(minilm_l6, kjv, variant="class", lambdas=[0.0, 3.0], steps=60,
+    result = attnlens.dam(minilm_l6, corpus=kjv, variant="class", lambdas=[0.0, 3.0], steps=60,
                           **{**TINY, "seq_len": 32, "train_seqs": 8, "eval_seqs": 4, "batch_size": 4})
     table = result.table.set_index("lambda")
     assert table.loc[0.0, "sparsity"] < 0.05
@@ -131,7 +131,7 @@ def test_reported_sparsity_is_the_share_of_zero_attention_weights(minilm_l6, set
 
 
 def test_same_seed_same_masks(minilm_l6, kjv):
-    runs = [attnlens.dam(minilm_l6, kjv, lambdas=[0.1], steps=3, seed=seed, **TINY) for seed in (0, 0, 1)]
+    runs = [attnlens.dam(minilm_l6, corpus=kjv, lambdas=[0.1], steps=3, seed=seed, **TINY) for seed in (0, 0, 1)]
     assert np.array_equal(runs[0].logits, runs[1].logits)
     pd.testing.assert_frame_equal(runs[0].training, runs[1].training)
     assert not np.array_equal(runs[0].logits, runs[2].logits)
@@ -140,8 +140,8 @@ def test_same_seed_same_masks(minilm_l6, kjv):
 def test_train_weights_leaves_the_model_as_it_was(minilm_l6, kjv):
     before = {name: p.detach().clone() for name, p in minilm_l6.model.named_parameters()}
     flags = {name: p.requires_grad for name, p in minilm_l6.model.named_parameters()}
-    tuned = attnlens.dam(minilm_l6, kjv, lambdas=[0.1], steps=3, train_weights=True, weights_lr=1e-3, **TINY)
-    frozen = attnlens.dam(minilm_l6, kjv, lambdas=[0.1], steps=3, **TINY)
+    tuned = attnlens.dam(minilm_l6, corpus=kjv, lambdas=[0.1], steps=3, train_weights=True, weights_lr=1e-3, **TINY)
+    frozen = attnlens.dam(minilm_l6, corpus=kjv, lambdas=[0.1], steps=3, **TINY)
     for name, p in minilm_l6.model.named_parameters():
         assert torch.equal(p, before[name]) and p.requires_grad == flags[name], name
     assert not np.array_equal(tuned.logits, frozen.logits), "fine-tuning changed what the masks saw"
@@ -168,13 +168,13 @@ def test_tau_schedule():
 ])
 def test_bad_settings(minilm_l6, kjv, settings, phrase):
     with pytest.raises(attnlens.AttnlensError, match=phrase.replace("(", r"\(").replace(")", r"\)")):
-        attnlens.dam(minilm_l6, kjv, **{**TINY, **settings})
+        attnlens.dam(minilm_l6, corpus=kjv, **{**TINY, **settings})
 
 
 def test_causal_model_per_class_masks(tiny_causal, kjv):
     with pytest.raises(attnlens.AttnlensError, match="class 'next' never occurs"):
-        attnlens.dam(tiny_causal, kjv, variant="class", classes="self,next", steps=2, **TINY)
-    result = attnlens.dam(tiny_causal, kjv, variant="class", lambdas=[0.0], steps=2, **TINY)
+        attnlens.dam(tiny_causal, corpus=kjv, variant="class", classes="self,next", steps=2, **TINY)
+    result = attnlens.dam(tiny_causal, corpus=kjv, variant="class", lambdas=[0.0], steps=2, **TINY)
     assert result.meta["settings"]["classes_dropped"] == ["next"]
     assert "next" not in set(result.keep["class"])
     assert result.logits.shape == (1, 2, 4, len(result.meta["settings"]["layout_classes"]))
@@ -182,7 +182,7 @@ def test_causal_model_per_class_masks(tiny_causal, kjv):
 
 
 def test_save_load_round_trip_with_patterns_and_figures(minilm_l6, kjv, tmp_path):
-    result = attnlens.dam(minilm_l6, kjv, lambdas=[0.0, 0.5], steps=3, **{**TINY, "patterns": True})
+    result = attnlens.dam(minilm_l6, corpus=kjv, lambdas=[0.0, 0.5], steps=3, **{**TINY, "patterns": True})
     assert set(result.patterns["pattern"]) == {"strided", "fixed", "local", "bigbird", "star", "no-diagonal"}
     assert result.patterns["sparsity"].between(0, 1).all()
     no_diagonal = result.patterns.set_index("pattern").loc["no-diagonal"]
@@ -205,6 +205,6 @@ def test_save_load_round_trip_with_patterns_and_figures(minilm_l6, kjv, tmp_path
 
 @pytest.mark.slow
 def test_gemma_dam_runs_end_to_end(gemma3, kjv):
-    result = attnlens.dam(gemma3, kjv, variant="class", lambdas=[1.0], steps=2, **{**TINY, "train_seqs": 2})
+    result = attnlens.dam(gemma3, corpus=kjv, variant="class", lambdas=[1.0], steps=2, **{**TINY, "train_seqs": 2})
     assert result.meta["settings"]["objective"] == "clm" and result.logits.shape[1:3] == (18, 4)
     assert np.isfinite(result.table["loss"]).all() and result.meta["baseline"]["loss"] > 0.5

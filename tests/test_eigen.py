@@ -4,27 +4,18 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 from sklearn.decomposition import PCA
 
 import attnlens
 from attnlens.analysis.eigen import analyse_moments, components_for_energy, gaussian_baseline, matrix_spectrum
+from attnlens.analysis.overlap import chance_overlap, principal_angles, subspace_overlap
 from attnlens.rows.moments import HalfMoments, Moments, compute_moments, split_halves
 from attnlens.rows.sources import StoreRows
-from attnlens.analysis.overlap import chance_overlap, principal_angles, subspace_overlap
-
-
-def moments_of(rows: np.ndarray, quantity: str = "scores") -> Moments:
-    """Moments of plain rows (R, n), fed as one layer with one head and one query per row."""
-    moments = Moments.empty(quantity, rows.shape[1], layers=[0], num_heads=1)
-    scores = torch.from_numpy(rows)[:, None, None, :].expand(-1, 1, rows.shape[1], -1)[:, :, :1]
-    # (R, head=1, query=1, n): the n x n capture shape is not needed by accumulate's pooled path
-    moments._add_pooled(0, scores.double(), torch.ones(rows.shape[0], 1, rows.shape[1], dtype=torch.bool))
-    return moments
+from tiny_models import moments_of_rows
 
 
 def spectrum(rows: np.ndarray, **settings):
-    halves = HalfMoments(moments_of(rows[::2]), moments_of(rows[1::2]))
+    halves = HalfMoments(moments_of_rows(rows[::2]), moments_of_rows(rows[1::2]))
     table, arrays = analyse_moments(halves, **settings)
     return table.query("level == 'head'").iloc[0], arrays
 
@@ -73,18 +64,18 @@ def test_store_rows_match_numpy_for_every_quantity(tmp_path, minilm_l6, kjv):
 
 def test_shards_merge_to_the_whole(tmp_path, minilm_l6, kjv):
     store = attnlens.extract(minilm_l6, kjv, tmp_path / "s", seq_len=16, num_seqs=10, layers=[0, 2], progress=False)
-    whole = Moments.empty("scores", 16, [0, 2], 12)
-    first, second = Moments.empty("scores", 16, [0, 2], 12), Moments.empty("scores", 16, [0, 2], 12)
-    for layer in (0, 2):
-        scores, valid = torch.from_numpy(np.array(store.scores(layer))), torch.from_numpy(np.array(store.valid(layer)))
-        whole.accumulate(layer, scores, valid)
-        first.accumulate(layer, scores[:4], valid[:4])
-        second.accumulate(layer, scores[4:], valid[4:])
+    rows = StoreRows(store)
+    halves = compute_moments(rows, progress=False, seed=3)
+    whole = halves.total
+    first = compute_moments(rows, sequences=np.arange(4), progress=False).total
+    second = compute_moments(rows, sequences=np.arange(4, 10), batch_size=3, progress=False).total
     merged = first + second
     for name in ("count", "key_count", "sum", "sum_outer"):
         np.testing.assert_allclose(getattr(merged, name), getattr(whole, name), rtol=1e-12)
-    halves = compute_moments(StoreRows(store), progress=False, seed=3)
-    np.testing.assert_allclose(halves.total.sum_outer, whole.sum_outer, rtol=1e-12)
+    for position, layer in enumerate((0, 2)):  # against numpy's sums over every row of the store
+        scores = np.asarray(store.scores(layer), dtype=np.float64)  # (seq, head, query, key)
+        np.testing.assert_allclose(whole.sum_outer[position, :, 0], np.einsum("shqi,shqj->hij", scores, scores), rtol=1e-12)
+        np.testing.assert_allclose(whole.sum[position, :, 0], scores.sum((0, 2)), rtol=1e-12)
     assert halves.a.count[0, 0, 0] + halves.b.count[0, 0, 0] == 10 * 16
     path = tmp_path / "m.npz"
     merged.save(path)
@@ -149,7 +140,7 @@ def test_per_query_rows_of_a_causal_model_use_the_valid_prefix(tmp_path, minilm_
     """Per-query moments on a causal model: query i has i + 1 keys; eigenvalues equal numpy's on those rows."""
     import transformers
 
-    from test_capture import tiny_model_dir
+    from tiny_models import tiny_model_dir
 
     config = transformers.LlamaConfig(vocab_size=30522, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                       num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64)

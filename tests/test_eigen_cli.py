@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import attnlens
-from test_cli import assert_one_line_error, run_cli
+from tiny_models import assert_one_line_error, run_cli
 
 
 @pytest.fixture(scope="module")

@@ -81,7 +81,7 @@ def one_minus_cosine(hidden, reference):
 
 def test_masses_sum_to_one_over_a_partition_and_match_numpy(minilm_l6, kjv):
     for classes in ("self,prev,next,other", "cls,sep,punct,other"):
-        result = attnlens.importance(minilm_l6, kjv, classes=classes, gradient=False, **SMALL)
+        result = attnlens.importance(minilm_l6, corpus=kjv, classes=classes, gradient=False, **SMALL)
         totals = result.mass.groupby(["layer", "head"])["mass"].sum()
         assert len(totals) == 6 * 12 and np.allclose(totals, 1, atol=1e-5), classes
         assert np.isclose(result.mass.groupby(["layer", "head"])["share"].sum(), 1).all()
@@ -121,7 +121,7 @@ def test_ablating_nothing_reproduces_the_model_exactly(minilm_l6, tiny_causal, k
 
 def test_class_ablation_equals_a_hand_written_masked_forward(minilm_l6, kjv):
     # one batch of two blocks: per-head ablations are 2 x classes x 72 forward passes per batch
-    result = attnlens.importance(minilm_l6, kjv, classes="self,cls", per="head", gradient=False, **{**SMALL, "num_seqs": 2})
+    result = attnlens.importance(minilm_l6, corpus=kjv, classes="self,cls", per="head", gradient=False, **{**SMALL, "num_seqs": 2})
     ids = torch.from_numpy(eval_ids(result, minilm_l6, kjv))
     reference = bert_by_hand(minilm_l6, ids, lambda layer: None)
     np.testing.assert_allclose(reference.numpy(), minilm_l6.forward(ids).last_hidden_state.detach().double().numpy(), atol=2e-5)
@@ -165,13 +165,13 @@ def test_random_control_removes_as_many_valid_positions_per_row():
 
 
 def test_per_layer_random_control_and_determinism(minilm_l6, kjv):
-    first = attnlens.importance(minilm_l6, kjv, classes="prev,punct", per="layer", gradient=False, **SMALL)
-    again = attnlens.importance(minilm_l6, kjv, classes="prev,punct", per="model", gradient=False, **SMALL)
+    first = attnlens.importance(minilm_l6, corpus=kjv, classes="prev,punct", per="layer", gradient=False, **SMALL)
+    again = attnlens.importance(minilm_l6, corpus=kjv, classes="prev,punct", per="model", gradient=False, **SMALL)
     table = first.ablation
     pd.testing.assert_frame_equal(table[table["scope"] != "layer"], again.ablation, check_index_type=False)
     assert sorted(table["scope"].unique()) == ["layer", "model", "none"]
     assert len(table[table["scope"] == "layer"]) == 6 * 2 * 2
-    for (scope, layer, cls), group in table[table["scope"] != "none"].groupby(["scope", "layer", "class"]):
+    for (_scope, _layer, _cls), group in table[table["scope"] != "none"].groupby(["scope", "layer", "class"]):
         removed = group.set_index("control")["removed"]
         assert removed["class"] == pytest.approx(removed["random"]), "the control removes as many positions"
     excess = table.dropna(subset=["excess"])
@@ -182,7 +182,7 @@ def test_per_layer_random_control_and_determinism(minilm_l6, kjv):
 
 
 def test_causal_rows_that_would_lose_every_key_are_spared(tiny_causal, kjv):
-    result = attnlens.importance(tiny_causal, kjv, classes="cls,self", gradient=False, **SMALL)
+    result = attnlens.importance(tiny_causal, corpus=kjv, classes="cls,self", gradient=False, **SMALL)
     table = result.ablation.set_index(["scope", "class", "control"])
     n = 16
     # query 0 sees only key 0, which is both [CLS] and itself: that row is left alone
@@ -217,7 +217,7 @@ def minilm_double():
 
 def test_gradient_importance_equals_finite_differences_hidden(minilm_double, kjv):
     model = minilm_double
-    result = attnlens.importance(model, kjv, classes="prev,cls", **{**SMALL, "num_seqs": 2})
+    result = attnlens.importance(model, corpus=kjv, classes="prev,cls", **{**SMALL, "num_seqs": 2})
     ids = torch.from_numpy(eval_ids(result, model, kjv))
     masks = class_masks(ids, model, ("prev", "cls"))
     blocks = result.meta["corpus"]["block_index"]
@@ -249,7 +249,7 @@ def test_gradient_importance_equals_finite_differences_hidden(minilm_double, kjv
 def test_gradient_importance_equals_finite_differences_clm(tmp_path, minilm_l6, kjv):
     model = attnlens.load_model(str(save_tiny(tmp_path, minilm_l6, "causal-bert")), dtype=torch.float64)
     assert model.causal and model.objective == "clm"
-    result = attnlens.importance(model, kjv, classes="self,punct,other", **{**SMALL, "num_seqs": 3, "batch_size": 3})
+    result = attnlens.importance(model, corpus=kjv, classes="self,punct,other", **{**SMALL, "num_seqs": 3, "batch_size": 3})
     ids = torch.from_numpy(eval_ids(result, model, kjv))
     masks = class_masks(ids, model, ("self", "punct", "other"))
     objective = Objective(model)
@@ -271,8 +271,8 @@ def test_gradient_importance_equals_finite_differences_clm(tmp_path, minilm_l6, 
 
 def test_a_class_that_never_occurs(tiny_causal, kjv, tmp_path):
     with pytest.raises(attnlens.AttnlensError, match="class 'next' never occurs .* is causal, so no query sees the next token"):
-        attnlens.importance(tiny_causal, kjv, classes="self,next", **SMALL)
-    result = attnlens.importance(tiny_causal, kjv, gradient=False, **SMALL)
+        attnlens.importance(tiny_causal, corpus=kjv, classes="self,next", **SMALL)
+    result = attnlens.importance(tiny_causal, corpus=kjv, gradient=False, **SMALL)
     assert result.meta["settings"]["classes_dropped"] == ["next"]
     row = result.table.set_index("class").loc["next"]
     assert not row["occurs"] and "causal" in row["note"]
@@ -284,7 +284,7 @@ def test_a_class_that_never_occurs(tiny_causal, kjv, tmp_path):
 
 
 def test_save_load_round_trip_with_figures(minilm_l6, kjv, tmp_path):
-    result = attnlens.importance(minilm_l6, kjv, classes="self,prev,cls,other", **SMALL)
+    result = attnlens.importance(minilm_l6, corpus=kjv, classes="self,prev,cls,other", **SMALL)
     out = result.save(tmp_path / "imp")
     result.save_figures(out / "figures")
     meta = json.loads((out / "result.json").read_text())
@@ -315,7 +315,7 @@ def test_held_out_split_is_disjoint_and_seeded(minilm_l6, kjv):
 
 
 def test_per_head_ablation_figure(minilm_l6, kjv, tmp_path):
-    result = attnlens.importance(minilm_l6, kjv, classes="prev", per="head", gradient=False, **{**SMALL, "num_seqs": 2})
+    result = attnlens.importance(minilm_l6, corpus=kjv, classes="prev", per="head", gradient=False, **{**SMALL, "num_seqs": 2})
     heads = result.ablation[result.ablation["scope"] == "head"]
     assert len(heads) == 6 * 12 * 2 and heads["removed"].gt(0).all()
     out = result.save(tmp_path / "r")
@@ -326,7 +326,7 @@ def test_per_head_ablation_figure(minilm_l6, kjv, tmp_path):
 @pytest.mark.slow
 def test_gemma_causal_path(gemma3, kjv):
     """Next-token loss, <bos> in the cls role, next dropped, query 0 spared, gradients finite."""
-    result = attnlens.importance(gemma3, kjv, seq_len=16, num_seqs=2, batch_size=2, bootstrap=50, progress=False)
+    result = attnlens.importance(gemma3, corpus=kjv, seq_len=16, num_seqs=2, batch_size=2, bootstrap=50, progress=False)
     assert result.meta["settings"]["objective"] == "clm" and result.meta["roles"]["cls"] == "<bos> (id 2)"
     assert result.meta["settings"]["classes_dropped"] == ["next"]
     table = result.ablation.set_index(["scope", "class", "control"])

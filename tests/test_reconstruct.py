@@ -7,22 +7,16 @@ import pytest
 import torch
 
 import attnlens
-from attnlens.rows.moments import Moments
-from attnlens.analysis.reconstruct.pairs import fit_pairs, greedy_pairs
 from attnlens.analysis.reconstruct import MapFitter, attention_flops, reconstruct
+from attnlens.analysis.reconstruct.pairs import fit_pairs, greedy_pairs
 from attnlens.analysis.reconstruct.selection import greedy_path, naive_greedy_path
-from test_cli import assert_one_line_error, run_cli
+from tiny_models import assert_one_line_error, moments_of_rows, run_cli
 
 
 def fitter_for(rows: np.ndarray, per_query: bool = False, ridge: float = 0.0) -> MapFitter:
     """A fitter over plain rows (R, n), one layer and head; per_query makes every row its own query position."""
-    n = rows.shape[1]
-    moments = Moments.empty("scores", n, [0], 1, queries=list(range(n)) if per_query else None)
-    if per_query:  # each block holds n copies of its row, one per query position: rows enter every unit
-        scores = torch.from_numpy(rows)[:, None, None, :].expand(-1, 1, n, -1).double()
-        moments.accumulate(0, scores, torch.ones(len(rows), n, n, dtype=torch.bool))
-    else:
-        moments._add_pooled(0, torch.from_numpy(rows)[:, None, None, :].double(), torch.ones(len(rows), 1, n, dtype=torch.bool))
+    # per query: each block holds n copies of its row, one per query position, so rows enter every unit
+    moments = moments_of_rows(rows, queries=rows.shape[1] if per_query else None)
     return MapFitter(moments, ridge=ridge, seed=0, global_positions=(0,))
 
 
@@ -125,12 +119,18 @@ def test_held_out_table_plug_in_and_learned_maps(store, minilm_l6):
     learned = result.learned
     assert (learned.train_loss_learned <= learned.train_loss_closed_form + 1e-12).all()
     assert result.selections["greedy/head/8"].shape == (2, 12, 1, 8)
+    # The exact rows fitted and judged are recorded: disjoint, covering the store, and named as corpus blocks.
+    splits = result.meta["splits"]
+    assert sorted(splits["fit"] + splits["eval"]) == list(range(48)) and len(splits["eval"]) == 12
+    block_index = np.asarray(store.manifest["corpus"]["block_index"])
+    assert splits["eval_block_index"] == block_index[splits["eval"]].tolist()
+    assert splits["fit_block_index"] == block_index[splits["fit"]].tolist()
 
 
 def test_causal_model_per_query_maps_reproduce_the_model_at_k_equal_n(tmp_path, minilm_l6, kjv):
     import transformers
 
-    from test_capture import tiny_model_dir
+    from tiny_models import tiny_model_dir
 
     config = transformers.LlamaConfig(vocab_size=30522, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)

@@ -9,7 +9,7 @@ import pytest
 
 import attnlens
 from attnlens.models import loading as models
-from test_cli import assert_one_line_error, run_cli
+from tiny_models import assert_one_line_error, run_cli
 
 
 @pytest.fixture(scope="module")
@@ -89,3 +89,20 @@ def test_every_figure_function_draws_on_given_axes(quick_report):
         assert ax.get_xlabel() and ax.get_ylabel() and ax.get_title()
         plt.close(figure)
     plt.close(dam.plot_masks(d))
+
+
+def test_every_result_shows_itself_in_a_terminal_and_in_jupyter(quick_report):
+    """repr: the class, the model and what it holds; _repr_html_: provenance, the main table's head, the main figure."""
+    report = attnlens.load_result(quick_report)
+    for key in report.meta["results"]:
+        result = report.result(key)
+        text = repr(result)
+        assert text.startswith(type(result).__name__ + "(") and result.model_name in text and "\n" not in text
+        page = result._repr_html_()
+        assert "<th style='text-align:left'>model</th>" in page and result.model_name in page
+        assert "command" in page and "attnlens report --quick" in page, "the provenance names the command"
+        if result.table is not None:
+            first = result.table.columns[0]
+            assert f"<th>{first}</th>" in page, f"{key}: the head of its main table"
+        assert re.search(r'<img src="data:image/png;base64,[A-Za-z0-9+/=]{1000,}"', page), f"{key}: its main figure"
+    assert "Report(" in repr(report)

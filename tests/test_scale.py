@@ -1,8 +1,9 @@
 """Scaling out: real multi-process jobs (torchrun, gloo, 2 ranks on localhost) against one process.
 
 Every multi-rank job here is a real ``torchrun --nproc-per-node 2`` launch of the
-command line; references are computed in this process, by the existing in-memory
-moments code or by a single-process run, never copied from the code under test.
+command line; references are computed in this process, by brute force (every layer
+captured whole, summed by numpy: ``tiny_models.reference_moments``) or by a
+single-process run, never copied from the code under test.
 """
 
 from __future__ import annotations
@@ -21,13 +22,12 @@ import pytest
 import torch
 
 import attnlens
-from attnlens.rows.accumulate import ARRAYS, UnitSums
 from attnlens.rows.budgets import MomentsCost, parse_bytes, plan_units
 from attnlens.rows.jobs import run_moments
-from attnlens.rows.moments import compute_moments, split_halves
+from attnlens.rows.moments import ARRAYS, UnitSums, compute_moments, split_halves
 from attnlens.rows.partials import load_moments, load_partial
 from attnlens.rows.sources import ModelRows
-from test_cli import assert_one_line_error, run_cli
+from tiny_models import assert_one_line_error, reference_moments, run_cli
 
 # The repository this attnlens comes from goes first on the path of every launched rank.
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(attnlens.__file__).parent.parent), os.environ.get("PYTHONPATH", "")])}
@@ -78,9 +78,8 @@ def one_process_job(tmp_path_factory) -> Path:
 def test_two_ranks_equal_one_process_and_the_in_memory_moments(two_rank_job, one_process_job, minilm_l6, kjv):
     two, one = load_moments(two_rank_job), load_moments(one_process_job)
     assert_same_moments(two.halves, one.halves)
-    # Independent reference: the existing in-memory moments of the same blocks, other batches.
-    rows = ModelRows(minilm_l6, kjv.blocks(minilm_l6, n=16, num_blocks=12, seed=0))
-    reference = compute_moments(rows, layers=[0, 3], batch_size=5, seed=0, progress=False)
+    # Independent reference: numpy's sums of the same blocks' captured scores.
+    reference = reference_moments(minilm_l6, kjv.blocks(minilm_l6, n=16, num_blocks=12, seed=0).ids, [0, 3], seed=0)
     assert_same_moments(two.halves, reference)
     assert two.meta["distributed"]["world_size"] == 2 and two.meta["distributed"]["backend"] == "gloo"
     assert [part["sequences"] for part in two.meta["partials"]] == [[0, 6], [6, 12]]
@@ -138,8 +137,11 @@ def test_a_killed_rank_resumes_to_the_uninterrupted_result(capsys, tmp_path, two
     with pytest.raises(attnlens.AttnlensError, match="has not finished"):
         load_moments(out)
     shutil.copytree(out / "partials", tmp_path / "unfinished")
+    # torchrun stops rank 0 when rank 1 dies; on a busy machine rank 0 may not have finished either.
+    first = next(path for path in sorted((out / "partials").glob("*.npz")) if load_partial(path)[0]["done"] < 6)
+    done = load_partial(first)[0]["done"]
     assert_one_line_error(*run_cli(capsys, "merge", str(tmp_path / "unfinished"), "--out", str(tmp_path / "m"))[::2],
-                          "pass000-rank00001.npz is unfinished (2 of 6 sequences)", "--resume")
+                          f"{first.name} is unfinished ({done} of 6 sequences)", "--resume")
     assert_one_line_error(*run_cli(capsys, "moments", *JOB, "--out", str(out))[::2], "already exists", "--resume")
     resumed = torchrun("moments", *JOB, "--out", str(out), "--resume")
     assert_ok(resumed)
@@ -188,6 +190,7 @@ STORE_KILLER = textwrap.dedent(
 STORE = ["--seq-len", "16", "--num-seqs", "10", "--batch-size", "2", "--layers", "0,2", "--dtype", "float32", "--no-progress"]
 
 
+@pytest.mark.slow  # real torchrun launches
 def test_sharded_store_killed_and_resumed_reads_as_the_single_process_store(tmp_path, minilm_l6, kjv):
     script = tmp_path / "killer.py"
     script.write_text(STORE_KILLER)
@@ -218,11 +221,15 @@ def test_sharded_store_killed_and_resumed_reads_as_the_single_process_store(tmp_
 
 
 def test_unit_sums_equal_moments_on_any_subset_of_heads(minilm_l6, kjv):
-    """The accumulator of a head subset (in chunks, per query, any quantity) against the existing Moments."""
-    rows = ModelRows(minilm_l6, kjv.blocks(minilm_l6, n=16, num_blocks=20, seed=1))
+    """The accumulator of a head subset (in chunks, per query, any quantity), and the in-memory pipeline,
+    against numpy's sums of the captured rows."""
+    blocks = kjv.blocks(minilm_l6, n=16, num_blocks=20, seed=1)
+    rows = ModelRows(minilm_l6, blocks)
     units = [(1, head) for head in range(5, 12)] + [(4, head) for head in range(0, 3)]
     for quantity, queries in (("scores", None), ("weights", [0, 7, 15]), ("log-weights", None)):
-        reference = compute_moments(rows, quantity=quantity, queries=queries, layers=[1, 4], batch_size=7, seed=2, progress=False)
+        reference = reference_moments(minilm_l6, blocks.ids, [1, 4], quantity=quantity, queries=queries, seed=2)
+        in_memory = compute_moments(rows, quantity=quantity, queries=queries, layers=[1, 4], batch_size=7, seed=2, progress=False)
+        assert_same_moments(in_memory, reference, rtol=1e-10)
         sums = UnitSums(units, n=16, num_heads=12, quantity=quantity, queries=queries, head_chunk=3)
         half = split_halves(20, 2)
         rows.for_each_batch(np.arange(20), [1, 4], lambda layer, s, v, seqs: sums.add(layer, s, v, half[seqs]),
@@ -247,9 +254,12 @@ def test_unit_sums_of_a_causal_model_use_only_full_rows(tmp_path, minilm_l6, kjv
     transformers.AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "tiny")
     minilm_l6.tokenizer.save_pretrained(tmp_path / "tiny")
     model = attnlens.load_model(str(tmp_path / "tiny"))
-    rows = ModelRows(model, kjv.blocks(model, n=12, num_blocks=16, seed=0))
+    blocks = kjv.blocks(model, n=12, num_blocks=16, seed=0)
+    rows = ModelRows(model, blocks)
     for queries in (None, [0, 5, 11]):
-        reference = compute_moments(rows, quantity="weights", queries=queries, batch_size=5, seed=1, progress=False)
+        reference = reference_moments(model, blocks.ids, [0, 1], quantity="weights", queries=queries, seed=1)
+        in_memory = compute_moments(rows, quantity="weights", queries=queries, batch_size=5, seed=1, progress=False)
+        assert_same_moments(in_memory, reference, rtol=1e-10)
         sums = UnitSums([(1, 1), (1, 2), (1, 3)], n=12, num_heads=4, quantity="weights", queries=queries, head_chunk=2)
         half = split_halves(16, 1)
         rows.for_each_batch(np.arange(16), [1], lambda layer, s, v, seqs: sums.add(layer, s, v, half[seqs]), batch_size=3,
@@ -297,8 +307,7 @@ def test_long_sequences_stream_one_layer_at_a_time(tmp_path, minilm_l6, kjv):
     result = run_moments(minilm_l6, out, seq_len=512, num_seqs=2, batch_size=1, layers=[5], max_memory="30MB", progress=False)
     plan = result.meta["run"]["plan"]
     assert plan["head_chunk"] < 12 and plan["passes"] > 1, plan
-    reference = compute_moments(ModelRows(minilm_l6, blocks), layers=[5], batch_size=2, progress=False)
-    assert_same_moments(result.halves, reference, rtol=1e-10)
+    assert_same_moments(result.halves, reference_moments(minilm_l6, blocks.ids, [5]), rtol=1e-10)
 
 
 def test_plans_cover_every_unit_once_within_the_budget():

@@ -171,3 +171,67 @@ def test_overwrite_replaces_a_store_but_never_a_foreign_directory(tmp_path, mini
     with pytest.raises(attnlens.AttnlensError, match="not an attnlens store"):
         attnlens.extract(minilm_l6, kjv, foreign, overwrite=True, **SETTINGS)
     assert (foreign / "thesis.tex").read_text() == "precious"
+
+
+# ---------------------------------------------------------------------- direct writes
+
+
+def test_direct_writes_leave_the_same_bytes_as_plain_writes(tmp_path, monkeypatch):
+    """O_DIRECT for the aligned middle, the page cache for the ends: byte for byte what pwrite leaves,
+    whatever the offset, the length and the alignment of the memory."""
+    import fcntl
+
+    from attnlens.io import store
+    from attnlens.io.files import pwrite_all
+
+    switched = []
+    original = store._set_direct
+    def set_direct(descriptor, on):
+        switched.append(on and original(descriptor, on))
+        return switched[-1] if on else original(descriptor, on)
+
+    monkeypatch.setattr(store, "_set_direct", set_direct)
+    align = store.DIRECT_ALIGNMENT
+    rng = np.random.default_rng(0)
+    raw = rng.integers(0, 256, 6 * align, dtype=np.uint8)
+    base = -raw.ctypes.data % align  # raw[base:] is aligned in memory
+    paths = tmp_path / "direct.bin", tmp_path / "plain.bin"
+    descriptors = [os.open(path, os.O_RDWR | os.O_CREAT) for path in paths]
+    try:
+        for descriptor in descriptors:
+            os.posix_fallocate(descriptor, 0, 16 * align)
+        cases = [(0, 0, 2 * align), (align, 0, 3 * align), (128, align - 128, 3 * align), (100, align - 100, 2 * align + 7),
+                 (5, 0, 2 * align), (align + 64, align - 64, 100), (3 * align, 17, 2 * align)]  # (offset, memory shift, length)
+        for offset, shift, length in cases:
+            data = memoryview(raw[base + shift : base + shift + length])
+            store.pwrite_direct(descriptors[0], data, 4 * align + offset)
+            pwrite_all(descriptors[1], data, 4 * align + offset)
+            assert fcntl.fcntl(descriptors[0], fcntl.F_GETFL) & store._O_DIRECT == 0, "O_DIRECT is switched off again"
+    finally:
+        for descriptor in descriptors:
+            os.close(descriptor)
+    assert paths[0].read_bytes() == paths[1].read_bytes()
+    if True not in switched:
+        pytest.skip("this file system has no O_DIRECT: only the page-cache path was checked")
+
+
+def test_batch_buffers_are_aligned_as_their_place_in_the_file(tmp_path):
+    from attnlens.io.store import DIRECT_ALIGNMENT
+
+    manifest = {"n": 5, "num_heads": 3, "layers": [0, 2], "dtype": "float16", "weights": True}
+    with StoreWriter.create(tmp_path / "s", manifest, tokens=np.zeros((11, 5), dtype=np.int32)) as writer:
+        memory = writer.batch_buffers(4)
+        for start, rows in ((0, 4), (4, 4), (8, 3)):
+            arrays = memory.arrays(start, rows)
+            assert sorted(arrays) == [0, 2]
+            for layer, (scores, valid, weights) in arrays.items():
+                assert scores.shape == weights.shape == (rows, 3, 5, 5) and scores.dtype == np.float16
+                assert valid.shape == (rows, 5, 5) and valid.dtype == bool
+                for kind, array in zip(("scores", "valid", "weights"), (scores, valid, weights)):
+                    offset = writer.offset(f"{kind}/L{layer:02d}.npy", start)
+                    assert (array.ctypes.data - offset) % DIRECT_ALIGNMENT == 0
+                    array[...] = start + 1
+            writer.write_batch(start, arrays)
+    store = attnlens.open_store(tmp_path / "s")
+    assert [float(store.scores(2)[i, 0, 0, 0]) for i in (0, 4, 10)] == [1.0, 5.0, 9.0]
+    assert store.weights(0)[8:].min() == 9 and store.valid(0).all()

@@ -32,17 +32,24 @@ import pandas as pd
 import torch
 
 from attnlens.errors import BadInput
-from attnlens.models.loading import LoadedModel
-from attnlens.rows.moments import (
-    LEVELS, QUANTITIES, HalfMoments, Moments, compute_moments, level_shape, split_halves, unit_sums,
-)
-from attnlens.progress import progress_bar
 from attnlens.io.provenance import provenance
 from attnlens.io.results import Result
-from attnlens.settings import CorpusSettings, at_least, one_of
-from attnlens.rows.sources import open_rows
-from attnlens.rows.partials import is_moments_source
 from attnlens.io.store import Store, is_store
+from attnlens.models.loading import LoadedModel
+from attnlens.progress import progress_bar
+from attnlens.rows.moments import (
+    LEVELS,
+    QUANTITIES,
+    HalfMoments,
+    Moments,
+    compute_moments,
+    level_shape,
+    split_halves,
+    unit_sums,
+)
+from attnlens.rows.partials import is_moments_source
+from attnlens.rows.sources import open_rows
+from attnlens.settings import CorpusSettings, at_least, one_of
 
 ENERGY_LEVELS = (0.90, 0.95, 0.99)
 

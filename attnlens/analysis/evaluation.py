@@ -25,11 +25,11 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import torch
 
-from attnlens.models.capture import Capture, Intervention
+from attnlens.analysis.objectives import Objective, PreparedBatch
 from attnlens.data.corpus import Blocks, Corpus
 from attnlens.errors import AttnlensError
+from attnlens.models.capture import Capture, Intervention
 from attnlens.models.loading import LoadedModel
-from attnlens.analysis.objectives import Objective, PreparedBatch
 
 CONFIDENCE = 0.95
 

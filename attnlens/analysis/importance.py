@@ -45,34 +45,33 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
 import torch
 
-from attnlens.models.capture import Capture
-from attnlens.data.corpus import Corpus, load_corpus
-from attnlens.errors import AttnlensError
 from attnlens.analysis.evaluation import (
-    check_classes_occur,
-    layer_groups,
     bootstrap_interval,
+    check_classes_occur,
     evaluate_batch,
     frozen,
     guard_rows,
+    layer_groups,
     prepare_batches,
     removal,
     split_blocks,
     valid_masks,
 )
-from attnlens.io.extract import check_seq_len
-from attnlens.models.loading import LoadedModel, load_model
-from attnlens.analysis.objectives import Objective, PreparedBatch
+from attnlens.analysis.objectives import OBJECTIVES, Objective, PreparedBatch
+from attnlens.data.corpus import Corpus, load_corpus
 from attnlens.data.positions import class_masks, parse_classes, token_roles
-from attnlens.progress import progress_bar
 from attnlens.io.provenance import provenance
 from attnlens.io.results import Result
+from attnlens.models.capture import Capture
+from attnlens.models.loading import LoadedModel, load_model
+from attnlens.progress import progress_bar
+from attnlens.settings import CorpusSettings, at_least, one_of
 
 SCOPES = ("model", "layer", "head")
 CONTROLS = ("class", "random")
@@ -241,41 +240,68 @@ class ImportanceResult(Result):
 # ----------------------------------------------------------------------------- main
 
 
+# ----------------------------------------------------------------------------- settings
+
+
+@dataclass(frozen=True)
+class ImportanceSettings(CorpusSettings):
+    """Settings of :func:`importance`: the position ``classes`` (``None``: every default
+    class that occurs), the ``objective``, the ablation scope beside the whole model
+    (``per``), ``num_seqs`` held-out blocks, ``bootstrap`` resamples for the intervals,
+    and whether to compute ``gradient`` importance; corpus settings as :class:`CorpusSettings`.
+
+    >>> ImportanceSettings(per="row")
+    Traceback (most recent call last):
+        ...
+    attnlens.errors.BadInput: per row is unknown; use one of model, layer, head
+    """
+
+    classes: str | tuple[str, ...] | None = None
+    objective: str = "auto"
+    per: str = "model"
+    num_seqs: int = 64
+    batch_size: int = 16
+    bootstrap: int = 1000
+    gradient: bool = True
+
+    def validate(self) -> None:
+        super().validate()
+        parse_classes(self.classes)
+        one_of("per", self.per, SCOPES)
+        one_of("objective", self.objective, OBJECTIVES)
+        at_least("num_seqs", self.num_seqs, 1)
+        at_least("bootstrap", self.bootstrap, 10, " resamples for an interval (1000 is usual)")
+
+
 def importance(
-    model: str | LoadedModel,
-    corpus: str | Path | Corpus = "kjv",
+    source: str | LoadedModel = "minilm-l6",
+    settings: ImportanceSettings | None = None,
     *,
-    classes: str | list[str] | None = None,
-    objective: str = "auto",
-    per: str = "model",
-    seq_len: int = 128,
-    num_seqs: int = 64,
-    batch_size: int = 16,
-    bootstrap: int = 1000,
-    gradient: bool = True,
-    seed: int = 0,
     device: str = "cpu",
     progress: bool = True,
     command: str | None = None,
+    **changes: Any,
 ) -> ImportanceResult:
     """Attention mass, ablation importance with a random control, and gradient importance
     of position classes, on ``num_seqs`` held-out blocks of ``seq_len`` tokens.
 
-    ``per`` adds per-layer or per-head ablations to the whole-model ones (per-head costs
-    ``2 × classes × layers × heads`` forward passes per batch). ``classes=None`` takes
+    ``source`` is a model (alias, path, Hub id or :class:`LoadedModel`); ``settings``
+    (:class:`ImportanceSettings`) with keyword ``changes`` applied. ``per`` adds
+    per-layer or per-head ablations to the whole-model ones (per-head costs ``2 × classes
+    × layers × heads`` forward passes per batch). ``classes=None`` takes
     :data:`attnlens.data.positions.DEFAULT_CLASSES` and drops those that never occur.
     """
+    s = ImportanceSettings.build(settings, **changes)
+    classes, objective, per, seq_len, num_seqs = s.classes, s.objective, s.per, s.seq_len, s.num_seqs
+    batch_size, bootstrap, gradient, seed = s.batch_size, s.bootstrap, s.gradient, s.seed
+    model, corpus = source, s.corpus
     explicit = classes is not None
     classes = parse_classes(classes)
-    if per not in SCOPES:
-        raise AttnlensError(f"`per` {per} is unknown; use one of {', '.join(SCOPES)}")
-    if bootstrap < 10:
-        raise AttnlensError(f"`bootstrap` {bootstrap} is too few resamples for an interval; use 10 or more (1000 is usual)")
     if not isinstance(corpus, Corpus):
         corpus = load_corpus(corpus)
     if not isinstance(model, LoadedModel):
         model = load_model(model, device=device)
-    check_seq_len(model, seq_len)
+    model.check_seq_len(seq_len)
     judge = Objective(model, objective, seed=seed)
     blocks, _ = split_blocks(corpus, model, seq_len, num_seqs, seed=seed)
     ids = torch.from_numpy(blocks.ids)
@@ -354,9 +380,9 @@ def importance(
         "model": model.describe(),
         "corpus": {**corpus.describe(), "blocks_available": blocks.available, "block_index": blocks.index.tolist()},
         "settings": {
-            "classes": list(classes), "classes_dropped": dropped, "objective": judge.name, "per": per,
-            "n": seq_len, "num_seqs": len(blocks), "batch_size": batch_size, "bootstrap": bootstrap,
-            "gradient": gradient, "seed": seed, "removal": "-inf before softmax; rows that would lose every valid key are spared",
+            **s.to_dict(), "corpus": corpus.describe().get("source"),
+            "classes": list(classes), "classes_dropped": dropped, "objective": judge.name,
+            "n": seq_len, "num_seqs": len(blocks), "removal": "-inf before softmax; rows that would lose every valid key are spared",
         },
         "roles": roles.description,
         "notes": notes,

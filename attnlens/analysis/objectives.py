@@ -30,8 +30,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from attnlens.models.capture import no_capture
 from attnlens.errors import AttnlensError
+from attnlens.models.capture import no_capture
 from attnlens.models.loading import LoadedModel
 
 OBJECTIVES = ("auto", "clm", "mlm", "hidden")

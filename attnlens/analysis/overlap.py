@@ -17,6 +17,8 @@ layer differ, the difference is sampling noise, not structure.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -25,6 +27,7 @@ from attnlens.analysis.eigen import EigenResult
 from attnlens.errors import AttnlensError
 from attnlens.io.provenance import provenance
 from attnlens.io.results import Result
+from attnlens.settings import Settings, at_least
 
 
 def subspace_overlap(u: np.ndarray, v: np.ndarray) -> float:
@@ -33,20 +36,64 @@ def subspace_overlap(u: np.ndarray, v: np.ndarray) -> float:
 
 
 def principal_angles(u: np.ndarray, v: np.ndarray) -> np.ndarray:
-    """Principal angles (radians, ascending) between the column spaces of U and V."""
-    cosines = np.linalg.svd(u.T @ v, compute_uv=False)
-    return np.arccos(np.clip(cosines, -1.0, 1.0))
+    """Principal angles (radians, ascending) between the column spaces of U and V.
+
+    Columns orthonormal; a zero column (an eigenvector a unit with fewer keys lacks)
+    is an absent direction, at π/2 from everything. See :func:`_angles`.
+
+    >>> e = np.eye(4)
+    >>> principal_angles(e[:, :2], np.c_[e[:, 0], np.cos(1e-9) * e[:, 1] + np.sin(1e-9) * e[:, 2]]).tolist()
+    [0.0, 1e-09]
+    """
+    u, v = np.asarray(u, dtype=np.float64), np.asarray(v, dtype=np.float64)
+    return _angles(u[None], v[None], (u.T @ v)[None, None])[0, 0]
+
+
+def _angles(a: np.ndarray, b: np.ndarray, products: np.ndarray, chunk_bytes: int = 1 << 25) -> np.ndarray:
+    """Principal angles (k_a, k_b, min(d_a, d_b)), ascending, between every basis of ``a``
+    (k_a, n, d_a) and of ``b`` (k_b, n, d_b), given ``products`` aᵀb (k_a, k_b, d_a, d_b).
+
+    Above π/4 the angle is the arccosine of a singular value of aᵀb. Below π/4 it is the
+    arcsine of a singular value of the narrower basis's part outside the other's span
+    (b − a aᵀb): an arccosine near 0 keeps only half the digits (about 1e-8 rad for equal
+    subspaces, more for float32 bases). This is the rule of scipy.linalg.subspace_angles
+    (Knyazev & Argentati 2002), which is not used here: it works one pair at a time, and
+    (scipy 1.17) applies the choice made for the k-th smallest angle to the k-th largest,
+    so when angles near 0 and near π/2 occur together both lose half their digits.
+    """
+    cosines = np.linalg.svd(products, compute_uv=False)  # descending: angles ascending
+    angles = np.arccos(np.clip(cosines, -1.0, 1.0))
+    small = cosines**2 >= 0.5
+    pairs = np.argwhere(small.any(-1))
+    if len(pairs) == 0:
+        return angles
+    narrow_b = b.shape[-1] <= a.shape[-1]
+    narrow, width = (b, b.shape[-1]) if narrow_b else (a, a.shape[-1])
+    # Zero columns of the narrower basis add sines 0 that stand for no angle: skip them.
+    absent = (np.linalg.norm(narrow, axis=-2) < 0.5).sum(-1)
+    step = max(1, chunk_bytes // (8 * narrow.shape[-2] * max(a.shape[-1], b.shape[-1])))
+    for start in range(0, len(pairs), step):
+        i, j = pairs[start : start + step].T
+        if narrow_b:
+            residual = b[j] - a[i] @ products[i, j]
+        else:
+            residual = a[i] - b[j] @ products[i, j].swapaxes(-1, -2)
+        sines = np.linalg.svd(residual, compute_uv=False)[:, ::-1]  # ascending, as the angles
+        index = np.arange(width) + absent[j if narrow_b else i][:, None]
+        sines = np.where(index < width, np.take_along_axis(sines, np.minimum(index, width - 1), -1), 1.0)
+        angles[i, j] = np.where(small[i, j], np.arcsin(np.clip(sines, 0.0, 1.0)), angles[i, j])
+    return angles
 
 
 def overlap_matrix(bases_a: np.ndarray, bases_b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Overlaps and principal angles between every basis of A (k_a, n, d) and of B (k_b, n, d).
 
-    Returns (k_a, k_b) overlaps and (k_a, k_b, d) angles.
+    Returns (k_a, k_b) overlaps and (k_a, k_b, d) angles (:func:`_angles`).
     """
-    products = np.einsum("and,bne->abde", bases_a.astype(np.float64), bases_b.astype(np.float64))
-    overlaps = (products**2).sum(axis=(2, 3)) / bases_a.shape[-1]
-    cosines = np.linalg.svd(products, compute_uv=False)
-    return overlaps, np.arccos(np.clip(cosines, -1.0, 1.0))
+    a, b = np.asarray(bases_a, dtype=np.float64), np.asarray(bases_b, dtype=np.float64)
+    products = np.matmul(a.swapaxes(-1, -2)[:, None], b[None])  # (k_a, k_b, d, d): aᵀb
+    overlaps = (products**2).sum(axis=(2, 3)) / a.shape[-1]
+    return overlaps, _angles(a, b, products)
 
 
 def chance_overlap(dim: int, n: int) -> float:
@@ -103,18 +150,35 @@ class OverlapResult(Result):
 
 
 
+@dataclass(frozen=True)
+class OverlapSettings(Settings):
+    """Settings of :func:`overlap`: the dimension ``dim`` of the compared eigenspaces, and
+    the ``query`` position of per-query results (``None``: the last)."""
+
+    dim: int = 16
+    query: int | None = None
+
+    def validate(self) -> None:
+        at_least("dim", self.dim, 1)
+        if self.query is not None:
+            at_least("query", self.query, 0)
+
+
 def overlap(
-    results: list[EigenResult] | EigenResult,
+    source: list[EigenResult] | EigenResult,
+    settings: OverlapSettings | None = None,
     *,
-    dim: int = 16,
-    query: int | None = None,
     command: str | None = None,
+    **changes: Any,
 ) -> OverlapResult:
-    """Overlap of top-``dim`` eigenspaces: layer × layer and head × head within each
-    result, layer × layer (and head × head) between every pair of results, and the
-    split-half overlap of every unit. Per-query results use one query position
-    (default: the last, whose keys are all valid even in causal models)."""
-    results = [results] if isinstance(results, EigenResult) else list(results)
+    """Overlap of top-``dim`` eigenspaces of the eigen results in ``source``: layer × layer
+    and head × head within each result, layer × layer (and head × head) between every
+    pair of results, and the split-half overlap of every unit. Per-query results use one
+    query position (default: the last, whose keys are all valid even in causal models).
+    ``settings`` (:class:`OverlapSettings`) with keyword ``changes`` applied."""
+    s = OverlapSettings.build(settings, **changes)
+    dim, query = s.dim, s.query
+    results = [source] if isinstance(source, EigenResult) else list(source)
     if not results:
         raise AttnlensError("give at least one eigen result")
     n = results[0].n
@@ -163,6 +227,7 @@ def overlap(
                 split_rows.append({"result": i, "model": names[i], "level": level, "layer": layer, "head": head,
                                    "overlap": subspace_overlap(a[unit], b[unit])})
     meta = {
+        "settings": s.to_dict(),
         "dim": dim,
         "n": n,
         "chance": chance_overlap(dim, n),

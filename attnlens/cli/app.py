@@ -39,12 +39,27 @@ OverwriteOption = Annotated[bool, typer.Option("--overwrite", help="Replace an e
 FiguresOption = Annotated[bool, typer.Option("--figures/--no-figures", help="Also draw the figures (PNG and PDF) into OUT/figures.")]
 
 
+# Library parameters whose command-line option is not simply --parameter-name (errors name parameters).
+OPTION_NAMES = {"strategies": "--select", "scopes": "--scope", "plug_in_scopes": "--plug-in-scope", "source": "SOURCE"}
+
 # Commands that split their work over the ranks torchrun starts; the others run in one process.
 DISTRIBUTED_COMMANDS = ("extract", "moments")
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from attnlens import __version__
+
+        typer.echo(f"attnlens {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
-def _launch(context: typer.Context) -> None:
+def _launch(
+    context: typer.Context,
+    version: Annotated[bool, typer.Option("--version", help="Print the version and exit.", callback=_print_version,
+                                          is_eager=True)] = False,
+) -> None:
     # Under torchrun every rank runs the command line: a command that does not split its
     # work would run N times and write N times to the same --out, so it is refused.
     from attnlens.io.ranks import ReportedError, environment_world_size
@@ -88,7 +103,7 @@ def main(argv: list[str] | None = None) -> None:
     except AttnlensError as error:
         if getattr(error, "reported", False):  # rank 0 has printed it already
             sys.exit(2)
-        _fail(error.cli_message())
+        _fail(error.cli_message(OPTION_NAMES))
     except typer.TyperException as error:  # click's usage errors, as vendored by typer
         if type(error).__name__ == "NoArgsIsHelpError":
             print(error.format_message())

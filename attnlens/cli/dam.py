@@ -6,6 +6,8 @@ from typing import Annotated
 
 import typer
 
+from attnlens.analysis.dam import DamSettings
+
 from .app import (
     BatchSizeOption,
     CorpusOption,
@@ -22,30 +24,32 @@ from .app import (
 )
 from .importance import BootstrapOption, ClassesOption, ObjectiveOption, parse_float_list
 
+D = DamSettings  # the defaults live there
+
 
 @app.command()
 def dam(
     out: OutOption,
     model: ModelOption = "minilm-l6",
-    corpus: CorpusOption = "kjv",
-    variant: Annotated[str, typer.Option("--variant", help="unstructured, structured (per head and offset) or class.")] = "structured",
-    lambdas: Annotated[str, typer.Option("--lambdas", help="Comma-separated sparsity weights λ >= 0 (loss units per unit of density).")] = "0.01,0.03,0.1,0.3",
-    steps: Annotated[int, typer.Option("--steps", help="Training steps (one batch each) per λ.")] = 100,
-    tau: Annotated[str, typer.Option("--tau", help="Gumbel-sigmoid temperature: fixed (1.0) or annealed start:end (2:0.2).")] = "1.0",
-    lr: Annotated[float, typer.Option("--lr", help="Adam learning rate of the mask logits.")] = 0.05,
-    init_keep: Annotated[float, typer.Option("--init-keep", help="Initial keep probability of every position.")] = 0.9,
-    removal: Annotated[str, typer.Option("--removal", help="1e4 (add -10^4 to removed scores) or inf.")] = "1e4",
-    train_weights: Annotated[bool, typer.Option("--train-weights", help="Also fine-tune the model's weights.")] = False,
-    weights_lr: Annotated[float, typer.Option("--weights-lr", help="Learning rate of the weights with --train-weights.")] = 1e-5,
-    classes: ClassesOption = None,
-    objective: ObjectiveOption = "auto",
-    seq_len: SeqLenOption = 128,
-    train_seqs: Annotated[int, typer.Option("--train-seqs", help="Blocks to train the masks on.")] = 256,
-    eval_seqs: Annotated[int, typer.Option("--eval-seqs", help="Held-out blocks to judge them on.")] = 64,
-    batch_size: BatchSizeOption = 16,
-    patterns: Annotated[bool, typer.Option("--patterns/--no-patterns", help="Also judge the fixed sparse patterns.")] = True,
-    bootstrap: BootstrapOption = 1000,
-    seed: SeedOption = 0,
+    corpus: CorpusOption = D.corpus,
+    variant: Annotated[str, typer.Option("--variant", help="unstructured, structured (per head and offset) or class.")] = D.variant,
+    lambdas: Annotated[str, typer.Option("--lambdas", help="Comma-separated sparsity weights λ >= 0 (loss units per unit of density).")] = ",".join(map(str, D.lambdas)),
+    steps: Annotated[int, typer.Option("--steps", help="Training steps (one batch each) per λ.")] = D.steps,
+    tau: Annotated[str, typer.Option("--tau", help="Gumbel-sigmoid temperature: fixed (1.0) or annealed start:end (2:0.2).")] = str(D.tau),
+    lr: Annotated[float, typer.Option("--lr", help="Adam learning rate of the mask logits.")] = D.lr,
+    init_keep: Annotated[float, typer.Option("--init-keep", help="Initial keep probability of every position.")] = D.init_keep,
+    removal: Annotated[str, typer.Option("--removal", help="1e4 (add -10^4 to removed scores) or inf.")] = D.removal,
+    train_weights: Annotated[bool, typer.Option("--train-weights", help="Also fine-tune the model's weights.")] = D.train_weights,
+    weights_lr: Annotated[float, typer.Option("--weights-lr", help="Learning rate of the weights with --train-weights.")] = D.weights_lr,
+    classes: ClassesOption = D.classes,
+    objective: ObjectiveOption = D.objective,
+    seq_len: SeqLenOption = D.seq_len,
+    train_seqs: Annotated[int, typer.Option("--train-seqs", help="Blocks to train the masks on.")] = D.train_seqs,
+    eval_seqs: Annotated[int, typer.Option("--eval-seqs", help="Held-out blocks to judge them on.")] = D.eval_seqs,
+    batch_size: BatchSizeOption = D.batch_size,
+    patterns: Annotated[bool, typer.Option("--patterns/--no-patterns", help="Also judge the fixed sparse patterns.")] = D.patterns,
+    bootstrap: BootstrapOption = D.bootstrap,
+    seed: SeedOption = D.seed,
     device: DeviceOption = "cpu",
     overwrite: OverwriteOption = False,
     figures: FiguresOption = True,
@@ -55,11 +59,14 @@ def dam(
     from attnlens.analysis.dam import dam as run
     from attnlens.io.results import check_out
 
+    settings = DamSettings(
+        corpus=corpus, variant=variant, lambdas=parse_float_list(lambdas, "--lambdas"), steps=steps, tau=tau, lr=lr,
+        init_keep=init_keep, removal=removal, train_weights=train_weights, weights_lr=weights_lr, classes=classes,
+        objective=objective, seq_len=seq_len, train_seqs=train_seqs, eval_seqs=eval_seqs, batch_size=batch_size,
+        patterns=patterns, bootstrap=bootstrap, seed=seed,
+    )  # checked before any model loads
     check_out(out, overwrite)
-    result = run(model, corpus, variant=variant, lambdas=parse_float_list(lambdas, "--lambdas"), steps=steps, tau=tau, lr=lr,
-                 init_keep=init_keep, removal=removal, train_weights=train_weights, weights_lr=weights_lr, classes=classes,
-                 objective=objective, seq_len=seq_len, train_seqs=train_seqs, eval_seqs=eval_seqs, batch_size=batch_size,
-                 patterns=patterns, bootstrap=bootstrap, seed=seed, device=device, progress=progress)
+    result = run(model, settings, device=device, progress=progress)
     save_result(result, out, overwrite=overwrite, figures=figures)
     typer.echo(result.table[["lambda", "sparsity", "loss", "delta", "delta_low", "delta_high"]].to_string(
         index=False, float_format=lambda v: f"{v:.4f}"))

@@ -6,7 +6,9 @@ from typing import Annotated
 
 import typer
 
+from attnlens.analysis.importance import ImportanceSettings
 from attnlens.errors import AttnlensError
+
 from .app import (
     BatchSizeOption,
     CorpusOption,
@@ -46,16 +48,16 @@ def parse_float_list(text: str, option: str) -> list[float]:
 def importance(
     out: OutOption,
     model: ModelOption = "minilm-l6",
-    corpus: CorpusOption = "kjv",
-    classes: ClassesOption = None,
-    objective: ObjectiveOption = "auto",
-    per: Annotated[str, typer.Option("--per", help="Ablation scope beside the whole model: model, layer or head.")] = "model",
-    seq_len: SeqLenOption = 128,
-    num_seqs: Annotated[int, typer.Option("--num-seqs", help="Held-out blocks to evaluate on.")] = 64,
-    batch_size: BatchSizeOption = 16,
-    bootstrap: BootstrapOption = 1000,
-    gradient: Annotated[bool, typer.Option("--gradient/--no-gradient", help="Also compute gradient importance.")] = True,
-    seed: SeedOption = 0,
+    corpus: CorpusOption = ImportanceSettings.corpus,
+    classes: ClassesOption = ImportanceSettings.classes,
+    objective: ObjectiveOption = ImportanceSettings.objective,
+    per: Annotated[str, typer.Option("--per", help="Ablation scope beside the whole model: model, layer or head.")] = ImportanceSettings.per,
+    seq_len: SeqLenOption = ImportanceSettings.seq_len,
+    num_seqs: Annotated[int, typer.Option("--num-seqs", help="Held-out blocks to evaluate on.")] = ImportanceSettings.num_seqs,
+    batch_size: BatchSizeOption = ImportanceSettings.batch_size,
+    bootstrap: BootstrapOption = ImportanceSettings.bootstrap,
+    gradient: Annotated[bool, typer.Option("--gradient/--no-gradient", help="Also compute gradient importance.")] = ImportanceSettings.gradient,
+    seed: SeedOption = ImportanceSettings.seed,
     device: DeviceOption = "cpu",
     overwrite: OverwriteOption = False,
     figures: FiguresOption = True,
@@ -65,9 +67,11 @@ def importance(
     from attnlens.analysis.importance import importance as run
     from attnlens.io.results import check_out
 
+    settings = ImportanceSettings(corpus=corpus, classes=classes, objective=objective, per=per, seq_len=seq_len,
+                                  num_seqs=num_seqs, batch_size=batch_size, bootstrap=bootstrap, gradient=gradient,
+                                  seed=seed)  # checked before any model loads
     check_out(out, overwrite)
-    result = run(model, corpus, classes=classes, objective=objective, per=per, seq_len=seq_len, num_seqs=num_seqs,
-                 batch_size=batch_size, bootstrap=bootstrap, gradient=gradient, seed=seed, device=device, progress=progress)
+    result = run(model, settings, device=device, progress=progress)
     save_result(result, out, overwrite=overwrite, figures=figures)
     columns = [c for c in ("class", "share", "mass", "delta", "delta_low", "delta_high", "random", "random_low",
                            "random_high", "gradient") if c in result.table]

@@ -7,6 +7,8 @@ from typing import Annotated
 
 import typer
 
+from attnlens.analysis.overlap import OverlapSettings
+
 from .app import FiguresOption, OutOption, OverwriteOption, app, save_result
 
 
@@ -14,7 +16,7 @@ from .app import FiguresOption, OutOption, OverwriteOption, app, save_result
 def overlap(
     eigen_dirs: Annotated[list[Path], typer.Argument(help="One or more eigen result directories.")],
     out: OutOption,
-    dim: Annotated[int, typer.Option("--dim", "-d", help="Dimension of the compared eigenspaces.")] = 16,
+    dim: Annotated[int, typer.Option("--dim", "-d", help="Dimension of the compared eigenspaces.")] = OverlapSettings.dim,
     query: Annotated[int | None, typer.Option("--query", help="Query position for per-query results (default: last).")] = None,
     overwrite: OverwriteOption = False,
     figures: FiguresOption = True,
@@ -24,8 +26,9 @@ def overlap(
     from attnlens.analysis.overlap import overlap as run
     from attnlens.io.results import check_out
 
+    settings = OverlapSettings(dim=dim, query=query)  # checked before any result is read
     check_out(out, overwrite)
-    result = run([EigenResult.load(path) for path in eigen_dirs], dim=dim, query=query)
+    result = run([EigenResult.load(path) for path in eigen_dirs], settings)
     save_result(result, out, overwrite=overwrite, figures=figures)
     typer.echo(f"chance level d/n = {result.chance:.3f}")
     for index, model in enumerate(result.meta["models"]):

@@ -1,1 +1,2 @@
-"""TODO"""
+"""Text and positions: corpora packed into blocks of exactly n tokens, and the position classes
+(self, prev, next, band(w), cls, sep, punct, other) of an attention matrix."""

@@ -29,8 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
-from attnlens.models.cache import cached_array
 from attnlens.errors import AttnlensError
+from attnlens.models.cache import cached_array
 
 WORDNET_DIR = Path("/usr/share/wordnet")
 TEXT_SUFFIXES = (".txt", ".jsonl")

@@ -109,7 +109,7 @@ def plot_masks(result, index: int | None = None) -> plt.Figure:
     shared = result.meta["settings"]["variant"] == "structured"
     heads = images.shape[1]
     # one image per head (shared by layers, wrapped six to a row), or a layer x head grid
-    cells = [(0, head) for head in range(heads)] if shared else [(l, h) for l in range(images.shape[0]) for h in range(heads)]
+    cells = [(0, head) for head in range(heads)] if shared else [(layer, h) for layer in range(images.shape[0]) for h in range(heads)]
     columns = min(heads, 6) if shared else heads
     rows = -(-len(cells) // columns)
     size = 1.25 if shared else 1.05

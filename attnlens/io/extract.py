@@ -32,30 +32,6 @@ from attnlens.io.provenance import provenance
 from attnlens.io.results import check_resumable_out
 from attnlens.io.store import DTYPES, Store, StoreWriter, is_store, open_store
 
-MIN_SEQ_LEN = 4
-
-
-def check_seq_len(model: LoadedModel, seq_len: int) -> None:
-    if seq_len < MIN_SEQ_LEN:
-        raise AttnlensError(f"`seq_len` {seq_len} is below {MIN_SEQ_LEN}; use `seq_len` {MIN_SEQ_LEN} or more")
-    if seq_len > model.max_positions:
-        raise AttnlensError(
-            f"`seq_len` {seq_len} is above the {model.max_positions} positions model '{model.name}' supports; "
-            f"use `seq_len` {model.max_positions} or less"
-        )
-
-
-def check_layers(model: LoadedModel, layers: list[int] | None) -> list[int]:
-    if layers is None:
-        return list(range(model.num_layers))
-    bad = [layer for layer in layers if not 0 <= layer < model.num_layers]
-    if bad:
-        raise AttnlensError(
-            f"`layers` {bad[0]} is out of range; model '{model.name}' has layers 0 to {model.num_layers - 1}"
-        )
-    if not layers:
-        raise AttnlensError("`layers` is empty; name at least one layer, e.g. `layers` 0")
-    return sorted(set(layers))
 
 
 def prepare_out(out: Path, *, resume: bool, overwrite: bool) -> None:
@@ -100,8 +76,8 @@ def extract(
         corpus = load_corpus(corpus)
     if not isinstance(model, LoadedModel):
         model = load_model(model, device=world.device(device))
-    check_seq_len(model, seq_len)
-    layers = check_layers(model, layers)
+    model.check_seq_len(seq_len)
+    layers = model.check_layers(layers)
     blocks = corpus.blocks(model, seq_len, num_seqs, seed)
 
     manifest = {
@@ -123,8 +99,10 @@ def extract(
         writer = StoreWriter.open_shard(out, world.rank)
     # A batch is written (and flushed to disk) in a background thread while the next one
     # is computed into the other of two reusable buffers: the flush waits on the disk, not
-    # the CPU, and no batch allocates fresh memory.
-    buffers = [_BatchBuffers(batch_size, model.num_heads, seq_len, layers, weights, dtype) for _ in range(2)]
+    # the CPU, and no batch allocates fresh memory. The buffers come from the writer, laid
+    # out so that it writes them with O_DIRECT: the background thread then hardly uses
+    # the CPU, which the forward pass needs (see attnlens.io.store.pwrite_direct).
+    buffers = [_BatchBuffers(writer, batch_size, layers, weights) for _ in range(2)]
     pending: Future | None = None
     desc = "extract" if not world.distributed else f"extract rank 0/{world.size}"
     with writer, ThreadPoolExecutor(max_workers=1) as background, progress_bar(
@@ -134,7 +112,7 @@ def extract(
         try:
             for number, start in enumerate(range(writer.complete, writer.stop, batch_size)):
                 ids = blocks.ids[start : min(start + batch_size, writer.stop)]
-                arrays = buffers[number % 2].capture(model, ids)
+                arrays = buffers[number % 2].capture(model, ids, start)
                 if pending is not None:
                     pending.result()
                 pending = background.submit(writer.write_batch, start, arrays)
@@ -151,27 +129,23 @@ def extract(
 
 
 class _BatchBuffers:
-    """Preallocated arrays that one batch's captured layers are copied into (and cast to the store dtype)."""
+    """Reusable memory that one batch's captured layers are copied into (and cast to the store dtype)."""
 
-    def __init__(self, batch_size: int, heads: int, n: int, layers: list[int], weights: bool, dtype: str) -> None:
-        self.scores = {layer: np.empty((batch_size, heads, n, n), dtype) for layer in layers}
-        self.valid = {layer: np.empty((batch_size, n, n), bool) for layer in layers}
-        self.weights = {layer: np.empty((batch_size, heads, n, n), dtype) for layer in layers} if weights else None
+    def __init__(self, writer: StoreWriter, batch_size: int, layers: list[int], weights: bool) -> None:
+        self.memory = writer.batch_buffers(batch_size)
         self.layers = layers
+        self.weights = weights
 
-    def capture(self, model: LoadedModel, ids: np.ndarray) -> dict[int, tuple[np.ndarray, np.ndarray, np.ndarray | None]]:
-        """One forward pass; returns views ``{layer: (scores, valid, weights)}`` into the buffers."""
-        rows = len(ids)
+    def capture(self, model: LoadedModel, ids: np.ndarray, start: int) -> dict[int, tuple[np.ndarray, np.ndarray, np.ndarray | None]]:
+        """One forward pass over sequences ``start…``; returns views ``{layer: (scores, valid, weights)}`` into the buffers."""
+        arrays = self.memory.arrays(start, len(ids))
 
         def keep(layer: int, scores: torch.Tensor, valid: torch.Tensor, weights: torch.Tensor | None) -> None:
-            torch.from_numpy(self.scores[layer][:rows]).copy_(scores)
-            torch.from_numpy(self.valid[layer][:rows]).copy_(valid)
-            if weights is not None:
-                torch.from_numpy(self.weights[layer][:rows]).copy_(weights)
+            # torch casts to the store dtype on its own threads, straight into the memory that is written.
+            for target, tensor in zip(arrays[layer], (scores, valid, weights)):
+                if target is not None:
+                    torch.from_numpy(target).copy_(tensor)
 
-        with torch.no_grad(), Capture(self.layers, weights=self.weights is not None, sink=keep):
+        with torch.no_grad(), Capture(self.layers, weights=self.weights, sink=keep):
             model.run_attention(torch.from_numpy(ids))
-        return {
-            layer: (self.scores[layer][:rows], self.valid[layer][:rows], self.weights[layer][:rows] if self.weights else None)
-            for layer in self.layers
-        }
+        return arrays

@@ -20,12 +20,12 @@ def versions() -> dict[str, str | None]:
     """Versions of Python and of the packages that decide the numbers.
 
     >>> sorted(versions())
-    ['attnlens', 'numpy', 'python', 'scipy', 'torch', 'transformers']
+    ['attnlens', 'numpy', 'python', 'torch', 'transformers']
     """
     return {
         "attnlens": package_version("attnlens"),
         "python": platform.python_version(),
-        **{name: package_version(name) for name in ("torch", "transformers", "numpy", "scipy")},
+        **{name: package_version(name) for name in ("torch", "transformers", "numpy")},
     }
 
 
@@ -49,7 +49,7 @@ def provenance(command: str | None = None) -> dict[str, object]:
     """The ``created``, ``command`` and ``versions`` fields of a manifest."""
     return {
         "attnlens_version": package_version("attnlens"),
-        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "command": command or command_line(),
         "versions": versions(),
     }

@@ -117,8 +117,11 @@ class Result:
 
     @property
     def model_name(self) -> str:
+        """The model's name; for results that compare models (overlap), their names joined by ' × '."""
         model = self.meta.get("model")
-        return str(model.get("name", "")) if isinstance(model, dict) else ""
+        if isinstance(model, dict):
+            return str(model.get("name", ""))
+        return " × ".join(map(str, self.meta.get("models", [])))
 
     def summary(self) -> str:
         """One line on what the result holds (subclasses say more)."""
@@ -173,10 +176,13 @@ class Result:
 
 
 def _provenance_html(meta: dict) -> str:
+    """A small table: model, corpus, settings, when and with what it was made, and the command."""
     rows = []
     model = meta.get("model")
     if isinstance(model, dict):
         rows.append(("model", f"{model.get('name', '')} ({model.get('architecture', '')})"))
+    elif meta.get("models"):
+        rows.append(("model", " × ".join(map(str, meta["models"]))))
     corpus = meta.get("corpus")
     if isinstance(corpus, dict):
         rows.append(("corpus", str(corpus.get("source", corpus.get("name", "")))))

@@ -13,7 +13,19 @@ mask (padding, causal structure, sliding windows). Without that entry a custom
 implementation receives no mask at all and causal masking silently vanishes.
 
 When no :class:`Capture` is active the implementation is a plain eager attention, so a
-model loaded by :func:`attnlens.load_model` behaves exactly like the original.
+model loaded by :func:`attnlens.load_model` behaves exactly like the original, with one
+deliberate difference: the softmax always runs in float32 or wider (float32 for float32
+and half-precision models, the model's dtype when that is wider). Most of transformers'
+eager code (Llama, Gemma, ...) runs it in float32 whatever the dtype, so a float64 model
+here differs from transformers' by float32 rounding, by design: for gemma3-270m in
+float64, about 1e-6 in the weights and 1e-5 in the logits. (BERT's eager code runs it in
+the model's dtype; a half-precision BERT here is the one that rounds less.)
+
+Invalid keys are masked *after* any intervention, so whatever an intervention returns
+they get weight exactly 0 in every row that has a valid key. A row whose every valid key
+an intervention removes (``-inf``, or the dtype's minimum) falls back to its unmodified
+scores (see :data:`Intervention`). Models whose attention adds terms outside the
+scores, such as attention sinks (``s_aux``, gpt-oss), are refused.
 
 >>> import torch
 >>> from attnlens import Capture, load_model
@@ -37,15 +49,28 @@ from typing import Any
 import torch
 from torch import nn
 
+from attnlens.errors import UnsupportedModel
+
 ATTENTION_IMPLEMENTATION = "attnlens"
 
 Intervention = Callable[[int, torch.Tensor, torch.Tensor], "torch.Tensor | None"]
 """``intervene(layer, scores, valid) -> new scores or None``.
 
 ``scores`` has shape (batch, head, query, key); ``valid`` (batch, query, key) is boolean.
-Return a tensor of the same shape to replace the scores before softmax (use a large
-negative number or ``-inf`` to remove a position), or ``None`` to leave them unchanged.
-Invalid positions stay masked whatever the intervention returns.
+Return a tensor of the same shape to replace the scores before softmax (``-inf`` removes
+a position), or ``None`` to leave them unchanged; do not change ``scores`` in place (they
+are recorded, and are the fallback below). Invalid positions are masked after the
+intervention, so whatever it returns (short of NaN or ``+inf``) they get weight exactly 0
+in every row that has a valid key.
+
+A valid key counts as removed when its new score is ``-inf`` or the dtype's minimum (the
+value invalid keys are masked with). A row that would lose *every* valid key keeps its
+unmodified scores instead: softmax over nothing has no answer, and without this rule the
+row's weight would spread over the invalid keys (for a causal model, the future). This
+is the rule of :func:`attnlens.analysis.evaluation.guard_rows` (importance ablation's
+``rows_spared``), applied to any intervention. Scores that are merely very negative
+(e.g. DAM's ``scores - 10⁴``) are not removed: they stay finite, and a row shifted as a
+whole keeps its softmax over its valid keys.
 """
 
 WeightsIntervention = Callable[[int, torch.Tensor, torch.Tensor], "torch.Tensor | None"]
@@ -74,7 +99,9 @@ class Capture:
     weights:
         Also record the post-softmax weights (after any intervention).
     intervene:
-        Optional :data:`Intervention` applied to the scores of each chosen layer.
+        Optional :data:`Intervention` applied to the scores of each chosen layer. A row
+        it would leave with no valid key keeps its unmodified scores; invalid keys get
+        weight exactly 0 either way.
     intervene_weights:
         Optional :data:`WeightsIntervention` applied to the weights after softmax.
     sink:
@@ -149,7 +176,7 @@ def layer_index(module: nn.Module) -> int:
     return int(index)
 
 
-def _valid_and_bias(attention_mask: torch.Tensor | None, scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+def valid_and_bias(attention_mask: torch.Tensor | None, scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Split the mask the model passes into the boolean valid mask and an additive bias.
 
     With attnlens' mask entry registered, models pass a boolean (batch, 1, q, k) mask.
@@ -191,11 +218,51 @@ def attention_scores(
     return scores
 
 
+def _remaining_or_unmodified(
+    replaced: torch.Tensor, unmodified: torch.Tensor, valid: torch.Tensor, needs_mask: bool
+) -> torch.Tensor:
+    """The masked scores an intervention leaves, with rows it empties restored.
+
+    A row is empty when no valid key scores above the dtype's minimum (every valid key
+    ``-inf`` or the minimum itself); softmax would then put its weight on the invalid
+    keys, which hold the minimum. Such rows take their unmodified scores, as
+    :data:`Intervention` documents. Rows with no valid key at all are masked either way,
+    so restoring them changes nothing (they stay uniform, as in eager attention).
+    """
+    floor = torch.finfo(replaced.dtype).min
+    masked = _mask(replaced, valid, needs_mask)
+    emptied = masked.amax(dim=-1, keepdim=True) <= floor
+    if not bool(emptied.any()):  # the usual case: one reduction, no second masking pass
+        return masked
+    return torch.where(emptied, _mask(unmodified.to(replaced.dtype), valid, needs_mask), masked)
+
+
+def _mask(scores: torch.Tensor, valid: torch.Tensor, needs_mask: bool) -> torch.Tensor:
+    """Scores with invalid keys set to the dtype's minimum, as eager attention masks them."""
+    return torch.where(valid[:, None], scores, torch.finfo(scores.dtype).min) if needs_mask else scores
+
+
 def _attend(weights: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
     batch, heads, q_len, k_len = weights.shape
     kv_heads = value.shape[1]
     grouped = weights.reshape(batch, kv_heads, (heads // kv_heads) * q_len, k_len)
     return torch.matmul(grouped, value).reshape(batch, heads, q_len, value.shape[-1])
+
+
+# Arguments some architectures pass to the attention function for terms outside q·kᵀ
+# (a sink is an extra logit per head in the softmax); computing attention without them
+# would silently change the model, so they are refused.
+_UNSUPPORTED_ARGUMENTS: dict[str, str] = {
+    "s_aux": "attention sinks (s_aux)",
+    "sinks": "attention sinks",
+}
+
+
+def _refuse_unsupported(module: nn.Module, kwargs: dict[str, Any]) -> None:
+    """Raise :class:`UnsupportedModel` if the attention call carries an unsupported term."""
+    for argument, feature in _UNSUPPORTED_ARGUMENTS.items():
+        if kwargs.get(argument) is not None:
+            raise UnsupportedModel(f"{type(module).__name__} uses {feature}, which attnlens capture does not support")
 
 
 def attnlens_attention(
@@ -210,32 +277,31 @@ def attnlens_attention(
     **kwargs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The ``AttentionInterface`` implementation registered as ``"attnlens"``."""
-    if kwargs.get("s_aux") is not None:
-        raise NotImplementedError("attention sinks (s_aux) are not supported by attnlens capture")
+    _refuse_unsupported(module, kwargs)
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
     scores = attention_scores(query, key, scaling, softcap)
-    valid, bias = _valid_and_bias(attention_mask, scores)
+    valid, bias = valid_and_bias(attention_mask, scores)
     if bias is not None:
         scores = scores + bias
 
     capture = _ACTIVE.get()
     layer = layer_index(module) if capture is not None else -1
     active = capture is not None and capture.wants(layer)
-    if active and capture.intervene is not None:
-        replaced = capture.intervene(layer, scores, valid)
-        recorded_scores, scores = scores, (scores if replaced is None else replaced)
-    else:
-        recorded_scores = scores
-
     # Masking is a full pass over the scores; encoders on unpadded blocks need none.
-    masked = scores if bool(valid.all()) else torch.where(valid[:, None], scores, torch.finfo(scores.dtype).min)
+    needs_mask = not bool(valid.all())
+    replaced = capture.intervene(layer, scores, valid) if active and capture.intervene is not None else None
+    if replaced is None:
+        masked = _mask(scores, valid, needs_mask)
+    else:
+        # After the intervention, so that nothing it returns can unmask an invalid key.
+        masked = _remaining_or_unmodified(replaced, scores, valid, needs_mask)
     # At least float32 (half-precision softmax loses mass), float64 for float64 models.
     weights = nn.functional.softmax(masked, dim=-1, dtype=torch.promote_types(query.dtype, torch.float32)).to(query.dtype)
     if active and capture.record:
         capture._keep(
             layer,
-            recorded_scores.detach(),
+            scores.detach(),  # as computed, before any intervention
             valid,
             weights.detach() if capture.record_weights else None,
         )

@@ -4,8 +4,9 @@
 directory, or a Hugging Face Hub id, and returns a :class:`LoadedModel` that routes its
 attention through attnlens' capture implementation and knows its geometry.
 
-Model-family differences are data: the alias table below, and the table that maps an
-architecture's name to the head class that loads it and the objective it supports.
+Model-family differences are data: the alias table below, the table that maps an
+architecture's name to the head class that loads it and the objective it supports, and
+the table of families whose attention capture cannot reproduce (attention sinks).
 
 >>> from attnlens import load_model
 >>> model = load_model("minilm-l6")
@@ -23,16 +24,17 @@ import importlib.metadata
 import importlib.util
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from attnlens.errors import AttnlensError, BadInput, UnsupportedModel
 from attnlens.models import capture
 from attnlens.models.cache import cache_dir
-from attnlens.errors import AttnlensError
+from attnlens.settings import MIN_SEQ_LEN
 
 # --------------------------------------------------------------------------- aliases
 
@@ -73,6 +75,12 @@ def _convert_minilm_l3(onnx_file: Path, target: Path) -> None:
     config = BertConfig.from_pretrained(_minilm_l6_dir())
     config.num_hidden_layers = 1 + max(int(name.split(".")[2]) for name in state if name.startswith("encoder.layer."))
     config.architectures = ["BertModel"]
+    # The sentence-transformers export has no pooler (it mean-pools); without weights for it
+    # transformers would draw a random pooler at every load, and the model's weights hash
+    # (which ties stores and results to their model) would never repeat. attnlens never uses it.
+    hidden = config.hidden_size
+    state.setdefault("pooler.dense.weight", torch.zeros(hidden, hidden))
+    state.setdefault("pooler.dense.bias", torch.zeros(hidden))
     config.save_pretrained(target)
     save_file(state, target / "model.safetensors", metadata={"format": "pt"})
     # The ONNX file ships no tokenizer; L3 was trained with the same uncased vocabulary as L6.
@@ -103,10 +111,13 @@ def _convert_gguf(gguf_file: Path, target: Path) -> None:
     tokenizer.save_pretrained(target)
 
 
+CONVERSION_VERSION = 2  # raised when a conversion changes, so that caches made by older ones are not reused
+
+
 def _cached_conversion(alias: str, source: Path, convert: Callable[[Path, Path], None]) -> Path:
     """Run ``convert(source, dir)`` once per source file; later calls return the cached dir."""
     stat = source.stat()
-    key = hashlib.sha256(f"{source.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    key = hashlib.sha256(f"{CONVERSION_VERSION}:{source.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
     target = cache_dir() / "models" / f"{alias}-{key}"
     if (target / "config.json").exists():
         return target
@@ -216,6 +227,22 @@ _HEADS: tuple[tuple[str, str, str], ...] = (
 )
 
 
+# Families (config ``model_type``, or that of the text config) whose attention adds a
+# term outside q·kᵀ that capture does not reproduce, checked before any weights load.
+# In transformers each of these passes a learned per-head sink logit (``s_aux``) to the
+# attention function in every layer. A family with sinks in only some layers or configs
+# (e.g. mimo_v2_flash), or one missing here, is still refused, by capture itself, in the
+# probe forward pass.
+_UNSUPPORTED_ATTENTION: dict[str, str] = {
+    family: "attention sinks (s_aux)"
+    for family in (
+        "gpt_oss", "openai_privacy_filter", "flint", "granite_swa", "granitemoe_swa",
+        "deepseek_v4", "hy_v4", "hy_v4_vl_text",
+    )
+}
+_SUPPORTED_HINT = "use a model without them (BERT, Llama, Gemma, Qwen, Mistral, ...)"
+
+
 @dataclass(frozen=True)
 class SpecialTokens:
     """The special-token layout of a block, read off the tokenizer.
@@ -266,6 +293,26 @@ class LoadedModel:
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, **kwargs: object):
         """Run the model on token ids (batch, n); returns the transformers output object."""
         return self.model(**self._inputs(input_ids, attention_mask), **kwargs)
+
+    def check_seq_len(self, seq_len: int) -> None:
+        """Refuse blocks longer than the model's positions (or too short to hold any text)."""
+        if seq_len < MIN_SEQ_LEN:
+            raise BadInput(f"`seq_len` {seq_len} is below {MIN_SEQ_LEN}; use `seq_len` {MIN_SEQ_LEN} or more")
+        if seq_len > self.max_positions:
+            raise BadInput(f"`seq_len` {seq_len} is above the {self.max_positions} positions model '{self.name}' supports; "
+                           f"use `seq_len` {self.max_positions} or less")
+
+    def check_layers(self, layers: Iterable[int] | None) -> list[int]:
+        """``layers`` sorted and checked against the model's (``None``: all of them)."""
+        if layers is None:
+            return list(range(self.num_layers))
+        layers = list(layers)
+        bad = [layer for layer in layers if not 0 <= layer < self.num_layers]
+        if bad:
+            raise BadInput(f"`layers` {bad[0]} is out of range; model '{self.name}' has layers 0 to {self.num_layers - 1}")
+        if not layers:
+            raise BadInput("`layers` is empty; name at least one layer, e.g. `layers` 0")
+        return sorted(set(layers))
 
     def run_attention(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> None:
         """Run only the backbone, without the output head: every attention layer runs (so a
@@ -388,6 +435,20 @@ def _head_for(config: object) -> tuple[str, str]:
     return "AutoModel", "hidden"
 
 
+def _refuse_unsupported_attention(name: str, config: object) -> None:
+    """Raise :class:`UnsupportedModel` for a family in :data:`_UNSUPPORTED_ATTENTION`.
+
+    The text config is checked too: a multimodal model names its language model there.
+    """
+    families = (config.model_type, config.get_text_config().model_type)
+    family = next((family for family in families if family in _UNSUPPORTED_ATTENTION), None)
+    if family is not None:
+        raise UnsupportedModel(
+            f"model '{name}' ({config.model_type}) uses {_UNSUPPORTED_ATTENTION[family]} in its attention, "
+            f"which attnlens capture does not support; {_SUPPORTED_HINT}"
+        )
+
+
 def _special_tokens(tokenizer: object) -> SpecialTokens:
     plain = tokenizer("a", add_special_tokens=False)["input_ids"]
     full = tokenizer("a", add_special_tokens=True)["input_ids"]
@@ -414,7 +475,7 @@ def _number_attention_layers(model: nn.Module, probe: torch.Tensor) -> tuple[lis
     def spy(module, query, key, value, attention_mask, *args, **kwargs):
         if not any(module is seen for seen in order):
             order.append(module)
-            valid.append(capture._valid_and_bias(attention_mask, torch.empty(query.shape[0], 1, query.shape[2], key.shape[2]))[0])
+            valid.append(capture.valid_and_bias(attention_mask, torch.empty(query.shape[0], 1, query.shape[2], key.shape[2]))[0])
         return original(module, query, key, value, attention_mask, *args, **kwargs)
 
     from transformers import AttentionInterface
@@ -447,7 +508,9 @@ def load_model(
     "70GiB"}``, limits which and how much) and then the CPU; ``device`` is ignored then.
 
     Raises :class:`AttnlensError` with a one-line fix for an unknown name, a missing
-    optional package, or a model whose attention attnlens cannot reach.
+    optional package, or a model whose attention attnlens cannot reach;
+    :class:`UnsupportedModel` (one of them) for attention it cannot reproduce, such as
+    attention sinks (``s_aux``, e.g. gpt-oss).
     """
     import transformers
 
@@ -462,6 +525,7 @@ def load_model(
                 f"cannot load model '{name}': it is not an alias ({', '.join(ALIASES)}), a local model directory, "
                 f"or a Hub id that can be downloaded here ({reason[:160]})"
             ) from None
+        _refuse_unsupported_attention(name, config)  # before the weights load: they may be large
         auto_class, objective = _head_for(config)
         placement = {} if device_map is None else {"device_map": device_map, "max_memory": device_memory}
         try:
@@ -483,7 +547,10 @@ def load_model(
     text_config = config.get_text_config()
     special = _special_tokens(tokenizer)
     probe_ids = [*special.prefix, *tokenizer("a b c", add_special_tokens=False)["input_ids"], *special.suffix]
-    modules, valid = _number_attention_layers(model, torch.tensor([probe_ids], device=next(model.parameters()).device))
+    try:
+        modules, valid = _number_attention_layers(model, torch.tensor([probe_ids], device=next(model.parameters()).device))
+    except UnsupportedModel as error:  # capture refused a term of a family not in the table
+        raise UnsupportedModel(f"model '{name}' ({config.model_type}) cannot be captured: {error}; {_SUPPORTED_HINT}") from None
     num_layers = text_config.num_hidden_layers
     if len(modules) != num_layers:
         raise AttnlensError(

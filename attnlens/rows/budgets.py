@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from attnlens.errors import AttnlensError
 from attnlens.io.ranks import shard_range
 
-ACCUMULATE = ("float64", "float32")
-_ITEMSIZE = {"float64": 8, "float32": 4}
+_ITEMSIZE = {"float64": 8, "float32": 4}  # bytes per element of the sums, by `accumulate`
+ACCUMULATE = tuple(_ITEMSIZE)
 # Per-batch working copies of one chunk of heads' rows: the chosen rows in the model's
 # dtype, cast to the accumulation dtype, masked, and laid out for the matrix product.
 _WORKING_COPIES = 4
@@ -202,7 +202,7 @@ def plan_units(
 
     Raises :class:`AttnlensError`, saying what one unit needs, when not even one fits.
     """
-    heads_per_layer = heads_per_layer or max(sum(1 for l, _ in units if l == layer) for layer, _ in units)
+    heads_per_layer = heads_per_layer or max(sum(1 for other, _ in units if other == layer) for layer, _ in units)
     chunk = cost.head_chunk(heads_per_layer, budget)
     working = cost.working_bytes(chunk)
     if budget is None:

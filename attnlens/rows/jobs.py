@@ -40,23 +40,29 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from attnlens.rows.accumulate import ARRAYS, UnitSums
-from attnlens.rows.budgets import MomentsCost, Plan, format_bytes, format_option, parse_bytes, plan_units
 from attnlens.data.corpus import Corpus
-from attnlens.io.ranks import World, init_world, local_gpus
 from attnlens.errors import AttnlensError
-from attnlens.models.loading import LoadedModel, load_model
-from attnlens.rows.moments import QUANTITIES, check_rows_for_per_query, split_halves
-from attnlens.rows.partials import (
-    MergedWriter, MomentsResult, first_difference, load_partial, merged_meta, partial_name,
-    remove_staging_leftovers, save_partial, values_at,
-)
-from attnlens.progress import progress_bar
-from attnlens.io.provenance import provenance
-from attnlens.io.results import check_resumable_out, write_result
-from attnlens.rows.sources import ModelRows, StoreRows, open_rows
 from attnlens.io.files import write_json_atomic
+from attnlens.io.provenance import provenance
+from attnlens.io.ranks import World, init_world, local_gpus
+from attnlens.io.results import check_resumable_out, write_result
 from attnlens.io.store import Store, is_store
+from attnlens.models.loading import LoadedModel, load_model
+from attnlens.progress import progress_bar
+from attnlens.rows.budgets import MomentsCost, Plan, format_bytes, format_option, parse_bytes, plan_units
+from attnlens.rows.moments import ARRAYS, QUANTITIES, UnitSums, accumulate_rows, check_rows_for_per_query, split_halves
+from attnlens.rows.partials import (
+    MergedWriter,
+    MomentsResult,
+    first_difference,
+    load_partial,
+    merged_meta,
+    partial_name,
+    remove_staging_leftovers,
+    save_partial,
+    values_at,
+)
+from attnlens.rows.sources import ModelRows, StoreRows, open_rows
 
 JOB_FILE = "job.json"
 JOB_FORMAT = "attnlens-moments-job"
@@ -125,7 +131,9 @@ def run_moments(
     with progress_bar(total=plan.passes * (stop - start), desc=label, unit="seq", enabled=progress and world.is_main) as bar:
         for pass_ in range(plan.passes):
             _accumulate_pass(rows, world, plan, pass_, out, settings, run, half, device, checkpoint_every, resume, bar)
-    meta_extra = {"run": run, "distributed": world.describe(), "merged_by": "all-reduce" if world.distributed else "single process"}
+    meta_extra = {"run": run, "distributed": world.describe(), "merged_by": "all-reduce" if world.distributed else "single process",
+                  # which corpus block each sequence is, and its half: enough to recompute any number
+                  "blocks": {"block_index": rows.block_index.tolist(), "half_of_block": half.tolist()}}
     return _combine(world, plan, cost, out, settings, meta_extra, device, command)
 
 
@@ -238,10 +246,6 @@ def _settings(rows: StoreRows | ModelRows, quantity: str, layers: list[int], que
 # ---------------------------------------------------------------------- accumulation
 
 
-class _LayersDone(Exception):
-    """Stops a forward pass once the last layer a group needs has been added."""
-
-
 def _accumulate_pass(rows: StoreRows | ModelRows, world: World, plan: Plan, pass_: int, out: Path, settings: dict,
                      run: dict, half: np.ndarray, device: torch.device, checkpoint_every: int, resume: bool, bar) -> None:
     """This rank's share of one pass: its unit group over its sequences, from its last checkpoint on.
@@ -262,14 +266,16 @@ def _accumulate_pass(rows: StoreRows | ModelRows, world: World, plan: Plan, pass
         if done == 0:  # an empty share still leaves a (finished) partial file
             save_partial(path, {**meta, "done": 0}, sums.state())
         return
-    layers, batch_size = sums.layers, run["batch_size"]
-    for number, begin in enumerate(range(start + done, stop, batch_size), start=1):
-        chunk = np.arange(begin, min(begin + batch_size, stop))
-        _add_batch(rows, chunk, layers, sums, half)
-        done += len(chunk)
-        if number % checkpoint_every == 0 or done == stop - start:
+    batches = 0
+
+    def checkpoint(chunk: np.ndarray) -> None:
+        nonlocal done, batches
+        done, batches = done + len(chunk), batches + 1
+        if batches % checkpoint_every == 0 or done == stop - start:
             save_partial(path, {**meta, "done": done}, sums.state())
         bar.update(len(chunk))
+
+    accumulate_rows(rows, sums, np.arange(start + done, stop), half, batch_size=run["batch_size"], after_batch=checkpoint)
 
 
 def _restore(path: Path, meta: dict, sums: UnitSums) -> int:
@@ -282,20 +288,6 @@ def _restore(path: Path, meta: dict, sums: UnitSums) -> int:
             )
     sums.load_state(arrays)
     return int(saved["done"])
-
-
-def _add_batch(rows: StoreRows | ModelRows, chunk: np.ndarray, layers: list[int], sums: UnitSums, half: np.ndarray) -> None:
-    last = layers[-1]
-
-    def consume(layer: int, scores: torch.Tensor, valid: torch.Tensor, sequences: np.ndarray) -> None:
-        sums.add(layer, scores, valid, half[sequences])
-        if layer == last:
-            raise _LayersDone  # later layers are not needed by this group: skip their compute
-
-    try:
-        rows.for_each_batch(chunk, layers, consume, batch_size=len(chunk), progress=False, to_cpu=False)
-    except _LayersDone:
-        pass
 
 
 # ---------------------------------------------------------------------- combination

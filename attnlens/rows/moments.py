@@ -1,11 +1,18 @@
 """Moments: streaming float64 sums of attention rows, per layer and head, mergeable.
 
-For every (layer, head) — and, with ``queries``, every chosen query position — a
-:class:`Moments` keeps the number of rows, Σx and Σxxᵀ of the rows ``x ∈ R^n`` (the
-scores of one query over all keys, or its weights / log-weights). Eigen analysis,
-overlap and reconstruction read these sums; no analysis needs all rows in memory.
-Moments of two shards add up (``a + b``) to the moments of the whole, exactly up to
-float64 summation order.
+For every (layer, head) — and, with ``queries``, every chosen query position — the sums
+are the number of rows, Σx and Σxxᵀ of the rows ``x ∈ R^n`` (the scores of one query
+over all keys, or its weights / log-weights), for each of two seeded halves of the
+blocks. Eigen analysis, overlap and reconstruction read these sums; no analysis needs
+all rows in memory. Moments of two shards add up (``a + b``) to the moments of the
+whole, exactly up to float64 summation order.
+
+This module is the one moments engine: :class:`UnitSums` is the accumulator (any subset
+of units, on the device that computes the scores, in float64 or float32),
+:func:`accumulate_rows` the one loop over batches that feeds it, and :class:`Moments`
+/ :class:`HalfMoments` the float64 numpy sums the analyses read.
+:func:`compute_moments` runs them in one process; :mod:`attnlens.rows.jobs` runs the
+same loop over ranks and passes, with checkpoints.
 
 **Which rows enter.** Only valid entries are data. Pooled over queries (the default),
 a row enters only if all ``n`` of its keys are valid: for encoders on unpadded blocks
@@ -15,11 +22,11 @@ causal row of query ``i`` has keys ``0…i``); ``key_count`` records in how many
 each key was valid, and analyses use the keys valid in every row of the unit (the
 "complete" keys: the valid prefix for causal models).
 
->>> import torch
->>> from attnlens.rows.moments import Moments
->>> m = Moments.empty("scores", n=3, layers=[0], num_heads=1)
+>>> import numpy as np, torch
+>>> sums = UnitSums([(0, 0)], n=3, num_heads=1, quantity="scores", queries=None)
 >>> rows = torch.tensor([[[[1., 2., 3.], [3., 2., 1.]]]])            # (batch, head, query, key)
->>> m.accumulate(0, rows, torch.ones(1, 2, 3, dtype=torch.bool))
+>>> sums.add(0, rows, torch.ones(1, 2, 3, dtype=torch.bool), half=np.array([0]))
+>>> m = sums.halves([0]).a                                           # float64 Moments of half a
 >>> m.count[0, 0, 0].item(), m.sum[0, 0, 0].tolist()
 (2.0, [4.0, 4.0, 4.0])
 >>> (m + m).count[0, 0, 0].item()
@@ -28,18 +35,21 @@ each key was valid, and analyses use the keys valid in every row of the unit (th
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from attnlens.errors import AttnlensError
+from attnlens.progress import progress_bar
 from attnlens.rows.sources import ModelRows, StoreRows
 
 QUANTITIES = ("scores", "weights", "log-weights")
 LEVELS = ("head", "layer", "model")
+ACCUMULATE = {"float64": torch.float64, "float32": torch.float32}
+ARRAYS = ("count", "key_count", "sum", "sum_outer")
 
 
 def row_values(scores: torch.Tensor, valid: torch.Tensor, quantity: str, dtype: torch.dtype = torch.float64) -> torch.Tensor:
@@ -77,12 +87,10 @@ class Moments:
     key_count: np.ndarray
     sum: np.ndarray
     sum_outer: np.ndarray
-    _layer_position: dict[int, int] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.layers = tuple(int(layer) for layer in self.layers)
         self.queries = None if self.queries is None else tuple(int(q) for q in self.queries)
-        self._layer_position = {layer: position for position, layer in enumerate(self.layers)}
 
     @classmethod
     def empty(
@@ -106,38 +114,6 @@ class Moments:
     def settings(self) -> dict[str, object]:
         return {"quantity": self.quantity, "n": self.n, "layers": list(self.layers), "num_heads": self.num_heads,
                 "queries": None if self.queries is None else list(self.queries)}
-
-    # ------------------------------------------------------------------ accumulation
-    def accumulate(self, layer: int, scores: torch.Tensor, valid: torch.Tensor) -> None:
-        """Add the rows of one layer for a batch: ``scores`` (batch, head, n, n), ``valid`` (batch, n, n)."""
-        if scores.shape[-1] != self.n or scores.shape[1] != self.num_heads:
-            raise ValueError(f"rows of shape {tuple(scores.shape)} do not fit moments of n={self.n}, heads={self.num_heads}")
-        position = self._layer_position[layer]
-        x = row_values(scores, valid, self.quantity)
-        if self.queries is None:
-            self._add_pooled(position, x, valid)
-        else:
-            self._add_per_query(position, x, valid)
-
-    def _add_pooled(self, position: int, x: torch.Tensor, valid: torch.Tensor) -> None:
-        full = valid.all(-1)  # (batch, q): rows whose every key is valid
-        rows = x.transpose(0, 1)  # (head, batch, q, k)
-        rows = rows.reshape(self.num_heads, -1, self.n) if bool(full.all()) else rows[:, full]
-        count = rows.shape[1]
-        if count == 0:
-            return
-        self.count[position, :, 0] += count
-        self.key_count[position, :, 0] += count
-        self.sum[position, :, 0] += rows.sum(1).numpy()
-        self.sum_outer[position, :, 0] += torch.bmm(rows.transpose(1, 2), rows).numpy()
-
-    def _add_per_query(self, position: int, x: torch.Tensor, valid: torch.Tensor) -> None:
-        queries = list(self.queries)
-        rows = x[:, :, queries].permute(1, 2, 0, 3)  # (head, Q, batch, k)
-        self.count[position] += x.shape[0]
-        self.key_count[position] += valid[:, queries].sum(0).to(torch.float64).numpy()[None]
-        self.sum[position] += rows.sum(2).numpy()
-        self.sum_outer[position] += torch.matmul(rows.transpose(-1, -2), rows).numpy()
 
     # ------------------------------------------------------------------ combination
     def _check_compatible(self, other: Moments) -> None:
@@ -254,9 +230,8 @@ def unit_sums(parts: Sequence[Moments], level: str, index: tuple[int, int, int])
     Heads are added in (layer, head) order, the sum of the parts first, as
     ``(a + b).level(level)`` adds them, so both give the same numbers.
 
-    >>> import torch
     >>> m = Moments.empty("scores", n=2, layers=[0, 1], num_heads=2)
-    >>> m.accumulate(1, torch.ones(1, 2, 2, 2), torch.ones(1, 2, 2, dtype=torch.bool))
+    >>> m.count[1] += 2                                                   # two rows in each head of layer 1
     >>> float(unit_sums([m, m], "layer", (1, 0, 0)).count), float(unit_sums([m], "model", (0, 0, 0)).count)
     (8.0, 4.0)
     """
@@ -267,15 +242,15 @@ def unit_sums(parts: Sequence[Moments], level: str, index: tuple[int, int, int])
     elif level == "layer":
         members = [(layer, h) for h in range(first.num_heads)]
     elif level == "model":
-        members = [(l, h) for l in range(len(first.layers)) for h in range(first.num_heads)]
+        members = [(position, h) for position in range(len(first.layers)) for h in range(first.num_heads)]
     else:
         raise AttnlensError(f"level {level} is unknown; use one of {', '.join(LEVELS)}")
     total: UnitMoments | None = None
-    for l, h in members:
+    for position, h in members:
         piece: UnitMoments | None = None
         for part in parts:
-            sums = UnitMoments(np.asarray(part.count[l, h, query]), part.key_count[l, h, query], part.sum[l, h, query],
-                               part.sum_outer[l, h, query])
+            sums = UnitMoments(np.asarray(part.count[position, h, query]), part.key_count[position, h, query],
+                               part.sum[position, h, query], part.sum_outer[position, h, query])
             piece = sums if piece is None else piece + sums
         total = piece if total is None else total + piece
     return total
@@ -306,13 +281,6 @@ class HalfMoments:
     def total(self) -> Moments:
         return self.a + self.b
 
-    def accumulate(self, layer: int, scores: torch.Tensor, valid: torch.Tensor, half: np.ndarray) -> None:
-        """Add a batch whose sequences belong to halves ``half`` (batch,) of 0/1."""
-        for moments, which in ((self.a, 0), (self.b, 1)):
-            chosen = torch.from_numpy(np.flatnonzero(half == which))
-            if len(chosen):
-                moments.accumulate(layer, scores[chosen], valid[chosen])
-
     def __add__(self, other: HalfMoments) -> HalfMoments:
         return HalfMoments(self.a + other.a, self.b + other.b)
 
@@ -326,7 +294,152 @@ class HalfMoments:
         return cls(Moments.load(directory / "moments_a.npz"), Moments.load(directory / "moments_b.npz"))
 
 
-# ---------------------------------------------------------------------- sources
+# ---------------------------------------------------------------------- the accumulator
+
+
+class UnitSums:
+    """Sums for ``units`` (a list of (layer, head), contiguous heads within each layer).
+
+    Tensors, each with a leading axis for the two halves and one for the units:
+    ``count`` (2, U, Q) and ``key_count`` (2, U, Q, n) in float64, ``sum`` (2, U, Q, n)
+    and ``sum_outer`` (2, U, Q, n, n) in the ``accumulate`` dtype; Q is 1 for pooled
+    rows, else the number of query positions. ``head_chunk`` bounds how many heads'
+    rows are copied at once (working memory).
+    """
+
+    def __init__(
+        self, units: Iterable[tuple[int, int]], *, n: int, num_heads: int, quantity: str,
+        queries: Iterable[int] | None, accumulate: str = "float64", device: str | torch.device = "cpu",
+        head_chunk: int | None = None,
+    ) -> None:
+        if quantity not in QUANTITIES:
+            raise AttnlensError(f"`quantity` {quantity} is unknown; use one of {', '.join(QUANTITIES)}")
+        if accumulate not in ACCUMULATE:
+            raise AttnlensError(f"`accumulate` {accumulate} is unknown; use one of {', '.join(ACCUMULATE)}")
+        self.units = [(int(layer), int(head)) for layer, head in units]
+        self.n, self.num_heads, self.quantity, self.accumulate = n, num_heads, quantity, accumulate
+        self.queries = None if queries is None else tuple(int(q) for q in queries)
+        self.device = torch.device(device)
+        self.dtype = ACCUMULATE[accumulate]
+        self.head_chunk = head_chunk or num_heads
+        self._layers = _layer_ranges(self.units)
+        shape = (2, len(self.units), 1 if self.queries is None else len(self.queries))
+        self.count = torch.zeros(shape, dtype=torch.float64, device=self.device)
+        self.key_count = torch.zeros((*shape, n), dtype=torch.float64, device=self.device)
+        self.sum = torch.zeros((*shape, n), dtype=self.dtype, device=self.device)
+        self.sum_outer = torch.zeros((*shape, n, n), dtype=self.dtype, device=self.device)
+
+    @property
+    def layers(self) -> list[int]:
+        """The layers this group needs, in order."""
+        return sorted(self._layers)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(getattr(self, name).numel() * getattr(self, name).element_size() for name in ARRAYS)
+
+    # ------------------------------------------------------------------ accumulation
+    def add(self, layer: int, scores: torch.Tensor, valid: torch.Tensor, half: np.ndarray) -> None:
+        """Add one layer of a batch: ``scores`` (batch, head, n, n) on any device and in any
+        dtype, ``valid`` (batch, n, n), ``half`` (batch,) the half (0/1) of each sequence.
+
+        Only the rows that enter are copied out of ``scores``, ``head_chunk`` heads at a
+        time: the chosen query positions, or for pooled rows those whose every key is
+        valid (all rows of an encoder, the last row of each block of a causal model).
+        """
+        if layer not in self._layers:
+            return
+        if scores.shape[-1] != self.n or scores.shape[1] != self.num_heads:
+            raise ValueError(f"scores of shape {tuple(scores.shape)} do not fit n={self.n}, heads={self.num_heads}")
+        first, last, position = self._layers[layer]
+        source = scores.device
+        for which in (0, 1):
+            chosen = np.flatnonzero(half == which)
+            if len(chosen) == 0:
+                continue
+            sequences = torch.from_numpy(chosen).to(source)
+            if self.queries is None:
+                # (sequence, query) of every full row; rows of one query position are (sequence, position).
+                sequence_of, query_of = valid.to(source)[sequences].all(-1).nonzero(as_tuple=True)
+                sequence_of = sequences[sequence_of]
+                if len(sequence_of) == 0:
+                    continue
+            else:
+                query_of = torch.tensor(self.queries, device=source)
+            for start in range(first, last, self.head_chunk):
+                stop = min(start + self.head_chunk, last)
+                heads = torch.arange(start, stop, device=source)
+                units = slice(position + start - first, position + stop - first)
+                if self.queries is None:
+                    rows = scores[sequence_of[:, None], heads[None, :], query_of[:, None]].to(self.device)  # (rows, heads, k)
+                    keys = valid[sequence_of.to(valid.device), query_of.to(valid.device)].to(self.device)  # (rows, k), all True
+                    x = row_values(rows[:, :, None], keys[:, None], self.quantity, dtype=self.dtype)[:, :, 0]
+                    self._add_pooled(which, units, x.transpose(0, 1))
+                else:
+                    rows = scores[sequences[:, None, None], heads[None, :, None], query_of[None, None, :]].to(self.device)
+                    keys = valid[sequences.to(valid.device)][:, query_of.to(valid.device)].to(self.device)  # (batch, Q, k)
+                    self._add_per_query(which, units, row_values(rows, keys, self.quantity, dtype=self.dtype), keys)
+
+    def _add_pooled(self, which: int, units: slice, rows: torch.Tensor) -> None:
+        """``rows`` (heads, rows, k): full-length rows of each head."""
+        self.count[which, units, 0] += rows.shape[1]
+        self.key_count[which, units, 0] += rows.shape[1]
+        self.sum[which, units, 0] += rows.sum(1)
+        self.sum_outer[which, units, 0] += torch.bmm(rows.transpose(1, 2), rows)
+
+    def _add_per_query(self, which: int, units: slice, x: torch.Tensor, valid: torch.Tensor) -> None:
+        """``x`` (batch, heads, Q, k) rows of the chosen queries, ``valid`` (batch, Q, k)."""
+        rows = x.permute(1, 2, 0, 3)  # (heads, Q, batch, k)
+        self.count[which, units] += x.shape[0]
+        self.key_count[which, units] += valid.sum(0).to(torch.float64)[None]
+        self.sum[which, units] += rows.sum(2)
+        self.sum_outer[which, units] += torch.matmul(rows.transpose(-1, -2), rows)
+
+    # ------------------------------------------------------------------ state
+    def state(self) -> dict[str, np.ndarray]:
+        """The four sums as numpy arrays on the CPU (views when already there)."""
+        return {name: getattr(self, name).detach().cpu().numpy() for name in ARRAYS}
+
+    def load_state(self, arrays: dict[str, np.ndarray]) -> None:
+        """Continue from saved sums (of the same units and settings)."""
+        for name in ARRAYS:
+            target = getattr(self, name)
+            if tuple(arrays[name].shape) != tuple(target.shape):
+                raise ValueError(f"{name}: saved shape {arrays[name].shape}, expected {tuple(target.shape)}")
+            target.copy_(torch.from_numpy(np.asarray(arrays[name])))
+
+    def halves(self, layers: Iterable[int]) -> HalfMoments:
+        """The sums as float64 :class:`Moments` of ``layers`` × all heads (units this group
+        does not hold stay zero)."""
+        layers = tuple(layers)
+        state = self.state()
+        halves = [Moments.empty(self.quantity, self.n, layers, self.num_heads, self.queries) for _ in range(2)]
+        for index, (layer, head) in enumerate(self.units):
+            for which, moments in enumerate(halves):
+                for name in ARRAYS:
+                    getattr(moments, name)[layers.index(layer), head] = state[name][which, index]
+        return HalfMoments(*halves)
+
+
+def _layer_ranges(units: list[tuple[int, int]]) -> dict[int, tuple[int, int, int]]:
+    """``{layer: (first head, last head + 1, position of the first head among the units)}``.
+
+    >>> _layer_ranges([(0, 10), (0, 11), (1, 0), (1, 1)])
+    {0: (10, 12, 0), 1: (0, 2, 2)}
+    """
+    ranges: dict[int, tuple[int, int, int]] = {}
+    for position, (layer, head) in enumerate(units):
+        if layer not in ranges:
+            ranges[layer] = (head, head + 1, position)
+        else:
+            first, last, start = ranges[layer]
+            if head != last or position != start + last - first:
+                raise ValueError(f"units must hold contiguous heads of each layer; got layer {layer} head {head} after {last - 1}")
+            ranges[layer] = (first, last + 1, start)
+    return ranges
+
+
+# ---------------------------------------------------------------------- the pipeline
 
 
 def check_rows_for_per_query(num_seqs: int, n: int, queries: Iterable[int] | None) -> None:
@@ -336,6 +449,44 @@ def check_rows_for_per_query(num_seqs: int, n: int, queries: Iterable[int] | Non
             f"per-query moments from {num_seqs} sequences cannot estimate a {n}x{n} covariance; they need at least "
             f"{n + 1} sequences (one row per sequence and query position): extract more, or use pooled rows"
         )
+
+
+class _LayersDone(Exception):
+    """Stops a forward pass once the last layer the sums need has been added."""
+
+
+def accumulate_rows(
+    rows: StoreRows | ModelRows,
+    sums: UnitSums,
+    sequences: np.ndarray,
+    half: np.ndarray,
+    *,
+    batch_size: int,
+    after_batch: Callable[[np.ndarray], None] | None = None,
+) -> None:
+    """Add the rows of ``sequences`` (in order, ``batch_size`` at a time) to ``sums``.
+
+    ``half`` (num_seqs,) gives each sequence's half. A model's forward pass stops after
+    the last layer the sums need. ``after_batch(chunk)`` runs after each batch (progress,
+    checkpoints). This is the one loop of every moments computation: in memory
+    (:func:`compute_moments`) and in sharded, resumable jobs (:mod:`attnlens.rows.jobs`).
+    """
+    layers = sums.layers
+    last = layers[-1]
+
+    def consume(layer: int, scores: torch.Tensor, valid: torch.Tensor, chunk: np.ndarray) -> None:
+        sums.add(layer, scores, valid, half[chunk])
+        if layer == last:
+            raise _LayersDone  # later layers are not needed: skip their compute
+
+    for start in range(0, len(sequences), batch_size):
+        chunk = sequences[start : start + batch_size]
+        try:
+            rows.for_each_batch(chunk, layers, consume, batch_size=len(chunk), progress=False, to_cpu=False)
+        except _LayersDone:
+            pass
+        if after_batch is not None:
+            after_batch(chunk)
 
 
 def compute_moments(
@@ -349,19 +500,21 @@ def compute_moments(
     seed: int = 0,
     progress: bool = True,
 ) -> HalfMoments:
-    """Moments of the rows of ``sequences`` (default all), split into two seeded halves.
+    """Moments of the rows of ``sequences`` (default all), split into two seeded halves, in one process.
 
     From a model, each layer's scores are folded into the sums as the layer is
-    computed, so memory does not grow with the number of sequences.
+    computed, so memory does not grow with the number of sequences. The halves are
+    assigned over ``sequences`` with ``seed``.
     """
     layers = rows.check_layers(layers)
     sequences = np.arange(rows.num_seqs) if sequences is None else np.sort(np.asarray(sequences))
+    queries = None if queries is None else tuple(queries)
     check_rows_for_per_query(len(sequences), rows.n, queries)
-    halves = HalfMoments(*(Moments.empty(quantity, rows.n, layers, rows.num_heads, queries) for _ in range(2)))
+    device = rows.model.device if isinstance(rows, ModelRows) else torch.device("cpu")
+    sums = UnitSums([(layer, head) for layer in layers for head in range(rows.num_heads)], n=rows.n,
+                    num_heads=rows.num_heads, quantity=quantity, queries=queries, device=device)
     half = np.zeros(rows.num_seqs, dtype=np.int64)
     half[sequences] = split_halves(len(sequences), seed)
-    rows.for_each_batch(
-        sequences, layers, lambda layer, scores, valid, batch: halves.accumulate(layer, scores, valid, half[batch]),
-        batch_size=batch_size, progress=progress, desc="moments",
-    )
-    return halves
+    with progress_bar(total=len(sequences), desc="moments", unit="seq", enabled=progress) as bar:
+        accumulate_rows(rows, sums, sequences, half, batch_size=batch_size, after_batch=lambda chunk: bar.update(len(chunk)))
+    return sums.halves(layers)

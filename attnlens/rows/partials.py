@@ -37,13 +37,12 @@ from pathlib import Path
 
 import numpy as np
 
-from attnlens.rows.accumulate import ARRAYS
 from attnlens.errors import AttnlensError, BadFile
-from attnlens.rows.moments import HalfMoments, Moments
-from attnlens.progress import progress_bar
+from attnlens.io.files import flatten, fsync_directory, pwrite_all, short
 from attnlens.io.provenance import provenance
 from attnlens.io.results import Result, write_result
-from attnlens.io.files import flatten, fsync_directory, pwrite_all, short
+from attnlens.progress import progress_bar
+from attnlens.rows.moments import ARRAYS, HalfMoments, Moments
 
 PARTIAL_FORMAT = "attnlens-moments-partial"
 PARTIAL_FORMAT_VERSION = 1

@@ -27,12 +27,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from attnlens.models.capture import Capture
 from attnlens.data.corpus import Blocks, Corpus, load_corpus
 from attnlens.errors import AttnlensError
+from attnlens.io.store import Store, is_store, open_store
+from attnlens.models.capture import Capture
 from attnlens.models.loading import LoadedModel, load_model
 from attnlens.progress import progress_bar
-from attnlens.io.store import Store, is_store, open_store
 
 Consumer = Callable[[int, torch.Tensor, torch.Tensor, np.ndarray], None]
 
@@ -87,9 +87,7 @@ class ModelRows:
         return self.blocks.ids[sequences]
 
     def check_layers(self, layers: Iterable[int] | None) -> list[int]:
-        from attnlens.io.extract import check_layers
-
-        return check_layers(self.model, None if layers is None else list(layers))
+        return self.model.check_layers(layers)
 
     def for_each_batch(self, sequences: np.ndarray, layers: list[int], consume: Consumer, *, batch_size: int = 32,
                        progress: bool = True, desc: str = "rows", to_cpu: bool = True) -> None:
@@ -126,8 +124,6 @@ def open_rows(
         if path.is_dir() and not (path / "config.json").is_file():
             raise AttnlensError(f"'{source}' is neither an attnlens store (no manifest.json) nor a model directory (no config.json)")
         source = load_model(str(source), device=device)
-    from attnlens.io.extract import check_seq_len
-
-    check_seq_len(source, seq_len)
+    source.check_seq_len(seq_len)
     corpus = corpus if isinstance(corpus, Corpus) else load_corpus(corpus)
     return ModelRows(source, corpus.blocks(source, seq_len, num_seqs, seed), corpus, seed)

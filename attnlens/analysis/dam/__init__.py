@@ -41,34 +41,35 @@ import contextlib
 import copy
 import math
 import time
-from pathlib import Path
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
 import torch
 
-from attnlens.models.capture import Capture
-from attnlens.data.corpus import Corpus, load_corpus
-from attnlens.errors import AttnlensError
+from attnlens.analysis.dam.patterns import PATTERNS, build, removed_mask
 from attnlens.analysis.evaluation import (
-    check_classes_occur,
-    layer_groups,
     bootstrap_interval,
+    check_classes_occur,
     evaluate_batch,
     frozen,
+    layer_groups,
     prepare_batches,
     removal,
     split_blocks,
     valid_masks,
 )
-from attnlens.io.extract import check_seq_len
-from attnlens.models.loading import LoadedModel, load_model
-from attnlens.analysis.objectives import Objective, PreparedBatch
-from attnlens.analysis.dam.patterns import PATTERNS, build, removed_mask
+from attnlens.analysis.objectives import OBJECTIVES, Objective, PreparedBatch
+from attnlens.data.corpus import Corpus, load_corpus
 from attnlens.data.positions import class_masks, exclusive_index, parse_classes, token_roles
-from attnlens.progress import progress_bar
+from attnlens.errors import AttnlensError, BadInput
 from attnlens.io.provenance import provenance
 from attnlens.io.results import Result
+from attnlens.models.capture import Capture
+from attnlens.models.loading import LoadedModel, load_model
+from attnlens.progress import progress_bar
+from attnlens.settings import CorpusSettings, at_least, one_of, positive, probability
 
 VARIANTS = ("unstructured", "structured", "class")
 REMOVALS = ("1e4", "inf")
@@ -466,71 +467,96 @@ class DamResult(Result):
 # ----------------------------------------------------------------------------- main
 
 
-def check_settings(variant: str, lambdas, steps: int, lr: float, init_keep: float, removal: str) -> list[float]:
-    if variant not in LAYOUTS:
-        raise AttnlensError(f"`variant` {variant} is unknown; use one of {', '.join(VARIANTS)}")
-    lambdas = [float(value) for value in lambdas]
-    if not lambdas:
-        raise AttnlensError("`lambdas` is empty; give at least one λ, e.g. `lambdas` 0.01,0.1")
-    for value in lambdas:
-        if not value >= 0 or not math.isfinite(value):
-            raise AttnlensError(f"`lambdas` {value:g}: λ must be 0 or more (a finite number), e.g. `lambdas` 0.01,0.1")
-    if steps < 1:
-        raise AttnlensError(f"`steps` {steps} must be at least 1")
-    if not lr > 0:
-        raise AttnlensError(f"`lr` {lr:g} must be greater than 0, e.g. `lr` 0.05")
-    if not 0 < init_keep < 1:
-        raise AttnlensError(f"`init_keep` {init_keep:g} must be a probability strictly between 0 and 1, e.g. 0.9")
-    if removal not in REMOVALS:
-        raise AttnlensError(f"`removal` {removal} is unknown; use 1e4 (add -10^4 to removed scores) or inf")
-    return lambdas
+# ---------------------------------------------------------------------- settings
+
+
+@dataclass(frozen=True)
+class DamSettings(CorpusSettings):
+    """Settings of :func:`dam`: the mask ``variant``, the sparsity weights ``lambdas``, the
+    optimiser (``steps``, Gumbel-sigmoid temperature ``tau`` fixed or ``"start:end"``,
+    ``lr``, initial keep-probability ``init_keep``), how removed scores are masked
+    (``removal``), fine-tuning the weights alongside (``train_weights``, ``weights_lr``),
+    the position ``classes`` reported (and learned by the ``class`` variant), the
+    ``objective``, ``train_seqs`` and ``eval_seqs`` (disjoint blocks), the fixed
+    ``patterns``, and ``bootstrap`` resamples; corpus settings as :class:`CorpusSettings`.
+
+    >>> DamSettings(lambdas=[0.1, -1])
+    Traceback (most recent call last):
+        ...
+    attnlens.errors.BadInput: lambdas -1: λ must be 0 or more (a finite number), e.g. lambdas 0.01,0.1
+    """
+
+    variant: str = "structured"
+    lambdas: tuple[float, ...] = DEFAULT_LAMBDAS
+    steps: int = 100
+    tau: str | float | tuple[float, float] = 1.0
+    lr: float = 0.05
+    init_keep: float = 0.9
+    removal: str = "1e4"
+    train_weights: bool = False
+    weights_lr: float = 1e-5
+    classes: str | tuple[str, ...] | None = None
+    objective: str = "auto"
+    train_seqs: int = 256
+    eval_seqs: int = 64
+    batch_size: int = 16
+    patterns: bool = True
+    bootstrap: int = 1000
+
+    def validate(self) -> None:
+        super().validate()
+        one_of("variant", self.variant, VARIANTS)
+        if not self.lambdas:
+            raise BadInput("`lambdas` is empty; give at least one λ, e.g. `lambdas` 0.01,0.1")
+        for value in self.lambdas:
+            if not (isinstance(value, (int, float)) and value >= 0 and math.isfinite(value)):
+                shown = f"{value:g}" if isinstance(value, (int, float)) else repr(value)
+                raise BadInput(f"`lambdas` {shown}: λ must be 0 or more (a finite number), e.g. `lambdas` 0.01,0.1")
+        at_least("steps", self.steps, 1)
+        positive("lr", self.lr, ", e.g. `lr` 0.05")
+        probability("init_keep", self.init_keep, ", e.g. 0.9")
+        if self.removal not in REMOVALS:
+            raise BadInput(f"`removal` {self.removal} is unknown; use 1e4 (add -10^4 to removed scores) or inf")
+        if self.train_weights:
+            positive("weights_lr", self.weights_lr)
+        parse_tau(self.tau)
+        parse_classes(self.classes)
+        one_of("objective", self.objective, OBJECTIVES)
+        at_least("train_seqs", self.train_seqs, 1)
+        at_least("eval_seqs", self.eval_seqs, 1)
+        at_least("bootstrap", self.bootstrap, 10, " resamples for an interval (1000 is usual)")
 
 
 def dam(
-    model: str | LoadedModel,
-    corpus: str | Path | Corpus = "kjv",
+    source: str | LoadedModel = "minilm-l6",
+    settings: DamSettings | None = None,
     *,
-    variant: str = "structured",
-    lambdas=DEFAULT_LAMBDAS,
-    steps: int = 100,
-    tau: str | float | tuple[float, float] = 1.0,
-    lr: float = 0.05,
-    init_keep: float = 0.9,
-    removal: str = "1e4",
-    train_weights: bool = False,
-    weights_lr: float = 1e-5,
-    classes: str | list[str] | None = None,
-    objective: str = "auto",
-    seq_len: int = 128,
-    train_seqs: int = 256,
-    eval_seqs: int = 64,
-    batch_size: int = 16,
-    patterns: bool = True,
-    bootstrap: int = 1000,
-    seed: int = 0,
     device: str = "cpu",
     progress: bool = True,
     command: str | None = None,
+    **changes: Any,
 ) -> DamResult:
     """Learn attention masks for each λ on training blocks and judge them on held-out blocks.
 
-    Every λ starts from the same logits (``init_keep`` keep-probability) and sees the same
-    batches and noise (``seed``). With ``train_weights`` the model is fine-tuned alongside
-    (learning rate ``weights_lr``) and restored after each λ.
+    ``source`` is a model (alias, path, Hub id or :class:`LoadedModel`); ``settings``
+    (:class:`DamSettings`) with keyword ``changes`` applied. Every λ starts from the same
+    logits (``init_keep`` keep-probability) and sees the same batches and noise
+    (``seed``). With ``train_weights`` the model is fine-tuned alongside (learning rate
+    ``weights_lr``) and restored after each λ.
     """
+    s = DamSettings.build(settings, **changes)
+    variant, lambdas, steps, lr, init_keep, removal = s.variant, [float(v) for v in s.lambdas], s.steps, s.lr, s.init_keep, s.removal
+    train_weights, weights_lr, classes, objective, patterns = s.train_weights, s.weights_lr, s.classes, s.objective, s.patterns
+    seq_len, train_seqs, eval_seqs, batch_size, bootstrap, seed = s.seq_len, s.train_seqs, s.eval_seqs, s.batch_size, s.bootstrap, s.seed
+    model, corpus = source, s.corpus
     explicit = classes is not None
     classes = parse_classes(classes)
-    lambdas = check_settings(variant, lambdas, steps, lr, init_keep, removal)
-    tau = parse_tau(tau)
-    if bootstrap < 10:
-        raise AttnlensError(f"`bootstrap` {bootstrap} is too few resamples for an interval; use 10 or more (1000 is usual)")
-    if train_seqs < 1:
-        raise AttnlensError(f"`train_seqs` {train_seqs} must be at least 1")
+    tau = parse_tau(s.tau)
     if not isinstance(corpus, Corpus):
         corpus = load_corpus(corpus)
     if not isinstance(model, LoadedModel):
         model = load_model(model, device=device)
-    check_seq_len(model, seq_len)
+    model.check_seq_len(seq_len)
     judge = Objective(model, objective, seed=seed)
     eval_blocks, train_blocks = split_blocks(corpus, model, seq_len, eval_seqs, train_seqs, seed=seed)
     valid = valid_masks(model, eval_blocks.ids).to(model.device)
@@ -613,11 +639,11 @@ def dam(
         "corpus": {**corpus.describe(), "blocks_available": eval_blocks.available,
                    "eval_block_index": eval_blocks.index.tolist(), "train_block_index": train_blocks.index.tolist()},
         "settings": {
-            "variant": variant, "lambdas": lambdas, "steps": steps, "tau": list(tau), "lr": lr, "init_keep": init_keep,
-            "removal": removal, "train_weights": train_weights, "weights_lr": weights_lr if train_weights else None,
+            **s.to_dict(), "corpus": corpus.describe().get("source"),
+            "lambdas": lambdas, "tau": list(tau), "weights_lr": weights_lr if train_weights else None,
             "classes": list(classes), "classes_dropped": list(notes), "layout_classes": list(layout_classes),
             "objective": judge.name, "n": seq_len, "train_seqs": len(train_blocks), "eval_seqs": len(eval_blocks),
-            "batch_size": batch_size, "bootstrap": bootstrap, "seed": seed, "logits_shape": list(layout.shape),
+            "logits_shape": list(layout.shape),
             "optimiser": "Adam", "penalty": "lambda * mean of the hard mask over valid (layer, head, query, key) positions",
         },
         "baseline": {"loss": float(baseline_mean[0]), "loss_low": float(baseline_low[0]), "loss_high": float(baseline_high[0])},

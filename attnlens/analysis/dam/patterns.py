@@ -36,8 +36,8 @@ from dataclasses import dataclass
 
 import torch
 
-from attnlens.errors import AttnlensError
 from attnlens.analysis.evaluation import guard_rows
+from attnlens.errors import AttnlensError
 
 
 def _positions(n: int, device: torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -34,24 +34,16 @@ True
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
 import torch
 
-from attnlens.models.capture import Capture
-from attnlens.data.corpus import Corpus
-from attnlens.errors import AttnlensError
 from attnlens.analysis.evaluation import bootstrap_interval, evaluate_batch, frozen, prepare_batches
-from attnlens.models.loading import LoadedModel, load_model
-from attnlens.rows.moments import Moments, compute_moments
-from attnlens.analysis.objectives import Objective, PreparedBatch, resolve_objective
-from attnlens.progress import progress_bar
-from attnlens.io.provenance import provenance
-from attnlens.io.results import Result
+from attnlens.analysis.objectives import OBJECTIVES, Objective, PreparedBatch
 from attnlens.analysis.reconstruct.selection import (
     QUERY_DEPENDENT,
     check_ks,
@@ -62,8 +54,16 @@ from attnlens.analysis.reconstruct.selection import (
     random_order,
     stride_positions,
 )
-from attnlens.rows.sources import ModelRows, StoreRows, open_rows
+from attnlens.errors import AttnlensError, BadInput
+from attnlens.io.provenance import provenance
+from attnlens.io.results import Result
 from attnlens.io.store import Store
+from attnlens.models.capture import Capture
+from attnlens.models.loading import LoadedModel, load_model
+from attnlens.progress import progress_bar
+from attnlens.rows.moments import Moments, compute_moments
+from attnlens.rows.sources import ModelRows, StoreRows, open_rows
+from attnlens.settings import CorpusSettings, at_least, one_of, positive, probability
 
 SCOPES = ("head", "layer", "all")
 ROW_MODES = ("auto", "pooled", "per-query")
@@ -407,39 +407,79 @@ def _exact_mask(maps: LayerMaps) -> tuple[torch.Tensor, torch.Tensor, torch.Tens
 # ---------------------------------------------------------------------- entry point
 
 
+@dataclass(frozen=True)
+class ReconstructSettings(CorpusSettings):
+    """Settings of :func:`reconstruct`: ``num_seqs`` blocks of which ``eval_fraction`` are
+    held out; the ``ks`` (default 1, 2, 4, … n), key-selection ``strategies``, map
+    ``scopes``, ``rows`` (pooled or per query; ``auto`` picks per query for causal
+    models) and relative ``ridge`` of the maps; ``layers`` analysed; ``pairs`` mode and
+    its ridge; ``plug_in`` (the model run with the reconstruction inside attention, in
+    ``plug_in_layers`` and ``plug_in_scopes``) judged by ``objective``; ``learn_r``
+    (maps fine-tuned on the objective for ``learn_steps`` at ``learn_lr``).
+
+    >>> ReconstructSettings(scopes=["head", "row"])
+    Traceback (most recent call last):
+        ...
+    attnlens.errors.BadInput: scopes row is unknown; use some of head, layer, all
+    """
+
+    num_seqs: int = 256
+    eval_fraction: float = 0.25
+    ks: tuple[int, ...] | None = None
+    strategies: tuple[str, ...] = ("greedy", "random", "stride")
+    scopes: tuple[str, ...] = SCOPES
+    rows: str = "auto"
+    ridge: float = 1e-6
+    layers: tuple[int, ...] | None = None
+    pairs: bool = False
+    pairs_ridge: float = 0.1
+    plug_in: bool = False
+    plug_in_layers: tuple[int, ...] | None = None
+    plug_in_scopes: tuple[str, ...] | None = None
+    objective: str = "auto"
+    learn_r: bool = False
+    learn_steps: int = 60
+    learn_lr: float = 1e-3
+    batch_size: int = 16
+
+    def validate(self) -> None:
+        super().validate()
+        at_least("num_seqs", self.num_seqs, 2, " (some to fit the maps, some to judge them)")
+        probability("eval_fraction", self.eval_fraction)
+        if self.ks is not None:  # k <= n is checked once n is known (a store's n need not be seq_len)
+            check_ks(self.ks, n=max(self.ks, default=0))
+        check_strategies(self.strategies)
+        for name in ("scopes", "plug_in_scopes"):
+            scopes = getattr(self, name)
+            if scopes is None and name == "plug_in_scopes":
+                continue
+            bad = [scope for scope in scopes if scope not in SCOPES]
+            if bad or not scopes:
+                raise BadInput(f"`{name}` {bad[0] if bad else '(none)'} is unknown; use some of {', '.join(SCOPES)}")
+        one_of("rows", self.rows, ROW_MODES)
+        at_least("ridge", self.ridge, 0)
+        at_least("pairs_ridge", self.pairs_ridge, 0)
+        one_of("objective", self.objective, OBJECTIVES)
+        if self.learn_r:
+            at_least("learn_steps", self.learn_steps, 1)
+            positive("learn_lr", self.learn_lr)
+
+
 def reconstruct(
     source: str | Path | Store | LoadedModel = "minilm-l6",
+    settings: ReconstructSettings | None = None,
     *,
-    corpus: str | Path | Corpus = "kjv",
-    seq_len: int = 128,
-    num_seqs: int = 256,
-    eval_fraction: float = 0.25,
-    ks: Iterable[int] | None = None,
-    strategies: Iterable[str] = ("greedy", "random", "stride"),
-    scopes: Iterable[str] = ("head", "layer", "all"),
-    rows: str = "auto",
-    ridge: float = 1e-6,
-    layers: Iterable[int] | None = None,
-    pairs: bool = False,
-    pairs_ridge: float = 0.1,
-    plug_in: bool = False,
-    plug_in_layers: Iterable[int] | None = None,
-    plug_in_scopes: Iterable[str] | None = None,
-    objective: str = "auto",
     model: str | LoadedModel | None = None,
-    learn_r: bool = False,
-    learn_steps: int = 60,
-    learn_lr: float = 1e-3,
-    batch_size: int = 16,
-    seed: int = 0,
     device: str = "cpu",
     progress: bool = True,
     command: str | None = None,
+    **changes: Any,
 ) -> ReconstructResult:
     """Fit reconstruction maps on part of the blocks and measure them on the rest.
 
     ``source``: a store (then ``model`` is needed for ``plug_in``, and must be the model
-    the store was made with) or a model with ``corpus``, ``seq_len``, ``num_seqs``.
+    the store was made with) or a model, whose rows are computed over the corpus blocks
+    of ``settings`` (:class:`ReconstructSettings`, with keyword ``changes`` applied).
     ``plug_in`` runs the model with the reconstruction inside attention in
     ``plug_in_layers`` (default: all analysed layers) for every strategy and k, and
     every scope in ``plug_in_scopes`` (default: all of ``scopes``).
@@ -449,75 +489,95 @@ def reconstruct(
     the interpolation threshold (k·n ≈ the number of fit sequences) an unregularised fit
     overshoots on held-out matrices.
     """
-    strategies = check_strategies(strategies)
-    scopes = list(scopes)
-    bad_scope = [scope for scope in scopes if scope not in SCOPES]
-    if bad_scope or not scopes:
-        raise AttnlensError(f"`scope` {bad_scope[0] if bad_scope else ''} is unknown; use some of {', '.join(SCOPES)}")
-    if rows not in ROW_MODES:
-        raise AttnlensError(f"`rows` {rows} is unknown; use one of {', '.join(ROW_MODES)}")
-    if not 0 < eval_fraction < 1:
-        raise AttnlensError(f"`eval_fraction` {eval_fraction} must be between 0 and 1")
-    if learn_r and learn_steps < 1:
-        raise AttnlensError(f"`learn_steps` {learn_steps} must be at least 1")
-    source_rows = open_rows(source, corpus=corpus, seq_len=seq_len, num_seqs=num_seqs, seed=seed, device=device)
-    n = source_rows.n
-    ks = check_ks(default_ks(n) if ks is None else ks, n)
-    layers = source_rows.check_layers(layers)
-    causal = bool(source_rows.model_info["causal"])
-    per_query = rows == "per-query" or (rows == "auto" and causal)
-    if causal and not per_query:
-        raise AttnlensError("the model is causal: rows of different queries have different valid keys; use `rows` per-query (or auto)")
-    if not per_query and any(strategy in QUERY_DEPENDENT for strategy in strategies):
-        raise AttnlensError("`select` local+global picks keys around each query, so it needs one map per query: add `rows` per-query")
+    s = ReconstructSettings.build(settings, **changes)
+    source_rows = open_rows(source, corpus=s.corpus, seq_len=s.seq_len, num_seqs=s.num_seqs, seed=s.seed, device=device)
+    plan = _Plan.of(source_rows, s)  # every check that needs the source, before any work
+    judged_by_model = s.plug_in or s.learn_r
+    objective = Objective(_model_for_plug_in(source_rows, model, device), s.objective, seed=s.seed) if judged_by_model else None
+    fitted, evaluated = held_out_split(source_rows.num_seqs, s.eval_fraction, s.seed)
+    moments = compute_moments(source_rows, sequences=fitted, queries=list(range(plan.n)) if plan.per_query else None,
+                              layers=plan.layers, batch_size=s.batch_size, seed=s.seed, progress=progress).total
+    fitter = MapFitter(moments, ridge=s.ridge, seed=s.seed, global_positions=(0,))
 
-    loaded = _model_for_plug_in(source_rows, model, device) if (plug_in or learn_r) else None
-    if loaded is not None:
-        resolve_objective(loaded, objective)
-    order = np.random.default_rng([seed, 1]).permutation(source_rows.num_seqs)
-    evaluated = np.sort(order[: max(1, round(eval_fraction * len(order)))])
-    fitted = np.sort(order[len(evaluated) :])
-    queries = list(range(n)) if per_query else None
-    moments = compute_moments(source_rows, sequences=fitted, queries=queries, layers=layers, batch_size=batch_size,
-                              seed=seed, progress=progress).total
-    fitter = MapFitter(moments, ridge=ridge, seed=seed, global_positions=(0,))
-    configs = [(strategy, scope, k) for strategy in strategies for scope in scopes for k in ks]
-    head_dim = int(source_rows.model_info["head_dim"])
     plug = None
-    if plug_in or learn_r:
-        plug_layers = layers if plug_in_layers is None else source_rows.check_layers(plug_in_layers)
-        objective_ = Objective(loaded, objective, seed=seed)
-        plug = _PlugIn(objective_, [layer for layer in plug_layers if layer in layers], source_rows.tokens(evaluated),
-                       batch_size, seed, set(scopes if plug_in_scopes is None else plug_in_scopes) if plug_in else set())
-    table, selections = _evaluate(source_rows, fitter, configs, evaluated, layers, batch_size, plug, progress)
-    table["flops_ratio"] = [attention_flops(n, head_dim, k)["ratio"] for k in table.k]
-    if pairs:
-        if not isinstance(source_rows, StoreRows):
-            raise AttnlensError("pairs mode reads whole score matrices of each sequence from a store; run 'attnlens extract' first")
-        table = pd.concat([table, _evaluate_pairs(source_rows, fitter, ks, fitted, evaluated, pairs_ridge, head_dim, progress)],
-                          ignore_index=True)
-    plug_table = learned_table = None
-    if plug_in:
-        plug_table = pd.DataFrame(plug.records)
-        plug_table["flops_ratio"] = [attention_flops(n, head_dim, k)["ratio"] for k in plug_table.k]
-    if learn_r:
-        learned_table = _learned_table(objective_, fitter, strategies[0], scopes[0], ks, plug.layers, plug.batches,
-                                       source_rows.tokens(fitted), learn_steps, learn_lr, batch_size, seed, progress)
+    if judged_by_model:
+        plug_layers = plan.layers if s.plug_in_layers is None else source_rows.check_layers(s.plug_in_layers)
+        plug_scopes = set(plan.scopes if s.plug_in_scopes is None else s.plug_in_scopes) if s.plug_in else set()
+        plug = _PlugIn(objective, [layer for layer in plug_layers if layer in plan.layers], source_rows.tokens(evaluated),
+                       s.batch_size, s.seed, plug_scopes)
+    configs = [(strategy, scope, k) for strategy in plan.strategies for scope in plan.scopes for k in plan.ks]
+    table, selections = _evaluate(source_rows, fitter, configs, evaluated, plan.layers, s.batch_size, plug, progress)
+    if s.pairs:
+        pairs = _evaluate_pairs(source_rows, fitter, plan.ks, fitted, evaluated, s.pairs_ridge, plan.head_dim, progress)
+        table = pd.concat([table, pairs], ignore_index=True)
+    tables = {"table": plan.with_flops(table)}
+    if s.plug_in:
+        tables["plug_in"] = plan.with_flops(pd.DataFrame(plug.records))
+    if s.learn_r:
+        tables["learned"] = _learned_table(objective, fitter, plan.strategies[0], plan.scopes[0], plan.ks, plug.layers,
+                                           plug.batches, source_rows.tokens(fitted), s.learn_steps, s.learn_lr, s.batch_size,
+                                           s.seed, progress)
     meta = {
         "model": source_rows.model_info,
         "corpus": source_rows.corpus_info,
-        "n": n,
-        "layers": layers,
+        "n": plan.n,
+        "layers": plan.layers,
         "num_heads": source_rows.num_heads,
-        "settings": {"ks": ks, "strategies": strategies, "scopes": scopes, "rows": "per-query" if per_query else "pooled",
-                     "ridge": ridge, "pairs": pairs, "pairs_ridge": pairs_ridge, "eval_fraction": eval_fraction, "fit_sequences": len(fitted),
-                     "eval_sequences": len(evaluated), "plug_in": plug_in, "learn_r": learn_r, "seed": seed,
-                     "objective": objective_.name if (plug_in or learn_r) else None},
+        "settings": {**s.to_dict(), "corpus": source_rows.corpus_info.get("source"), "ks": plan.ks,
+                     "strategies": plan.strategies, "rows": "per-query" if plan.per_query else "pooled", "layers": plan.layers,
+                     "fit_sequences": len(fitted), "eval_sequences": len(evaluated),
+                     "objective": objective.name if objective is not None else None},
+        # Rows of the source (store rows, or blocks of the corpus) the maps were fitted and judged on.
+        "splits": {"fit": fitted.tolist(), "eval": evaluated.tolist(),
+                   "fit_block_index": source_rows.block_index[fitted].tolist(),
+                   "eval_block_index": source_rows.block_index[evaluated].tolist()},
         **provenance(command),
     }
-    tables = {"table": table, **({"plug_in": plug_table} if plug_table is not None else {}),
-              **({"learned": learned_table} if learned_table is not None else {})}
     return ReconstructResult(meta, tables, selections=selections)
+
+
+def held_out_split(num_seqs: int, eval_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(fitted, evaluated): a seeded split of ``num_seqs`` rows, ``eval_fraction`` of them (at least one) held out.
+
+    >>> fitted, evaluated = held_out_split(8, 0.25, seed=0)
+    >>> len(fitted), len(evaluated), sorted([*fitted, *evaluated]) == list(range(8))
+    (6, 2, True)
+    """
+    order = np.random.default_rng([seed, 1]).permutation(num_seqs)
+    evaluated = np.sort(order[: max(1, round(eval_fraction * len(order)))])
+    return np.sort(order[len(evaluated) :]), evaluated
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What the settings mean for this source: its n, the ks, layers, strategies and scopes, and the row mode."""
+
+    n: int
+    head_dim: int
+    ks: list[int]
+    layers: list[int]
+    strategies: list[str]
+    scopes: list[str]
+    per_query: bool
+
+    @classmethod
+    def of(cls, rows: StoreRows | ModelRows, s: ReconstructSettings) -> _Plan:
+        n = rows.n
+        causal = bool(rows.model_info["causal"])
+        per_query = s.rows == "per-query" or (s.rows == "auto" and causal)
+        strategies = check_strategies(s.strategies)
+        if causal and not per_query:
+            raise BadInput("the model is causal: rows of different queries have different valid keys; use `rows` per-query (or auto)")
+        if not per_query and any(strategy in QUERY_DEPENDENT for strategy in strategies):
+            raise BadInput("`strategies` local+global picks keys around each query, so it needs one map per query: add `rows` per-query")
+        if s.pairs and not isinstance(rows, StoreRows):
+            raise BadInput("pairs mode reads whole score matrices of each sequence from a store; run 'attnlens extract' first")
+        return cls(n=n, head_dim=int(rows.model_info["head_dim"]), ks=check_ks(default_ks(n) if s.ks is None else s.ks, n),
+                   layers=rows.check_layers(s.layers), strategies=strategies, scopes=list(s.scopes), per_query=per_query)
+
+    def with_flops(self, table: pd.DataFrame) -> pd.DataFrame:
+        """``table`` with the attention FLOPs ratio of each row's k beside it."""
+        return table.assign(flops_ratio=[attention_flops(self.n, self.head_dim, k)["ratio"] for k in table.k])
 
 
 def _model_for_plug_in(rows: StoreRows | ModelRows, model: str | LoadedModel | None, device: str) -> LoadedModel:

@@ -138,7 +138,7 @@ def check_strategies(strategies: Iterable[str]) -> list[str]:
     strategies = list(strategies)
     unknown = [s for s in strategies if s not in STRATEGIES]
     if unknown:
-        raise AttnlensError(f"`select` {unknown[0]} is unknown; use some of {', '.join(STRATEGIES)}")
+        raise AttnlensError(f"`strategies` {unknown[0]} is unknown; use some of {', '.join(STRATEGIES)}")
     if not strategies:
-        raise AttnlensError("`select` is empty; name at least one strategy, e.g. `select` greedy")
+        raise AttnlensError("`strategies` is empty; name at least one strategy, e.g. `strategies` greedy")
     return strategies
