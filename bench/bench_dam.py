@@ -71,8 +71,10 @@ def main() -> None:
             run()
             times[mode].append(time.perf_counter() - start)
     median = {mode: statistics.median(values) for mode, values in times.items()}
-    print(f"{args.model}, n={args.seq_len}, batch {args.batch_size}, {torch.get_num_threads()} threads, "
-          f"median of {args.repeats} interleaved repeats")
+    print(
+        f"{args.model}, n={args.seq_len}, batch {args.batch_size}, {torch.get_num_threads()} threads, "
+        f"median of {args.repeats} interleaved repeats"
+    )
     print(f"{'mode':18s} {'seconds':>8s} {'x plain':>8s}")
     for mode in modes:
         print(f"{mode:18s} {median[mode]:8.3f} {median[mode] / median['plain']:8.2f}")

@@ -49,6 +49,7 @@ def run_mode(mode: str, num_seqs: int, seq_len: int, batch_size: int) -> dict:
         twin = transformers.AutoModel.from_pretrained(model.source, attn_implementation=implementation).eval()
         forward = lambda ids: twin(input_ids=ids)
     elif mode == "capture":
+
         def forward(ids):
             with attnlens.Capture() as cap:
                 model.forward(ids)
@@ -62,8 +63,15 @@ def run_mode(mode: str, num_seqs: int, seq_len: int, batch_size: int) -> dict:
             forward(batches[0])  # warm-up (allocator, kernels), the same for every mode
             start, cpu_start = time.perf_counter(), time.process_time()
             if mode == "extract":
-                attnlens.extract(model, corpus, f"{out}/store", seq_len=seq_len, num_seqs=num_seqs,
-                                 batch_size=batch_size, progress=False)
+                attnlens.extract(
+                    model,
+                    f"{out}/store",
+                    corpus=corpus,
+                    seq_len=seq_len,
+                    num_seqs=num_seqs,
+                    batch_size=batch_size,
+                    progress=False,
+                )
             else:
                 for ids in batches:
                     forward(ids)
@@ -71,8 +79,13 @@ def run_mode(mode: str, num_seqs: int, seq_len: int, batch_size: int) -> dict:
     finally:
         shutil.rmtree(out, ignore_errors=True)
     peak_mb = peak_rss_mb()
-    return {"mode": mode, "seconds": seconds, "cpu_seconds": cpu_seconds, "seqs_per_s": num_seqs / seconds,
-            "peak_rss_mb": peak_mb}
+    return {
+        "mode": mode,
+        "seconds": seconds,
+        "cpu_seconds": cpu_seconds,
+        "seqs_per_s": num_seqs / seconds,
+        "peak_rss_mb": peak_mb,
+    }
 
 
 def main() -> None:
@@ -89,8 +102,18 @@ def main() -> None:
     results: dict[str, list[dict]] = {mode: [] for mode in MODES}
     for round_ in range(args.rounds):
         for mode in MODES:
-            command = [sys.executable, __file__, "--mode", mode, "--num-seqs", str(args.num_seqs),
-                       "--seq-len", str(args.seq_len), "--batch-size", str(args.batch_size)]
+            command = [
+                sys.executable,
+                __file__,
+                "--mode",
+                mode,
+                "--num-seqs",
+                str(args.num_seqs),
+                "--seq-len",
+                str(args.seq_len),
+                "--batch-size",
+                str(args.batch_size),
+            ]
             output = subprocess.run(command, capture_output=True, text=True, check=True).stdout
             results[mode].append(json.loads(output.strip().splitlines()[-1]))
             print(f"round {round_ + 1} {mode:8s} {results[mode][-1]['seconds']:7.2f} s", file=sys.stderr)
@@ -100,12 +123,16 @@ def main() -> None:
     print(f"minilm-l6, n={args.seq_len}, batch {args.batch_size}, {args.num_seqs} sequences, median of {args.rounds} rounds")
     print(f"{'mode':8s} {'seconds':>8s} {'seq/s':>8s} {'x plain':>8s} {'cpu s':>7s} {'peak RSS MB':>12s}")
     for mode in MODES:
-        print(f"{mode:8s} {median[mode]:8.2f} {args.num_seqs / median[mode]:8.1f} {median[mode] / median['plain']:8.2f} "
-              f"{cpu[mode]:7.2f} {peak[mode]:12.0f}")
+        print(
+            f"{mode:8s} {median[mode]:8.2f} {args.num_seqs / median[mode]:8.1f} {median[mode] / median['plain']:8.2f} "
+            f"{cpu[mode]:7.2f} {peak[mode]:12.0f}"
+        )
     # What writing the store adds to capturing (the rest is the eager attention capture needs).
     writing = (median["extract"] - median["capture"]) / median["plain"]
-    print(f"extract / plain = {median['extract'] / median['plain']:.2f}x (target <= {TARGET}x); "
-          f"writing the store adds {writing:+.2f}x over capture")
+    print(
+        f"extract / plain = {median['extract'] / median['plain']:.2f}x (target <= {TARGET}x); "
+        f"writing the store adds {writing:+.2f}x over capture"
+    )
 
 
 if __name__ == "__main__":

@@ -51,8 +51,11 @@ def main() -> None:
     for steps in (8, 32, 128):
         fast = timed(greedy_path, head, None, steps)
         naive = timed(naive_greedy_path, head[0], steps, repeats=1)
-        same = np.array_equal(greedy_path(head, None, steps)[0][0, :steps], naive_greedy_path(head[0], min(steps, 8)))\
-            if steps == 8 else None
+        same = (
+            np.array_equal(greedy_path(head, None, steps)[0][0, :steps], naive_greedy_path(head[0], min(steps, 8)))
+            if steps == 8
+            else None
+        )
         label = f"1 head, k = 1..{steps}" + (" (full path)" if steps == 128 else "")
         print(f"{label:32s} {fast:9.4f} {naive:9.2f} {naive / fast:8.0f}x" + ("" if same is None else f"   same order: {same}"))
     full = timed(greedy_path, covariance, repeats=1)

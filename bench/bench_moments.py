@@ -63,7 +63,12 @@ def run_mode(mode: str, store_path: str, batch_size: int, num_seqs: int) -> dict
 
         for layer in store.layers:
             if mode == "pca":
-                rows = store.read("scores", layer, 0, store.num_seqs).astype(np.float64).transpose(1, 0, 2, 3).reshape(store.num_heads, -1, store.n)
+                rows = (
+                    store.read("scores", layer, 0, store.num_seqs)
+                    .astype(np.float64)
+                    .transpose(1, 0, 2, 3)
+                    .reshape(store.num_heads, -1, store.n)
+                )
                 for head in range(store.num_heads):
                     PCA(svd_solver="full").fit(rows[head])
             else:
@@ -76,8 +81,18 @@ def run_mode(mode: str, store_path: str, batch_size: int, num_seqs: int) -> dict
 
 
 def measure(mode: str, store: str, args, num_seqs: int | None = None) -> dict:
-    command = [sys.executable, __file__, "--mode", mode, "--store", store, "--batch-size", str(args.batch_size),
-               "--num-seqs", str(num_seqs or args.num_seqs)]
+    command = [
+        sys.executable,
+        __file__,
+        "--mode",
+        mode,
+        "--store",
+        store,
+        "--batch-size",
+        str(args.batch_size),
+        "--num-seqs",
+        str(num_seqs or args.num_seqs),
+    ]
     output = subprocess.run(command, capture_output=True, text=True, check=True).stdout
     return json.loads(output.strip().splitlines()[-1])
 
@@ -99,8 +114,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="attnlens-bench-") as root:
         small, large = Path(root) / "small", Path(root) / "large"
         print(f"building stores of {args.num_seqs} and {4 * args.num_seqs} sequences ...", file=sys.stderr)
-        attnlens.extract("minilm-l6", "kjv", small, seq_len=128, num_seqs=args.num_seqs, progress=False)
-        attnlens.extract("minilm-l6", "kjv", large, seq_len=128, num_seqs=4 * args.num_seqs, progress=False)
+        attnlens.extract("minilm-l6", small, corpus="kjv", seq_len=128, num_seqs=args.num_seqs, progress=False)
+        attnlens.extract("minilm-l6", large, corpus="kjv", seq_len=128, num_seqs=4 * args.num_seqs, progress=False)
         results: dict[str, list[dict]] = {mode: [] for mode in MODES}
         for round_ in range(args.rounds):
             for mode in MODES:
@@ -109,18 +124,26 @@ def main() -> None:
         median = {mode: statistics.median(r["seconds"] for r in runs) for mode, runs in results.items()}
         peak = {mode: max(r["peak_rss_mb"] for r in runs) for mode, runs in results.items()}
         rows = args.num_seqs * 128
-        print(f"minilm-l6 store, n=128, {args.num_seqs} sequences = {rows} rows per head, 72 heads, median of {args.rounds} rounds")
+        print(
+            f"minilm-l6 store, n=128, {args.num_seqs} sequences = {rows} rows per head, 72 heads, median of {args.rounds} rounds"
+        )
         print(f"{'mode':8s} {'seconds':>8s} {'x bare':>7s} {'peak RSS MB':>12s}")
         for mode in MODES:
             print(f"{mode:8s} {median[mode]:8.2f} {median[mode] / median['bare']:7.2f} {peak[mode]:12.0f}")
-        print(f"moments / bare = {median['moments'] / median['bare']:.2f}x (target <= 1.5x); "
-              f"PCA / moments = {median['pca'] / median['moments']:.1f}x, IncrementalPCA / moments = {median['ipca'] / median['moments']:.1f}x")
+        print(
+            f"moments / bare = {median['moments'] / median['bare']:.2f}x (target <= 1.5x); "
+            f"PCA / moments = {median['pca'] / median['moments']:.1f}x, IncrementalPCA / moments = {median['ipca'] / median['moments']:.1f}x"
+        )
         store_small, store_large = measure("moments", str(small), args), measure("moments", str(large), args)
         quarter = max(args.num_seqs // 4, 8)
         model_small, model_large = measure("model", "", args, quarter), measure("model", "", args, args.num_seqs)
         print("streaming peak RSS (MB), must not grow with the number of sequences:")
-        print(f"  from a store: {args.num_seqs} seqs {store_small['peak_rss_mb']:.0f}, {4 * args.num_seqs} seqs {store_large['peak_rss_mb']:.0f}")
-        print(f"  from the model: {quarter} seqs {model_small['peak_rss_mb']:.0f}, {args.num_seqs} seqs {model_large['peak_rss_mb']:.0f}")
+        print(
+            f"  from a store: {args.num_seqs} seqs {store_small['peak_rss_mb']:.0f}, {4 * args.num_seqs} seqs {store_large['peak_rss_mb']:.0f}"
+        )
+        print(
+            f"  from the model: {quarter} seqs {model_small['peak_rss_mb']:.0f}, {args.num_seqs} seqs {model_large['peak_rss_mb']:.0f}"
+        )
 
 
 if __name__ == "__main__":

@@ -84,7 +84,9 @@ def forward_only(seq_len: int, num_seqs: int, batch_size: int) -> None:
 
     model = attnlens.load_model("minilm-l6")
     rows = ModelRows(model, attnlens.load_corpus("kjv").blocks(model, seq_len, num_seqs))
-    rows.for_each_batch(np.arange(num_seqs), list(range(model.num_layers)), lambda *a: None, batch_size=batch_size, progress=False)
+    rows.for_each_batch(
+        np.arange(num_seqs), list(range(model.num_layers)), lambda *a: None, batch_size=batch_size, progress=False
+    )
     print("BENCH " + json.dumps({"rank": 0, "hwm_mb": peak_rss_mb()}), flush=True)
 
 
@@ -119,15 +121,36 @@ def throughput(args) -> dict:
         for round_ in range(args.rounds):
             for name, (ranks, threads) in configs.items():
                 out = Path(root) / f"{ranks}-{threads}-{round_}"
-                runs[name].append(launch(["moments", "minilm-l6", "--seq-len", "128", "--num-seqs", str(args.num_seqs),
-                                          "--batch-size", "8", "--no-progress", "--out", str(out)], ranks=ranks, threads=threads))
+                runs[name].append(
+                    launch(
+                        [
+                            "moments",
+                            "minilm-l6",
+                            "--seq-len",
+                            "128",
+                            "--num-seqs",
+                            str(args.num_seqs),
+                            "--batch-size",
+                            "8",
+                            "--no-progress",
+                            "--out",
+                            str(out),
+                        ],
+                        ranks=ranks,
+                        threads=threads,
+                    )
+                )
                 print(f"  round {round_ + 1} {name}: {runs[name][-1]['wall_s']:.1f} s", file=sys.stderr)
         one = load_moments(Path(root) / "1-1-0").halves.total.sum_outer
         two = load_moments(Path(root) / "2-1-0").halves.total.sum_outer
         difference = float(np.abs(np.asarray(one) - np.asarray(two)).max() / np.abs(np.asarray(one)).max())
-    print(f"\n== 1. moments throughput: minilm-l6, n = 128, {args.num_seqs} sequences, batch 8, all 6 x 12 heads, float64; "
-          f"median of {args.rounds} rounds")
-    print(f"{'configuration':24s} {'loop s':>7s} {'seq/s':>7s} {'reduce s':>9s} {'end-to-end s':>13s} {'peak RSS MB per rank':>22s}")
+    print(
+        f"\n== 1. moments throughput: minilm-l6, n = 128, {args.num_seqs} sequences, batch 8, all 6 x 12 heads, float64; "
+        f"median of {args.rounds} rounds"
+    )
+    print(
+        f"{'configuration':24s} {'loop s':>7s} {'seq/s':>7s} {'reduce s':>9s} {'end-to-end s':>13s} {'peak RSS MB per rank':>22s}"
+    )
     table = {}
     for name, results in runs.items():
         loop = statistics.median(max(rank["accumulate_s"] for rank in r["ranks"]) for r in results)
@@ -135,10 +158,14 @@ def throughput(args) -> dict:
         wall = statistics.median(r["wall_s"] for r in results)
         peaks = [max(r["ranks"][i]["hwm_mb"] for r in results) for i in range(len(results[0]["ranks"]))]
         table[name] = args.num_seqs / loop
-        print(f"{name:24s} {loop:7.2f} {args.num_seqs / loop:7.1f} {reduce:9.2f} {wall:13.1f} {' '.join(f'{p:.0f}' for p in peaks):>22s}")
+        print(
+            f"{name:24s} {loop:7.2f} {args.num_seqs / loop:7.1f} {reduce:9.2f} {wall:13.1f} {' '.join(f'{p:.0f}' for p in peaks):>22s}"
+        )
     base = table["1 process, 1 thread"]
-    print(f"speed-up over 1 process x 1 thread: 2 threads {table['1 process, 2 threads'] / base:.2f}x, "
-          f"2 ranks {table['2 ranks x 1 thread'] / base:.2f}x (2 cores shared with other work: not a clean 2x)")
+    print(
+        f"speed-up over 1 process x 1 thread: 2 threads {table['1 process, 2 threads'] / base:.2f}x, "
+        f"2 ranks {table['2 ranks x 1 thread'] / base:.2f}x (2 cores shared with other work: not a clean 2x)"
+    )
     print(f"2 ranks vs 1 process, max |difference| of Σxxᵀ relative to its largest entry: {difference:.1e}")
     return {"seq_per_s": table}
 
@@ -150,25 +177,39 @@ def memory(args) -> None:
     units = [(layer, head) for layer in range(6) for head in range(12)]
     cost = MomentsCost(n, None, "float64", batch)
     common = ["moments", "minilm-l6", "--seq-len", str(n), "--num-seqs", str(seqs), "--batch-size", str(batch), "--no-progress"]
-    forward = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--forward-only", str(n), str(seqs), str(batch)],
-                             capture_output=True, text=True, env={**ENV, "OMP_NUM_THREADS": "1"}, check=True)
+    forward = subprocess.run(
+        [sys.executable, str(Path(__file__).resolve()), "--forward-only", str(n), str(seqs), str(batch)],
+        capture_output=True,
+        text=True,
+        env={**ENV, "OMP_NUM_THREADS": "1"},
+        check=True,
+    )
     forward_peak = json.loads(forward.stdout.splitlines()[-1][6:])["hwm_mb"]
-    print(f"\n== 2. peak memory per rank: minilm-l6, n = {n}, {seqs} sequences, batch {batch}, 72 units of "
-          f"{format_bytes(cost.unit_bytes)} (all: {format_bytes(72 * cost.unit_bytes)})")
+    print(
+        f"\n== 2. peak memory per rank: minilm-l6, n = {n}, {seqs} sequences, batch {batch}, 72 units of "
+        f"{format_bytes(cost.unit_bytes)} (all: {format_bytes(72 * cost.unit_bytes)})"
+    )
     print(f"forward passes alone (model, activations, capture; outside the budget): peak {forward_peak:.0f} MB")
     print(f"{'run':34s} {'plan: sums + working':>22s} {'peak RSS MB per rank':>21s} {'above forward-only':>19s}")
     with tempfile.TemporaryDirectory(prefix="attnlens-bench-") as root:
-        for label, ranks, limit in (("no budget, 1 process", 1, None), (f"--max-memory {budget}, 1 process", 1, budget),
-                                    (f"--max-memory {budget}, 2 ranks", 2, budget)):
+        for label, ranks, limit in (
+            ("no budget, 1 process", 1, None),
+            (f"--max-memory {budget}, 1 process", 1, budget),
+            (f"--max-memory {budget}, 2 ranks", 2, budget),
+        ):
             extra = ["--max-memory", limit] if limit else []
             plan = plan_units(units, cost, budget=parse_bytes(limit) if limit else None, world_size=ranks)
             result = launch([*common, *extra, "--out", f"{root}/{ranks}-{limit}"], ranks=ranks, threads=1)
             peaks = [rank["hwm_mb"] for rank in result["ranks"]]
             planned = f"{format_bytes(plan.max_group_units * plan.unit_bytes)} + {format_bytes(plan.working_bytes)}"
-            print(f"{label:34s} {planned:>22s} {' '.join(f'{p:.0f}' for p in peaks):>21s} "
-                  f"{' '.join(f'{p - forward_peak:+.0f}' for p in peaks):>19s}   ({plan.passes} passes x {plan.groups_per_pass} groups)")
-    print(f"budget {budget} = {parse_bytes(budget) / 1e6:.0f} MB: the growth above forward-only stays near the plan's sums + working "
-          "(plus transient copies, allocator slack and the partial file read back for the reduce)")
+            print(
+                f"{label:34s} {planned:>22s} {' '.join(f'{p:.0f}' for p in peaks):>21s} "
+                f"{' '.join(f'{p - forward_peak:+.0f}' for p in peaks):>19s}   ({plan.passes} passes x {plan.groups_per_pass} groups)"
+            )
+    print(
+        f"budget {budget} = {parse_bytes(budget) / 1e6:.0f} MB: the growth above forward-only stays near the plan's sums + working "
+        "(plus transient copies, allocator slack and the partial file read back for the reduce)"
+    )
 
 
 # ---------------------------------------------------------------------- 3: per-layer costs
@@ -187,8 +228,10 @@ def layer_costs() -> dict:
     corpus = attnlens.load_corpus("kjv")
     rows = {}
     print("\n== 3. measured per-layer costs, one thread (minilm-l6: d_model 384, d_ff 1536, 12 heads of 32)")
-    print(f"{'n':>5s} {'fwd ms/layer/seq':>17s} {'fwd GFLOP/s':>12s} {'f64 ms/head/seq':>16s} {'GFLOP/s':>8s} "
-          f"{'f32 ms/head/seq':>16s} {'GFLOP/s':>8s} {'scores MB/layer/seq':>20s} {'unit MB (f64)':>14s}")
+    print(
+        f"{'n':>5s} {'fwd ms/layer/seq':>17s} {'fwd GFLOP/s':>12s} {'f64 ms/head/seq':>16s} {'GFLOP/s':>8s} "
+        f"{'f32 ms/head/seq':>16s} {'GFLOP/s':>8s} {'scores MB/layer/seq':>20s} {'unit MB (f64)':>14s}"
+    )
     for n, batch in ((128, 8), (256, 4), (512, 2)):
         ids = torch.from_numpy(corpus.blocks(model, n, batch).ids)
         with torch.no_grad():
@@ -202,7 +245,9 @@ def layer_costs() -> dict:
         scores, valid = cap.scores[3], cap.valid[3]
         timings = {}
         for dtype in ("float64", "float32"):
-            sums = UnitSums([(3, h) for h in range(heads)], n=n, num_heads=heads, quantity="scores", queries=None, accumulate=dtype)
+            sums = UnitSums(
+                [(3, h) for h in range(heads)], n=n, num_heads=heads, quantity="scores", queries=None, accumulate=dtype
+            )
             sums.add(3, scores, valid, np.zeros(batch, dtype=np.int64))
             start = time.perf_counter()
             for _ in range(3):
@@ -210,16 +255,24 @@ def layer_costs() -> dict:
             timings[dtype] = (time.perf_counter() - start) / 3 / heads / batch
         forward_flops = 2 * n * (4 * d * d + 2 * d * d_ff) + 4 * n * n * d
         head_flops = 2 * n**3
-        rows[n] = {"forward_s": forward, "forward_gflops": forward_flops / forward / 1e9,
-                   **{f"{k}_s": v for k, v in timings.items()}, **{f"{k}_gflops": head_flops / v / 1e9 for k, v in timings.items()}}
-        print(f"{n:5d} {forward * 1e3:17.2f} {forward_flops / forward / 1e9:12.1f} {timings['float64'] * 1e3:16.2f} "
-              f"{head_flops / timings['float64'] / 1e9:8.1f} {timings['float32'] * 1e3:16.2f} {head_flops / timings['float32'] / 1e9:8.1f} "
-              f"{heads * n * n * 4 / 1e6:20.1f} {2 * (n * n + 2 * n + 1) * 8 / 1e6:14.2f}")
+        rows[n] = {
+            "forward_s": forward,
+            "forward_gflops": forward_flops / forward / 1e9,
+            **{f"{k}_s": v for k, v in timings.items()},
+            **{f"{k}_gflops": head_flops / v / 1e9 for k, v in timings.items()},
+        }
+        print(
+            f"{n:5d} {forward * 1e3:17.2f} {forward_flops / forward / 1e9:12.1f} {timings['float64'] * 1e3:16.2f} "
+            f"{head_flops / timings['float64'] / 1e9:8.1f} {timings['float32'] * 1e3:16.2f} {head_flops / timings['float32'] / 1e9:8.1f} "
+            f"{heads * n * n * 4 / 1e6:20.1f} {2 * (n * n + 2 * n + 1) * 8 / 1e6:14.2f}"
+        )
     ns = np.array(sorted(rows), dtype=float)
     times = np.array([rows[n]["forward_s"] for n in sorted(rows)])
     (a, b), *_ = np.linalg.lstsq(np.c_[ns, ns**2], times, rcond=None)
-    print(f"fit: forward per layer per sequence = {a * 1e6:.2f} us x n + {b * 1e9:.2f} ns x n^2; "
-          f"accumulation per head per sequence ~ 2 n^3 flops at the rates above")
+    print(
+        f"fit: forward per layer per sequence = {a * 1e6:.2f} us x n + {b * 1e9:.2f} ns x n^2; "
+        f"accumulation per head per sequence ~ 2 n^3 flops at the rates above"
+    )
     torch.set_num_threads(os.cpu_count() or 1)
     return rows
 
@@ -241,17 +294,25 @@ def float32_error() -> None:
 
     def keep(layer, scores, valid, sequences):
         x = scores[:, [0, 5]].transpose(0, 1).reshape(2, -1, n)
-        products.append({dtype: (x.to(dtype).sum(1), torch.bmm(x.to(dtype).transpose(1, 2), x.to(dtype)))
-                         for dtype in (torch.float64, torch.float32)})
+        products.append(
+            {
+                dtype: (x.to(dtype).sum(1), torch.bmm(x.to(dtype).transpose(1, 2), x.to(dtype)))
+                for dtype in (torch.float64, torch.float32)
+            }
+        )
 
     rows.for_each_batch(np.arange(64), [3], keep, batch_size=8, progress=False)
     eps = float(np.finfo(np.float32).eps)
     print("\n== 4. float32 sums against float64: minilm-l6 layer 3, heads 0 and 5, n = 128, real batches of 1024 rows;")
     print("   K batches added into one float32 sum (each batch scaled by a random factor in [0.5, 1.5) so that long runs")
     print("   add different numbers, as real corpora do); error = |C32 - C64|_F / |C64|_F of the covariance")
-    print(f"{'K':>7s} {'rows':>10s} {'error':>9s} {'kappa':>6s} {'error/(kappa eps32 sqrt K)':>27s} {'bound kappa eps32 (2 + 0.3 sqrt K)':>36s}")
+    print(
+        f"{'K':>7s} {'rows':>10s} {'error':>9s} {'kappa':>6s} {'error/(kappa eps32 sqrt K)':>27s} {'bound kappa eps32 (2 + 0.3 sqrt K)':>36s}"
+    )
     generator = torch.Generator().manual_seed(0)
-    sums = {dtype: [torch.zeros(2, n, dtype=dtype), torch.zeros(2, n, n, dtype=dtype)] for dtype in (torch.float64, torch.float32)}
+    sums = {
+        dtype: [torch.zeros(2, n, dtype=dtype), torch.zeros(2, n, n, dtype=dtype)] for dtype in (torch.float64, torch.float32)
+    }
     added = 0
     for target in (1, 8, 64, 512, 4096, 32768):
         while added < target:
@@ -272,8 +333,10 @@ def float32_error() -> None:
         kappa = (torch.linalg.norm(sums[torch.float64][1] / count, dim=(-2, -1)) / torch.linalg.norm(c64, dim=(-2, -1))).numpy()
         worst = int(np.argmax(error / kappa))
         bound = kappa[worst] * eps * (2 + 0.3 * np.sqrt(added))
-        print(f"{added:7d} {count:10d} {error[worst]:9.2e} {kappa[worst]:6.2f} {error[worst] / (kappa[worst] * eps * np.sqrt(added)):27.3f} "
-              f"{bound:36.2e} {'ok' if error[worst] <= bound else 'EXCEEDED'}")
+        print(
+            f"{added:7d} {count:10d} {error[worst]:9.2e} {kappa[worst]:6.2f} {error[worst] / (kappa[worst] * eps * np.sqrt(added)):27.3f} "
+            f"{bound:36.2e} {'ok' if error[worst] <= bound else 'EXCEEDED'}"
+        )
 
 
 # ---------------------------------------------------------------------- 5: projection
@@ -301,17 +364,25 @@ def projection(rates: dict, args) -> None:
     activations_gb = 4 * scores_layer_gb + 1  # eager attention: scores, masked, float32 softmax, weights; + hidden states
     budget = args.project_budget
     cpu = rates[512]
-    print(f"\n== 5. projection: 7B decoder ({layers} layers x {heads} heads, d = {d_head}, d_model {d_model}, d_ff {d_ff}, "
-          f"{params / 1e9:.1f}B parameters) at n = {n}, {seqs} sequences ({seqs * n / 1e6:.0f}M tokens), {gpus} x {GPU['name']}")
-    print(f"assumed GPU rates: bf16 forward {GPU['bf16_tflops']:.0f} TFLOP/s, FP64 sums {GPU['fp64_tflops']:.0f} TFLOP/s, "
-          f"FP32 sums {GPU['fp32_tflops']:.0f} TFLOP/s; measured here per CPU core at n = 512: forward {cpu['forward_gflops']:.1f}, "
-          f"FP64 sums {cpu['float64_gflops']:.1f}, FP32 sums {cpu['float32_gflops']:.1f} GFLOP/s, i.e. ratios "
-          f"{GPU['bf16_tflops'] * 1e3 / cpu['forward_gflops']:.0f}x, {GPU['fp64_tflops'] * 1e3 / cpu['float64_gflops']:.0f}x, "
-          f"{GPU['fp32_tflops'] * 1e3 / cpu['float32_gflops']:.0f}x")
-    print(f"per GPU: bf16 weights {weights_gb:.1f} GB, activations of one layer at batch 1 ~{activations_gb:.1f} GB "
-          f"(scores {scores_layer_gb:.2f} GB per layer); sums budget --max-memory {budget}")
-    print(f"{'rows per sequence and head':34s} {'sums':>5s} {'all units':>10s} {'plan (passes x groups)':>23s} {'per-GPU sums':>13s} "
-          f"{'fwd h':>7s} {'sums h':>7s} {'ckpt+reduce h':>14s} {'wall h':>7s}")
+    print(
+        f"\n== 5. projection: 7B decoder ({layers} layers x {heads} heads, d = {d_head}, d_model {d_model}, d_ff {d_ff}, "
+        f"{params / 1e9:.1f}B parameters) at n = {n}, {seqs} sequences ({seqs * n / 1e6:.0f}M tokens), {gpus} x {GPU['name']}"
+    )
+    print(
+        f"assumed GPU rates: bf16 forward {GPU['bf16_tflops']:.0f} TFLOP/s, FP64 sums {GPU['fp64_tflops']:.0f} TFLOP/s, "
+        f"FP32 sums {GPU['fp32_tflops']:.0f} TFLOP/s; measured here per CPU core at n = 512: forward {cpu['forward_gflops']:.1f}, "
+        f"FP64 sums {cpu['float64_gflops']:.1f}, FP32 sums {cpu['float32_gflops']:.1f} GFLOP/s, i.e. ratios "
+        f"{GPU['bf16_tflops'] * 1e3 / cpu['forward_gflops']:.0f}x, {GPU['fp64_tflops'] * 1e3 / cpu['float64_gflops']:.0f}x, "
+        f"{GPU['fp32_tflops'] * 1e3 / cpu['float32_gflops']:.0f}x"
+    )
+    print(
+        f"per GPU: bf16 weights {weights_gb:.1f} GB, activations of one layer at batch 1 ~{activations_gb:.1f} GB "
+        f"(scores {scores_layer_gb:.2f} GB per layer); sums budget --max-memory {budget}"
+    )
+    print(
+        f"{'rows per sequence and head':34s} {'sums':>5s} {'all units':>10s} {'plan (passes x groups)':>23s} {'per-GPU sums':>13s} "
+        f"{'fwd h':>7s} {'sums h':>7s} {'ckpt+reduce h':>14s} {'wall h':>7s}"
+    )
     for rows_label, rows_per_head in (("1 (causal: last row, or 1 query)", 1), (f"{n} (every row full, e.g. encoder)", n)):
         for accumulate in ("float64", "float32"):
             cost = MomentsCost(n, None, accumulate, 1, causal=rows_per_head == 1)
@@ -319,27 +390,43 @@ def projection(rates: dict, args) -> None:
             plan = plan_units(units, cost, budget=parse_bytes(budget), world_size=gpus, heads_per_layer=heads)
             members = gpus // plan.groups_per_pass
             per_rank_seqs = -(-seqs // members)
-            forward_s = max(  # a pass stops the forward after the last layer its group needs; the slowest rank counts
-                sum((max(layer for layer, _ in plan.group_units(plan.group_of(rank, p))) + 1) / layers for p in range(plan.passes))
-                for rank in range(gpus)
-            ) * per_rank_seqs * forward_flops / (GPU["bf16_tflops"] * 1e12)
+            forward_s = (
+                max(  # a pass stops the forward after the last layer its group needs; the slowest rank counts
+                    sum(
+                        (max(layer for layer, _ in plan.group_units(plan.group_of(rank, p))) + 1) / layers
+                        for p in range(plan.passes)
+                    )
+                    for rank in range(gpus)
+                )
+                * per_rank_seqs
+                * forward_flops
+                / (GPU["bf16_tflops"] * 1e12)
+            )
             head_flops = 2 * rows_per_head * n * n
             rate = GPU["fp64_tflops"] if accumulate == "float64" else GPU["fp32_tflops"]
             sums_s = plan.passes * per_rank_seqs * plan.max_group_units * head_flops / (rate * 1e12)
             group_bytes = plan.max_group_units * plan.unit_bytes
             # --checkpoint-every set for a checkpoint every ~10 minutes of work, and one at the end of each pass
             checkpoints = plan.passes + int((forward_s + sums_s) // 600)
-            io_s = checkpoints * group_bytes / (GPU["disk_gb_s"] * 1e9) + len(units) * cost.unit_bytes_as(8) / (GPU["reduce_gb_s"] * 1e9)
+            io_s = checkpoints * group_bytes / (GPU["disk_gb_s"] * 1e9) + len(units) * cost.unit_bytes_as(8) / (
+                GPU["reduce_gb_s"] * 1e9
+            )
             wall = (forward_s + sums_s + io_s) / 3600
-            print(f"{rows_label:34s} {accumulate[-2:]:>5s} {format_bytes(len(units) * cost.unit_bytes):>10s} "
-                  f"{f'{plan.passes} x {plan.groups_per_pass}':>23s} {format_bytes(group_bytes):>13s} {forward_s / 3600:7.1f} "
-                  f"{sums_s / 3600:7.1f} {io_s / 3600:14.2f} {wall:7.1f}")
+            print(
+                f"{rows_label:34s} {accumulate[-2:]:>5s} {format_bytes(len(units) * cost.unit_bytes):>10s} "
+                f"{f'{plan.passes} x {plan.groups_per_pass}':>23s} {format_bytes(group_bytes):>13s} {forward_s / 3600:7.1f} "
+                f"{sums_s / 3600:7.1f} {io_s / 3600:14.2f} {wall:7.1f}"
+            )
     fits = weights_gb + activations_gb + parse_bytes(budget) / 1e9
-    print(f"per-GPU memory: weights + activations + sums budget = {fits:.0f} GB of {GPU['memory_gb']} "
-          f"({'fits' if fits < GPU['memory_gb'] else 'DOES NOT FIT: lower --max-memory'}); host RAM per rank holds one partial "
-          "(its sums) while checkpointing and reducing")
-    print("wall = the slowest rank: its passes x its sequences x (forward to its group's last layer + its units' sums) "
-          "+ its checkpoints (every ~10 min of work and at the end of each pass) + one reduce of all sums in float64")
+    print(
+        f"per-GPU memory: weights + activations + sums budget = {fits:.0f} GB of {GPU['memory_gb']} "
+        f"({'fits' if fits < GPU['memory_gb'] else 'DOES NOT FIT: lower --max-memory'}); host RAM per rank holds one partial "
+        "(its sums) while checkpointing and reducing"
+    )
+    print(
+        "wall = the slowest rank: its passes x its sequences x (forward to its group's last layer + its units' sums) "
+        "+ its checkpoints (every ~10 min of work and at the end of each pass) + one reduce of all sums in float64"
+    )
 
 
 def main() -> None:
@@ -369,13 +456,32 @@ def main() -> None:
 def gemma() -> None:
     n = 2048
     with tempfile.TemporaryDirectory(prefix="attnlens-bench-") as root:
-        result = launch(["moments", "gemma3-270m", "--seq-len", str(n), "--num-seqs", "2", "--batch-size", "1",
-                         "--max-memory", "2GB", "--no-progress", "--out", f"{root}/g"], ranks=1, threads=2)
+        result = launch(
+            [
+                "moments",
+                "gemma3-270m",
+                "--seq-len",
+                str(n),
+                "--num-seqs",
+                "2",
+                "--batch-size",
+                "1",
+                "--max-memory",
+                "2GB",
+                "--no-progress",
+                "--out",
+                f"{root}/g",
+            ],
+            ranks=1,
+            threads=2,
+        )
     record = result["ranks"][0]
-    print(f"\n== gemma3-270m (causal, 18 layers x 4 heads) at n = {n}, 2 sequences, pooled rows (the full-length "
-          f"last row of each block), --max-memory 2GB: "
-          f"loop {record['accumulate_s']:.0f} s, peak RSS {record['hwm_mb']:.0f} MB (before the loop {record['hwm_before_mb']:.0f} MB); "
-          f"one layer's float32 scores at batch 1: {4 * n * n * 4 / 1e6:.0f} MB")
+    print(
+        f"\n== gemma3-270m (causal, 18 layers x 4 heads) at n = {n}, 2 sequences, pooled rows (the full-length "
+        f"last row of each block), --max-memory 2GB: "
+        f"loop {record['accumulate_s']:.0f} s, peak RSS {record['hwm_mb']:.0f} MB (before the loop {record['hwm_before_mb']:.0f} MB); "
+        f"one layer's float32 scores at batch 1: {4 * n * n * 4 / 1e6:.0f} MB"
+    )
 
 
 if __name__ == "__main__":

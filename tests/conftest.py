@@ -27,6 +27,7 @@ torch.manual_seed(0)
 
 # ---------------------------------------------------------------------------- no network
 
+
 def _is_local(address: object) -> bool:
     """Unix sockets, loopback and unspecified addresses (torch.distributed's gloo, kernels) are local."""
     if not isinstance(address, tuple):  # AF_UNIX paths, abstract names
@@ -85,6 +86,7 @@ def pytest_collection_modifyitems(config, items):
 
 
 # ---------------------------------------------------------------------------- models and data
+
 
 @pytest.fixture(scope="session")
 def minilm_l6() -> attnlens.LoadedModel:

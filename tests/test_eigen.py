@@ -48,12 +48,18 @@ def test_uncentred_second_moment_and_ones_direction():
 
 
 def test_store_rows_match_numpy_for_every_quantity(tmp_path, minilm_l6, kjv):
-    store = attnlens.extract(minilm_l6, kjv, tmp_path / "s", seq_len=16, num_seqs=12, layers=[1], dtype="float32", progress=False)
-    halves = {q: compute_moments(StoreRows(store), quantity=q, progress=False, batch_size=5) for q in ("scores", "weights", "log-weights")}
+    store = attnlens.extract(
+        minilm_l6, tmp_path / "s", corpus=kjv, seq_len=16, num_seqs=12, layers=[1], dtype="float32", progress=False
+    )
+    halves = {
+        q: compute_moments(StoreRows(store), quantity=q, progress=False, batch_size=5)
+        for q in ("scores", "weights", "log-weights")
+    }
     scores = np.asarray(store.scores(1), dtype=np.float64)[:, 3].reshape(-1, 16)  # head 3, all rows
     transforms = {
         "scores": scores,
-        "weights": np.exp(scores - scores.max(1, keepdims=True)) / np.exp(scores - scores.max(1, keepdims=True)).sum(1, keepdims=True),
+        "weights": np.exp(scores - scores.max(1, keepdims=True))
+        / np.exp(scores - scores.max(1, keepdims=True)).sum(1, keepdims=True),
         "log-weights": scores - np.log(np.exp(scores).sum(1, keepdims=True)),
     }
     for quantity, rows in transforms.items():
@@ -63,7 +69,7 @@ def test_store_rows_match_numpy_for_every_quantity(tmp_path, minilm_l6, kjv):
 
 
 def test_shards_merge_to_the_whole(tmp_path, minilm_l6, kjv):
-    store = attnlens.extract(minilm_l6, kjv, tmp_path / "s", seq_len=16, num_seqs=10, layers=[0, 2], progress=False)
+    store = attnlens.extract(minilm_l6, tmp_path / "s", corpus=kjv, seq_len=16, num_seqs=10, layers=[0, 2], progress=False)
     rows = StoreRows(store)
     halves = compute_moments(rows, progress=False, seed=3)
     whole = halves.total
@@ -99,8 +105,9 @@ def test_gaussian_baseline_matches_direct_sampling():
     variances = np.linspace(0.5, 3.0, 10)
     bartlett = np.mean([gaussian_baseline(variances, 40, True, np.random.default_rng(seed)) for seed in range(400)], 0)
     rng = np.random.default_rng(999)
-    direct = np.mean([np.sort(np.linalg.eigvalsh(np.cov((rng.standard_normal((40, 10)) * np.sqrt(variances)).T)))[::-1]
-                      for _ in range(400)], 0)
+    direct = np.mean(
+        [np.sort(np.linalg.eigvalsh(np.cov((rng.standard_normal((40, 10)) * np.sqrt(variances)).T)))[::-1] for _ in range(400)], 0
+    )
     np.testing.assert_allclose(bartlett, direct, rtol=0.05)
     few = gaussian_baseline(variances, 5, True, np.random.default_rng(0))  # fewer rows than dimensions
     assert (few[4:] < 1e-10).all() and (few[:4] > 0).all()
@@ -131,8 +138,10 @@ def test_overlap_properties():
     assert subspace_overlap(u, v) == pytest.approx(subspace_overlap(u @ rotation, v @ rotation.T), rel=1e-10)
     np.testing.assert_allclose(principal_angles(u, u @ rotation), 0, atol=1e-6)
     np.testing.assert_allclose(principal_angles(u, complement), np.pi / 2, atol=1e-6)
-    random = [subspace_overlap(np.linalg.qr(rng.standard_normal((n, d)))[0], np.linalg.qr(rng.standard_normal((n, d)))[0])
-              for _ in range(2000)]
+    random = [
+        subspace_overlap(np.linalg.qr(rng.standard_normal((n, d)))[0], np.linalg.qr(rng.standard_normal((n, d)))[0])
+        for _ in range(2000)
+    ]
     assert np.mean(random) == pytest.approx(chance_overlap(d, n), rel=0.03)
 
 
@@ -142,10 +151,17 @@ def test_per_query_rows_of_a_causal_model_use_the_valid_prefix(tmp_path, minilm_
 
     from tiny_models import tiny_model_dir
 
-    config = transformers.LlamaConfig(vocab_size=30522, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64)
+    config = transformers.LlamaConfig(
+        vocab_size=30522,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=64,
+    )
     model = attnlens.load_model(str(tiny_model_dir(tmp_path, minilm_l6, config)))
-    store = attnlens.extract(model, kjv, tmp_path / "s", seq_len=8, num_seqs=30, dtype="float32", progress=False)
+    store = attnlens.extract(model, tmp_path / "s", corpus=kjv, seq_len=8, num_seqs=30, dtype="float32", progress=False)
     result = attnlens.eigen(store, per_query=True, keep=8, progress=False)
     heads = result.table.query("level == 'head' and head == 1")
     assert heads.num_keys.tolist() == list(range(1, 9))

@@ -12,7 +12,7 @@ from tiny_models import assert_one_line_error, run_cli
 def eigen_dirs(tmp_path_factory):
     """Eigen results of minilm-l6 (from a store, per query too) and minilm-l3 (streamed), n = 24."""
     root = tmp_path_factory.mktemp("eigen")
-    attnlens.extract("minilm-l6", "kjv", root / "store", seq_len=24, num_seqs=30, progress=False)
+    attnlens.extract("minilm-l6", root / "store", corpus="kjv", seq_len=24, num_seqs=30, progress=False)
     attnlens.eigen(root / "store", keep=8, progress=False).save(root / "l6")
     attnlens.eigen("minilm-l3", seq_len=24, num_seqs=30, keep=8, progress=False).save(root / "l3")
     attnlens.eigen("minilm-l3", seq_len=16, num_seqs=20, keep=8, progress=False).save(root / "l3-n16")
@@ -20,14 +20,38 @@ def eigen_dirs(tmp_path_factory):
 
 
 def test_eigen_cli_from_model_and_store(capsys, tmp_path, eigen_dirs):
-    code, out, _ = run_cli(capsys, "eigen", "minilm-l6", "--out", str(tmp_path / "e"), "--seq-len", "16",
-                           "--num-seqs", "20", "--layers", "0,5", "--keep", "4", "--no-progress")
+    code, out, _ = run_cli(
+        capsys,
+        "eigen",
+        "minilm-l6",
+        "--out",
+        str(tmp_path / "e"),
+        "--seq-len",
+        "16",
+        "--num-seqs",
+        "20",
+        "--layers",
+        "0,5",
+        "--keep",
+        "4",
+        "--no-progress",
+    )
     assert code == 0 and "wrote eigen result" in out and "k90" in out
     result = attnlens.load_result(tmp_path / "e")
     assert result.meta["layers"] == [0, 5] and result.meta["corpus"]["source"] == "kjv"
     assert sorted(result.table.level.unique()) == ["head", "layer", "model"]
-    code, out, _ = run_cli(capsys, "eigen", str(eigen_dirs / "store"), "--out", str(tmp_path / "f"), "--quantity", "weights",
-                           "--full-matrices", "--project-ones", "--no-progress")
+    code, out, _ = run_cli(
+        capsys,
+        "eigen",
+        str(eigen_dirs / "store"),
+        "--out",
+        str(tmp_path / "f"),
+        "--quantity",
+        "weights",
+        "--full-matrices",
+        "--project-ones",
+        "--no-progress",
+    )
     assert code == 0
     result = attnlens.load_result(tmp_path / "f")
     assert result.meta["settings"]["quantity"] == "weights" and len(result.matrix_table) == 6 * 13
@@ -35,8 +59,9 @@ def test_eigen_cli_from_model_and_store(capsys, tmp_path, eigen_dirs):
 
 
 def test_overlap_cli_across_models(capsys, tmp_path, eigen_dirs):
-    code, out, _ = run_cli(capsys, "overlap", str(eigen_dirs / "l6"), str(eigen_dirs / "l3"), "--dim", "4",
-                           "--out", str(tmp_path / "o"))
+    code, out, _ = run_cli(
+        capsys, "overlap", str(eigen_dirs / "l6"), str(eigen_dirs / "l3"), "--dim", "4", "--out", str(tmp_path / "o")
+    )
     assert code == 0 and "chance level d/n = 0.167" in out
     result = attnlens.load_result(tmp_path / "o")
     assert result.meta["models"] == ["minilm-l6", "minilm-l3"]
@@ -47,8 +72,10 @@ def test_overlap_cli_across_models(capsys, tmp_path, eigen_dirs):
 
 def test_overlap_bad_inputs(capsys, tmp_path, eigen_dirs):
     out = ["--out", str(tmp_path / "o")]
-    assert_one_line_error(*run_cli(capsys, "overlap", str(eigen_dirs / "l6"), str(eigen_dirs / "l3-n16"), *out)[::2],
-                          "different n (24 for minilm-l6, 16 for minilm-l3)")
+    assert_one_line_error(
+        *run_cli(capsys, "overlap", str(eigen_dirs / "l6"), str(eigen_dirs / "l3-n16"), *out)[::2],
+        "different n (24 for minilm-l6, 16 for minilm-l3)",
+    )
     assert_one_line_error(*run_cli(capsys, "overlap", str(eigen_dirs / "l6"), "--dim", "25", *out)[::2], "between 1 and n = 24")
     assert_one_line_error(*run_cli(capsys, "overlap", str(eigen_dirs / "l6"), "--dim", "9", *out)[::2], "--keep 9")
     (tmp_path / "empty").mkdir()
@@ -58,14 +85,20 @@ def test_overlap_bad_inputs(capsys, tmp_path, eigen_dirs):
 
 def test_eigen_bad_inputs(capsys, tmp_path, eigen_dirs):
     out = ["--out", str(tmp_path / "e"), "--no-progress"]
-    attnlens.extract("minilm-l6", "kjv", tmp_path / "small", seq_len=24, num_seqs=10, layers=[0], progress=False)
-    assert_one_line_error(*run_cli(capsys, "eigen", str(tmp_path / "small"), "--per-query", *out)[::2],
-                          "from 10 sequences", "at least 25 sequences")
+    attnlens.extract("minilm-l6", tmp_path / "small", corpus="kjv", seq_len=24, num_seqs=10, layers=[0], progress=False)
+    assert_one_line_error(
+        *run_cli(capsys, "eigen", str(tmp_path / "small"), "--per-query", *out)[::2], "from 10 sequences", "at least 25 sequences"
+    )
     (tmp_path / "foreign").mkdir()
     (tmp_path / "foreign" / "notes.txt").write_text("x")
     assert_one_line_error(*run_cli(capsys, "eigen", str(tmp_path / "foreign"), *out)[::2], "neither an attnlens store")
-    assert_one_line_error(*run_cli(capsys, "eigen", str(eigen_dirs / "store"), "--quantity", "probs", *out)[::2], "--quantity probs")
-    assert_one_line_error(*run_cli(capsys, "eigen", "minilm-l6", "--full-matrices", "--seq-len", "8", "--num-seqs", "4", *out)[::2],
-                          "reads the matrices of each sequence from a store")
-    assert_one_line_error(*run_cli(capsys, "eigen", str(eigen_dirs / "store"), "--out", str(tmp_path / "foreign"))[::2],
-                          "not an attnlens result")
+    assert_one_line_error(
+        *run_cli(capsys, "eigen", str(eigen_dirs / "store"), "--quantity", "probs", *out)[::2], "--quantity probs"
+    )
+    assert_one_line_error(
+        *run_cli(capsys, "eigen", "minilm-l6", "--full-matrices", "--seq-len", "8", "--num-seqs", "4", *out)[::2],
+        "reads the matrices of each sequence from a store",
+    )
+    assert_one_line_error(
+        *run_cli(capsys, "eigen", str(eigen_dirs / "store"), "--out", str(tmp_path / "foreign"))[::2], "not an attnlens result"
+    )

@@ -121,7 +121,9 @@ def test_ablating_nothing_reproduces_the_model_exactly(minilm_l6, tiny_causal, k
 
 def test_class_ablation_equals_a_hand_written_masked_forward(minilm_l6, kjv):
     # one batch of two blocks: per-head ablations are 2 x classes x 72 forward passes per batch
-    result = attnlens.importance(minilm_l6, corpus=kjv, classes="self,cls", per="head", gradient=False, **{**SMALL, "num_seqs": 2})
+    result = attnlens.importance(
+        minilm_l6, corpus=kjv, classes="self,cls", per="head", gradient=False, **{**SMALL, "num_seqs": 2}
+    )
     ids = torch.from_numpy(eval_ids(result, minilm_l6, kjv))
     reference = bert_by_hand(minilm_l6, ids, lambda layer: None)
     np.testing.assert_allclose(reference.numpy(), minilm_l6.forward(ids).last_hidden_state.detach().double().numpy(), atol=2e-5)
@@ -146,9 +148,13 @@ def test_class_ablation_equals_a_hand_written_masked_forward(minilm_l6, kjv):
     head_only = torch.zeros(1, 12, n, n, dtype=torch.bool)
     head_only[0, 5] = torch.eye(n, dtype=torch.bool)
     single = one_minus_cosine(bert_by_hand(minilm_l6, ids, lambda layer: head_only if layer == 2 else None), reference)
-    np.testing.assert_allclose(losses[row(scope="head", layer=2, head=5, **{"class": "self"}, control="class")], single, atol=2e-5)
+    np.testing.assert_allclose(
+        losses[row(scope="head", layer=2, head=5, **{"class": "self"}, control="class")], single, atol=2e-5
+    )
     # the table's summary numbers are those per-block numbers' means
-    assert table.loc[row(scope="model", **{"class": "self"}, control="class"), "delta"] == pytest.approx(diagonal.mean(), abs=2e-5)
+    assert table.loc[row(scope="model", **{"class": "self"}, control="class"), "delta"] == pytest.approx(
+        diagonal.mean(), abs=2e-5
+    )
     assert table.loc[row(scope="none"), "loss"] == 0.0
     assert (table.loc[table["control"] == "class", "removed"].iloc[0]) == pytest.approx(1 / n)
 
@@ -257,7 +263,11 @@ def test_gradient_importance_equals_finite_differences_clm(tmp_path, minilm_l6, 
 
     def loss(layer, head, mask, gate):
         logits = gate_forward(model, ids, layer, head, mask, gate).logits
-        return torch.nn.functional.cross_entropy(logits[:, :-1].transpose(1, 2), batch.labels[:, 1:], reduction="none").mean(1).numpy()
+        return (
+            torch.nn.functional.cross_entropy(logits[:, :-1].transpose(1, 2), batch.labels[:, 1:], reduction="none")
+            .mean(1)
+            .numpy()
+        )
 
     grads = result.arrays["gradient_blocks"]
     step = 1e-4

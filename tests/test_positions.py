@@ -70,12 +70,14 @@ def test_gemma_roles_are_bos_and_last_position(gemma3, kjv):
     assert roles.sep[:, -1].all() and roles.sep.sum() == 2
     assert roles.description["cls"] == "<bos> (id 2)" and "last position" in roles.description["sep"]
     texts = gemma3.tokenizer.convert_ids_to_tokens(blocks.ids[0].tolist())
-    assert roles.punct[0].tolist() == [all(not c.isalnum() for c in t.replace("\u2581", "")) and bool(t.replace("\u2581", "").strip())
-                                       and t != "<bos>" for t in texts]
+    assert roles.punct[0].tolist() == [
+        all(not c.isalnum() for c in t.replace("\u2581", "")) and bool(t.replace("\u2581", "").strip()) and t != "<bos>"
+        for t in texts
+    ]
 
 
 def test_punctuation_tokens():
-    assert [is_punctuation(t) for t in (".", ",", "##.", "\u2581\u00bb", "!\"", "--", "'")] == [True] * 7
+    assert [is_punctuation(t) for t in (".", ",", "##.", "\u2581\u00bb", '!"', "--", "'")] == [True] * 7
     assert [is_punctuation(t) for t in ("a", "##s", "3", "\u2581", "", "[CLS]", "$", "+")] == [False] * 8
 
 
@@ -85,14 +87,17 @@ def test_parse_classes_accepts_and_normalises():
     assert parse_classes(["cls", "sep"]) == ("cls", "sep")
 
 
-@pytest.mark.parametrize("text, phrase", [
-    ("self,diagonal", "unknown position class 'diagonal'"),
-    ("band(0)", "band(0): the width w of band(w) must be at least 1"),
-    ("band(-2)", "band(-2): the width w"),
-    ("band(x)", "unknown position class 'band(x)'"),
-    ("self,self", "names 'self' more than once"),
-    (" , ", "classes is empty"),
-])
+@pytest.mark.parametrize(
+    "text, phrase",
+    [
+        ("self,diagonal", "unknown position class 'diagonal'"),
+        ("band(0)", "band(0): the width w of band(w) must be at least 1"),
+        ("band(-2)", "band(-2): the width w"),
+        ("band(x)", "unknown position class 'band(x)'"),
+        ("self,self", "names 'self' more than once"),
+        (" , ", "classes is empty"),
+    ],
+)
 def test_parse_classes_rejects(text, phrase):
     with pytest.raises(attnlens.AttnlensError, match=phrase.replace("(", r"\(").replace(")", r"\)")):
         parse_classes(text)

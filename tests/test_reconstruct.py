@@ -49,7 +49,7 @@ def test_closed_form_equals_brute_force_lstsq(planted, strategy):
     per_query = strategy == "local+global"
     fitter = fitter_for(fit, per_query=per_query)
     predictions, selections = predict(fitter, strategy, 6, fit)
-    for query in ([0, 7, 23] if per_query else [0]):
+    for query in [0, 7, 23] if per_query else [0]:
         chosen = selections[query]
         expected = lstsq_prediction(fit, chosen)
         np.testing.assert_allclose(predictions[:, query], expected, atol=1e-8)
@@ -100,13 +100,32 @@ def test_flops_accounting_by_hand():
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    return attnlens.extract("minilm-l6", "kjv", tmp_path_factory.mktemp("r") / "store", seq_len=16, num_seqs=48,
-                            layers=[0, 4], dtype="float32", progress=False)
+    return attnlens.extract(
+        "minilm-l6",
+        tmp_path_factory.mktemp("r") / "store",
+        corpus="kjv",
+        seq_len=16,
+        num_seqs=48,
+        layers=[0, 4],
+        dtype="float32",
+        progress=False,
+    )
 
 
 def test_held_out_table_plug_in_and_learned_maps(store, minilm_l6):
-    result = reconstruct(store, model=minilm_l6, ks=[2, 8, 16], strategies=["greedy", "random"], scopes=["head", "all"],
-                         pairs=True, plug_in=True, learn_r=True, learn_steps=4, batch_size=8, progress=False)
+    result = reconstruct(
+        store,
+        model=minilm_l6,
+        ks=[2, 8, 16],
+        strategies=["greedy", "random"],
+        scopes=["head", "all"],
+        pairs=True,
+        plug_in=True,
+        learn_r=True,
+        learn_steps=4,
+        batch_size=8,
+        progress=False,
+    )
     overall = result.table[result.table.layer == -1].set_index(["strategy", "scope", "k"]).sort_index()
     assert overall.loc[("greedy", "head", 16), "rel_error"] < 1e-10, "k = n is exact"
     for scope in ("head", "all"):
@@ -132,11 +151,27 @@ def test_causal_model_per_query_maps_reproduce_the_model_at_k_equal_n(tmp_path, 
 
     from tiny_models import tiny_model_dir
 
-    config = transformers.LlamaConfig(vocab_size=30522, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    config = transformers.LlamaConfig(
+        vocab_size=30522,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
     model = attnlens.load_model(str(tiny_model_dir(tmp_path, minilm_l6, config)))
-    result = reconstruct(model, corpus=kjv, seq_len=8, num_seqs=40, ks=[2, 8], strategies=["greedy", "local+global"],
-                         scopes=["head"], plug_in=True, progress=False)
+    result = reconstruct(
+        model,
+        corpus=kjv,
+        seq_len=8,
+        num_seqs=40,
+        ks=[2, 8],
+        strategies=["greedy", "local+global"],
+        scopes=["head"],
+        plug_in=True,
+        progress=False,
+    )
     assert result.meta["settings"]["rows"] == "per-query"
     plug = result.plug_in.set_index(["strategy", "k"])
     assert plug.loc[("greedy", 8), "loss_increase"] == pytest.approx(0, abs=1e-5)
@@ -148,8 +183,19 @@ def test_causal_model_per_query_maps_reproduce_the_model_at_k_equal_n(tmp_path, 
 
 @pytest.mark.slow
 def test_gemma3_plug_in_at_k_equal_n_keeps_the_next_token_loss(gemma3, kjv):
-    result = reconstruct(gemma3, corpus=kjv, seq_len=12, num_seqs=20, ks=[4, 12], strategies=["greedy"], scopes=["head"],
-                         layers=[0, 5], plug_in=True, batch_size=4, progress=False)
+    result = reconstruct(
+        gemma3,
+        corpus=kjv,
+        seq_len=12,
+        num_seqs=20,
+        ks=[4, 12],
+        strategies=["greedy"],
+        scopes=["head"],
+        layers=[0, 5],
+        plug_in=True,
+        batch_size=4,
+        progress=False,
+    )
     plug = result.plug_in.set_index("k")
     assert plug.loc[12, "loss_increase"] == pytest.approx(0, abs=1e-4)
     assert plug.loc[12, "baseline_loss"] > 0
@@ -157,19 +203,29 @@ def test_gemma3_plug_in_at_k_equal_n_keeps_the_next_token_loss(gemma3, kjv):
 
 def test_reconstruct_cli_and_bad_inputs(capsys, tmp_path, store):
     out = ["--out", str(tmp_path / "r"), "--no-progress"]
-    code, stdout, _ = run_cli(capsys, "reconstruct", str(store.path), "--ks", "4,16", "--select", "greedy,stride",
-                              "--scope", "layer", *out)
+    code, stdout, _ = run_cli(
+        capsys, "reconstruct", str(store.path), "--ks", "4,16", "--select", "greedy,stride", "--scope", "layer", *out
+    )
     assert code == 0 and "wrote reconstruction result" in stdout
     loaded = attnlens.load_result(tmp_path / "r")
     assert set(loaded.table.strategy) == {"greedy", "stride"} and (tmp_path / "r" / "figures" / "error_vs_k.png").is_file()
     bad = ["--out", str(tmp_path / "bad"), "--no-progress"]
-    assert_one_line_error(*run_cli(capsys, "reconstruct", str(store.path), "--ks", "4,17", *bad)[::2], "larger than the 16 valid keys")
+    assert_one_line_error(
+        *run_cli(capsys, "reconstruct", str(store.path), "--ks", "4,17", *bad)[::2], "larger than the 16 valid keys"
+    )
     assert_one_line_error(*run_cli(capsys, "reconstruct", str(store.path), "--ks", "0,4", *bad)[::2], "selects nothing")
     assert_one_line_error(*run_cli(capsys, "reconstruct", str(store.path), "--ks", ",", *bad)[::2], "--ks is empty")
-    assert_one_line_error(*run_cli(capsys, "reconstruct", str(store.path), "--rows", "per-query", "--eval-fraction", "0.8", *bad)[::2],
-                          "from 10 sequences", "at least 17 sequences")
-    assert_one_line_error(*run_cli(capsys, "reconstruct", str(store.path), "--plug-in", "--model", "minilm-l3", *bad)[::2],
-                          "made with model 'minilm-l6'")
+    assert_one_line_error(
+        *run_cli(capsys, "reconstruct", str(store.path), "--rows", "per-query", "--eval-fraction", "0.8", *bad)[::2],
+        "from 10 sequences",
+        "at least 17 sequences",
+    )
+    assert_one_line_error(
+        *run_cli(capsys, "reconstruct", str(store.path), "--plug-in", "--model", "minilm-l3", *bad)[::2],
+        "made with model 'minilm-l6'",
+    )
     assert_one_line_error(*run_cli(capsys, "reconstruct", str(store.path), "--plug-in", *bad)[::2], "give --model")
     assert_one_line_error(*run_cli(capsys, "reconstruct", str(store.path), "--select", "best", *bad)[::2], "--select best")
-    assert_one_line_error(*run_cli(capsys, "reconstruct", str(store.path), "--select", "local+global", *bad)[::2], "--rows per-query")
+    assert_one_line_error(
+        *run_cli(capsys, "reconstruct", str(store.path), "--select", "local+global", *bad)[::2], "--rows per-query"
+    )

@@ -54,7 +54,14 @@ def test_figures_are_redrawn_from_results_without_the_model(capsys, tmp_path, qu
     assert code == 0
     expected = {
         report.meta["results"]["eigen"]: ["spectra", "energy"],
-        "overlap": ["overlap_layers_0", "overlap_heads_0", "overlap_layers_0_1", "overlap_heads_0_1", "split_half_0", "split_half_1"],
+        "overlap": [
+            "overlap_layers_0",
+            "overlap_heads_0",
+            "overlap_layers_0_1",
+            "overlap_heads_0_1",
+            "split_half_0",
+            "split_half_1",
+        ],
         "reconstruct": ["error_vs_k", "tv_vs_k", "error_vs_flops", "fidelity_vs_k"],
         "importance": ["mass", "ablation", "gradient", "head_importance"],
         "dam": ["keep_per_class", "loss_vs_sparsity", "training", "masks"],
@@ -73,14 +80,21 @@ def test_every_figure_function_draws_on_given_axes(quick_report):
     e, o, r = report.result("eigen"), report.result("overlap"), report.result("reconstruct")
     i, d = report.result("importance"), report.result("dam")
     calls = [
-        lambda ax: eigen.plot_spectra(e, ax), lambda ax: eigen.plot_energy(e, ax),
-        lambda ax: overlap.plot_overlap(o, "layers_0_1", ax), lambda ax: overlap.plot_split_half(o, ax),
-        lambda ax: reconstruct.plot_error_vs_k(r, ax), lambda ax: reconstruct.plot_error_vs_flops(r, ax),
+        lambda ax: eigen.plot_spectra(e, ax),
+        lambda ax: eigen.plot_energy(e, ax),
+        lambda ax: overlap.plot_overlap(o, "layers_0_1", ax),
+        lambda ax: overlap.plot_split_half(o, ax),
+        lambda ax: reconstruct.plot_error_vs_k(r, ax),
+        lambda ax: reconstruct.plot_error_vs_flops(r, ax),
         lambda ax: reconstruct.plot_fidelity_vs_k(r, ax),
-        lambda ax: importance.plot_mass(i, "self", ax), lambda ax: importance.plot_entropy(i, ax),
-        lambda ax: importance.plot_ablation(i, ax), lambda ax: importance.plot_gradient(i, ax),
+        lambda ax: importance.plot_mass(i, "self", ax),
+        lambda ax: importance.plot_entropy(i, ax),
+        lambda ax: importance.plot_ablation(i, ax),
+        lambda ax: importance.plot_gradient(i, ax),
         lambda ax: importance.plot_head_importance(i, ax),
-        lambda ax: dam.plot_keep(d, ax), lambda ax: dam.plot_loss_vs_sparsity(d, ax), lambda ax: dam.plot_training(d, ax),
+        lambda ax: dam.plot_keep(d, ax),
+        lambda ax: dam.plot_loss_vs_sparsity(d, ax),
+        lambda ax: dam.plot_training(d, ax),
         lambda ax: attention.plot_attention(e.arrays["layer_eigenvectors"][0, 0, 0][:, :8], ax, kind="scores"),
     ]
     for draw in calls:

@@ -30,7 +30,10 @@ from attnlens.rows.sources import ModelRows
 from tiny_models import assert_one_line_error, reference_moments, run_cli
 
 # The repository this attnlens comes from goes first on the path of every launched rank.
-ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(attnlens.__file__).parent.parent), os.environ.get("PYTHONPATH", "")])}
+ENV = {
+    **os.environ,
+    "PYTHONPATH": os.pathsep.join([str(Path(attnlens.__file__).parent.parent), os.environ.get("PYTHONPATH", "")]),
+}
 JOB = ["minilm-l6", "--seq-len", "16", "--num-seqs", "12", "--batch-size", "2", "--layers", "0,3", "--no-progress"]
 JOB_SETTINGS = dict(seq_len=16, num_seqs=12, batch_size=2, layers=[0, 3], progress=False)
 
@@ -87,8 +90,9 @@ def test_two_ranks_equal_one_process_and_the_in_memory_moments(two_rank_job, one
     from_job = attnlens.eigen(two_rank_job, keep=4, progress=False)
     direct = attnlens.eigen("minilm-l6", seq_len=16, num_seqs=12, layers=[0, 3], keep=4, progress=False)
     for level in ("head", "layer", "model"):
-        np.testing.assert_allclose(from_job.arrays[f"{level}_eigenvalues"], direct.arrays[f"{level}_eigenvalues"],
-                                   rtol=1e-9, atol=1e-9)
+        np.testing.assert_allclose(
+            from_job.arrays[f"{level}_eigenvalues"], direct.arrays[f"{level}_eigenvalues"], rtol=1e-9, atol=1e-9
+        )
     assert (from_job.table.k90.to_numpy() == direct.table.k90.to_numpy()).all()
     assert from_job.meta["moments"]["run"]["world_size"] == 2
 
@@ -103,8 +107,11 @@ def test_merge_of_partial_files_equals_the_all_reduce(capsys, tmp_path, two_rank
     eigen = attnlens.eigen(tmp_path / "merged", keep=4, progress=False)
     assert eigen.meta["moments"]["num_seqs"] == 12
     # One rank's file alone does not cover the sequences.
-    assert_one_line_error(*run_cli(capsys, "merge", str(two_rank_job / "partials" / "pass000-rank00000.npz"),
-                                   "--out", str(tmp_path / "m2"))[::2], "sequences 6 to 11", "are missing")
+    assert_one_line_error(
+        *run_cli(capsys, "merge", str(two_rank_job / "partials" / "pass000-rank00000.npz"), "--out", str(tmp_path / "m2"))[::2],
+        "sequences 6 to 11",
+        "are missing",
+    )
 
 
 KILLER = textwrap.dedent(
@@ -140,8 +147,11 @@ def test_a_killed_rank_resumes_to_the_uninterrupted_result(capsys, tmp_path, two
     # torchrun stops rank 0 when rank 1 dies; on a busy machine rank 0 may not have finished either.
     first = next(path for path in sorted((out / "partials").glob("*.npz")) if load_partial(path)[0]["done"] < 6)
     done = load_partial(first)[0]["done"]
-    assert_one_line_error(*run_cli(capsys, "merge", str(tmp_path / "unfinished"), "--out", str(tmp_path / "m"))[::2],
-                          f"{first.name} is unfinished ({done} of 6 sequences)", "--resume")
+    assert_one_line_error(
+        *run_cli(capsys, "merge", str(tmp_path / "unfinished"), "--out", str(tmp_path / "m"))[::2],
+        f"{first.name} is unfinished ({done} of 6 sequences)",
+        "--resume",
+    )
     assert_one_line_error(*run_cli(capsys, "moments", *JOB, "--out", str(out))[::2], "already exists", "--resume")
     resumed = torchrun("moments", *JOB, "--out", str(out), "--resume")
     assert_ok(resumed)
@@ -163,9 +173,12 @@ def test_head_sharding_under_a_small_budget_gives_the_same_eigenvalues(tmp_path,
     sharded = attnlens.eigen(out, keep=4, progress=False)
     whole = attnlens.eigen(two_rank_job, keep=4, progress=False)
     for level in ("head", "layer", "model"):
-        np.testing.assert_allclose(sharded.arrays[f"{level}_eigenvalues"], whole.arrays[f"{level}_eigenvalues"], rtol=1e-9, atol=1e-9)
-        np.testing.assert_allclose(np.abs(sharded.arrays[f"{level}_eigenvectors_a"]), np.abs(whole.arrays[f"{level}_eigenvectors_a"]),
-                                   atol=1e-5)
+        np.testing.assert_allclose(
+            sharded.arrays[f"{level}_eigenvalues"], whole.arrays[f"{level}_eigenvalues"], rtol=1e-9, atol=1e-9
+        )
+        np.testing.assert_allclose(
+            np.abs(sharded.arrays[f"{level}_eigenvectors_a"]), np.abs(whole.arrays[f"{level}_eigenvectors_a"]), atol=1e-5
+        )
 
 
 # ---------------------------------------------------------------------- sharded stores
@@ -205,16 +218,35 @@ def test_sharded_store_killed_and_resumed_reads_as_the_single_process_store(tmp_
     assert resumed.stdout.count("wrote 10 sequences") == 1
     sharded = attnlens.open_store(out)
     assert sharded.manifest["shards"] == [[0, 5], [5, 10]] and sharded.manifest["format_version"] == 2
-    single = attnlens.extract(minilm_l6, kjv, tmp_path / "single", seq_len=16, num_seqs=10, batch_size=2, layers=[0, 2],
-                              dtype="float32", progress=False)
+    single = attnlens.extract(
+        minilm_l6,
+        tmp_path / "single",
+        corpus=kjv,
+        seq_len=16,
+        num_seqs=10,
+        batch_size=2,
+        layers=[0, 2],
+        dtype="float32",
+        progress=False,
+    )
     np.testing.assert_array_equal(sharded.tokens, single.tokens)
     for layer in (0, 2):
         np.testing.assert_array_equal(sharded.valid(layer), single.valid(layer))
         # Ranks run with one thread each, this process with more: allow BLAS rounding.
         np.testing.assert_allclose(sharded.scores(layer), single.scores(layer), rtol=1e-5, atol=1e-5)
     with pytest.raises(attnlens.AttnlensError, match="extracted by 2 rank"):
-        attnlens.extract(minilm_l6, kjv, out, seq_len=16, num_seqs=10, batch_size=2, layers=[0, 2], dtype="float32",
-                         resume=True, progress=False)
+        attnlens.extract(
+            minilm_l6,
+            out,
+            corpus=kjv,
+            seq_len=16,
+            num_seqs=10,
+            batch_size=2,
+            layers=[0, 2],
+            dtype="float32",
+            resume=True,
+            progress=False,
+        )
 
 
 # ---------------------------------------------------------------------- in one process
@@ -232,8 +264,9 @@ def test_unit_sums_equal_moments_on_any_subset_of_heads(minilm_l6, kjv):
         assert_same_moments(in_memory, reference, rtol=1e-10)
         sums = UnitSums(units, n=16, num_heads=12, quantity=quantity, queries=queries, head_chunk=3)
         half = split_halves(20, 2)
-        rows.for_each_batch(np.arange(20), [1, 4], lambda layer, s, v, seqs: sums.add(layer, s, v, half[seqs]),
-                            batch_size=4, progress=False)
+        rows.for_each_batch(
+            np.arange(20), [1, 4], lambda layer, s, v, seqs: sums.add(layer, s, v, half[seqs]), batch_size=4, progress=False
+        )
         got = sums.halves([1, 4])
         held = np.zeros((2, 12), dtype=bool)
         for layer, head in units:
@@ -248,8 +281,15 @@ def test_unit_sums_of_a_causal_model_use_only_full_rows(tmp_path, minilm_l6, kjv
     """Causal rows: pooled sums take the last (full-length) row of each block, per-query sums the valid prefix."""
     import transformers
 
-    config = transformers.LlamaConfig(vocab_size=30522, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    config = transformers.LlamaConfig(
+        vocab_size=30522,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
     torch.manual_seed(0)
     transformers.AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "tiny")
     minilm_l6.tokenizer.save_pretrained(tmp_path / "tiny")
@@ -262,8 +302,9 @@ def test_unit_sums_of_a_causal_model_use_only_full_rows(tmp_path, minilm_l6, kjv
         assert_same_moments(in_memory, reference, rtol=1e-10)
         sums = UnitSums([(1, 1), (1, 2), (1, 3)], n=12, num_heads=4, quantity="weights", queries=queries, head_chunk=2)
         half = split_halves(16, 1)
-        rows.for_each_batch(np.arange(16), [1], lambda layer, s, v, seqs: sums.add(layer, s, v, half[seqs]), batch_size=3,
-                            progress=False)
+        rows.for_each_batch(
+            np.arange(16), [1], lambda layer, s, v, seqs: sums.add(layer, s, v, half[seqs]), batch_size=3, progress=False
+        )
         got = sums.halves([0, 1])
         for part, expected in ((got.a, reference.a), (got.b, reference.b)):
             for name in ARRAYS:
@@ -292,8 +333,14 @@ def test_long_sequences_stream_one_layer_at_a_time(tmp_path, minilm_l6, kjv):
     and a job under a budget that forces head chunks and passes gives the in-memory moments."""
     blocks = kjv.blocks(minilm_l6, n=512, num_blocks=2, seed=0)
     rows = ModelRows(minilm_l6, blocks)
-    sums = UnitSums([(layer, head) for layer in (2, 5) for head in range(12)], n=512, num_heads=12, quantity="scores",
-                    queries=None, head_chunk=2)
+    sums = UnitSums(
+        [(layer, head) for layer in (2, 5) for head in range(12)],
+        n=512,
+        num_heads=12,
+        quantity="scores",
+        queries=None,
+        head_chunk=2,
+    )
     seen: list[weakref.ref] = []
 
     def consume(layer, scores, valid, sequences):
@@ -314,8 +361,12 @@ def test_plans_cover_every_unit_once_within_the_budget():
     rng = np.random.default_rng(0)
     for _ in range(200):
         layers, heads, world = int(rng.integers(1, 5)), int(rng.integers(1, 9)), int(rng.integers(1, 9))
-        cost = MomentsCost(n=int(rng.integers(4, 64)), queries=None, accumulate=str(rng.choice(["float32", "float64"])),
-                           batch_size=int(rng.integers(1, 8)))
+        cost = MomentsCost(
+            n=int(rng.integers(4, 64)),
+            queries=None,
+            accumulate=str(rng.choice(["float32", "float64"])),
+            batch_size=int(rng.integers(1, 8)),
+        )
         units = [(layer, head) for layer in range(layers) for head in range(heads)]
         budget = int(cost.working_bytes(heads) + cost.unit_bytes * rng.integers(1, len(units) + 2))
         plan = plan_units(units, cost, budget=budget, world_size=world)
@@ -334,20 +385,37 @@ def test_plans_cover_every_unit_once_within_the_budget():
 def test_bad_inputs_give_one_line(capsys, tmp_path, monkeypatch, two_rank_job, one_process_job):
     out = ["--out", str(tmp_path / "j")]
     assert_one_line_error(*run_cli(capsys, "moments", *JOB, *out, "--max-memory", "lots")[::2], "--max-memory 'lots'", "8GB")
-    assert_one_line_error(*run_cli(capsys, "moments", *JOB, *out, "--max-memory", "10kB")[::2],
-                          "too small", "one (layer, head) unit needs", "--accumulate float32")
+    assert_one_line_error(
+        *run_cli(capsys, "moments", *JOB, *out, "--max-memory", "10kB")[::2],
+        "too small",
+        "one (layer, head) unit needs",
+        "--accumulate float32",
+    )
     assert_one_line_error(*run_cli(capsys, "moments", *JOB, *out, "--accumulate", "float16")[::2], "--accumulate float16")
-    assert_one_line_error(*run_cli(capsys, "moments", *JOB, "--out", str(two_rank_job), "--resume")[::2],
-                          "cannot resume", "world_size = 2, this run has 1")
-    assert_one_line_error(*run_cli(capsys, "moments", *JOB, "--out", str(tmp_path / "nothing"), "--resume")[::2], "nothing to resume")
+    assert_one_line_error(
+        *run_cli(capsys, "moments", *JOB, "--out", str(two_rank_job), "--resume")[::2],
+        "cannot resume",
+        "world_size = 2, this run has 1",
+    )
+    assert_one_line_error(
+        *run_cli(capsys, "moments", *JOB, "--out", str(tmp_path / "nothing"), "--resume")[::2], "nothing to resume"
+    )
     # Partial files of different settings, and of different splits of the same setting.
     run_moments("minilm-l6", tmp_path / "w", quantity="weights", **JOB_SETTINGS)
-    mixed = [str(one_process_job / "partials" / "pass000-rank00000.npz"), str(tmp_path / "w" / "partials" / "pass000-rank00000.npz")]
-    assert_one_line_error(*run_cli(capsys, "merge", *mixed, "--out", str(tmp_path / "m"))[::2],
-                          "different settings", 'quantity = "scores"', '"weights"')
+    mixed = [
+        str(one_process_job / "partials" / "pass000-rank00000.npz"),
+        str(tmp_path / "w" / "partials" / "pass000-rank00000.npz"),
+    ]
+    assert_one_line_error(
+        *run_cli(capsys, "merge", *mixed, "--out", str(tmp_path / "m"))[::2],
+        "different settings",
+        'quantity = "scores"',
+        '"weights"',
+    )
     twice = [str(one_process_job / "partials"), str(two_rank_job / "partials")]
     assert_one_line_error(*run_cli(capsys, "merge", *twice, "--out", str(tmp_path / "m"))[::2], "in more than one partial file")
-    assert_one_line_error(*run_cli(capsys, "eigen", str(two_rank_job), "--quantity", "weights", *out)[::2],
-                          "are of scores, not weights")
+    assert_one_line_error(
+        *run_cli(capsys, "eigen", str(two_rank_job), "--quantity", "weights", *out)[::2], "are of scores, not weights"
+    )
     monkeypatch.setenv("WORLD_SIZE", "2")
     assert_one_line_error(*run_cli(capsys, "reconstruct", "minilm-l6", *out)[::2], "runs in one process", "without torchrun")

@@ -23,7 +23,9 @@ SETTINGS = dict(seq_len=32, num_seqs=24, batch_size=8, layers=[0, 3], progress=F
 @pytest.fixture(scope="module")
 def reference_store(tmp_path_factory, minilm_l6, kjv):
     """An uninterrupted extraction, with weights, in float32."""
-    return attnlens.extract(minilm_l6, kjv, tmp_path_factory.mktemp("ref") / "store", dtype="float32", weights=True, **SETTINGS)
+    return attnlens.extract(
+        minilm_l6, tmp_path_factory.mktemp("ref") / "store", corpus=kjv, dtype="float32", weights=True, **SETTINGS
+    )
 
 
 def test_round_trip_equals_direct_capture(reference_store, minilm_l6, kjv):
@@ -41,13 +43,15 @@ def test_round_trip_equals_direct_capture(reference_store, minilm_l6, kjv):
     manifest = store.manifest
     assert manifest["model"]["name"] == "minilm-l6" and manifest["model"]["weights_sha256"] == minilm_l6.weights_sha256()
     assert manifest["corpus"]["sha256"] == kjv.sha256 and manifest["corpus"]["block_index"] == blocks.index.tolist()
-    assert manifest["versions"]["torch"] == torch.__version__.split("+")[0] or manifest["versions"]["torch"].startswith(torch.__version__[:4])
+    assert manifest["versions"]["torch"] == torch.__version__.split("+")[0] or manifest["versions"]["torch"].startswith(
+        torch.__version__[:4]
+    )
     with pytest.raises(attnlens.AttnlensError, match="layer 1 is not in the store"):
         store.scores(1)
 
 
 def test_float16_store_holds_rounded_scores(tmp_path, reference_store, minilm_l6, kjv):
-    half = attnlens.extract(minilm_l6, kjv, tmp_path / "half", **SETTINGS)
+    half = attnlens.extract(minilm_l6, tmp_path / "half", corpus=kjv, **SETTINGS)
     assert half.scores(0).dtype == np.float16
     np.testing.assert_array_equal(half.scores(0), reference_store.scores(0).astype(np.float16))
     with pytest.raises(attnlens.AttnlensError, match="holds no weights"):
@@ -69,7 +73,7 @@ KILLER = textwrap.dedent(
             os.kill(os.getpid(), signal.SIGKILL)
         pwrite_all(descriptor, data, offset)
     StoreWriter._write_at = staticmethod(write_then_die)
-    attnlens.extract("minilm-l6", "kjv", sys.argv[1], dtype="float32", weights=True, **{settings})
+    attnlens.extract("minilm-l6", sys.argv[1], corpus="kjv", dtype="float32", weights=True, **{settings})
     """
 )
 
@@ -85,8 +89,8 @@ def test_resume_after_kill_is_bit_identical(tmp_path, reference_store):
     with pytest.raises(attnlens.AttnlensError, match="unfinished"):
         attnlens.open_store(out)
     with pytest.raises(attnlens.AttnlensError, match="already exists"):
-        attnlens.extract("minilm-l6", "kjv", out, dtype="float32", weights=True, **SETTINGS)
-    resumed = attnlens.extract("minilm-l6", "kjv", out, dtype="float32", weights=True, resume=True, **SETTINGS)
+        attnlens.extract("minilm-l6", out, corpus="kjv", dtype="float32", weights=True, **SETTINGS)
+    resumed = attnlens.extract("minilm-l6", out, corpus="kjv", dtype="float32", weights=True, resume=True, **SETTINGS)
     for layer in (0, 3):
         for kind in ("scores", "valid", "weights"):
             expected, got = getattr(reference_store, kind)(layer), getattr(resumed, kind)(layer)
@@ -95,9 +99,9 @@ def test_resume_after_kill_is_bit_identical(tmp_path, reference_store):
 
 def test_resume_refuses_other_settings(tmp_path, minilm_l6, kjv):
     out = tmp_path / "s"
-    attnlens.extract(minilm_l6, kjv, out, **SETTINGS)
+    attnlens.extract(minilm_l6, out, corpus=kjv, **SETTINGS)
     with pytest.raises(attnlens.AttnlensError, match="made with n = 32"):
-        attnlens.extract(minilm_l6, kjv, out, resume=True, **{**SETTINGS, "seq_len": 16})
+        attnlens.extract(minilm_l6, out, corpus=kjv, resume=True, **{**SETTINGS, "seq_len": 16})
 
 
 def test_full_disk_mid_write_keeps_finished_batches(tmp_path, monkeypatch, reference_store, minilm_l6, kjv):
@@ -113,12 +117,12 @@ def test_full_disk_mid_write_keeps_finished_batches(tmp_path, monkeypatch, refer
     monkeypatch.setattr(StoreWriter, "_write_at", staticmethod(fill_up))
     out = tmp_path / "full"
     with pytest.raises(attnlens.AttnlensError, match="after 16 finished sequences, which are safe"):
-        attnlens.extract(minilm_l6, kjv, out, dtype="float32", weights=True, **SETTINGS)
+        attnlens.extract(minilm_l6, out, corpus=kjv, dtype="float32", weights=True, **SETTINGS)
     partial = attnlens.open_store(out, allow_partial=True)
     assert partial.complete == 16
     np.testing.assert_array_equal(partial.scores(3), reference_store.scores(3)[:16])
     monkeypatch.setattr(StoreWriter, "_write_at", original)
-    finished = attnlens.extract(minilm_l6, kjv, out, dtype="float32", weights=True, resume=True, **SETTINGS)
+    finished = attnlens.extract(minilm_l6, out, corpus=kjv, dtype="float32", weights=True, resume=True, **SETTINGS)
     np.testing.assert_array_equal(finished.scores(3), reference_store.scores(3))
 
 
@@ -129,7 +133,7 @@ def test_not_enough_space_fails_before_any_work(tmp_path, monkeypatch, minilm_l6
     usage = namedtuple("usage", "total used free")
     monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10**9, 10**9 - 1000, 1000))
     with pytest.raises(attnlens.AttnlensError, match="not enough disk space"):
-        attnlens.extract(minilm_l6, kjv, tmp_path / "s", **SETTINGS)
+        attnlens.extract(minilm_l6, tmp_path / "s", corpus=kjv, **SETTINGS)
 
 
 def test_damaged_foreign_and_newer_stores_are_refused(tmp_path, reference_store):
@@ -162,14 +166,14 @@ def test_damaged_foreign_and_newer_stores_are_refused(tmp_path, reference_store)
 
 def test_overwrite_replaces_a_store_but_never_a_foreign_directory(tmp_path, minilm_l6, kjv):
     out = tmp_path / "s"
-    attnlens.extract(minilm_l6, kjv, out, **SETTINGS)
-    replaced = attnlens.extract(minilm_l6, kjv, out, overwrite=True, **{**SETTINGS, "layers": [1]})
+    attnlens.extract(minilm_l6, out, corpus=kjv, **SETTINGS)
+    replaced = attnlens.extract(minilm_l6, out, corpus=kjv, overwrite=True, **{**SETTINGS, "layers": [1]})
     assert replaced.layers == [1]
     foreign = tmp_path / "mine"
     foreign.mkdir()
     (foreign / "thesis.tex").write_text("precious")
     with pytest.raises(attnlens.AttnlensError, match="not an attnlens store"):
-        attnlens.extract(minilm_l6, kjv, foreign, overwrite=True, **SETTINGS)
+        attnlens.extract(minilm_l6, foreign, corpus=kjv, overwrite=True, **SETTINGS)
     assert (foreign / "thesis.tex").read_text() == "precious"
 
 
@@ -186,6 +190,7 @@ def test_direct_writes_leave_the_same_bytes_as_plain_writes(tmp_path, monkeypatc
 
     switched = []
     original = store._set_direct
+
     def set_direct(descriptor, on):
         switched.append(on and original(descriptor, on))
         return switched[-1] if on else original(descriptor, on)
@@ -200,8 +205,15 @@ def test_direct_writes_leave_the_same_bytes_as_plain_writes(tmp_path, monkeypatc
     try:
         for descriptor in descriptors:
             os.posix_fallocate(descriptor, 0, 16 * align)
-        cases = [(0, 0, 2 * align), (align, 0, 3 * align), (128, align - 128, 3 * align), (100, align - 100, 2 * align + 7),
-                 (5, 0, 2 * align), (align + 64, align - 64, 100), (3 * align, 17, 2 * align)]  # (offset, memory shift, length)
+        cases = [
+            (0, 0, 2 * align),
+            (align, 0, 3 * align),
+            (128, align - 128, 3 * align),
+            (100, align - 100, 2 * align + 7),
+            (5, 0, 2 * align),
+            (align + 64, align - 64, 100),
+            (3 * align, 17, 2 * align),
+        ]  # (offset, memory shift, length)
         for offset, shift, length in cases:
             data = memoryview(raw[base + shift : base + shift + length])
             store.pwrite_direct(descriptors[0], data, 4 * align + offset)

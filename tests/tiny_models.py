@@ -28,22 +28,38 @@ def save_tiny(path: Path, minilm, kind: str) -> Path:
     torch.manual_seed(0)
     if kind == "causal":
         config = transformers.LlamaConfig(
-            vocab_size=30522, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, max_position_embeddings=64, bos_token_id=101, eos_token_id=102, pad_token_id=0,
+            vocab_size=30522,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=64,
+            bos_token_id=101,
+            eos_token_id=102,
+            pad_token_id=0,
         )
         model = transformers.AutoModelForCausalLM.from_config(config)
     else:
         config = transformers.BertConfig(
-            vocab_size=30522, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+            vocab_size=30522,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
             max_position_embeddings=64,
         )
-        model = transformers.BertForMaskedLM(config) if kind == "mlm" else transformers.BertLMHeadModel(
-            transformers.BertConfig(**{**config.to_dict(), "is_decoder": True}))
+        model = (
+            transformers.BertForMaskedLM(config)
+            if kind == "mlm"
+            else transformers.BertLMHeadModel(transformers.BertConfig(**{**config.to_dict(), "is_decoder": True}))
+        )
     return save_with_minilm_tokenizer(path, model, minilm)
 
 
 # The command line, run in-process (shared by the CLI tests; test files import helpers from here, never
 # from each other).
+
 
 def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
     """Run ``attnlens ARGV...`` in this process: (exit status, stdout, stderr)."""
@@ -81,9 +97,17 @@ def moments_of_rows(rows, quantity: str = "scores", queries: int | None = None):
     count, n = rows.shape
     units = 1 if queries is None else queries
     tile = lambda array: np.broadcast_to(array, (1, 1, units, *array.shape)).copy()
-    return Moments(quantity, n, (0,), 1, None if queries is None else tuple(range(queries)),
-                   count=np.full((1, 1, units), float(count)), key_count=tile(np.full(n, float(count))),
-                   sum=tile(rows.sum(0)), sum_outer=tile(rows.T @ rows))
+    return Moments(
+        quantity,
+        n,
+        (0,),
+        1,
+        None if queries is None else tuple(range(queries)),
+        count=np.full((1, 1, units), float(count)),
+        key_count=tile(np.full(n, float(count))),
+        sum=tile(rows.sum(0)),
+        sum_outer=tile(rows.T @ rows),
+    )
 
 
 def reference_moments(model, ids, layers, quantity: str = "scores", queries=None, seed: int = 0):
@@ -123,8 +147,16 @@ def reference_moments(model, ids, layers, quantity: str = "scores", queries=None
             arrays["key_count"].append(keys)
             arrays["sum"].append([[rows.sum(0) for rows in unit] for unit in units])
             arrays["sum_outer"].append([[rows.T @ rows for rows in unit] for unit in units])
-        parts.append(Moments(quantity, ids.shape[1], tuple(layers), model.num_heads, None if queries is None else tuple(queries),
-                             **{name: np.array(value, dtype=np.float64) for name, value in arrays.items()}))
+        parts.append(
+            Moments(
+                quantity,
+                ids.shape[1],
+                tuple(layers),
+                model.num_heads,
+                None if queries is None else tuple(queries),
+                **{name: np.array(value, dtype=np.float64) for name, value in arrays.items()},
+            )
+        )
     return HalfMoments(*parts)
 
 
@@ -133,8 +165,19 @@ def save_tiny_gpt_oss(path: Path, minilm) -> Path:
     head (``s_aux``), which attnlens refuses (2 experts, 4 query heads / 2 key heads)."""
     torch.manual_seed(0)
     config = transformers.GptOssConfig(
-        vocab_size=30522, hidden_size=32, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=8, num_local_experts=2, num_experts_per_tok=1, sliding_window=8,
-        max_position_embeddings=64, bos_token_id=101, eos_token_id=102, pad_token_id=0,
+        vocab_size=30522,
+        hidden_size=32,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        num_local_experts=2,
+        num_experts_per_tok=1,
+        sliding_window=8,
+        max_position_embeddings=64,
+        bos_token_id=101,
+        eos_token_id=102,
+        pad_token_id=0,
     )
     return save_with_minilm_tokenizer(path, transformers.AutoModelForCausalLM.from_config(config), minilm)

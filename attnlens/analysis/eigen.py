@@ -167,8 +167,14 @@ class EigenResult(Result):
 
     kind = "eigen"
 
-    def __init__(self, meta: dict, tables: dict[str, pd.DataFrame], arrays: dict[str, np.ndarray],
-                 path: Path | None = None, moments: HalfMoments | None = None) -> None:
+    def __init__(
+        self,
+        meta: dict,
+        tables: dict[str, pd.DataFrame],
+        arrays: dict[str, np.ndarray],
+        path: Path | None = None,
+        moments: HalfMoments | None = None,
+    ) -> None:
         super().__init__(meta, tables, arrays, path)
         self.moments = moments  # the row moments of the two halves, when computed here (not for moments read from disk)
 
@@ -203,9 +209,13 @@ class EigenResult(Result):
         return f"n={self.n}, {settings['quantity']}, {len(self.meta['layers'])} layers x {self.meta['num_heads']} heads"
 
 
-
 def analyse_moments(
-    halves: HalfMoments, *, centred: bool = True, project_ones: bool = False, keep: int = 32, seed: int = 0,
+    halves: HalfMoments,
+    *,
+    centred: bool = True,
+    project_ones: bool = False,
+    keep: int = 32,
+    seed: int = 0,
     progress: bool = False,
 ) -> tuple[pd.DataFrame, dict[str, np.ndarray]]:
     """Spectra of every unit at every level, from the moments of two halves.
@@ -221,22 +231,29 @@ def analyse_moments(
     keep = min(keep, n)
     rows, arrays = [], {}
     shapes = {level: level_shape(a, level) for level in LEVELS}
-    with progress_bar(total=int(sum(np.prod(shape) for shape in shapes.values())), desc="eigen", unit="unit",
-                      enabled=progress) as bar:
+    with progress_bar(
+        total=int(sum(np.prod(shape) for shape in shapes.values())), desc="eigen", unit="unit", enabled=progress
+    ) as bar:
         for level, shape in shapes.items():
             values = np.zeros((*shape, n))
             baseline = np.zeros((*shape, n))
             means = np.zeros((*shape, n))
             vectors = {suffix: np.zeros((*shape, n, keep), dtype=np.float32) for suffix in ("", "_a", "_b")}
             for index in np.ndindex(shape):
-                units = {"": unit_sums((a, b), level, index), "_a": unit_sums((a,), level, index), "_b": unit_sums((b,), level, index)}
+                units = {
+                    "": unit_sums((a, b), level, index),
+                    "_a": unit_sums((a,), level, index),
+                    "_b": unit_sums((b,), level, index),
+                }
                 total = units[""]
                 moment, complete = total.second_moment(centred), total.complete_keys()
                 spectrum = unit_spectrum(moment, complete, keep, project_ones)
                 values[index], vectors[""][index] = spectrum.eigenvalues, spectrum.eigenvectors
                 for suffix in ("_a", "_b"):
                     part = units[suffix]
-                    vectors[suffix][index] = unit_spectrum(part.second_moment(centred), part.complete_keys(), keep, project_ones).eigenvectors
+                    vectors[suffix][index] = unit_spectrum(
+                        part.second_moment(centred), part.complete_keys(), keep, project_ones
+                    ).eigenvectors
                 variances = np.diag(moment)[complete]
                 if project_ones and complete.any():  # the baseline loses the same direction
                     variances = variances * (1 - 1 / complete.sum())
@@ -294,15 +311,18 @@ def matrix_spectrum(matrices: np.ndarray, centred: bool = True) -> tuple[np.ndar
     return values, deterministic_sign(factor)
 
 
-def _matrix_analysis(store: Store, layers: list[int], quantity: str, centred: bool, keep: int, seed: int,
-                     progress: bool) -> tuple[pd.DataFrame, dict[str, np.ndarray]]:
+def _matrix_analysis(
+    store: Store, layers: list[int], quantity: str, centred: bool, keep: int, seed: int, progress: bool
+) -> tuple[pd.DataFrame, dict[str, np.ndarray]]:
     from attnlens.rows.moments import row_values
 
     rng = np.random.default_rng(seed)
     rows, values_by_unit, vectors_by_unit = [], [], []
     with progress_bar(total=len(layers), desc="matrices", unit="layer", enabled=progress) as bar:
         for layer in layers:
-            x = row_values(torch.from_numpy(np.array(store.scores(layer))), torch.from_numpy(np.array(store.valid(layer))), quantity)
+            x = row_values(
+                torch.from_numpy(np.array(store.scores(layer))), torch.from_numpy(np.array(store.valid(layer))), quantity
+            )
             entries = np.asarray(store.valid(layer)).all(0).ravel()  # entries valid in every sequence
             flat = x.reshape(x.shape[0], x.shape[1], -1)[:, :, torch.from_numpy(entries)].numpy()
             units = [(head, flat[:, head]) for head in range(store.num_heads)] + [(-1, flat.reshape(-1, flat.shape[-1]))]
@@ -310,10 +330,19 @@ def _matrix_analysis(store: Store, layers: list[int], quantity: str, centred: bo
                 values, factor = matrix_spectrum(matrices, centred)
                 variances = matrices.var(0, ddof=1) if centred else (matrices**2).mean(0)
                 baseline = _matrix_baseline(variances, len(matrices), centred, rng)
-                rows.append({"level": "head" if head >= 0 else "layer", "layer": layer, "head": head,
-                             "sequences": len(matrices), "entries": int(entries.sum()),
-                             "total_variance": float(values.sum()), "top_eigenvalue": float(values[0]),
-                             **summarise(values), **summarise(baseline, "baseline_")})
+                rows.append(
+                    {
+                        "level": "head" if head >= 0 else "layer",
+                        "layer": layer,
+                        "head": head,
+                        "sequences": len(matrices),
+                        "entries": int(entries.sum()),
+                        "total_variance": float(values.sum()),
+                        "top_eigenvalue": float(values[0]),
+                        **summarise(values),
+                        **summarise(baseline, "baseline_"),
+                    }
+                )
                 padded = np.zeros(store.num_seqs * store.num_heads)
                 padded[: len(values)] = values
                 values_by_unit.append(padded)
@@ -393,23 +422,31 @@ def eigen(
     if isinstance(source, (str, Path)) and is_moments_source(source):
         return _eigen_of_moments(source, settings, progress=progress, command=command)
     if settings.full_matrices and not isinstance(source, Store) and not is_store(Path(str(source))):
-        raise BadInput("`full_matrices` analysis reads the matrices of each sequence from a store; run 'attnlens extract' first and give its directory")
+        raise BadInput(
+            "`full_matrices` analysis reads the matrices of each sequence from a store; run 'attnlens extract' first and give its directory"
+        )
     s = settings.replace(quantity=settings.quantity or "scores")
     rows = open_rows(source, corpus=s.corpus, seq_len=s.seq_len, num_seqs=s.num_seqs, seed=s.seed, device=device)
     queries = _queries(s, rows.n)
-    halves = compute_moments(rows, quantity=s.quantity, queries=queries, layers=s.layers, batch_size=s.batch_size,
-                             seed=s.seed, progress=progress)
-    table, arrays = analyse_moments(halves, centred=s.centred, project_ones=s.project_ones, keep=s.keep, seed=s.seed,
-                                    progress=progress)
+    halves = compute_moments(
+        rows, quantity=s.quantity, queries=queries, layers=s.layers, batch_size=s.batch_size, seed=s.seed, progress=progress
+    )
+    table, arrays = analyse_moments(
+        halves, centred=s.centred, project_ones=s.project_ones, keep=s.keep, seed=s.seed, progress=progress
+    )
     tables = {"table": table}
     if s.full_matrices:
-        tables["matrix_table"], matrix_arrays = _matrix_analysis(rows.store, list(halves.a.layers), s.quantity, s.centred,
-                                                                 min(s.keep, 8), s.seed, progress)
+        tables["matrix_table"], matrix_arrays = _matrix_analysis(
+            rows.store, list(halves.a.layers), s.quantity, s.centred, min(s.keep, 8), s.seed, progress
+        )
         arrays.update(matrix_arrays)
     meta = {
         "model": rows.model_info,
-        "corpus": {**rows.corpus_info, "block_index": rows.block_index.tolist(),
-                   "half_of_block": split_halves(rows.num_seqs, s.seed).tolist()},
+        "corpus": {
+            **rows.corpus_info,
+            "block_index": rows.block_index.tolist(),
+            "half_of_block": split_halves(rows.num_seqs, s.seed).tolist(),
+        },
         "n": rows.n,
         "layers": list(halves.a.layers),
         "num_heads": halves.a.num_heads,
@@ -445,22 +482,42 @@ def _eigen_of_moments(source: str | Path, settings: EigenSettings, *, progress: 
             f"moments are computed: attnlens moments --quantity {settings.quantity}"
         )
     if (settings.per_query or settings.queries is not None) and made["queries"] is None:
-        raise BadInput(f"the moments in {source} pool rows over queries; compute per-query moments with attnlens moments --per-query or --queries")
+        raise BadInput(
+            f"the moments in {source} pool rows over queries; compute per-query moments with attnlens moments --per-query or --queries"
+        )
     halves = _select(merged.halves, settings.layers, settings.queries, source)
     n = made["n"]
-    table, arrays = analyse_moments(halves, centred=settings.centred, project_ones=settings.project_ones, keep=settings.keep,
-                                    seed=settings.seed, progress=progress)
+    table, arrays = analyse_moments(
+        halves,
+        centred=settings.centred,
+        project_ones=settings.project_ones,
+        keep=settings.keep,
+        seed=settings.seed,
+        progress=progress,
+    )
     meta = {
         "model": merged.meta["model"],
         "corpus": merged.meta["corpus"],
         "n": n,
         "layers": list(halves.a.layers),
         "num_heads": halves.a.num_heads,
-        "settings": {**settings.to_dict(), "quantity": made["quantity"], "corpus": merged.meta["corpus"].get("source"),
-                     "seq_len": n, "num_seqs": made["num_seqs"], "seed": settings.seed,
-                     "queries": None if halves.a.queries is None else list(halves.a.queries), "keep": min(settings.keep, n)},
-        "moments": {"path": str(merged.path), "num_seqs": made["num_seqs"], "seed": made["seed"],
-                    "accumulate": made["accumulate"], "run": merged.meta.get("run")},
+        "settings": {
+            **settings.to_dict(),
+            "quantity": made["quantity"],
+            "corpus": merged.meta["corpus"].get("source"),
+            "seq_len": n,
+            "num_seqs": made["num_seqs"],
+            "seed": settings.seed,
+            "queries": None if halves.a.queries is None else list(halves.a.queries),
+            "keep": min(settings.keep, n),
+        },
+        "moments": {
+            "path": str(merged.path),
+            "num_seqs": made["num_seqs"],
+            "seed": made["seed"],
+            "accumulate": made["accumulate"],
+            "run": merged.meta.get("run"),
+        },
         **provenance(command),
     }
     return EigenResult(meta, {"table": table}, arrays)
@@ -480,13 +537,24 @@ def _select(halves: HalfMoments, layers: list[int] | None, queries: list[int] | 
     if moments.queries is not None:
         absent = [q for q in chosen if q not in moments.queries]
         if absent:
-            raise BadInput(f"query {absent[0]} is not in the moments in {source}; they hold query positions {list(moments.queries)}")
+            raise BadInput(
+                f"query {absent[0]} is not in the moments in {source}; they hold query positions {list(moments.queries)}"
+            )
     layer_at = [moments.layers.index(layer) for layer in layers]
     query_at = [0] if moments.queries is None else [moments.queries.index(q) for q in chosen]
 
     def pick(part: Moments) -> Moments:
         take = lambda array: np.take(np.take(array, layer_at, axis=0), query_at, axis=2)
-        return Moments(part.quantity, part.n, layers, part.num_heads, None if part.queries is None else chosen,
-                       count=take(part.count), key_count=take(part.key_count), sum=take(part.sum), sum_outer=take(part.sum_outer))
+        return Moments(
+            part.quantity,
+            part.n,
+            layers,
+            part.num_heads,
+            None if part.queries is None else chosen,
+            count=take(part.count),
+            key_count=take(part.key_count),
+            sum=take(part.sum),
+            sum_outer=take(part.sum_outer),
+        )
 
     return HalfMoments(pick(halves.a), pick(halves.b))

@@ -137,12 +137,15 @@ def prepare_batches(objective: Objective, ids: np.ndarray, batch_size: int) -> l
     """The objective's inputs for every batch, prepared once (references from the unmodified model)."""
     if batch_size < 1:
         raise AttnlensError(f"`batch_size` {batch_size} must be at least 1")
-    return [objective.prepare(torch.from_numpy(ids[start : start + batch_size]), offset=start)
-            for start in range(0, len(ids), batch_size)]
+    return [
+        objective.prepare(torch.from_numpy(ids[start : start + batch_size]), offset=start)
+        for start in range(0, len(ids), batch_size)
+    ]
 
 
-def evaluate_batch(objective: Objective, batch: PreparedBatch, intervene: Intervention | None = None,
-                   layers: list[int] | None = None) -> dict[str, np.ndarray]:
+def evaluate_batch(
+    objective: Objective, batch: PreparedBatch, intervene: Intervention | None = None, layers: list[int] | None = None
+) -> dict[str, np.ndarray]:
     """Per-block metrics of one batch, under an optional score intervention, without gradients."""
     with torch.no_grad():
         if intervene is None:
@@ -162,8 +165,9 @@ def bootstrap_weights(num_blocks: int, resamples: int, seed: int) -> np.ndarray:
     return counts / num_blocks
 
 
-def bootstrap_interval(values: np.ndarray, resamples: int = 1000, seed: int = 0,
-                       confidence: float = CONFIDENCE) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def bootstrap_interval(
+    values: np.ndarray, resamples: int = 1000, seed: int = 0, confidence: float = CONFIDENCE
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Mean over the last axis (blocks) and its percentile-bootstrap interval.
 
     >>> mean, low, high = bootstrap_interval(np.array([[1.0, 2.0, 3.0, 4.0]]), resamples=200)

@@ -121,7 +121,9 @@ def gradient_target(objective: Objective, batch: PreparedBatch, blocks: np.ndarr
     hidden = model.forward(batch.input_ids, output_hidden_states=True).hidden_states[-1]
     reference = batch.reference.to(hidden.dtype)
     tokens, width = hidden.shape[1:]
-    projection = torch.stack([hidden_projection((tokens, width), seed, block, hidden.dtype) for block in blocks]).to(hidden.device)
+    projection = torch.stack([hidden_projection((tokens, width), seed, block, hidden.dtype) for block in blocks]).to(
+        hidden.device
+    )
     scale = math.sqrt(math.pi / 2) / math.sqrt(tokens * width)
     return (projection * hidden / reference.norm(dim=-1, keepdim=True)).sum() * scale
 
@@ -185,17 +187,25 @@ def _mass_tables(acc: _MassAccumulator, classes: tuple[str, ...]) -> tuple[pd.Da
     mass = acc.mass / acc.rows[:, None, None]
     share = acc.share / acc.rows[:, None]
     layer, head, cls = np.meshgrid(np.arange(num_layers), np.arange(num_heads), np.arange(len(classes)), indexing="ij")
-    mass_table = pd.DataFrame({
-        "layer": layer.ravel(), "head": head.ravel(), "class": np.asarray(classes)[cls.ravel()],
-        "mass": mass.ravel(), "share": share[layer.ravel(), cls.ravel()],
-    })
+    mass_table = pd.DataFrame(
+        {
+            "layer": layer.ravel(),
+            "head": head.ravel(),
+            "class": np.asarray(classes)[cls.ravel()],
+            "mass": mass.ravel(),
+            "share": share[layer.ravel(), cls.ravel()],
+        }
+    )
     mass_table["lift"] = mass_table["mass"] / mass_table["share"]
     layer2, head2 = np.meshgrid(np.arange(num_layers), np.arange(num_heads), indexing="ij")
-    entropy_table = pd.DataFrame({
-        "layer": layer2.ravel(), "head": head2.ravel(),
-        "entropy": (acc.entropy / acc.rows[:, None]).ravel(),
-        "uniform_entropy": (acc.uniform_entropy / acc.rows)[layer2.ravel()],
-    })
+    entropy_table = pd.DataFrame(
+        {
+            "layer": layer2.ravel(),
+            "head": head2.ravel(),
+            "entropy": (acc.entropy / acc.rows[:, None]).ravel(),
+            "uniform_entropy": (acc.uniform_entropy / acc.rows)[layer2.ravel()],
+        }
+    )
     return mass_table, entropy_table
 
 
@@ -311,8 +321,10 @@ def importance(
     group_sizes = np.bincount(groups, minlength=len(group_valid))
     roles = token_roles(ids, model)
     all_masks = class_masks(ids, model, classes, roles=roles)
-    counts = {name: int(sum(int((mask & gv).sum()) * size for gv, size in zip(group_valid, group_sizes)))
-              for name, mask in all_masks.items()}
+    counts = {
+        name: int(sum(int((mask & gv).sum()) * size for gv, size in zip(group_valid, group_sizes)))
+        for name, mask in all_masks.items()
+    }
     classes, notes = check_classes_occur(classes, counts, model, len(blocks), explicit=explicit)
     dropped = [name for name in notes]
     # "other" means "none of the classes measured", so recompute the masks without dropped ones.
@@ -335,9 +347,12 @@ def importance(
             rows = slice(start, start + batch.input_ids.shape[0])
             masks = {name: mask[rows].to(model.device) for name, mask in all_masks.items()}
             stacked = torch.stack(list(masks.values())).float()
-            keys = torch.rand((len(classes), *stacked.shape[1:]), generator=torch.Generator().manual_seed(
-                int(np.random.SeedSequence([seed, _RANDOM_STREAM, int(blocks.index[start])]).generate_state(1)[0])
-            )).to(model.device)
+            keys = torch.rand(
+                (len(classes), *stacked.shape[1:]),
+                generator=torch.Generator().manual_seed(
+                    int(np.random.SeedSequence([seed, _RANDOM_STREAM, int(blocks.index[start])]).generate_state(1)[0])
+                ),
+            ).to(model.device)
             removals = _batch_removals(masks, group_valid.to(model.device), keys)
 
             for index, condition in enumerate(conditions):
@@ -361,7 +376,10 @@ def importance(
                         removed[index] += (float(remove.sum()), float(valid_group.sum()) * remove.shape[0])
                         if condition.control == "class":
                             target = masks[condition.cls] & valid_group.to(model.device)
-                            spared[index] += (float((target.any(-1) & ~remove.any(-1)).sum()), float(valid_group.any(-1).sum()) * remove.shape[0])
+                            spared[index] += (
+                                float((target.any(-1) & ~remove.any(-1)).sum()),
+                                float(valid_group.any(-1).sum()) * remove.shape[0],
+                            )
                 losses[index, rows] = metrics["loss"]
                 if pooled is not None:
                     pooled[index, rows] = metrics["pooled_cosine"]
@@ -380,9 +398,14 @@ def importance(
         "model": model.describe(),
         "corpus": {**corpus.describe(), "blocks_available": blocks.available, "block_index": blocks.index.tolist()},
         "settings": {
-            **s.to_dict(), "corpus": corpus.describe().get("source"),
-            "classes": list(classes), "classes_dropped": dropped, "objective": judge.name,
-            "n": seq_len, "num_seqs": len(blocks), "removal": "-inf before softmax; rows that would lose every valid key are spared",
+            **s.to_dict(),
+            "corpus": corpus.describe().get("source"),
+            "classes": list(classes),
+            "classes_dropped": dropped,
+            "objective": judge.name,
+            "n": seq_len,
+            "num_seqs": len(blocks),
+            "removal": "-inf before softmax; rows that would lose every valid key are spared",
         },
         "roles": roles.description,
         "notes": notes,
@@ -393,13 +416,20 @@ def importance(
         arrays["ablation_pooled_cosine"] = pooled
     if gradient:
         arrays["gradient_blocks"] = gradients
-    tables = {"summary": summary, "classes": classes_table, "mass": mass_table, "entropy": entropy_table,
-              "ablation": ablation_table, "gradient": gradient_table}
+    tables = {
+        "summary": summary,
+        "classes": classes_table,
+        "mass": mass_table,
+        "entropy": entropy_table,
+        "ablation": ablation_table,
+        "gradient": gradient_table,
+    }
     return ImportanceResult(meta, tables, arrays)
 
 
-def _batch_gradients(judge: Objective, batch: PreparedBatch, block_index: np.ndarray, stacked: torch.Tensor,
-                     seed: int) -> np.ndarray:
+def _batch_gradients(
+    judge: Objective, batch: PreparedBatch, block_index: np.ndarray, stacked: torch.Tensor, seed: int
+) -> np.ndarray:
     """(batch, layer, head, class + all) derivatives of each block's loss w.r.t. its gates at 1."""
     gates: dict[int, torch.Tensor] = {}
 
@@ -429,7 +459,9 @@ def _ablation_table(conditions, losses, pooled, removed, spared, bootstrap, seed
     table["loss"] = losses.mean(1)
     table["delta"], table["delta_low"], table["delta_high"] = mean, low, high
     if pooled is not None:
-        table["pooled_cosine"], table["pooled_cosine_low"], table["pooled_cosine_high"] = bootstrap_interval(pooled, bootstrap, seed)
+        table["pooled_cosine"], table["pooled_cosine_low"], table["pooled_cosine_high"] = bootstrap_interval(
+            pooled, bootstrap, seed
+        )
     # class minus its random control, paired over blocks (random rows follow their class rows)
     excess = np.full((3, len(conditions)), np.nan)
     is_class = (table["control"] == "class").to_numpy()
@@ -458,28 +490,44 @@ def _gradient_table(gradients: np.ndarray, classes: tuple[str, ...], bootstrap: 
         values = np.moveaxis(values, 0, -1)  # (layer, head, class, block)
         mean, low, high = bootstrap_interval(np.abs(values), bootstrap, seed)
         layer, head, cls = np.meshgrid(list(layers), list(heads), np.arange(len(names)), indexing="ij")
-        frames.append(pd.DataFrame({
-            "level": level, "layer": layer.ravel(), "head": head.ravel(), "class": np.asarray(names, dtype=object)[cls.ravel()],
-            "importance": mean.ravel(), "importance_low": low.ravel(), "importance_high": high.ravel(),
-            "signed": values.mean(-1).ravel(),
-        }))
+        frames.append(
+            pd.DataFrame(
+                {
+                    "level": level,
+                    "layer": layer.ravel(),
+                    "head": head.ravel(),
+                    "class": np.asarray(names, dtype=object)[cls.ravel()],
+                    "importance": mean.ravel(),
+                    "importance_low": low.ravel(),
+                    "importance_high": high.ravel(),
+                    "signed": values.mean(-1).ravel(),
+                }
+            )
+        )
     return pd.concat(frames, ignore_index=True)
 
 
 def _classes_table(classes, counts, mass_table, roles, notes) -> pd.DataFrame:
     share = mass_table.groupby("class")["share"].mean()
-    definitions = {"self": "j = i", "prev": "j = i - 1", "next": "j = i + 1", "other": "none of the other classes measured",
-                   **{role: f"key is {text}" for role, text in roles.items()}}
+    definitions = {
+        "self": "j = i",
+        "prev": "j = i - 1",
+        "next": "j = i + 1",
+        "other": "none of the other classes measured",
+        **{role: f"key is {text}" for role, text in roles.items()},
+    }
     rows = []
     for name in classes:
-        rows.append({
-            "class": name,
-            "definition": definitions.get(name, "0 < |i - j| <= w" if name.startswith("band") else ""),
-            "occurs": name not in notes,
-            "positions": counts.get(name, 0),
-            "share": share.get(name, np.nan),
-            "note": notes.get(name, ""),
-        })
+        rows.append(
+            {
+                "class": name,
+                "definition": definitions.get(name, "0 < |i - j| <= w" if name.startswith("band") else ""),
+                "occurs": name not in notes,
+                "positions": counts.get(name, 0),
+                "share": share.get(name, np.nan),
+                "note": notes.get(name, ""),
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -489,8 +537,13 @@ def _summary_table(classes, dropped, notes, mass_table, ablation, gradient) -> p
     grad_rows = gradient[gradient["level"] == "model"].set_index("class") if len(gradient) else None
     for name in classes:
         mass = mass_table[mass_table["class"] == name]
-        row = {"class": name, "occurs": True, "share": mass["share"].mean(), "mass": mass["mass"].mean(),
-               "mass_max": mass["mass"].max()}
+        row = {
+            "class": name,
+            "occurs": True,
+            "share": mass["share"].mean(),
+            "mass": mass["mass"].mean(),
+            "mass_max": mass["mass"].max(),
+        }
         for control, prefix in (("class", "delta"), ("random", "random")):
             picked = model_rows[(model_rows["class"] == name) & (model_rows["control"] == control)].iloc[0]
             row[prefix], row[f"{prefix}_low"], row[f"{prefix}_high"] = picked["delta"], picked["delta_low"], picked["delta_high"]
@@ -498,10 +551,18 @@ def _summary_table(classes, dropped, notes, mass_table, ablation, gradient) -> p
                 row["pooled_cosine" if control == "class" else "random_pooled_cosine"] = picked["pooled_cosine"]
             if control == "class":
                 row["removed"] = picked["removed"]
-                row["excess"], row["excess_low"], row["excess_high"] = picked["excess"], picked["excess_low"], picked["excess_high"]
+                row["excess"], row["excess_low"], row["excess_high"] = (
+                    picked["excess"],
+                    picked["excess_low"],
+                    picked["excess_high"],
+                )
         if grad_rows is not None and name in grad_rows.index:
             picked = grad_rows.loc[name]
-            row["gradient"], row["gradient_low"], row["gradient_high"] = picked["importance"], picked["importance_low"], picked["importance_high"]
+            row["gradient"], row["gradient_low"], row["gradient_high"] = (
+                picked["importance"],
+                picked["importance_low"],
+                picked["importance_high"],
+            )
         row["note"] = ""
         rows.append(row)
     for name in dropped:

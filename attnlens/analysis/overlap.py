@@ -149,7 +149,6 @@ class OverlapResult(Result):
         return self.arrays[f"{name}_overlap"]
 
 
-
 @dataclass(frozen=True)
 class OverlapSettings(Settings):
     """Settings of :func:`overlap`: the dimension ``dim`` of the compared eigenspaces, and
@@ -192,7 +191,9 @@ def overlap(
         raise AttnlensError(f"`dim` {dim} is out of range; it must be between 1 and n = {n}")
     for result in results:
         if dim > result.keep:
-            raise AttnlensError(f"`dim` {dim} is above the {result.keep} eigenvectors the eigen result keeps; rerun eigen with `keep` {dim}")
+            raise AttnlensError(
+                f"`dim` {dim} is above the {result.keep} eigenvectors the eigen result keeps; rerun eigen with `keep` {dim}"
+            )
     positions = [_query_index(result, query) for result in results]
     names = [result.meta["model"]["name"] for result in results]
     arrays: dict[str, np.ndarray] = {}
@@ -204,12 +205,25 @@ def overlap(
         overlaps, angles = overlap_matrix(a, b)
         arrays[f"{key}_overlap"], arrays[f"{key}_angles"] = overlaps, angles
         for (ia, (layer_a, head_a)), (ib, (layer_b, head_b)) in (
-            ((x, la), (y, lb)) for x, la in enumerate(_unit_labels(results[i], level)) for y, lb in enumerate(_unit_labels(results[j], level))
+            ((x, la), (y, lb))
+            for x, la in enumerate(_unit_labels(results[i], level))
+            for y, lb in enumerate(_unit_labels(results[j], level))
         ):
-            rows.append({"comparison": key, "level": level, "model_a": names[i], "layer_a": layer_a, "head_a": head_a,
-                         "model_b": names[j], "layer_b": layer_b, "head_b": head_b, "overlap": overlaps[ia, ib],
-                         "mean_angle_deg": float(np.degrees(angles[ia, ib]).mean()),
-                         "max_angle_deg": float(np.degrees(angles[ia, ib]).max())})
+            rows.append(
+                {
+                    "comparison": key,
+                    "level": level,
+                    "model_a": names[i],
+                    "layer_a": layer_a,
+                    "head_a": head_a,
+                    "model_b": names[j],
+                    "layer_b": layer_b,
+                    "head_b": head_b,
+                    "overlap": overlaps[ia, ib],
+                    "mean_angle_deg": float(np.degrees(angles[ia, ib]).mean()),
+                    "max_angle_deg": float(np.degrees(angles[ia, ib]).max()),
+                }
+            )
 
     for i in range(len(results)):
         compare(f"layers_{i}", "layer", i, i)
@@ -224,8 +238,16 @@ def overlap(
             a = _bases(result, level, dim, positions[i][0], "a")
             b = _bases(result, level, dim, positions[i][0], "b")
             for unit, (layer, head) in enumerate(_unit_labels(result, level)):
-                split_rows.append({"result": i, "model": names[i], "level": level, "layer": layer, "head": head,
-                                   "overlap": subspace_overlap(a[unit], b[unit])})
+                split_rows.append(
+                    {
+                        "result": i,
+                        "model": names[i],
+                        "level": level,
+                        "layer": layer,
+                        "head": head,
+                        "overlap": subspace_overlap(a[unit], b[unit]),
+                    }
+                )
     meta = {
         "settings": s.to_dict(),
         "dim": dim,

@@ -36,7 +36,9 @@ DeviceOption = Annotated[str, typer.Option("--device", help="cpu, cuda, cuda:1, 
 SeedOption = Annotated[int, typer.Option("--seed", help="Seed for every random choice.")]
 ProgressOption = Annotated[bool, typer.Option("--progress/--no-progress", help="Show a progress bar.")]
 OverwriteOption = Annotated[bool, typer.Option("--overwrite", help="Replace an existing result in --out.")]
-FiguresOption = Annotated[bool, typer.Option("--figures/--no-figures", help="Also draw the figures (PNG and PDF) into OUT/figures.")]
+FiguresOption = Annotated[
+    bool, typer.Option("--figures/--no-figures", help="Also draw the figures (PNG and PDF) into OUT/figures.")
+]
 
 
 # Library parameters whose command-line option is not simply --parameter-name (errors name parameters).
@@ -57,16 +59,19 @@ def _print_version(value: bool) -> None:
 @app.callback()
 def _launch(
     context: typer.Context,
-    version: Annotated[bool, typer.Option("--version", help="Print the version and exit.", callback=_print_version,
-                                          is_eager=True)] = False,
+    version: Annotated[
+        bool, typer.Option("--version", help="Print the version and exit.", callback=_print_version, is_eager=True)
+    ] = False,
 ) -> None:
     # Under torchrun every rank runs the command line: a command that does not split its
     # work would run N times and write N times to the same --out, so it is refused.
     from attnlens.io.ranks import ReportedError, environment_world_size
 
     if environment_world_size() > 1 and context.invoked_subcommand not in DISTRIBUTED_COMMANDS:
-        message = (f"'attnlens {context.invoked_subcommand}' runs in one process; launch it without torchrun "
-                   f"(commands that split work over ranks: {', '.join(DISTRIBUTED_COMMANDS)})")
+        message = (
+            f"'attnlens {context.invoked_subcommand}' runs in one process; launch it without torchrun "
+            f"(commands that split work over ranks: {', '.join(DISTRIBUTED_COMMANDS)})"
+        )
         raise (AttnlensError if os.environ.get("RANK", "0") == "0" else ReportedError)(message)
 
 

@@ -28,19 +28,35 @@ from .app import (
 
 @app.command()
 def eigen(
-    source: Annotated[str, typer.Argument(
-        help="A store directory (attnlens extract), a model to stream from, or moments (attnlens moments WORKDIR, attnlens merge).")],
+    source: Annotated[
+        str,
+        typer.Argument(
+            help="A store directory (attnlens extract), a model to stream from, or moments (attnlens moments WORKDIR, attnlens merge)."
+        ),
+    ],
     out: OutOption,
     corpus: CorpusOption = EigenSettings.corpus,
     seq_len: SeqLenOption = EigenSettings.seq_len,
     num_seqs: NumSeqsOption = EigenSettings.num_seqs,
     batch_size: BatchSizeOption = EigenSettings.batch_size,
-    quantity: Annotated[str | None, typer.Option("--quantity", help="scores, weights or log-weights (default scores).")] = EigenSettings.quantity,
-    uncentred: Annotated[bool, typer.Option("--uncentred", help="Second moment instead of covariance.")] = not EigenSettings.centred,
-    project_ones: Annotated[bool, typer.Option("--project-ones", help="Remove the all-ones direction (softmax ignores it).")] = EigenSettings.project_ones,
-    per_query: Annotated[bool, typer.Option("--per-query", help="Analyse every query position separately.")] = EigenSettings.per_query,
-    queries: Annotated[str | None, typer.Option("--queries", help="Comma-separated query positions (implies --per-query).")] = None,
-    full_matrices: Annotated[bool, typer.Option("--full-matrices", help="Also analyse flattened n x n matrices (needs a store).")] = EigenSettings.full_matrices,
+    quantity: Annotated[
+        str | None, typer.Option("--quantity", help="scores, weights or log-weights (default scores).")
+    ] = EigenSettings.quantity,
+    uncentred: Annotated[
+        bool, typer.Option("--uncentred", help="Second moment instead of covariance.")
+    ] = not EigenSettings.centred,
+    project_ones: Annotated[
+        bool, typer.Option("--project-ones", help="Remove the all-ones direction (softmax ignores it).")
+    ] = EigenSettings.project_ones,
+    per_query: Annotated[
+        bool, typer.Option("--per-query", help="Analyse every query position separately.")
+    ] = EigenSettings.per_query,
+    queries: Annotated[
+        str | None, typer.Option("--queries", help="Comma-separated query positions (implies --per-query).")
+    ] = None,
+    full_matrices: Annotated[
+        bool, typer.Option("--full-matrices", help="Also analyse flattened n x n matrices (needs a store).")
+    ] = EigenSettings.full_matrices,
     keep: Annotated[int, typer.Option("--keep", help="Eigenvectors kept per unit.")] = EigenSettings.keep,
     layers: LayersOption = None,
     seed: SeedOption = EigenSettings.seed,
@@ -54,9 +70,19 @@ def eigen(
     from attnlens.io.results import check_out
 
     settings = EigenSettings(
-        corpus=corpus, seq_len=seq_len, num_seqs=num_seqs, batch_size=batch_size, quantity=quantity, centred=not uncentred,
-        project_ones=project_ones, queries=parse_int_list(queries, "--queries"), per_query=per_query,
-        full_matrices=full_matrices, keep=keep, layers=parse_int_list(layers, "--layers"), seed=seed,
+        corpus=corpus,
+        seq_len=seq_len,
+        num_seqs=num_seqs,
+        batch_size=batch_size,
+        quantity=quantity,
+        centred=not uncentred,
+        project_ones=project_ones,
+        queries=parse_int_list(queries, "--queries"),
+        per_query=per_query,
+        full_matrices=full_matrices,
+        keep=keep,
+        layers=parse_int_list(layers, "--layers"),
+        seed=seed,
     )  # checked before any model loads
     check_out(out, overwrite)
     result = run(source, settings, device=device, progress=progress)

@@ -56,11 +56,22 @@ def extract(
     from attnlens.io.extract import extract as run
 
     store = run(
-        model, corpus, out, seq_len=seq_len, num_seqs=num_seqs, batch_size=batch_size, dtype=dtype,
-        layers=parse_int_list(layers, "--layers"), weights=weights, device=device, seed=seed,
-        resume=resume, overwrite=overwrite, progress=progress,
+        model,
+        out,
+        corpus=corpus,
+        seq_len=seq_len,
+        num_seqs=num_seqs,
+        batch_size=batch_size,
+        dtype=dtype,
+        layers=parse_int_list(layers, "--layers"),
+        weights=weights,
+        device=device,
+        seed=seed,
+        resume=resume,
+        overwrite=overwrite,
+        progress=progress,
     )
     if store is not None:  # rank 0 (the only one without torchrun)
-        typer.echo(f"wrote {store.num_seqs} sequences x {len(store.layers)} layers x {store.num_heads} heads of {store.n}x{store.n} scores to {out}")
-
-
+        typer.echo(
+            f"wrote {store.num_seqs} sequences x {len(store.layers)} layers x {store.num_heads} heads of {store.n}x{store.n} scores to {out}"
+        )

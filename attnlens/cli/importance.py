@@ -24,11 +24,20 @@ from .app import (
     save_result,
 )
 
-ClassesOption = Annotated[str | None, typer.Option(
-    "--classes", help="Comma-separated position classes: self, prev, next, band(w), cls, sep, punct, other "
-                      "[default: all but band; classes that never occur are dropped].")]
-ObjectiveOption = Annotated[str, typer.Option(
-    "--objective", help="auto, clm (next-token loss), mlm (masked-token loss) or hidden (cosine to the unmodified model).")]
+ClassesOption = Annotated[
+    str | None,
+    typer.Option(
+        "--classes",
+        help="Comma-separated position classes: self, prev, next, band(w), cls, sep, punct, other "
+        "[default: all but band; classes that never occur are dropped].",
+    ),
+]
+ObjectiveOption = Annotated[
+    str,
+    typer.Option(
+        "--objective", help="auto, clm (next-token loss), mlm (masked-token loss) or hidden (cosine to the unmodified model)."
+    ),
+]
 BootstrapOption = Annotated[int, typer.Option("--bootstrap", help="Bootstrap resamples over blocks for the 95% intervals.")]
 
 
@@ -51,12 +60,16 @@ def importance(
     corpus: CorpusOption = ImportanceSettings.corpus,
     classes: ClassesOption = ImportanceSettings.classes,
     objective: ObjectiveOption = ImportanceSettings.objective,
-    per: Annotated[str, typer.Option("--per", help="Ablation scope beside the whole model: model, layer or head.")] = ImportanceSettings.per,
+    per: Annotated[
+        str, typer.Option("--per", help="Ablation scope beside the whole model: model, layer or head.")
+    ] = ImportanceSettings.per,
     seq_len: SeqLenOption = ImportanceSettings.seq_len,
     num_seqs: Annotated[int, typer.Option("--num-seqs", help="Held-out blocks to evaluate on.")] = ImportanceSettings.num_seqs,
     batch_size: BatchSizeOption = ImportanceSettings.batch_size,
     bootstrap: BootstrapOption = ImportanceSettings.bootstrap,
-    gradient: Annotated[bool, typer.Option("--gradient/--no-gradient", help="Also compute gradient importance.")] = ImportanceSettings.gradient,
+    gradient: Annotated[
+        bool, typer.Option("--gradient/--no-gradient", help="Also compute gradient importance.")
+    ] = ImportanceSettings.gradient,
     seed: SeedOption = ImportanceSettings.seed,
     device: DeviceOption = "cpu",
     overwrite: OverwriteOption = False,
@@ -67,14 +80,26 @@ def importance(
     from attnlens.analysis.importance import importance as run
     from attnlens.io.results import check_out
 
-    settings = ImportanceSettings(corpus=corpus, classes=classes, objective=objective, per=per, seq_len=seq_len,
-                                  num_seqs=num_seqs, batch_size=batch_size, bootstrap=bootstrap, gradient=gradient,
-                                  seed=seed)  # checked before any model loads
+    settings = ImportanceSettings(
+        corpus=corpus,
+        classes=classes,
+        objective=objective,
+        per=per,
+        seq_len=seq_len,
+        num_seqs=num_seqs,
+        batch_size=batch_size,
+        bootstrap=bootstrap,
+        gradient=gradient,
+        seed=seed,
+    )  # checked before any model loads
     check_out(out, overwrite)
     result = run(model, settings, device=device, progress=progress)
     save_result(result, out, overwrite=overwrite, figures=figures)
-    columns = [c for c in ("class", "share", "mass", "delta", "delta_low", "delta_high", "random", "random_low",
-                           "random_high", "gradient") if c in result.table]
+    columns = [
+        c
+        for c in ("class", "share", "mass", "delta", "delta_low", "delta_high", "random", "random_low", "random_high", "gradient")
+        if c in result.table
+    ]
     typer.echo(result.table[result.table["occurs"]][columns].to_string(index=False, float_format=lambda v: f"{v:.4f}"))
     for name, note in result.meta["notes"].items():
         typer.echo(f"{name}: {note}")

@@ -38,19 +38,35 @@ def reconstruct(
     source: Annotated[str, typer.Argument(help="A store directory (attnlens extract) or a model to stream from.")],
     out: OutOption,
     ks: Annotated[str | None, typer.Option("--ks", help="Comma-separated k values; default 1,2,4,...,n.")] = None,
-    select: Annotated[str, typer.Option("--select", help="Strategies: greedy, random, stride, local+global, eigen.")] = ",".join(R.strategies),
+    select: Annotated[str, typer.Option("--select", help="Strategies: greedy, random, stride, local+global, eigen.")] = ",".join(
+        R.strategies
+    ),
     scope: Annotated[str, typer.Option("--scope", help="Map scopes: head, layer, all.")] = ",".join(R.scopes),
     rows: Annotated[str, typer.Option("--rows", help="auto, pooled or per-query (causal models: per-query).")] = R.rows,
     ridge: Annotated[float, typer.Option("--ridge", help="Relative ridge of the least-squares fit.")] = R.ridge,
-    pairs: Annotated[bool, typer.Option("--pairs", help="Also pairs mode: k*n (query, key) pairs per matrix (needs a store).")] = R.pairs,
-    plug_in: Annotated[bool, typer.Option("--plug-in", help="Run the model with the reconstruction inside attention.")] = R.plug_in,
-    plug_in_layers: Annotated[str | None, typer.Option("--plug-in-layers", help="Layers to reconstruct in plug-in mode; default all.")] = None,
-    plug_in_scope: Annotated[str | None, typer.Option("--plug-in-scope", help="Scopes to run in plug-in mode; default all of --scope.")] = None,
+    pairs: Annotated[
+        bool, typer.Option("--pairs", help="Also pairs mode: k*n (query, key) pairs per matrix (needs a store).")
+    ] = R.pairs,
+    plug_in: Annotated[
+        bool, typer.Option("--plug-in", help="Run the model with the reconstruction inside attention.")
+    ] = R.plug_in,
+    plug_in_layers: Annotated[
+        str | None, typer.Option("--plug-in-layers", help="Layers to reconstruct in plug-in mode; default all.")
+    ] = None,
+    plug_in_scope: Annotated[
+        str | None, typer.Option("--plug-in-scope", help="Scopes to run in plug-in mode; default all of --scope.")
+    ] = None,
     objective: Annotated[str, typer.Option("--objective", help="auto, clm, mlm or hidden.")] = R.objective,
-    model: Annotated[str | None, typer.Option("--model", "-m", help="The store's model, for --plug-in / --learn-r from a store.")] = None,
-    learn_r: Annotated[bool, typer.Option("--learn-r", help="Fine-tune the maps on the objective (first strategy and scope).")] = R.learn_r,
+    model: Annotated[
+        str | None, typer.Option("--model", "-m", help="The store's model, for --plug-in / --learn-r from a store.")
+    ] = None,
+    learn_r: Annotated[
+        bool, typer.Option("--learn-r", help="Fine-tune the maps on the objective (first strategy and scope).")
+    ] = R.learn_r,
     learn_steps: Annotated[int, typer.Option("--learn-steps", help="Gradient steps of --learn-r.")] = R.learn_steps,
-    eval_fraction: Annotated[float, typer.Option("--eval-fraction", help="Share of blocks held out for evaluation.")] = R.eval_fraction,
+    eval_fraction: Annotated[
+        float, typer.Option("--eval-fraction", help="Share of blocks held out for evaluation.")
+    ] = R.eval_fraction,
     corpus: CorpusOption = R.corpus,
     seq_len: SeqLenOption = R.seq_len,
     num_seqs: NumSeqsOption = R.num_seqs,
@@ -67,11 +83,25 @@ def reconstruct(
     from attnlens.io.results import check_out
 
     settings = ReconstructSettings(
-        corpus=corpus, seq_len=seq_len, num_seqs=num_seqs, eval_fraction=eval_fraction, ks=parse_int_list(ks, "--ks"),
-        strategies=_names(select), scopes=_names(scope), rows=rows, ridge=ridge, layers=parse_int_list(layers, "--layers"),
-        pairs=pairs, plug_in=plug_in, plug_in_layers=parse_int_list(plug_in_layers, "--plug-in-layers"),
-        plug_in_scopes=None if plug_in_scope is None else _names(plug_in_scope), objective=objective, learn_r=learn_r,
-        learn_steps=learn_steps, batch_size=batch_size, seed=seed,
+        corpus=corpus,
+        seq_len=seq_len,
+        num_seqs=num_seqs,
+        eval_fraction=eval_fraction,
+        ks=parse_int_list(ks, "--ks"),
+        strategies=_names(select),
+        scopes=_names(scope),
+        rows=rows,
+        ridge=ridge,
+        layers=parse_int_list(layers, "--layers"),
+        pairs=pairs,
+        plug_in=plug_in,
+        plug_in_layers=parse_int_list(plug_in_layers, "--plug-in-layers"),
+        plug_in_scopes=None if plug_in_scope is None else _names(plug_in_scope),
+        objective=objective,
+        learn_r=learn_r,
+        learn_steps=learn_steps,
+        batch_size=batch_size,
+        seed=seed,
     )  # checked before any model loads
     check_out(out, overwrite)
     result = run(source, settings, model=model, device=device, progress=progress)
@@ -79,7 +109,9 @@ def reconstruct(
     overall = result.table[result.table.layer == -1]
     typer.echo(overall[["strategy", "scope", "k", "rel_error", "rel_error_zero", "tv", "flops_ratio"]].to_string(index=False))
     if result.plug_in is not None:
-        columns = [c for c in ("strategy", "scope", "k", "loss", "loss_increase", "token_cosine", "pooled_cosine") if c in result.plug_in]
+        columns = [
+            c for c in ("strategy", "scope", "k", "loss", "loss_increase", "token_cosine", "pooled_cosine") if c in result.plug_in
+        ]
         typer.echo(result.plug_in[columns].to_string(index=False))
     if result.learned is not None:
         typer.echo(result.learned.to_string(index=False))

@@ -14,7 +14,9 @@ def report(
     out: OutOption,
     model: ModelOption = "minilm-l6",
     corpus: CorpusOption = "kjv",
-    compare: Annotated[str, typer.Option("--compare", help="Second model for cross-model overlap: auto, none, or a model.")] = "auto",
+    compare: Annotated[
+        str, typer.Option("--compare", help="Second model for cross-model overlap: auto, none, or a model.")
+    ] = "auto",
     quick: Annotated[bool, typer.Option("--quick", help="Small settings: a first look in under a minute.")] = False,
     seed: SeedOption = 0,
     device: DeviceOption = "cpu",
@@ -24,6 +26,15 @@ def report(
     """Run every analysis and write a self-contained HTML report with all result files."""
     from attnlens.report import report as run
 
-    page = run(out, model=model, corpus=corpus, compare=None if compare == "none" else compare, quick=quick, seed=seed,
-               device=device, overwrite=overwrite, progress=progress)
+    page = run(
+        out,
+        model=model,
+        corpus=corpus,
+        compare=None if compare == "none" else compare,
+        quick=quick,
+        seed=seed,
+        device=device,
+        overwrite=overwrite,
+        progress=progress,
+    )
     typer.echo(f"wrote the report to {page}")

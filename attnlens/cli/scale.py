@@ -32,15 +32,28 @@ def moments(
     batch_size: BatchSizeOption = 32,
     quantity: Annotated[str, typer.Option("--quantity", help="scores, weights or log-weights.")] = "scores",
     per_query: Annotated[bool, typer.Option("--per-query", help="Moments of every query position separately.")] = False,
-    queries: Annotated[str | None, typer.Option("--queries", help="Comma-separated query positions (implies --per-query).")] = None,
+    queries: Annotated[
+        str | None, typer.Option("--queries", help="Comma-separated query positions (implies --per-query).")
+    ] = None,
     layers: LayersOption = None,
     seed: SeedOption = 0,
     device: DeviceOption = "cpu",
-    model_dtype: Annotated[str, typer.Option("--model-dtype", help="Weights: float32, bfloat16 or float16 (sums stay float64).")] = "float32",
-    device_map: Annotated[str | None, typer.Option("--device-map", help="auto: spread a model too large for one GPU over several.")] = None,
-    max_memory: Annotated[str | None, typer.Option("--max-memory", help="Most memory for sums per process, e.g. 8GB; heads are split into passes to fit.")] = None,
-    accumulate: Annotated[str, typer.Option("--accumulate", help="float64, or float32 (half the memory; see README for the error).")] = "float64",
-    checkpoint_every: Annotated[int, typer.Option("--checkpoint-every", help="Batches between checkpoints of each rank's sums.")] = 1,
+    model_dtype: Annotated[
+        str, typer.Option("--model-dtype", help="Weights: float32, bfloat16 or float16 (sums stay float64).")
+    ] = "float32",
+    device_map: Annotated[
+        str | None, typer.Option("--device-map", help="auto: spread a model too large for one GPU over several.")
+    ] = None,
+    max_memory: Annotated[
+        str | None,
+        typer.Option("--max-memory", help="Most memory for sums per process, e.g. 8GB; heads are split into passes to fit."),
+    ] = None,
+    accumulate: Annotated[
+        str, typer.Option("--accumulate", help="float64, or float32 (half the memory; see README for the error).")
+    ] = "float64",
+    checkpoint_every: Annotated[
+        int, typer.Option("--checkpoint-every", help="Batches between checkpoints of each rank's sums.")
+    ] = 1,
     resume: Annotated[bool, typer.Option("--resume", help="Finish an interrupted job in --out.")] = False,
     overwrite: OverwriteOption = False,
     progress: ProgressOption = True,
@@ -49,10 +62,26 @@ def moments(
     from attnlens.rows.jobs import run_moments, summary
 
     result = run_moments(
-        source, out, corpus=corpus, seq_len=seq_len, num_seqs=num_seqs, batch_size=batch_size, quantity=quantity,
-        queries=parse_int_list(queries, "--queries"), per_query=per_query, layers=parse_int_list(layers, "--layers"),
-        seed=seed, device=device, model_dtype=model_dtype, device_map=device_map, max_memory=max_memory,
-        accumulate=accumulate, checkpoint_every=checkpoint_every, resume=resume, overwrite=overwrite, progress=progress,
+        source,
+        out,
+        corpus=corpus,
+        seq_len=seq_len,
+        num_seqs=num_seqs,
+        batch_size=batch_size,
+        quantity=quantity,
+        queries=parse_int_list(queries, "--queries"),
+        per_query=per_query,
+        layers=parse_int_list(layers, "--layers"),
+        seed=seed,
+        device=device,
+        model_dtype=model_dtype,
+        device_map=device_map,
+        max_memory=max_memory,
+        accumulate=accumulate,
+        checkpoint_every=checkpoint_every,
+        resume=resume,
+        overwrite=overwrite,
+        progress=progress,
     )
     if result is not None:  # rank 0
         typer.echo(summary(result))
@@ -61,7 +90,9 @@ def moments(
 
 @app.command()
 def merge(
-    partials: Annotated[list[Path], typer.Argument(help="Partial files (.npz), or job directories / partials/ folders holding them.")],
+    partials: Annotated[
+        list[Path], typer.Argument(help="Partial files (.npz), or job directories / partials/ folders holding them.")
+    ],
     out: Annotated[Path, typer.Option("--out", "-o", help="Directory to write the merged moments to.")],
     overwrite: OverwriteOption = False,
     progress: ProgressOption = True,
@@ -72,8 +103,10 @@ def merge(
     files = [file for path in partials for file in _partial_files(path)]
     result = merge_partials(files, out, overwrite=overwrite, progress=progress)
     settings = result.settings
-    typer.echo(f"merged {len(files)} partial files: {settings['num_seqs']} sequences x {len(settings['layers'])} layers x "
-               f"{settings['num_heads']} heads, n = {settings['n']}")
+    typer.echo(
+        f"merged {len(files)} partial files: {settings['num_seqs']} sequences x {len(settings['layers'])} layers x "
+        f"{settings['num_heads']} heads, n = {settings['n']}"
+    )
     typer.echo(f"wrote merged moments to {out}; analyse them with: attnlens eigen {out} --out DIR")
 
 

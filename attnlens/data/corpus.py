@@ -112,8 +112,11 @@ class Corpus:
             index = np.sort(np.random.default_rng(seed).choice(available, size=num_blocks, replace=False))
         chunks = stream[: available * body].reshape(available, body)[index]
         ids = np.concatenate(
-            [np.broadcast_to(np.asarray(prefix, dtype=np.int64), (len(index), len(prefix))), chunks,
-             np.broadcast_to(np.asarray(suffix, dtype=np.int64), (len(index), len(suffix)))],
+            [
+                np.broadcast_to(np.asarray(prefix, dtype=np.int64), (len(index), len(prefix))),
+                chunks,
+                np.broadcast_to(np.asarray(suffix, dtype=np.int64), (len(index), len(suffix))),
+            ],
             axis=1,
         )
         return Blocks(ids=np.ascontiguousarray(ids), index=index, available=available)
@@ -122,7 +125,9 @@ class Corpus:
 def tokenizer_fingerprint(tokenizer: object) -> str:
     """A hash of everything that decides how a tokenizer splits text."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
-    description = backend.to_str() if backend is not None else f"{type(tokenizer).__name__}:{sorted(tokenizer.get_vocab().items())}"
+    description = (
+        backend.to_str() if backend is not None else f"{type(tokenizer).__name__}:{sorted(tokenizer.get_vocab().items())}"
+    )
     return hashlib.sha256(description.encode()).hexdigest()
 
 
@@ -144,7 +149,9 @@ def _read_jsonl(path: Path, text_field: str) -> list[str]:
         try:
             record = json.loads(line)
         except json.JSONDecodeError:
-            raise AttnlensError(f"{path}:{number} is not valid JSON; each line of a .jsonl corpus must be one JSON object") from None
+            raise AttnlensError(
+                f"{path}:{number} is not valid JSON; each line of a .jsonl corpus must be one JSON object"
+            ) from None
         if not isinstance(record, dict) or text_field not in record:
             raise AttnlensError(f"{path}:{number} has no '{text_field}' field; name the text field with `text_field`")
         if str(record[text_field]).strip():
@@ -208,9 +215,7 @@ def load_corpus(source: str | Path = DEFAULT_CORPUS, *, text_field: str = "text"
     else:
         path = Path(name).expanduser()
         if not path.exists():
-            raise AttnlensError(
-                f"corpus '{name}' is neither a built-in ({', '.join(BUILTIN)}) nor an existing file or folder"
-            )
+            raise AttnlensError(f"corpus '{name}' is neither a built-in ({', '.join(BUILTIN)}) nor an existing file or folder")
         files = sorted(p for p in path.rglob("*") if p.suffix in TEXT_SUFFIXES and p.is_file()) if path.is_dir() else [path]
         if path.is_file() and path.suffix not in TEXT_SUFFIXES:
             raise AttnlensError(f"corpus file '{name}' must end in .txt or .jsonl")

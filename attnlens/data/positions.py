@@ -146,10 +146,15 @@ def token_roles(ids: torch.Tensor, model: object) -> TokenRoles:
             description[role] = " ".join(f"{name} (id {token})" for name, token in zip(names, special_ids))
         else:
             roles[role] = positions == fallback
-            description[role] = f"the {where} position of each block (the tokenizer adds no token {'before' if role == 'cls' else 'after'} a text)"
+            description[role] = (
+                f"the {where} position of each block (the tokenizer adds no token {'before' if role == 'cls' else 'after'} a text)"
+            )
     unique = torch.unique(ids).tolist()
-    punctuation = [token for token, text in zip(unique, tokenizer.convert_ids_to_tokens(unique))
-                   if token not in special.all_special and is_punctuation(text)]
+    punctuation = [
+        token
+        for token, text in zip(unique, tokenizer.convert_ids_to_tokens(unique))
+        if token not in special.all_special and is_punctuation(text)
+    ]
     roles["punct"] = torch.isin(ids, torch.tensor(punctuation, dtype=ids.dtype, device=ids.device))
     description["punct"] = "tokens made only of punctuation characters"
     return TokenRoles(cls=roles["cls"], sep=roles["sep"], punct=roles["punct"], description=description)

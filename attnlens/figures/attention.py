@@ -17,8 +17,15 @@ from .style import new_axes
 LABELS = {"scores": ("pre-softmax score", "RdBu_r"), "weights": ("attention weight", "viridis")}
 
 
-def plot_attention(matrix: np.ndarray, ax: plt.Axes | None = None, *, tokens: list[str] | None = None,
-                   valid: np.ndarray | None = None, kind: str = "scores", title: str | None = None) -> plt.Axes:
+def plot_attention(
+    matrix: np.ndarray,
+    ax: plt.Axes | None = None,
+    *,
+    tokens: list[str] | None = None,
+    valid: np.ndarray | None = None,
+    kind: str = "scores",
+    title: str | None = None,
+) -> plt.Axes:
     """Heatmap of one (query × key) matrix; invalid entries are left blank.
 
     Scores get a diverging colour scale centred on 0, weights a sequential one from 0.

@@ -45,8 +45,13 @@ def plot_keep(result, ax: plt.Axes | None = None) -> plt.Axes:
     sparsity = result.table.set_index("lambda")["sparsity"]
     for index, (lam, colour) in enumerate(zip(lambdas, palette)):
         rows = table[table["lambda"] == lam].set_index("class").loc[classes]
-        ax.bar(x - 0.4 + width * (index + 0.5), rows["keep_probability"], width, color=colour,
-               label=f"{_lambda_label(lam)} (sparsity {sparsity[lam]:.0%})")
+        ax.bar(
+            x - 0.4 + width * (index + 0.5),
+            rows["keep_probability"],
+            width,
+            color=colour,
+            label=f"{_lambda_label(lam)} (sparsity {sparsity[lam]:.0%})",
+        )
     ax.set_xticks(x, classes)
     ax.grid(axis="x", visible=False)
     ax.set_ylim(0, 1.05)
@@ -65,12 +70,30 @@ def plot_loss_vs_sparsity(result, ax: plt.Axes | None = None) -> plt.Axes:
     palette = dict(zip(PATTERN_MARKERS, sns.color_palette("deep", len(PATTERN_MARKERS))))
     for name, points in patterns.groupby("pattern", sort=False):
         points = points.sort_values("sparsity")
-        ax.plot(points["sparsity"], points["loss"], marker=PATTERN_MARKERS.get(name, "o"), color=palette.get(name),
-                lw=1, ms=5, alpha=0.85, label=name)
+        ax.plot(
+            points["sparsity"],
+            points["loss"],
+            marker=PATTERN_MARKERS.get(name, "o"),
+            color=palette.get(name),
+            lw=1,
+            ms=5,
+            alpha=0.85,
+            label=name,
+        )
     table = result.table
     error = np.stack([table["loss"] - table["loss_low"], table["loss_high"] - table["loss"]])
-    ax.errorbar(table["sparsity"], table["loss"], yerr=error, fmt="o-", color="black", lw=1.8, ms=6, capsize=3,
-                label=f"DAM {result.meta['settings']['variant']} (λ sweep)", zorder=5)
+    ax.errorbar(
+        table["sparsity"],
+        table["loss"],
+        yerr=error,
+        fmt="o-",
+        color="black",
+        lw=1.8,
+        ms=6,
+        capsize=3,
+        label=f"DAM {result.meta['settings']['variant']} (λ sweep)",
+        zorder=5,
+    )
     for _, row in table.iterrows():
         ax.annotate(f"{row['lambda']:g}", (row["sparsity"], row["loss"]), textcoords="offset points", xytext=(4, 5), fontsize=7)
     ax.axhline(result.meta["baseline"]["loss"], color="grey", ls="--", lw=1, label="unmodified model")
@@ -109,12 +132,15 @@ def plot_masks(result, index: int | None = None) -> plt.Figure:
     shared = result.meta["settings"]["variant"] == "structured"
     heads = images.shape[1]
     # one image per head (shared by layers, wrapped six to a row), or a layer x head grid
-    cells = [(0, head) for head in range(heads)] if shared else [(layer, h) for layer in range(images.shape[0]) for h in range(heads)]
+    cells = (
+        [(0, head) for head in range(heads)] if shared else [(layer, h) for layer in range(images.shape[0]) for h in range(heads)]
+    )
     columns = min(heads, 6) if shared else heads
     rows = -(-len(cells) // columns)
     size = 1.25 if shared else 1.05
-    figure, axes = plt.subplots(rows, columns, figsize=(size * columns + 1.4, size * rows + 1.1), squeeze=False,
-                                layout="constrained")
+    figure, axes = plt.subplots(
+        rows, columns, figsize=(size * columns + 1.4, size * rows + 1.1), squeeze=False, layout="constrained"
+    )
     for number, (layer, head) in enumerate(cells):
         ax = axes.flat[number]
         picture = ax.imshow(images[layer, head], cmap="viridis", vmin=0, vmax=1, interpolation="nearest")
@@ -124,13 +150,16 @@ def plot_masks(result, index: int | None = None) -> plt.Figure:
             ax.set_title(f"head {head}", fontsize=7)
         if not shared and head == 0:
             ax.set_ylabel(f"layer {layer}", fontsize=7)
-    for ax in axes.flat[len(cells):]:
+    for ax in axes.flat[len(cells) :]:
         ax.set_visible(False)
     figure.colorbar(picture, ax=axes, shrink=0.8, label="keep probability σ(α)")
     row = result.table.iloc[index]
     scope = ", the same in every layer" if shared else ""
-    figure.suptitle(f"Learned masks (query ↓, key →), {result.meta['settings']['variant']}{scope}, λ = {row['lambda']:g}, "
-                    f"sparsity {row['sparsity']:.0%}\n{describe(result.meta)}", fontsize=9)
+    figure.suptitle(
+        f"Learned masks (query ↓, key →), {result.meta['settings']['variant']}{scope}, λ = {row['lambda']:g}, "
+        f"sparsity {row['sparsity']:.0%}\n{describe(result.meta)}",
+        fontsize=9,
+    )
     return figure
 
 

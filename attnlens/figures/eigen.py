@@ -62,7 +62,9 @@ def plot_energy(result, ax: plt.Axes | None = None, *, query: int | None = None)
     baseline = np.clip(result.arrays["layer_baseline"][:, 0, q], 0, None)
     components = np.arange(0, values.shape[-1] + 1)
     for colour, layer, spectrum, base in zip(layer_colours(len(values)), result.meta["layers"], values, baseline):
-        ax.plot(components, np.r_[0, np.cumsum(spectrum)] / max(spectrum.sum(), 1e-300), color=colour, lw=1.6, label=f"layer {layer}")
+        ax.plot(
+            components, np.r_[0, np.cumsum(spectrum)] / max(spectrum.sum(), 1e-300), color=colour, lw=1.6, label=f"layer {layer}"
+        )
         ax.plot(components, np.r_[0, np.cumsum(base)] / max(base.sum(), 1e-300), color=colour, lw=1, ls="--", alpha=0.7)
     ax.plot([], [], color="grey", ls="--", label="baseline")
     ax.axhline(0.9, color="black", lw=0.8, ls=":")
@@ -71,7 +73,9 @@ def plot_energy(result, ax: plt.Axes | None = None, *, query: int | None = None)
     ax.set_ylim(0, 1.01)
     ax.set_xlabel("number of components")
     ax.set_ylabel("fraction of variance explained")
-    ax.set_title(f"Cumulative energy of {QUANTITY_LABELS[result.meta['settings']['quantity']]}\n({_describe(result)})", fontsize=10)
+    ax.set_title(
+        f"Cumulative energy of {QUANTITY_LABELS[result.meta['settings']['quantity']]}\n({_describe(result)})", fontsize=10
+    )
     ax.legend(fontsize=8, loc="lower right", ncol=2 if len(values) > 6 else 1)
     return ax
 

@@ -97,11 +97,14 @@ def plot_ablation(result, ax: plt.Axes | None = None) -> plt.Axes:
     classes = list(dict.fromkeys(table["class"]))
     x = np.arange(len(classes))
     width = 0.38
-    for offset, control, colour, label in ((-width / 2, "class", CLASS_COLOUR, "class removed"),
-                                           (width / 2, "random", CONTROL_COLOUR, "random control (same count per row)")):
+    for offset, control, colour, label in (
+        (-width / 2, "class", CLASS_COLOUR, "class removed"),
+        (width / 2, "random", CONTROL_COLOUR, "random control (same count per row)"),
+    ):
         rows = table[table["control"] == control].set_index("class").loc[classes]
-        ax.bar(x + offset, rows["delta"], width, yerr=_error(rows), color=colour, label=label, capsize=3,
-               error_kw={"elinewidth": 1})
+        ax.bar(
+            x + offset, rows["delta"], width, yerr=_error(rows), color=colour, label=label, capsize=3, error_kw={"elinewidth": 1}
+        )
     removed = table[table["control"] == "class"].set_index("class").loc[classes, "removed"]
     ax.set_xticks(x, [f"{name}\n{fraction:.1%}" for name, fraction in zip(classes, removed)])
     ax.set_xlabel("position class (share of valid positions removed)")
@@ -150,8 +153,15 @@ def plot_scope(result, cls: str | None = None, ax: plt.Axes | None = None) -> pl
     label = LOSS_LABELS[result.meta["settings"]["objective"]]
     if per == "layer":
         matrix = table.pivot(index="class", columns="layer", values="delta").loc[list(dict.fromkeys(table["class"]))]
-        sns.heatmap(matrix, ax=ax, cmap="rocket_r", annot=matrix.shape[1] <= 12, fmt=".3f", annot_kws={"fontsize": 7},
-                    cbar_kws={"label": label})
+        sns.heatmap(
+            matrix,
+            ax=ax,
+            cmap="rocket_r",
+            annot=matrix.shape[1] <= 12,
+            fmt=".3f",
+            annot_kws={"fontsize": 7},
+            cbar_kws={"label": label},
+        )
         ax.set_title(f"Removing a class in one layer\n{describe(result.meta)}", fontsize=10)
         ax.set_xlabel("layer")
         ax.set_ylabel("class")
@@ -197,8 +207,11 @@ def draw(result) -> Iterator[tuple[str, plt.Figure]]:
         ax = new_axes(None, (7.6, 0.5 * len(classes) + 2.2))
         yield "ablation_per_layer", plot_scope(result, ax=ax).figure
     elif per == "head":
-        figure, axes = grid(len(classes), 4 if result.mass["head"].nunique() <= 6 else 2,
-                            _cell(result.mass["layer"].nunique(), result.mass["head"].nunique()))
+        figure, axes = grid(
+            len(classes),
+            4 if result.mass["head"].nunique() <= 6 else 2,
+            _cell(result.mass["layer"].nunique(), result.mass["head"].nunique()),
+        )
         for ax, cls in zip(axes.flat, classes):
             plot_scope(result, cls, ax)
         figure.suptitle(f"Removing a class in one head\n{describe(result.meta)}")

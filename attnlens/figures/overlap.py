@@ -40,13 +40,32 @@ def plot_overlap(overlap_result, name: str = "layers_0", ax: plt.Axes | None = N
     big = max(matrix.shape) > 16
     ax = new_axes(ax, size=(7.5, 6.2) if big else (6.4, 5.2))
     chance = overlap_result.chance
-    sns.heatmap(matrix, vmin=0, vmax=1, cmap="viridis", square=True, ax=ax, annot=not big, fmt=".2f",
-                annot_kws={"fontsize": 7}, xticklabels=columns, yticklabels=rows,
-                cbar_kws={"label": "normalised overlap ‖UᵀV‖²/d", "shrink": 0.8})
+    sns.heatmap(
+        matrix,
+        vmin=0,
+        vmax=1,
+        cmap="viridis",
+        square=True,
+        ax=ax,
+        annot=not big,
+        fmt=".2f",
+        annot_kws={"fontsize": 7},
+        xticklabels=columns,
+        yticklabels=rows,
+        cbar_kws={"label": "normalised overlap ‖UᵀV‖²/d", "shrink": 0.8},
+    )
     colorbar = ax.collections[0].colorbar
     colorbar.ax.axhline(chance, color="white", lw=2)
-    colorbar.ax.text(-0.1, chance, f"chance {chance:.3f} ", color="black", ha="right", va="center", fontsize=8,
-                     transform=colorbar.ax.get_yaxis_transform())
+    colorbar.ax.text(
+        -0.1,
+        chance,
+        f"chance {chance:.3f} ",
+        color="black",
+        ha="right",
+        va="center",
+        fontsize=8,
+        transform=colorbar.ax.get_yaxis_transform(),
+    )
     if big:
         step = max(1, len(rows) // 12)
         ax.set_xticks(np.arange(0, len(columns), step) + 0.5, columns[::step], rotation=90, fontsize=7)
@@ -54,8 +73,11 @@ def plot_overlap(overlap_result, name: str = "layers_0", ax: plt.Axes | None = N
     ax.set_xlabel(model_b)
     ax.set_ylabel(model_a)
     kind = "layers" if name.startswith("layers") else ("heads" if name.startswith("heads") else "models")
-    ax.set_title(f"Overlap of top-{overlap_result.dim} eigenspaces, {kind} (n = {overlap_result.meta['n']})\n"
-                 f"chance level d/n = {chance:.3f}", fontsize=10)
+    ax.set_title(
+        f"Overlap of top-{overlap_result.dim} eigenspaces, {kind} (n = {overlap_result.meta['n']})\n"
+        f"chance level d/n = {chance:.3f}",
+        fontsize=10,
+    )
     return ax
 
 

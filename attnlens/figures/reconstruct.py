@@ -56,13 +56,22 @@ def plot_error_vs_k(result, ax: plt.Axes | None = None, *, metric: str = "rel_er
     for (strategy, scope), group in overall.groupby(["strategy", "scope"], sort=False):
         # k = n is exact: its TV is float rounding (~1e-7), which would squash the log scale.
         group = group[(group[metric] > floor) & (group.k < result.meta["n"])].sort_values("k")
-        ax.plot(group.k, group[metric], marker="o", ms=3, color=colours[strategy],
-                ls=SCOPE_STYLES.get(scope, "-"), label=f"{strategy}, {scope}")
+        ax.plot(
+            group.k,
+            group[metric],
+            marker="o",
+            ms=3,
+            color=colours[strategy],
+            ls=SCOPE_STYLES.get(scope, "-"),
+            label=f"{strategy}, {scope}",
+        )
     _k_axis(ax, overall.k)
     ax.set_yscale("log")
     ax.set_xlabel("k (exact scores per row; pairs mode: k·n pairs per matrix)")
     ax.set_ylabel(METRIC_LABELS[metric])
-    what = "Total variation after softmax" if metric == "tv" else ("KL after softmax" if metric == "kl" else "Reconstruction error")
+    what = (
+        "Total variation after softmax" if metric == "tv" else ("KL after softmax" if metric == "kl" else "Reconstruction error")
+    )
     ax.set_title(_title(result, f"{what} against k (exact points, e.g. k = n, not drawn)"), fontsize=10)
     ax.legend(fontsize=7, ncol=2, handlelength=3.5)  # long enough to show the dashes
     return ax
@@ -76,8 +85,15 @@ def plot_error_vs_flops(result, ax: plt.Axes | None = None, *, metric: str = "re
     for (strategy, scope), group in overall.groupby(["strategy", "scope"], sort=False):
         group = group.sort_values("k")
         group = group[group[metric] > 1e-9 * max(float(overall[metric].max()), 1e-300)]
-        ax.plot(100 * (1 - group.flops_ratio), group[metric], marker="o", ms=3,
-                color=colours[strategy], ls=SCOPE_STYLES.get(scope, "-"), label=f"{strategy}, {scope}")
+        ax.plot(
+            100 * (1 - group.flops_ratio),
+            group[metric],
+            marker="o",
+            ms=3,
+            color=colours[strategy],
+            ls=SCOPE_STYLES.get(scope, "-"),
+            label=f"{strategy}, {scope}",
+        )
     ax.axvline(0, color="black", lw=0.8)
     ax.set_yscale("log")
     ax.set_xlabel("attention FLOPs saved (%; negative = more than full attention)")
@@ -92,13 +108,23 @@ def plot_fidelity_vs_k(result, ax: plt.Axes | None = None) -> plt.Axes:
     ax = new_axes(ax)
     table = result.plug_in
     objective = table.objective.iloc[0]
-    metric, label = (("token_cosine", "cosine to unmodified hidden states")
-                     if objective == "hidden" else ("loss_increase", f"{objective} loss increase (nats)"))
+    metric, label = (
+        ("token_cosine", "cosine to unmodified hidden states")
+        if objective == "hidden"
+        else ("loss_increase", f"{objective} loss increase (nats)")
+    )
     colours = _strategy_colours(list(dict.fromkeys(table.strategy)))
     for (strategy, scope), group in table.groupby(["strategy", "scope"], sort=False):
         group = group.sort_values("k")
-        ax.plot(group.k, group[metric], marker="o", ms=3, color=colours[strategy], ls=SCOPE_STYLES.get(scope, "-"),
-                label=f"{strategy}, {scope}")
+        ax.plot(
+            group.k,
+            group[metric],
+            marker="o",
+            ms=3,
+            color=colours[strategy],
+            ls=SCOPE_STYLES.get(scope, "-"),
+            label=f"{strategy}, {scope}",
+        )
         ax.fill_between(group.k, group[f"{metric}_low"], group[f"{metric}_high"], color=colours[strategy], alpha=0.12)
     _k_axis(ax, table.k)
     ax.set_xlabel("k (exact scores per row)")

@@ -7,7 +7,7 @@ of ranks continues each rank where it stopped.
 
 >>> import tempfile
 >>> from attnlens import extract
->>> store = extract("minilm-l6", "kjv", tempfile.mkdtemp() + "/s", seq_len=16, num_seqs=4,
+>>> store = extract("minilm-l6", tempfile.mkdtemp() + "/s", corpus="kjv", seq_len=16, num_seqs=4,
 ...                 layers=[0, 5], progress=False)
 >>> store.scores(5).shape, store.manifest["model"]["name"]
 ((4, 12, 16, 16), 'minilm-l6')
@@ -22,16 +22,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from attnlens.models.capture import Capture
 from attnlens.data.corpus import Corpus, load_corpus
-from attnlens.io.ranks import init_world, shard_range
 from attnlens.errors import AttnlensError
-from attnlens.models.loading import LoadedModel, load_model
-from attnlens.progress import progress_bar
 from attnlens.io.provenance import provenance
+from attnlens.io.ranks import init_world, shard_range
 from attnlens.io.results import check_resumable_out
 from attnlens.io.store import DTYPES, Store, StoreWriter, is_store, open_store
-
+from attnlens.models.capture import Capture
+from attnlens.models.loading import LoadedModel, load_model
+from attnlens.progress import progress_bar
 
 
 def prepare_out(out: Path, *, resume: bool, overwrite: bool) -> None:
@@ -41,10 +40,10 @@ def prepare_out(out: Path, *, resume: bool, overwrite: bool) -> None:
 
 
 def extract(
-    model: str | LoadedModel,
-    corpus: str | Path | Corpus,
+    source: str | LoadedModel,
     out: str | Path,
     *,
+    corpus: str | Path | Corpus = "kjv",
     seq_len: int = 128,
     num_seqs: int | None = 256,
     batch_size: int = 32,
@@ -58,7 +57,8 @@ def extract(
     progress: bool = True,
     command: str | None = None,
 ) -> Store | None:
-    """Capture the attention scores of ``num_seqs`` corpus blocks into a store at ``out``.
+    """Capture the attention scores of the model ``source`` on ``num_seqs`` blocks of
+    ``corpus`` into a store at ``out``.
 
     Blocks are processed ``batch_size`` at a time, and a batch counts as finished only
     once it is on disk, so ``resume=True`` continues an interrupted run and gives the
@@ -74,8 +74,7 @@ def extract(
     world.run_on_main(lambda: prepare_out(out, resume=resume, overwrite=overwrite))
     if not isinstance(corpus, Corpus):
         corpus = load_corpus(corpus)
-    if not isinstance(model, LoadedModel):
-        model = load_model(model, device=world.device(device))
+    model = source if isinstance(source, LoadedModel) else load_model(source, device=world.device(device))
     model.check_seq_len(seq_len)
     layers = model.check_layers(layers)
     blocks = corpus.blocks(model, seq_len, num_seqs, seed)
@@ -94,7 +93,9 @@ def extract(
     tokens = blocks.ids.astype(np.int32)
     shards = [shard_range(len(blocks), rank, world.size) for rank in range(world.size)] if world.distributed else None
     # Rank 0 creates (or checks) the store; then every rank opens its own shard.
-    writer = world.run_on_main(lambda: (StoreWriter.resume if resume else StoreWriter.create)(out, manifest, tokens, shards=shards))
+    writer = world.run_on_main(
+        lambda: (StoreWriter.resume if resume else StoreWriter.create)(out, manifest, tokens, shards=shards)
+    )
     if not world.is_main:
         writer = StoreWriter.open_shard(out, world.rank)
     # A batch is written (and flushed to disk) in a background thread while the next one
@@ -105,10 +106,17 @@ def extract(
     buffers = [_BatchBuffers(writer, batch_size, layers, weights) for _ in range(2)]
     pending: Future | None = None
     desc = "extract" if not world.distributed else f"extract rank 0/{world.size}"
-    with writer, ThreadPoolExecutor(max_workers=1) as background, progress_bar(
-        total=writer.stop - writer.start, initial=writer.complete - writer.start, unit="seq", desc=desc,
-        enabled=progress and world.is_main,
-    ) as bar:
+    with (
+        writer,
+        ThreadPoolExecutor(max_workers=1) as background,
+        progress_bar(
+            total=writer.stop - writer.start,
+            initial=writer.complete - writer.start,
+            unit="seq",
+            desc=desc,
+            enabled=progress and world.is_main,
+        ) as bar,
+    ):
         try:
             for number, start in enumerate(range(writer.complete, writer.stop, batch_size)):
                 ids = blocks.ids[start : min(start + batch_size, writer.stop)]
@@ -136,7 +144,9 @@ class _BatchBuffers:
         self.layers = layers
         self.weights = weights
 
-    def capture(self, model: LoadedModel, ids: np.ndarray, start: int) -> dict[int, tuple[np.ndarray, np.ndarray, np.ndarray | None]]:
+    def capture(
+        self, model: LoadedModel, ids: np.ndarray, start: int
+    ) -> dict[int, tuple[np.ndarray, np.ndarray, np.ndarray | None]]:
         """One forward pass over sequences ``start…``; returns views ``{layer: (scores, valid, weights)}`` into the buffers."""
         arrays = self.memory.arrays(start, len(ids))
 

@@ -99,8 +99,13 @@ class Result:
     kind: ClassVar[str] = ""
     main_table: ClassVar[str] = "table"
 
-    def __init__(self, meta: dict, tables: dict[str, pd.DataFrame] | None = None,
-                 arrays: dict[str, np.ndarray] | None = None, path: Path | None = None) -> None:
+    def __init__(
+        self,
+        meta: dict,
+        tables: dict[str, pd.DataFrame] | None = None,
+        arrays: dict[str, np.ndarray] | None = None,
+        path: Path | None = None,
+    ) -> None:
         self.meta = meta
         self.tables = dict(tables or {})
         self.arrays = dict(arrays or {})
@@ -131,8 +136,9 @@ class Result:
     # ------------------------------------------------------------------ disk
     def save(self, out: str | Path, *, overwrite: bool = False) -> Path:
         """Write the result directory atomically (tables as CSV, arrays as .npy); no figures."""
-        self.path = write_result(out, self.kind, self.meta, tables=self.tables, arrays=self.arrays,
-                                 overwrite=overwrite, extra=self._save_extra)
+        self.path = write_result(
+            out, self.kind, self.meta, tables=self.tables, arrays=self.arrays, overwrite=overwrite, extra=self._save_extra
+        )
         return self.path
 
     def _save_extra(self, directory: Path) -> None:
@@ -187,15 +193,31 @@ def _provenance_html(meta: dict) -> str:
     if isinstance(corpus, dict):
         rows.append(("corpus", str(corpus.get("source", corpus.get("name", "")))))
     if meta.get("settings"):
-        rows.append(("settings", ", ".join(f"{key}={value}" for key, value in meta["settings"].items()
-                                           if not isinstance(value, (dict, list)) or len(str(value)) < 60)))
+        rows.append(
+            (
+                "settings",
+                ", ".join(
+                    f"{key}={value}"
+                    for key, value in meta["settings"].items()
+                    if not isinstance(value, (dict, list)) or len(str(value)) < 60
+                ),
+            )
+        )
     versions = meta.get("versions") or {}
-    rows.append(("made", f"{meta.get('created', '')} with attnlens {versions.get('attnlens', '')}, "
-                         f"torch {versions.get('torch', '')}, transformers {versions.get('transformers', '')}"))
+    rows.append(
+        (
+            "made",
+            f"{meta.get('created', '')} with attnlens {versions.get('attnlens', '')}, "
+            f"torch {versions.get('torch', '')}, transformers {versions.get('transformers', '')}",
+        )
+    )
     if meta.get("command"):
         rows.append(("command", f"<code>{html.escape(str(meta['command']))}</code>"))
-    body = "".join(f"<tr><th style='text-align:left'>{html.escape(key)}</th><td style='text-align:left'>"
-                   f"{value if key == 'command' else html.escape(value)}</td></tr>" for key, value in rows)
+    body = "".join(
+        f"<tr><th style='text-align:left'>{html.escape(key)}</th><td style='text-align:left'>"
+        f"{value if key == 'command' else html.escape(value)}</td></tr>"
+        for key, value in rows
+    )
     return f"<table>{body}</table>"
 
 
@@ -308,8 +330,13 @@ def write_result(
             np.save(staging / f"{name}.npy", array)
         if extra is not None:
             extra(staging)
-        payload = {**meta, "kind": kind, "format_version": FORMAT_VERSION,
-                   "tables": sorted(tables or {}), "arrays": sorted(arrays or {})}
+        payload = {
+            **meta,
+            "kind": kind,
+            "format_version": FORMAT_VERSION,
+            "tables": sorted(tables or {}),
+            "arrays": sorted(arrays or {}),
+        }
         (staging / "result.json").write_text(json.dumps(json_safe(payload), indent=2, allow_nan=False))
         swap_into_place(staging, out)
     except BaseException:

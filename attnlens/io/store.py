@@ -191,8 +191,9 @@ class StoreWriter:
             self._descriptors[spec.relative] = (os.open(file_path, os.O_RDWR), data_start)
 
     @classmethod
-    def create(cls, path: str | Path, manifest: dict, tokens: np.ndarray, *, shards: list[tuple[int, int]] | None = None,
-               shard: int = 0) -> StoreWriter:
+    def create(
+        cls, path: str | Path, manifest: dict, tokens: np.ndarray, *, shards: list[tuple[int, int]] | None = None, shard: int = 0
+    ) -> StoreWriter:
         """Create the directory, preallocate every array, write manifest and tokens.
 
         With ``shards`` (one [start, stop) range per rank) the store is sharded; the
@@ -228,7 +229,9 @@ class StoreWriter:
                     os.close(descriptor)
             if shards:
                 for rank, (start, stop) in enumerate(manifest["shards"]):
-                    write_json_atomic(path / progress_file(rank), {"shard": rank, "start": start, "stop": stop, "complete": start})
+                    write_json_atomic(
+                        path / progress_file(rank), {"shard": rank, "start": start, "stop": stop, "complete": start}
+                    )
             else:
                 write_json_atomic(path / "progress.json", {"complete": 0})
             write_json_atomic(path / "manifest.json", manifest)
@@ -237,7 +240,9 @@ class StoreWriter:
         except OSError as error:
             if error.errno == errno.ENOSPC:
                 raise AttnlensError(f"disk full while creating the store in {path}; free space or choose another `out`") from None
-            raise AttnlensError(f"cannot create the store in {path}: {error.strerror or error}; choose a writable `out`") from None
+            raise AttnlensError(
+                f"cannot create the store in {path}: {error.strerror or error}; choose a writable `out`"
+            ) from None
         return cls.open_shard(path, shard) if shards else cls(path, manifest, complete=0)
 
     @classmethod
@@ -249,14 +254,19 @@ class StoreWriter:
         return cls(path, manifest, complete=int(progress["complete"]), shard=shard)
 
     @classmethod
-    def resume(cls, path: str | Path, manifest: dict, tokens: np.ndarray, *, shards: list[tuple[int, int]] | None = None,
-               shard: int = 0) -> StoreWriter:
+    def resume(
+        cls, path: str | Path, manifest: dict, tokens: np.ndarray, *, shards: list[tuple[int, int]] | None = None, shard: int = 0
+    ) -> StoreWriter:
         """Reopen an unfinished store, checking that it was made with the same settings
         (and, sharded, by as many ranks); returns the writer of ``shard``."""
         store = open_store(path, allow_partial=True)
         made_ranks, asked_ranks = len(store.manifest.get("shards") or [0]), len(shards or [0])
         if made_ranks != asked_ranks:
-            how = "without torchrun" if made_ranks == 1 else f"with torchrun --nproc-per-node {made_ranks} (or as many ranks in all)"
+            how = (
+                "without torchrun"
+                if made_ranks == 1
+                else f"with torchrun --nproc-per-node {made_ranks} (or as many ranks in all)"
+            )
             raise AttnlensError(
                 f"cannot resume {path}: it was extracted by {made_ranks} rank(s), this run has {asked_ranks}; resume it {how}, "
                 "or use `overwrite` to start again"
@@ -310,8 +320,11 @@ class StoreWriter:
         for descriptor, _ in self._descriptors.values():
             os.fsync(descriptor)
         self.complete = start + (count or 0)
-        progress = {"complete": self.complete} if self.shard is None else {
-            "shard": self.shard, "start": self.start, "stop": self.stop, "complete": self.complete}
+        progress = (
+            {"complete": self.complete}
+            if self.shard is None
+            else {"shard": self.shard, "start": self.start, "stop": self.stop, "complete": self.complete}
+        )
         write_json_atomic(self.path / progress_file(self.shard), progress)
 
     # A seam for tests that simulate a full disk or a crash; called once per array and batch.
@@ -340,14 +353,17 @@ class BatchBuffers:
 
     def __init__(self, writer: StoreWriter, rows: int) -> None:
         self._writer = writer
-        self._raw = {relative: np.empty(rows * spec.row_bytes + DIRECT_ALIGNMENT, np.uint8)
-                     for relative, spec in writer._files.items()}
+        self._raw = {
+            relative: np.empty(rows * spec.row_bytes + DIRECT_ALIGNMENT, np.uint8) for relative, spec in writer._files.items()
+        }
 
     def arrays(self, start: int, rows: int) -> dict[int, tuple[np.ndarray, np.ndarray, np.ndarray | None]]:
         """``{layer: (scores, valid, weights or None)}`` to fill with sequences ``start…start + rows``."""
         return {
-            layer: tuple(self._view(layer_file(kind, layer), start, rows) if layer_file(kind, layer) in self._raw else None
-                         for kind in KINDS)
+            layer: tuple(
+                self._view(layer_file(kind, layer), start, rows) if layer_file(kind, layer) in self._raw else None
+                for kind in KINDS
+            )
             for layer in self._writer.manifest["layers"]
         }
 
@@ -408,8 +424,12 @@ class Store:
         stop = min(stop, self.complete)
         per_sequence = int(np.prod(array.shape[1:]))
         with open(array.filename, "rb") as handle:
-            data = np.fromfile(handle, dtype=array.dtype, count=(stop - start) * per_sequence,
-                               offset=array.offset + start * per_sequence * array.dtype.itemsize)
+            data = np.fromfile(
+                handle,
+                dtype=array.dtype,
+                count=(stop - start) * per_sequence,
+                offset=array.offset + start * per_sequence * array.dtype.itemsize,
+            )
         return data.reshape(stop - start, *array.shape[1:])
 
     def scores(self, layer: int) -> np.ndarray:
@@ -440,8 +460,11 @@ def open_store(path: str | Path, *, allow_partial: bool = False) -> Store:
     try:
         manifest = json.loads(manifest_path.read_text())
         shards = manifest.get("shards") if isinstance(manifest, dict) else None
-        progress = [json.loads((path / progress_file(rank)).read_text()) for rank in range(len(shards))] if shards else [
-            json.loads((path / "progress.json").read_text())]
+        progress = (
+            [json.loads((path / progress_file(rank)).read_text()) for rank in range(len(shards))]
+            if shards
+            else [json.loads((path / "progress.json").read_text())]
+        )
     except (OSError, json.JSONDecodeError) as error:
         raise AttnlensError(f"store '{path}' is damaged ({type(error).__name__} reading its manifest or progress)") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:

@@ -170,9 +170,7 @@ def layer_index(module: nn.Module) -> int:
     if index is None:
         index = getattr(module, "layer_idx", None)
     if index is None:
-        raise RuntimeError(
-            f"{type(module).__name__} has no layer index; load the model with attnlens.load_model"
-        )
+        raise RuntimeError(f"{type(module).__name__} has no layer index; load the model with attnlens.load_model")
     return int(index)
 
 
@@ -194,9 +192,7 @@ def valid_and_bias(attention_mask: torch.Tensor | None, scores: torch.Tensor) ->
     return valid.expand(batch, q_len, k_len), bias[:, None].to(scores.dtype)
 
 
-def attention_scores(
-    query: torch.Tensor, key: torch.Tensor, scaling: float, softcap: float | None = None
-) -> torch.Tensor:
+def attention_scores(query: torch.Tensor, key: torch.Tensor, scaling: float, softcap: float | None = None) -> torch.Tensor:
     """Pre-softmax scores (batch, head, q, k), sharing each key head among its query group.
 
     Grouped-query attention: query head ``h`` reads key head ``h // (heads / kv_heads)``,

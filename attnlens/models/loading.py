@@ -65,7 +65,9 @@ def _convert_minilm_l3(onnx_file: Path, target: Path) -> None:
     graph = onnx.load(str(onnx_file)).graph
     initializers = {init.name: numpy_helper.to_array(init) for init in graph.initializer}
     prefix = "model.0.auto_model."
-    state = {name[len(prefix) :]: torch.from_numpy(array.copy()) for name, array in initializers.items() if name.startswith(prefix)}
+    state = {
+        name[len(prefix) :]: torch.from_numpy(array.copy()) for name, array in initializers.items() if name.startswith(prefix)
+    }
     # Linear weights are stored as anonymous MatMul initializers (in × out); the node's
     # name says which module they belong to.
     for node in graph.node:
@@ -236,8 +238,14 @@ _HEADS: tuple[tuple[str, str, str], ...] = (
 _UNSUPPORTED_ATTENTION: dict[str, str] = {
     family: "attention sinks (s_aux)"
     for family in (
-        "gpt_oss", "openai_privacy_filter", "flint", "granite_swa", "granitemoe_swa",
-        "deepseek_v4", "hy_v4", "hy_v4_vl_text",
+        "gpt_oss",
+        "openai_privacy_filter",
+        "flint",
+        "granite_swa",
+        "granitemoe_swa",
+        "deepseek_v4",
+        "hy_v4",
+        "hy_v4_vl_text",
     )
 }
 _SUPPORTED_HINT = "use a model without them (BERT, Llama, Gemma, Qwen, Mistral, ...)"
@@ -299,8 +307,10 @@ class LoadedModel:
         if seq_len < MIN_SEQ_LEN:
             raise BadInput(f"`seq_len` {seq_len} is below {MIN_SEQ_LEN}; use `seq_len` {MIN_SEQ_LEN} or more")
         if seq_len > self.max_positions:
-            raise BadInput(f"`seq_len` {seq_len} is above the {self.max_positions} positions model '{self.name}' supports; "
-                           f"use `seq_len` {self.max_positions} or less")
+            raise BadInput(
+                f"`seq_len` {seq_len} is above the {self.max_positions} positions model '{self.name}' supports; "
+                f"use `seq_len` {self.max_positions} or less"
+            )
 
     def check_layers(self, layers: Iterable[int] | None) -> list[int]:
         """``layers`` sorted and checked against the model's (``None``: all of them)."""
@@ -392,7 +402,9 @@ def _resolve_source(name: str) -> str:
             raise AttnlensError(f"'{name}' is a path but not a Hugging Face model directory (no config.json in it)")
         return str(path)
     if name.count("/") > 1 or name.startswith((".", "~")) or name.endswith("/"):
-        raise AttnlensError(f"model path '{name}' does not exist; give an existing directory, a Hub id, or an alias ({', '.join(ALIASES)})")
+        raise AttnlensError(
+            f"model path '{name}' does not exist; give an existing directory, a Hub id, or an alias ({', '.join(ALIASES)})"
+        )
     if not _in_hub_cache(name) and not _hub_reachable():
         raise AttnlensError(
             f"cannot load model '{name}': it is not an alias ({', '.join(ALIASES)}) or a local model directory, "

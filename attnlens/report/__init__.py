@@ -50,10 +50,22 @@ class ReportSettings:
 
 
 DEFAULT = ReportSettings()
-QUICK = ReportSettings(seq_len=64, eigen_seqs=96, dim=8, reconstruct_seqs=64, ks=(1, 4, 16, 64),
-                       strategies=("greedy", "random"), scopes=("head", "all"), plug_in_scopes=("head",),
-                       # 15 Adam steps of 0.3 move the mask logits about as far as 100 steps of 0.05
-                       importance_seqs=8, dam_lambdas=(0.1,), dam_steps=15, dam_lr=0.3, dam_train_seqs=16)
+QUICK = ReportSettings(
+    seq_len=64,
+    eigen_seqs=96,
+    dim=8,
+    reconstruct_seqs=64,
+    ks=(1, 4, 16, 64),
+    strategies=("greedy", "random"),
+    scopes=("head", "all"),
+    plug_in_scopes=("head",),
+    # 15 Adam steps of 0.3 move the mask logits about as far as 100 steps of 0.05
+    importance_seqs=8,
+    dam_lambdas=(0.1,),
+    dam_steps=15,
+    dam_lr=0.3,
+    dam_train_seqs=16,
+)
 
 # A second model of the same geometry to compare subspaces with, when it is installed.
 COMPANIONS = {"minilm-l6": "minilm-l3", "minilm-l3": "minilm-l6"}
@@ -129,19 +141,38 @@ def report(
         eigens = [results["eigen"]]
         if second:
             results["eigen_second"] = stages.run(
-                "eigen (second model)", lambda: eigen(second, num_seqs=settings.eigen_seqs, device=device, **common))
+                "eigen (second model)", lambda: eigen(second, num_seqs=settings.eigen_seqs, device=device, **common)
+            )
             eigens.append(results["eigen_second"])
         results["overlap"] = stages.run("overlap", lambda: overlap(eigens, dim=settings.dim))
-        results["reconstruct"] = stages.run("reconstruct", lambda: reconstruct(
-            loaded, num_seqs=settings.reconstruct_seqs, ks=settings.ks, strategies=settings.strategies,
-            scopes=settings.scopes, plug_in=True, plug_in_scopes=settings.plug_in_scopes, batch_size=settings.batch_size,
-            **common))
+        results["reconstruct"] = stages.run(
+            "reconstruct",
+            lambda: reconstruct(
+                loaded,
+                num_seqs=settings.reconstruct_seqs,
+                ks=settings.ks,
+                strategies=settings.strategies,
+                scopes=settings.scopes,
+                plug_in=True,
+                plug_in_scopes=settings.plug_in_scopes,
+                batch_size=settings.batch_size,
+                **common,
+            ),
+        )
         judged = dict(batch_size=settings.batch_size, **common)
-        results["importance"] = stages.run("importance", lambda: importance(
-            loaded, num_seqs=settings.importance_seqs, **judged))
-        results["dam"] = stages.run("dam", lambda: dam(
-            loaded, lambdas=settings.dam_lambdas, steps=settings.dam_steps, lr=settings.dam_lr, train_seqs=settings.dam_train_seqs,
-            eval_seqs=settings.importance_seqs, **judged))
+        results["importance"] = stages.run("importance", lambda: importance(loaded, num_seqs=settings.importance_seqs, **judged))
+        results["dam"] = stages.run(
+            "dam",
+            lambda: dam(
+                loaded,
+                lambdas=settings.dam_lambdas,
+                steps=settings.dam_steps,
+                lr=settings.dam_lr,
+                train_seqs=settings.dam_train_seqs,
+                eval_seqs=settings.importance_seqs,
+                **judged,
+            ),
+        )
         names = {key: _directory_name(key, result) for key, result in results.items()}
         page = stages.run("figures", lambda: write_page(staging, results, names, settings, command))
     except BaseException:
@@ -149,8 +180,17 @@ def report(
         stages.close()
         raise
     stages.close()
-    meta = {"kind": "report", "format_version": 1, "model": loaded.describe(), "corpus": corpus, "quick": quick,
-            "settings": asdict(settings), "results": names, "timings_s": stages.timings, **provenance(command)}
+    meta = {
+        "kind": "report",
+        "format_version": 1,
+        "model": loaded.describe(),
+        "corpus": corpus,
+        "quick": quick,
+        "settings": asdict(settings),
+        "results": names,
+        "timings_s": stages.timings,
+        **provenance(command),
+    }
     (staging / "result.json").write_text(json.dumps(meta, indent=2))
     swap_into_place(staging, out)
     return out / page.name

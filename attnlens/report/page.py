@@ -24,9 +24,13 @@ def write_page(directory: Path, results: dict, names: dict[str, str], settings: 
     for key, result in results.items():
         result.save(directory / names[key])
         result.save_figures(directory / names[key] / "figures")
-    sections = [_summary_section(results, settings), *_eigen_sections(results, names, directory, settings),
-                _reconstruct_section(results, names, directory), _importance_section(results, names, directory),
-                _dam_section(results, names, directory)]
+    sections = [
+        _summary_section(results, settings),
+        *_eigen_sections(results, names, directory, settings),
+        _reconstruct_section(results, names, directory),
+        _importance_section(results, names, directory),
+        _dam_section(results, names, directory),
+    ]
     page = directory / "report.html"
     page.write_text(_page(results["eigen"], sections, names, command))
     return page
@@ -34,14 +38,17 @@ def write_page(directory: Path, results: dict, names: dict[str, str], settings: 
 
 def _figure(path: Path, caption: str) -> str:
     data = base64.b64encode(path.read_bytes()).decode()
-    return (f'<figure><img src="data:image/png;base64,{data}" alt="{html.escape(caption)}">'
-            f"<figcaption>{html.escape(caption)}</figcaption></figure>")
+    return (
+        f'<figure><img src="data:image/png;base64,{data}" alt="{html.escape(caption)}">'
+        f"<figcaption>{html.escape(caption)}</figcaption></figure>"
+    )
 
 
 def _table(frame: pd.DataFrame, digits: int = 3, text: bool = False) -> str:
     """An HTML table in a scrolling box; ``text`` tables are left-aligned prose."""
-    table = frame.to_html(index=False, float_format=lambda value: f"{value:.{digits}g}", border=0,
-                          classes="data text" if text else "data")
+    table = frame.to_html(
+        index=False, float_format=lambda value: f"{value:.{digits}g}", border=0, classes="data text" if text else "data"
+    )
     return f"<div class='table'>{table}</div>"
 
 
@@ -52,10 +59,14 @@ def _section(title: str, question: str, body: list[str]) -> str:
 def _layer_summary(eigen_result) -> pd.DataFrame:
     table = eigen_result.table
     heads = table[(table["level"] == "head") & (table["query"] == table["query"].max())]
-    per_layer = heads.groupby("layer").agg(head_k90_median=("k90", "median"), head_k90_min=("k90", "min"),
-                                           head_k90_max=("k90", "max"), baseline_k90=("baseline_k90", "median"),
-                                           head_effective_rank=("effective_rank", "median"),
-                                           ones_fraction=("ones_fraction", "median"))
+    per_layer = heads.groupby("layer").agg(
+        head_k90_median=("k90", "median"),
+        head_k90_min=("k90", "min"),
+        head_k90_max=("k90", "max"),
+        baseline_k90=("baseline_k90", "median"),
+        head_effective_rank=("effective_rank", "median"),
+        ones_fraction=("ones_fraction", "median"),
+    )
     pooled = table[(table["level"] == "layer") & (table["query"] == table["query"].max())]
     layers = pooled.set_index("layer")[["k90", "k95", "k99"]].add_prefix("pooled_")
     return per_layer.join(layers).reset_index()
@@ -72,41 +83,64 @@ def _summary_section(results: dict, settings: ReportSettings) -> str:
     split = overlap_result.split_half
     split_layers = split[(split["result"] == 0) & (split["level"] == "layer")].overlap
     rows = [
-        ("Score rows are low-dimensional (paper 1)", "most variance in a few of n directions",
-         f"median over heads of components for 90% energy: {layers.head_k90_median.min():.0f}–"
-         f"{layers.head_k90_median.max():.0f} of n = {eigen_result.n} per layer (Gaussian baseline: "
-         f"{layers.baseline_k90.median():.0f})"),
-        ("Eigenspaces overlap across layers (paper 1)", "strong overlap of top eigenspaces",
-         f"mean layer×layer overlap at d = {overlap_result.dim}: {_off_diagonal_mean(overlap_result.matrix('layers_0')):.2f} "
-         f"(chance {overlap_result.chance:.3f}; split-half of one layer: {split_layers.min():.2f}–{split_layers.max():.2f})"),
+        (
+            "Score rows are low-dimensional (paper 1)",
+            "most variance in a few of n directions",
+            f"median over heads of components for 90% energy: {layers.head_k90_median.min():.0f}–"
+            f"{layers.head_k90_median.max():.0f} of n = {eigen_result.n} per layer (Gaussian baseline: "
+            f"{layers.baseline_k90.median():.0f})",
+        ),
+        (
+            "Eigenspaces overlap across layers (paper 1)",
+            "strong overlap of top eigenspaces",
+            f"mean layer×layer overlap at d = {overlap_result.dim}: {_off_diagonal_mean(overlap_result.matrix('layers_0')):.2f} "
+            f"(chance {overlap_result.chance:.3f}; split-half of one layer: {split_layers.min():.2f}–{split_layers.max():.2f})",
+        ),
     ]
     if "layers_0_1" in {key.removesuffix("_overlap") for key in overlap_result.arrays}:
         cross = overlap_result.matrix("layers_0_1")
-        rows.append(("…and across models (paper 1)", "overlap between different models",
-                     f"{overlap_result.meta['models'][0]} × {overlap_result.meta['models'][1]}: mean {cross.mean():.2f}, "
-                     f"max {cross.max():.2f} (chance {overlap_result.chance:.3f})"))
+        rows.append(
+            (
+                "…and across models (paper 1)",
+                "overlap between different models",
+                f"{overlap_result.meta['models'][0]} × {overlap_result.meta['models'][1]}: mean {cross.mean():.2f}, "
+                f"max {cross.max():.2f} (chance {overlap_result.chance:.3f})",
+            )
+        )
     overall = recon.table[(recon.table.layer == -1)]
     for k in (16, 32):
         pick = overall[(overall.strategy == "greedy") & (overall.scope == "head") & (overall.k == k)]
         if len(pick):
             row = pick.iloc[0]
-            rows.append((f"k = {k} exact scores suffice (paper 1)", "k = 16–32 enough; up to 45% fewer attention FLOPs",
-                         f"greedy, per-head map: held-out relative error {row.rel_error:.3f} (vs mean row), "
-                         f"{row.rel_error_zero:.3f} (vs zero), TV {row.tv:.3f}; attention FLOPs ×{row.flops_ratio:.2f}"))
+            rows.append(
+                (
+                    f"k = {k} exact scores suffice (paper 1)",
+                    "k = 16–32 enough; up to 45% fewer attention FLOPs",
+                    f"greedy, per-head map: held-out relative error {row.rel_error:.3f} (vs mean row), "
+                    f"{row.rel_error_zero:.3f} (vs zero), TV {row.tv:.3f}; attention FLOPs ×{row.flops_ratio:.2f}",
+                )
+            )
     plug = recon.plug_in
     if plug is not None:
         for k in (16, 32):
             pick = plug[(plug.strategy == "greedy") & (plug.scope == "head") & (plug.k == k)]
             if len(pick):
                 row = pick.iloc[0]
-                measured = (f"cosine of final hidden states {row.token_cosine:.4f}" if row.objective == "hidden"
-                            else f"{row.objective} loss +{row.loss_increase:.3f} nats")
-                rows.append((f"Model outputs with k = {k} in every layer (paper 1)", "MNLI 79.7% at k = 32 vs 81.6% full",
-                             measured))
+                measured = (
+                    f"cosine of final hidden states {row.token_cosine:.4f}"
+                    if row.objective == "hidden"
+                    else f"{row.objective} loss +{row.loss_increase:.3f} nats"
+                )
+                rows.append(
+                    (f"Model outputs with k = {k} in every layer (paper 1)", "MNLI 79.7% at k = 32 vs 81.6% full", measured)
+                )
     rows += _importance_claims(results["importance"], results["dam"])
     frame = pd.DataFrame(rows, columns=["claim", "papers report", "measured here"])
-    return _section("Summary: the papers' claims against this model", "What the papers report, and what attnlens measures here "
-                    "(findings, not verdicts: settings differ from the papers').", [_table(frame, text=True)])
+    return _section(
+        "Summary: the papers' claims against this model",
+        "What the papers report, and what attnlens measures here (findings, not verdicts: settings differ from the papers').",
+        [_table(frame, text=True)],
+    )
 
 
 def _eigen_sections(results: dict, names: dict[str, str], directory: Path, settings: ReportSettings) -> list[str]:
@@ -116,15 +150,19 @@ def _eigen_sections(results: dict, names: dict[str, str], directory: Path, setti
         "1. Are attention score rows low-dimensional?",
         "Eigenvalues of the covariance of pre-softmax score rows (pooled over queries), per layer with heads pooled, "
         "against Gaussian rows of the same per-key variances and number of rows.",
-        [_figure(figures / "spectra.png", "Eigenvalue spectra per layer (solid) and baseline (dashed)"),
-         _figure(figures / "energy.png", "Cumulative explained energy per layer"),
-         "<p>Per layer: components for 90% energy of single heads (median, min, max over heads), of the heads "
-         "pooled, and the variance fraction along the all-ones direction (which softmax ignores).</p>",
-         _table(_layer_summary(eigen_result))],
+        [
+            _figure(figures / "spectra.png", "Eigenvalue spectra per layer (solid) and baseline (dashed)"),
+            _figure(figures / "energy.png", "Cumulative explained energy per layer"),
+            "<p>Per layer: components for 90% energy of single heads (median, min, max over heads), of the heads "
+            "pooled, and the variance fraction along the all-ones direction (which softmax ignores).</p>",
+            _table(_layer_summary(eigen_result)),
+        ],
     )
     overlap_figures = directory / names["overlap"] / "figures"
-    body = [_figure(overlap_figures / "overlap_layers_0.png", "Layer × layer overlap"),
-            _figure(overlap_figures / "split_half_0.png", "Split-half check")]
+    body = [
+        _figure(overlap_figures / "overlap_layers_0.png", "Layer × layer overlap"),
+        _figure(overlap_figures / "split_half_0.png", "Split-half check"),
+    ]
     if (overlap_figures / "overlap_layers_0_1.png").is_file():
         body.append(_figure(overlap_figures / "overlap_layers_0_1.png", "Model × model overlap"))
     body.append(_figure(overlap_figures / "overlap_heads_0.png", "Head × head overlap"))
@@ -142,18 +180,23 @@ def _reconstruct_section(results: dict, names: dict[str, str], directory: Path) 
     recon = results["reconstruct"]
     figures = directory / names["reconstruct"] / "figures"
     overall = recon.table[recon.table.layer == -1]
-    chosen = overall[overall.k.isin([8, 16, 32])][["strategy", "scope", "k", "rel_error", "rel_error_zero", "tv", "kl",
-                                                    "flops_ratio"]]
-    body = [_figure(figures / "error_vs_k.png", "Held-out reconstruction error against k"),
-            _figure(figures / "tv_vs_k.png", "Total variation after softmax against k"),
-            _figure(figures / "error_vs_flops.png", "Error against attention FLOPs saved"),
-            _table(chosen.sort_values(["k", "strategy", "scope"]))]
+    chosen = overall[overall.k.isin([8, 16, 32])][
+        ["strategy", "scope", "k", "rel_error", "rel_error_zero", "tv", "kl", "flops_ratio"]
+    ]
+    body = [
+        _figure(figures / "error_vs_k.png", "Held-out reconstruction error against k"),
+        _figure(figures / "tv_vs_k.png", "Total variation after softmax against k"),
+        _figure(figures / "error_vs_flops.png", "Error against attention FLOPs saved"),
+        _table(chosen.sort_values(["k", "strategy", "scope"])),
+    ]
     if (figures / "fidelity_vs_k.png").is_file():
         body.insert(3, _figure(figures / "fidelity_vs_k.png", "Model outputs with the reconstruction in every layer"))
-    return _section("3. How many exact scores does a row need?",
-                    "k exact scores per row, the rest rebuilt by least squares fitted on other blocks; errors on held-out "
-                    "blocks, per strategy (greedy, random, stride) and scope of the map (per head, per layer, shared by all).",
-                    body)
+    return _section(
+        "3. How many exact scores does a row need?",
+        "k exact scores per row, the rest rebuilt by least squares fitted on other blocks; errors on held-out "
+        "blocks, per strategy (greedy, random, stride) and scope of the map (per head, per layer, shared by all).",
+        body,
+    )
 
 
 MIN_REMOVED = 0.001  # classes removing fewer of the valid positions are not ranked as "cheapest"
@@ -175,65 +218,112 @@ def _importance_claims(importance_result, dam_result) -> list[tuple[str, str, st
     substantial = table[table["removed"] >= MIN_REMOVED]
     cheapest = (substantial if len(substantial) else table).sort_values("delta").iloc[0]
     skipped = ", ".join(table.loc[table["removed"] < MIN_REMOVED, "class"])
-    rows = [("Removing a position class (paper 2)", "the diagonal (self) matters least; removing it costs nothing",
-             f"cheapest class to remove: {cheapest['class']}, {_interval(cheapest)} {unit} for {cheapest['removed']:.1%} of "
-             f"positions; removing as many random positions: {_interval(cheapest, 'random')}"
-             + (f" ({skipped}: under {MIN_REMOVED:.1%} of positions, not ranked)" if skipped else ""))]
+    rows = [
+        (
+            "Removing a position class (paper 2)",
+            "the diagonal (self) matters least; removing it costs nothing",
+            f"cheapest class to remove: {cheapest['class']}, {_interval(cheapest)} {unit} for {cheapest['removed']:.1%} of "
+            f"positions; removing as many random positions: {_interval(cheapest, 'random')}"
+            + (f" ({skipped}: under {MIN_REMOVED:.1%} of positions, not ranked)" if skipped else ""),
+        )
+    ]
     if "self" in set(table["class"]):
         own = table[table["class"] == "self"].iloc[0]
         rank = int((substantial["delta"] < own["delta"]).sum()) + 1
-        rows.append(("…the diagonal in particular (paper 2)", "the diagonal can be removed without loss",
-                     f"self: {_interval(own)} {unit}, rank {rank} of {len(substantial)} classes from the cheapest; "
-                     f"as many random positions: {_interval(own, 'random')}"))
+        rows.append(
+            (
+                "…the diagonal in particular (paper 2)",
+                "the diagonal can be removed without loss",
+                f"self: {_interval(own)} {unit}, rank {rank} of {len(substantial)} classes from the cheapest; "
+                f"as many random positions: {_interval(own, 'random')}",
+            )
+        )
     dam_table = dam_result.table
     sparse = dam_table.iloc[nearest_lambda(dam_result)]  # the λ nearest 85% sparsity, as in the mask images
     keep = dam_result.keep_summary
     keep = keep[keep["lambda"] == sparse["lambda"]].sort_values("keep_probability", ascending=False)
     kept = ", ".join(f"{row['class']} {row['keep_probability']:.2f}" for _, row in keep.iterrows())
-    rows.append(("Learned masks (DAM, paper 2)", "fine-tuned: DAM_s 91.2% sparsity at GLUE 80.9; DAM_u 78.9% at 82.0", f"{dam_result.meta['settings']['variant']}, λ = {sparse['lambda']:g}, model frozen: "
-                 f"{sparse['sparsity']:.1%} sparsity, {_interval(sparse)} {unit};"
-                 f" keep-probability per class: {kept}"))
+    rows.append(
+        (
+            "Learned masks (DAM, paper 2)",
+            "fine-tuned: DAM_s 91.2% sparsity at GLUE 80.9; DAM_u 78.9% at 82.0",
+            f"{dam_result.meta['settings']['variant']}, λ = {sparse['lambda']:g}, model frozen: "
+            f"{sparse['sparsity']:.1%} sparsity, {_interval(sparse)} {unit};"
+            f" keep-probability per class: {kept}",
+        )
+    )
     if len(dam_result.patterns):
         matched = dam_result.matched()
         matched = matched[matched["lambda"] == sparse["lambda"]]
         landed = "; ".join(f"{row['pattern']} {row['sparsity']:.0%}: {_interval(row)}" for _, row in matched.iterrows())
-        rows.append(("Fixed sparse patterns (paper 2)", "worse than DAM at similar sparsity (e.g. BigBird 93.2% / 79.4)",
-                     f"nearest sparsity to the DAM mask above: {landed}"))
+        rows.append(
+            (
+                "Fixed sparse patterns (paper 2)",
+                "worse than DAM at similar sparsity (e.g. BigBird 93.2% / 79.4)",
+                f"nearest sparsity to the DAM mask above: {landed}",
+            )
+        )
     return rows
 
 
 def _importance_section(results: dict, names: dict[str, str], directory: Path) -> str:
     result = results["importance"]
     figures = directory / names["importance"] / "figures"
-    columns = [name for name in ("class", "share", "mass", "removed", "delta", "delta_low", "delta_high", "random",
-                                 "random_low", "random_high", "gradient", "note") if name in result.table]
-    body = [_figure(figures / "mass.png", "Attention mass per query on each class, per layer and head"),
-            _figure(figures / "ablation.png", "Removing one class everywhere, with the random control"),
-            _table(result.table[columns])]
+    columns = [
+        name
+        for name in (
+            "class",
+            "share",
+            "mass",
+            "removed",
+            "delta",
+            "delta_low",
+            "delta_high",
+            "random",
+            "random_low",
+            "random_high",
+            "gradient",
+            "note",
+        )
+        if name in result.table
+    ]
+    body = [
+        _figure(figures / "mass.png", "Attention mass per query on each class, per layer and head"),
+        _figure(figures / "ablation.png", "Removing one class everywhere, with the random control"),
+        _table(result.table[columns]),
+    ]
     if (figures / "gradient.png").is_file():
         body.insert(2, _figure(figures / "gradient.png", "Gradient importance of each class (gate on attention weights)"))
-    return _section("4. Which positions of the attention matrix matter?",
-                    f"Mass: average attention weight per query on each position class, against its share of positions. "
-                    f"Ablation: the class's scores set to −∞ in every layer and head; change of the "
-                    f"{result.meta['settings']['objective']} objective on held-out blocks with a 95% bootstrap interval, "
-                    f"beside removing as many random positions per row. Roles: "
-                    f"{', '.join(f'{key} = {value}' for key, value in result.meta['roles'].items())}.", body)
+    return _section(
+        "4. Which positions of the attention matrix matter?",
+        f"Mass: average attention weight per query on each position class, against its share of positions. "
+        f"Ablation: the class's scores set to −∞ in every layer and head; change of the "
+        f"{result.meta['settings']['objective']} objective on held-out blocks with a 95% bootstrap interval, "
+        f"beside removing as many random positions per row. Roles: "
+        f"{', '.join(f'{key} = {value}' for key, value in result.meta['roles'].items())}.",
+        body,
+    )
 
 
 def _dam_section(results: dict, names: dict[str, str], directory: Path) -> str:
     result = results["dam"]
     figures = directory / names["dam"] / "figures"
     columns = [name for name in ("lambda", "sparsity", "loss", "delta", "delta_low", "delta_high") if name in result.table]
-    body = [_figure(figures / "loss_vs_sparsity.png", "Objective against sparsity: DAM and fixed patterns"),
-            _figure(figures / "keep_per_class.png", "Keep-probability of each class per λ"),
-            _figure(figures / "masks.png", "Learned masks"),
-            _table(result.table[columns])]
+    body = [
+        _figure(figures / "loss_vs_sparsity.png", "Objective against sparsity: DAM and fixed patterns"),
+        _figure(figures / "keep_per_class.png", "Keep-probability of each class per λ"),
+        _figure(figures / "masks.png", "Learned masks"),
+        _table(result.table[columns]),
+    ]
     settings = result.meta["settings"]
-    return _section("5. Can attention be made sparse, and where?",
-                    f"A short DAM run ({settings['variant']} masks, {settings['steps']} steps per λ at learning rate "
-                    f"{settings['lr']:g}, model frozen), judged "
-                    "on the held-out blocks of section 4 with the deterministic mask, next to fixed sparse patterns swept "
-                    "over their parameter. Longer runs: attnlens dam.", body)
+    return _section(
+        "5. Can attention be made sparse, and where?",
+        f"A short DAM run ({settings['variant']} masks, {settings['steps']} steps per λ at learning rate "
+        f"{settings['lr']:g}, model frozen), judged "
+        "on the held-out blocks of section 4 with the deterministic mask, next to fixed sparse patterns swept "
+        "over their parameter. Longer runs: attnlens dam.",
+        body,
+    )
 
 
 STYLE = """
@@ -254,13 +344,13 @@ def _page(eigen_result, sections: list[str], names: dict[str, str], command: str
     model = eigen_result.meta["model"]
     files = "".join(f"<li><code>{html.escape(name)}/</code></li>" for name in names.values())
     return f"""<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>attnlens report: {html.escape(model['name'])}</title>
+<html lang="en"><head><meta charset="utf-8"><title>attnlens report: {html.escape(model["name"])}</title>
 <style>{STYLE}</style></head><body>
-<h1>attnlens report: {html.escape(model['name'])} ({html.escape(model['architecture'])}, {model['num_layers']} layers ×
-{model['num_heads']} heads) on {html.escape(str(eigen_result.meta['corpus'].get('source')))}</h1>
-<p>Made {html.escape(meta['created'])} by <code>{html.escape(meta['command'])}</code></p>
-<pre>{html.escape(json.dumps(meta['versions']))}</pre>
-{''.join(sections)}
+<h1>attnlens report: {html.escape(model["name"])} ({html.escape(model["architecture"])}, {model["num_layers"]} layers ×
+{model["num_heads"]} heads) on {html.escape(str(eigen_result.meta["corpus"].get("source")))}</h1>
+<p>Made {html.escape(meta["created"])} by <code>{html.escape(meta["command"])}</code></p>
+<pre>{html.escape(json.dumps(meta["versions"]))}</pre>
+{"".join(sections)}
 <section><h2>Files</h2><p>Every result is a directory next to this page, readable with
 <code>attnlens.load_result(path)</code>; <code>attnlens figures DIR... --out FIGS</code> redraws its figures.</p>
 <ul>{files}</ul></section>

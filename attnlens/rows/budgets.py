@@ -42,10 +42,20 @@ _WORKING_COPIES = 4
 _WORKING_SHARE = 0.25
 
 _UNITS = {
-    "": 1, "b": 1,
-    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
-    "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40,
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+    "k": 2**10,
+    "m": 2**20,
+    "g": 2**30,
+    "t": 2**40,
 }
 
 
@@ -187,15 +197,26 @@ class Plan:
 
     def describe(self) -> dict[str, object]:
         return {
-            "passes": self.passes, "groups_per_pass": self.groups_per_pass, "world_size": self.world_size,
-            "units": len(self.units), "max_group_units": self.max_group_units, "unit_bytes": self.unit_bytes,
-            "working_bytes": self.working_bytes, "head_chunk": self.head_chunk, "budget_bytes": self.budget,
-            "peak_bytes": self.peak_bytes, "groups": [list(bounds) for bounds in self.bounds],
+            "passes": self.passes,
+            "groups_per_pass": self.groups_per_pass,
+            "world_size": self.world_size,
+            "units": len(self.units),
+            "max_group_units": self.max_group_units,
+            "unit_bytes": self.unit_bytes,
+            "working_bytes": self.working_bytes,
+            "head_chunk": self.head_chunk,
+            "budget_bytes": self.budget,
+            "peak_bytes": self.peak_bytes,
+            "groups": [list(bounds) for bounds in self.bounds],
         }
 
 
 def plan_units(
-    units: list[tuple[int, int]], cost: MomentsCost, *, budget: int | None, world_size: int,
+    units: list[tuple[int, int]],
+    cost: MomentsCost,
+    *,
+    budget: int | None,
+    world_size: int,
     heads_per_layer: int | None = None,
 ) -> Plan:
     """Split ``units`` into groups that fit ``budget`` bytes per process (see the module docstring).
@@ -223,9 +244,15 @@ def plan_units(
     sizes = [len(units) // groups + (1 if index < len(units) % groups else 0) for index in range(groups)]
     starts = [sum(sizes[:index]) for index in range(groups)]
     return Plan(
-        units=tuple(units), bounds=tuple((start, start + size) for start, size in zip(starts, sizes)),
-        passes=passes, groups_per_pass=per_pass, world_size=world_size, unit_bytes=cost.unit_bytes,
-        working_bytes=working, head_chunk=chunk, budget=budget,
+        units=tuple(units),
+        bounds=tuple((start, start + size) for start, size in zip(starts, sizes)),
+        passes=passes,
+        groups_per_pass=per_pass,
+        world_size=world_size,
+        unit_bytes=cost.unit_bytes,
+        working_bytes=working,
+        head_chunk=chunk,
+        budget=budget,
     )
 
 

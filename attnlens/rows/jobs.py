@@ -107,13 +107,27 @@ def run_moments(
     budget = parse_bytes(max_memory) if isinstance(max_memory, str) else max_memory
     world = init_world(device, spread=device_map is not None)
     world.run_on_main(lambda: _check_out(out, resume=resume, overwrite=overwrite))  # before the slow part
-    rows = _open_rows(source, world, corpus=corpus, seq_len=seq_len, num_seqs=num_seqs, seed=seed, device=device,
-                      model_dtype=model_dtype, device_map=device_map)
+    rows = _open_rows(
+        source,
+        world,
+        corpus=corpus,
+        seq_len=seq_len,
+        num_seqs=num_seqs,
+        seed=seed,
+        device=device,
+        model_dtype=model_dtype,
+        device_map=device_map,
+    )
     layers = rows.check_layers(layers)
     queries = _check_queries(rows.n, queries, per_query)
     check_rows_for_per_query(rows.num_seqs, rows.n, queries)
-    cost = MomentsCost(rows.n, None if queries is None else tuple(queries), accumulate, batch_size,
-                       causal=bool(rows.model_info.get("causal", False)))
+    cost = MomentsCost(
+        rows.n,
+        None if queries is None else tuple(queries),
+        accumulate,
+        batch_size,
+        causal=bool(rows.model_info.get("causal", False)),
+    )
     units = [(layer, head) for layer in layers for head in range(rows.num_heads)]
     plan = plan_units(units, cost, budget=budget, world_size=world.size, heads_per_layer=rows.num_heads)
     if budget is None:
@@ -131,9 +145,13 @@ def run_moments(
     with progress_bar(total=plan.passes * (stop - start), desc=label, unit="seq", enabled=progress and world.is_main) as bar:
         for pass_ in range(plan.passes):
             _accumulate_pass(rows, world, plan, pass_, out, settings, run, half, device, checkpoint_every, resume, bar)
-    meta_extra = {"run": run, "distributed": world.describe(), "merged_by": "all-reduce" if world.distributed else "single process",
-                  # which corpus block each sequence is, and its half: enough to recompute any number
-                  "blocks": {"block_index": rows.block_index.tolist(), "half_of_block": half.tolist()}}
+    meta_extra = {
+        "run": run,
+        "distributed": world.describe(),
+        "merged_by": "all-reduce" if world.distributed else "single process",
+        # which corpus block each sequence is, and its half: enough to recompute any number
+        "blocks": {"block_index": rows.block_index.tolist(), "half_of_block": half.tolist()},
+    }
     return _combine(world, plan, cost, out, settings, meta_extra, device, command)
 
 
@@ -166,8 +184,9 @@ def _check_queries(n: int, queries: list[int] | None, per_query: bool) -> list[i
 
 def _check_out(out: Path, *, resume: bool, overwrite: bool) -> None:
     """Refuse, before any work, an `out` that cannot take this job."""
-    check_resumable_out(out, resume=resume, overwrite=overwrite, owned=lambda path: (path / JOB_FILE).is_file(),
-                        what="moments job")
+    check_resumable_out(
+        out, resume=resume, overwrite=overwrite, owned=lambda path: (path / JOB_FILE).is_file(), what="moments job"
+    )
 
 
 def device_memory(device: torch.device, world: World) -> int:
@@ -214,8 +233,18 @@ def _prepare(out: Path, job: dict, *, resume: bool, overwrite: bool) -> None:
 # ---------------------------------------------------------------------- source
 
 
-def _open_rows(source: object, world: World, *, corpus, seq_len: int, num_seqs: int, seed: int, device: str,
-               model_dtype: str, device_map: str | None) -> StoreRows | ModelRows:
+def _open_rows(
+    source: object,
+    world: World,
+    *,
+    corpus,
+    seq_len: int,
+    num_seqs: int,
+    seed: int,
+    device: str,
+    model_dtype: str,
+    device_map: str | None,
+) -> StoreRows | ModelRows:
     """Rows of a store, or of a model loaded in ``model_dtype`` on this rank's device(s)."""
     if isinstance(source, (Store, LoadedModel)) or is_store(Path(str(source))):
         return open_rows(source, corpus=corpus, seq_len=seq_len, num_seqs=num_seqs, seed=seed, device=world.device(device))
@@ -230,13 +259,27 @@ def _open_rows(source: object, world: World, *, corpus, seq_len: int, num_seqs: 
     return open_rows(model, corpus=corpus, seq_len=seq_len, num_seqs=num_seqs, seed=seed)
 
 
-def _settings(rows: StoreRows | ModelRows, quantity: str, layers: list[int], queries: list[int] | None, seed: int,
-              accumulate: str, model_dtype: str) -> dict:
+def _settings(
+    rows: StoreRows | ModelRows,
+    quantity: str,
+    layers: list[int],
+    queries: list[int] | None,
+    seed: int,
+    accumulate: str,
+    model_dtype: str,
+) -> dict:
     """What the numbers mean: partial files merge, and a job resumes, only with equal settings."""
     tokens = np.ascontiguousarray(rows.tokens(np.arange(rows.num_seqs)), dtype=np.int64)
     return {
-        "quantity": quantity, "n": rows.n, "layers": list(layers), "num_heads": rows.num_heads, "queries": queries,
-        "seed": seed, "num_seqs": rows.num_seqs, "accumulate": accumulate, "model_dtype": model_dtype,
+        "quantity": quantity,
+        "n": rows.n,
+        "layers": list(layers),
+        "num_heads": rows.num_heads,
+        "queries": queries,
+        "seed": seed,
+        "num_seqs": rows.num_seqs,
+        "accumulate": accumulate,
+        "model_dtype": model_dtype,
         "tokens_sha256": hashlib.sha256(tokens.tobytes()).hexdigest(),
         "model": rows.model_info,
         "corpus": {key: value for key, value in rows.corpus_info.items() if key != "store"},
@@ -246,8 +289,20 @@ def _settings(rows: StoreRows | ModelRows, quantity: str, layers: list[int], que
 # ---------------------------------------------------------------------- accumulation
 
 
-def _accumulate_pass(rows: StoreRows | ModelRows, world: World, plan: Plan, pass_: int, out: Path, settings: dict,
-                     run: dict, half: np.ndarray, device: torch.device, checkpoint_every: int, resume: bool, bar) -> None:
+def _accumulate_pass(
+    rows: StoreRows | ModelRows,
+    world: World,
+    plan: Plan,
+    pass_: int,
+    out: Path,
+    settings: dict,
+    run: dict,
+    half: np.ndarray,
+    device: torch.device,
+    checkpoint_every: int,
+    resume: bool,
+    bar,
+) -> None:
     """This rank's share of one pass: its unit group over its sequences, from its last checkpoint on.
 
     Checkpoints are read only when resuming: a work directory on a rank's own disk may
@@ -256,10 +311,26 @@ def _accumulate_pass(rows: StoreRows | ModelRows, world: World, plan: Plan, pass
     units = plan.group_units(group)
     start, stop = plan.sequences(world.rank, rows.num_seqs)
     path = out / "partials" / partial_name(pass_, world.rank)
-    meta = {"settings": settings, "run": run, "rank": world.rank, "pass": pass_, "group": group,
-            "world_size": world.size, "units": [list(unit) for unit in units], "sequences": [start, stop]}
-    sums = UnitSums(units, n=rows.n, num_heads=rows.num_heads, quantity=settings["quantity"], queries=settings["queries"],
-                    accumulate=settings["accumulate"], device=device, head_chunk=plan.head_chunk)
+    meta = {
+        "settings": settings,
+        "run": run,
+        "rank": world.rank,
+        "pass": pass_,
+        "group": group,
+        "world_size": world.size,
+        "units": [list(unit) for unit in units],
+        "sequences": [start, stop],
+    }
+    sums = UnitSums(
+        units,
+        n=rows.n,
+        num_heads=rows.num_heads,
+        quantity=settings["quantity"],
+        queries=settings["queries"],
+        accumulate=settings["accumulate"],
+        device=device,
+        head_chunk=plan.head_chunk,
+    )
     done = _restore(path, meta, sums) if resume and path.is_file() else 0
     bar.update(done)
     if done == stop - start:
@@ -293,8 +364,16 @@ def _restore(path: Path, meta: dict, sums: UnitSums) -> int:
 # ---------------------------------------------------------------------- combination
 
 
-def _combine(world: World, plan: Plan, cost: MomentsCost, out: Path, settings: dict, meta_extra: dict,
-             device: torch.device, command: str | None) -> MomentsResult | None:
+def _combine(
+    world: World,
+    plan: Plan,
+    cost: MomentsCost,
+    out: Path,
+    settings: dict,
+    meta_extra: dict,
+    device: torch.device,
+    command: str | None,
+) -> MomentsResult | None:
     """Reduce every rank's finished sums onto rank 0, unit chunk by unit chunk, in float64;
     rank 0 writes them into the merged moments result."""
     reduce_device = device if world.backend == "nccl" else torch.device("cpu")
@@ -310,8 +389,11 @@ def _combine(world: World, plan: Plan, cost: MomentsCost, out: Path, settings: d
                 for low in range(0, len(units), chunk_units):
                     high = min(low + chunk_units, len(units))
                     # One float64 buffer per chunk; a rank that holds other units adds zeros.
-                    buffer = torch.zeros(sum(int(np.prod((2, high - low, *shape))) for shape in shapes.values()),
-                                         dtype=torch.float64, device=reduce_device)
+                    buffer = torch.zeros(
+                        sum(int(np.prod((2, high - low, *shape))) for shape in shapes.values()),
+                        dtype=torch.float64,
+                        device=reduce_device,
+                    )
                     if group == mine:
                         _pack(buffer, arrays, low, high, shapes)
                     world.reduce_to_main(buffer)
@@ -364,8 +446,14 @@ def _unpack(flat: np.ndarray, units: int, shapes: dict[str, tuple[int, ...]]) ->
 def _plan_record(plan: Plan, rank: int, pass_: int, num_seqs: int) -> dict:
     group = plan.group_of(rank, pass_)
     units = plan.group_units(group)
-    return {"rank": rank, "pass": pass_, "group": group, "sequences": list(plan.sequences(rank, num_seqs)),
-            "units": f"L{units[0][0]}H{units[0][1]}-L{units[-1][0]}H{units[-1][1]}", "world_size": plan.world_size}
+    return {
+        "rank": rank,
+        "pass": pass_,
+        "group": group,
+        "sequences": list(plan.sequences(rank, num_seqs)),
+        "units": f"L{units[0][0]}H{units[0][1]}-L{units[-1][0]}H{units[-1][1]}",
+        "world_size": plan.world_size,
+    }
 
 
 def summary(result: MomentsResult) -> str:

@@ -93,18 +93,22 @@ class Moments:
         self.queries = None if self.queries is None else tuple(int(q) for q in self.queries)
 
     @classmethod
-    def empty(
-        cls, quantity: str, n: int, layers: Iterable[int], num_heads: int, queries: Iterable[int] | None = None
-    ) -> Moments:
+    def empty(cls, quantity: str, n: int, layers: Iterable[int], num_heads: int, queries: Iterable[int] | None = None) -> Moments:
         if quantity not in QUANTITIES:
             raise AttnlensError(f"`quantity` {quantity} is unknown; use one of {', '.join(QUANTITIES)}")
         layers = tuple(layers)
         queries = None if queries is None else tuple(queries)
         units = (len(layers), num_heads, 1 if queries is None else len(queries))
         return cls(
-            quantity, n, layers, num_heads, queries,
-            count=np.zeros(units), key_count=np.zeros((*units, n)),
-            sum=np.zeros((*units, n)), sum_outer=np.zeros((*units, n, n)),
+            quantity,
+            n,
+            layers,
+            num_heads,
+            queries,
+            count=np.zeros(units),
+            key_count=np.zeros((*units, n)),
+            sum=np.zeros((*units, n)),
+            sum_outer=np.zeros((*units, n, n)),
         )
 
     @property
@@ -112,8 +116,13 @@ class Moments:
         return self.queries is not None
 
     def settings(self) -> dict[str, object]:
-        return {"quantity": self.quantity, "n": self.n, "layers": list(self.layers), "num_heads": self.num_heads,
-                "queries": None if self.queries is None else list(self.queries)}
+        return {
+            "quantity": self.quantity,
+            "n": self.n,
+            "layers": list(self.layers),
+            "num_heads": self.num_heads,
+            "queries": None if self.queries is None else list(self.queries),
+        }
 
     # ------------------------------------------------------------------ combination
     def _check_compatible(self, other: Moments) -> None:
@@ -123,9 +132,15 @@ class Moments:
     def __add__(self, other: Moments) -> Moments:
         self._check_compatible(other)
         return Moments(
-            self.quantity, self.n, self.layers, self.num_heads, self.queries,
-            count=self.count + other.count, key_count=self.key_count + other.key_count,
-            sum=self.sum + other.sum, sum_outer=self.sum_outer + other.sum_outer,
+            self.quantity,
+            self.n,
+            self.layers,
+            self.num_heads,
+            self.queries,
+            count=self.count + other.count,
+            key_count=self.key_count + other.key_count,
+            sum=self.sum + other.sum,
+            sum_outer=self.sum_outer + other.sum_outer,
         )
 
     def level(self, level: str) -> Moments:
@@ -137,8 +152,15 @@ class Moments:
             raise AttnlensError(f"level {level} is unknown; use one of {', '.join(LEVELS)}")
         pooled = lambda array: array.sum(axis=axes, keepdims=True)
         return Moments(
-            self.quantity, self.n, self.layers if level == "layer" else (-1,), 1, self.queries,
-            count=pooled(self.count), key_count=pooled(self.key_count), sum=pooled(self.sum), sum_outer=pooled(self.sum_outer),
+            self.quantity,
+            self.n,
+            self.layers if level == "layer" else (-1,),
+            1,
+            self.queries,
+            count=pooled(self.count),
+            key_count=pooled(self.key_count),
+            sum=pooled(self.sum),
+            sum_outer=pooled(self.sum_outer),
         )
 
     # ------------------------------------------------------------------ statistics
@@ -158,9 +180,17 @@ class Moments:
     # ------------------------------------------------------------------ persistence
     def save(self, path: str | Path) -> None:
         np.savez(
-            path, quantity=self.quantity, n=self.n, layers=np.array(self.layers), num_heads=self.num_heads,
-            queries=np.array([] if self.queries is None else self.queries), per_query=self.per_query,
-            count=self.count, key_count=self.key_count, sum=self.sum, sum_outer=self.sum_outer,
+            path,
+            quantity=self.quantity,
+            n=self.n,
+            layers=np.array(self.layers),
+            num_heads=self.num_heads,
+            queries=np.array([] if self.queries is None else self.queries),
+            per_query=self.per_query,
+            count=self.count,
+            key_count=self.key_count,
+            sum=self.sum,
+            sum_outer=self.sum_outer,
         )
 
     @classmethod
@@ -168,9 +198,15 @@ class Moments:
         try:
             data = np.load(path)
             return cls(
-                str(data["quantity"]), int(data["n"]), tuple(data["layers"].tolist()), int(data["num_heads"]),
+                str(data["quantity"]),
+                int(data["n"]),
+                tuple(data["layers"].tolist()),
+                int(data["num_heads"]),
                 tuple(data["queries"].tolist()) if bool(data["per_query"]) else None,
-                count=data["count"], key_count=data["key_count"], sum=data["sum"], sum_outer=data["sum_outer"],
+                count=data["count"],
+                key_count=data["key_count"],
+                sum=data["sum"],
+                sum_outer=data["sum_outer"],
             )
         except (OSError, KeyError, ValueError) as error:
             raise AttnlensError(f"cannot read moments from {path} ({error})") from None
@@ -204,8 +240,9 @@ class UnitMoments:
     sum_outer: np.ndarray
 
     def __add__(self, other: UnitMoments) -> UnitMoments:
-        return UnitMoments(self.count + other.count, self.key_count + other.key_count, self.sum + other.sum,
-                           self.sum_outer + other.sum_outer)
+        return UnitMoments(
+            self.count + other.count, self.key_count + other.key_count, self.sum + other.sum, self.sum_outer + other.sum_outer
+        )
 
     def complete_keys(self) -> np.ndarray:
         return _complete_keys(self.count, self.key_count)
@@ -249,8 +286,12 @@ def unit_sums(parts: Sequence[Moments], level: str, index: tuple[int, int, int])
     for position, h in members:
         piece: UnitMoments | None = None
         for part in parts:
-            sums = UnitMoments(np.asarray(part.count[position, h, query]), part.key_count[position, h, query],
-                               part.sum[position, h, query], part.sum_outer[position, h, query])
+            sums = UnitMoments(
+                np.asarray(part.count[position, h, query]),
+                part.key_count[position, h, query],
+                part.sum[position, h, query],
+                part.sum_outer[position, h, query],
+            )
             piece = sums if piece is None else piece + sums
         total = piece if total is None else total + piece
     return total
@@ -308,8 +349,15 @@ class UnitSums:
     """
 
     def __init__(
-        self, units: Iterable[tuple[int, int]], *, n: int, num_heads: int, quantity: str,
-        queries: Iterable[int] | None, accumulate: str = "float64", device: str | torch.device = "cpu",
+        self,
+        units: Iterable[tuple[int, int]],
+        *,
+        n: int,
+        num_heads: int,
+        quantity: str,
+        queries: Iterable[int] | None,
+        accumulate: str = "float64",
+        device: str | torch.device = "cpu",
         head_chunk: int | None = None,
     ) -> None:
         if quantity not in QUANTITIES:
@@ -434,7 +482,9 @@ def _layer_ranges(units: list[tuple[int, int]]) -> dict[int, tuple[int, int, int
         else:
             first, last, start = ranges[layer]
             if head != last or position != start + last - first:
-                raise ValueError(f"units must hold contiguous heads of each layer; got layer {layer} head {head} after {last - 1}")
+                raise ValueError(
+                    f"units must hold contiguous heads of each layer; got layer {layer} head {head} after {last - 1}"
+                )
             ranges[layer] = (first, last + 1, start)
     return ranges
 
@@ -511,8 +561,14 @@ def compute_moments(
     queries = None if queries is None else tuple(queries)
     check_rows_for_per_query(len(sequences), rows.n, queries)
     device = rows.model.device if isinstance(rows, ModelRows) else torch.device("cpu")
-    sums = UnitSums([(layer, head) for layer in layers for head in range(rows.num_heads)], n=rows.n,
-                    num_heads=rows.num_heads, quantity=quantity, queries=queries, device=device)
+    sums = UnitSums(
+        [(layer, head) for layer in layers for head in range(rows.num_heads)],
+        n=rows.n,
+        num_heads=rows.num_heads,
+        quantity=quantity,
+        queries=queries,
+        device=device,
+    )
     half = np.zeros(rows.num_seqs, dtype=np.int64)
     half[sequences] = split_halves(len(sequences), seed)
     with progress_bar(total=len(sequences), desc="moments", unit="seq", enabled=progress) as bar:

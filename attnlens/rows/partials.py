@@ -139,7 +139,9 @@ class MergedWriter:
         self.files: dict[tuple[str, str], tuple[int, int]] = {}  # (half, name) -> (descriptor, data offset)
         for half in HALVES:
             for name in ARRAYS:
-                array = np.lib.format.open_memmap(directory / f"{half}_{name}.npy", mode="w+", dtype=np.float64, shape=self.shapes[name])
+                array = np.lib.format.open_memmap(
+                    directory / f"{half}_{name}.npy", mode="w+", dtype=np.float64, shape=self.shapes[name]
+                )
                 offset = array.offset
                 del array  # preallocated (sparse) with its header; written below by offset
                 self.files[half, name] = (os.open(directory / f"{half}_{name}.npy", os.O_RDWR), offset)
@@ -176,8 +178,14 @@ class MomentsResult(Result):
         settings = meta["settings"]
         try:
             parts = [
-                Moments(settings["quantity"], settings["n"], settings["layers"], settings["num_heads"], settings["queries"],
-                        **{name: np.load(path / f"{half}_{name}.npy", mmap_mode="r") for name in ARRAYS})
+                Moments(
+                    settings["quantity"],
+                    settings["n"],
+                    settings["layers"],
+                    settings["num_heads"],
+                    settings["queries"],
+                    **{name: np.load(path / f"{half}_{name}.npy", mmap_mode="r") for name in ARRAYS},
+                )
                 for half in HALVES
             ]
         except (OSError, ValueError) as error:
@@ -215,19 +223,39 @@ def load_moments(path: str | Path) -> MomentsResult:
 
 def merged_meta(settings: dict, parts: list[dict], extra: dict | None = None, command: str | None = None) -> dict:
     """What a moments result records: its settings, how the work was split, provenance."""
-    return {"settings": settings, "n": settings["n"], "layers": settings["layers"], "num_heads": settings["num_heads"],
-            "model": settings["model"], "corpus": settings["corpus"], "partials": parts, **(extra or {}), **provenance(command)}
+    return {
+        "settings": settings,
+        "n": settings["n"],
+        "layers": settings["layers"],
+        "num_heads": settings["num_heads"],
+        "model": settings["model"],
+        "corpus": settings["corpus"],
+        "partials": parts,
+        **(extra or {}),
+        **provenance(command),
+    }
 
 
 def _part_record(meta: dict, name: str | None = None) -> dict:
     units = meta["units"]
-    record = {"rank": meta["rank"], "pass": meta["pass"], "group": meta["group"], "sequences": meta["sequences"],
-              "units": f"L{units[0][0]}H{units[0][1]}-L{units[-1][0]}H{units[-1][1]}" if units else "", "world_size": meta["world_size"]}
+    record = {
+        "rank": meta["rank"],
+        "pass": meta["pass"],
+        "group": meta["group"],
+        "sequences": meta["sequences"],
+        "units": f"L{units[0][0]}H{units[0][1]}-L{units[-1][0]}H{units[-1][1]}" if units else "",
+        "world_size": meta["world_size"],
+    }
     return {"file": name, **record} if name else record
 
 
 def merge_partials(
-    paths: Iterable[str | Path], out: str | Path, *, overwrite: bool = False, progress: bool = True, command: str | None = None,
+    paths: Iterable[str | Path],
+    out: str | Path,
+    *,
+    overwrite: bool = False,
+    progress: bool = True,
+    command: str | None = None,
 ) -> MomentsResult:
     """Add the partial files of a moments job into a moments result at ``out``.
 
@@ -258,14 +286,19 @@ def merge_partials(
                 total: dict[str, np.ndarray] | None = None
                 for path in members:
                     arrays = load_partial(path)[1]
-                    total = ({name: arrays[name].astype(np.float64) for name in ARRAYS} if total is None
-                             else {name: total[name] + arrays[name] for name in ARRAYS})
+                    total = (
+                        {name: arrays[name].astype(np.float64) for name in ARRAYS}
+                        if total is None
+                        else {name: total[name] + arrays[name] for name in ARRAYS}
+                    )
                     bar.update(1)
                 writer.write_units(units, total)
         writer.close()
 
     parts = [_part_record(metas[path], path.name) for path in paths]
-    write_result(out, "moments", merged_meta(settings, parts, {"merged_by": "attnlens merge"}, command), overwrite=overwrite, extra=fill)
+    write_result(
+        out, "moments", merged_meta(settings, parts, {"merged_by": "attnlens merge"}, command), overwrite=overwrite, extra=fill
+    )
     return MomentsResult.load(out)
 
 
@@ -299,7 +332,9 @@ def _groups(metas: dict[Path, dict], settings: dict) -> list[tuple[list[tuple[in
         overlap = seen & set(units)
         if overlap:
             layer, head = min(overlap)
-            raise AttnlensError(f"unit layer {layer} head {head} is in partial files of two different splits; merge the partials of one moments job")
+            raise AttnlensError(
+                f"unit layer {layer} head {head} is in partial files of two different splits; merge the partials of one moments job"
+            )
         seen |= set(units)
         members = sorted(members, key=lambda path: metas[path]["sequences"][0])
         position = 0
@@ -322,7 +357,9 @@ def _groups(metas: dict[Path, dict], settings: dict) -> list[tuple[list[tuple[in
     missing = expected - seen
     if missing:
         layer, head = min(missing)
-        raise AttnlensError(f"no partial file holds layer {layer} head {head} ({len(missing)} units missing); give the partial files of every pass and rank")
+        raise AttnlensError(
+            f"no partial file holds layer {layer} head {head} ({len(missing)} units missing); give the partial files of every pass and rank"
+        )
     return groups
 
 

@@ -58,8 +58,17 @@ class StoreRows:
             raise AttnlensError(f"layer {missing[0]} is not in the store {self.store.path}; it holds layers {self.layers}")
         return layers
 
-    def for_each_batch(self, sequences: np.ndarray, layers: list[int], consume: Consumer, *, batch_size: int = 32,
-                       progress: bool = True, desc: str = "rows", to_cpu: bool = True) -> None:
+    def for_each_batch(
+        self,
+        sequences: np.ndarray,
+        layers: list[int],
+        consume: Consumer,
+        *,
+        batch_size: int = 32,
+        progress: bool = True,
+        desc: str = "rows",
+        to_cpu: bool = True,
+    ) -> None:
         sequences = np.sort(np.asarray(sequences))
         with progress_bar(total=len(sequences) * len(layers), desc=desc, unit="seq", enabled=progress) as bar:
             for layer in layers:
@@ -89,8 +98,17 @@ class ModelRows:
     def check_layers(self, layers: Iterable[int] | None) -> list[int]:
         return self.model.check_layers(layers)
 
-    def for_each_batch(self, sequences: np.ndarray, layers: list[int], consume: Consumer, *, batch_size: int = 32,
-                       progress: bool = True, desc: str = "rows", to_cpu: bool = True) -> None:
+    def for_each_batch(
+        self,
+        sequences: np.ndarray,
+        layers: list[int],
+        consume: Consumer,
+        *,
+        batch_size: int = 32,
+        progress: bool = True,
+        desc: str = "rows",
+        to_cpu: bool = True,
+    ) -> None:
         sequences = np.sort(np.asarray(sequences))
         place = (lambda tensor: tensor.cpu()) if to_cpu else (lambda tensor: tensor)
         with progress_bar(total=len(sequences), desc=desc, unit="seq", enabled=progress) as bar:
@@ -122,7 +140,9 @@ def open_rows(
             return StoreRows(open_store(source))
         path = Path(source)
         if path.is_dir() and not (path / "config.json").is_file():
-            raise AttnlensError(f"'{source}' is neither an attnlens store (no manifest.json) nor a model directory (no config.json)")
+            raise AttnlensError(
+                f"'{source}' is neither an attnlens store (no manifest.json) nor a model directory (no config.json)"
+            )
         source = load_model(str(source), device=device)
     source.check_seq_len(seq_len)
     corpus = corpus if isinstance(corpus, Corpus) else load_corpus(corpus)

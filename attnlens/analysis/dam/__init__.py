@@ -165,10 +165,9 @@ class PerClass(MaskLayout):
         return values[layer][:, context].transpose(0, 1)  # (batch, head, n, n)
 
     def counts(self, context):
-        counts = torch.stack([
-            torch.bincount(context[:, valid].flatten(), minlength=self.num_classes)[: self.num_classes]
-            for valid in self.valid
-        ]).to(torch.float32)  # (layer, class)
+        counts = torch.stack(
+            [torch.bincount(context[:, valid].flatten(), minlength=self.num_classes)[: self.num_classes] for valid in self.valid]
+        ).to(torch.float32)  # (layer, class)
         return counts[:, None].expand(self.shape)
 
 
@@ -216,9 +215,21 @@ class DamTrainer:
     the gradient's overall scale, that equals ``gradient_scale = 1`` with λ divided by 10⁴.
     """
 
-    def __init__(self, layout: MaskLayout, *, lam: float, steps: int, tau: tuple[float, float] = (1.0, 1.0),
-                 lr: float = 0.05, init_keep: float = 0.9, removal: str = "1e4", train_weights: bool = False,
-                 weights_lr: float = 1e-5, gradient_scale: float = 1.0, seed: int = 0) -> None:
+    def __init__(
+        self,
+        layout: MaskLayout,
+        *,
+        lam: float,
+        steps: int,
+        tau: tuple[float, float] = (1.0, 1.0),
+        lr: float = 0.05,
+        init_keep: float = 0.9,
+        removal: str = "1e4",
+        train_weights: bool = False,
+        weights_lr: float = 1e-5,
+        gradient_scale: float = 1.0,
+        seed: int = 0,
+    ) -> None:
         self.layout = layout
         self.lam = lam
         self.steps = steps
@@ -300,8 +311,15 @@ class DamTrainer:
         self.step_ += 1
         return {"loss": loss.item(), "objective": task.item(), "density": density.item(), "tau": tau}
 
-    def fit(self, model: LoadedModel, objective: Objective, batches: list[PreparedBatch], contexts: list[torch.Tensor],
-            order: np.ndarray, bar=None) -> pd.DataFrame:
+    def fit(
+        self,
+        model: LoadedModel,
+        objective: Objective,
+        batches: list[PreparedBatch],
+        contexts: list[torch.Tensor],
+        order: np.ndarray,
+        bar=None,
+    ) -> pd.DataFrame:
         """All steps, batches taken in ``order``; returns the training curve."""
         self.start(model)
         history = []
@@ -349,8 +367,14 @@ def _hard_removals(layout: MaskLayout, logits: torch.Tensor, context: torch.Tens
     return removals, rescued, rows
 
 
-def evaluate_mask(layout: MaskLayout, logits: torch.Tensor, objective: Objective, batches: list[PreparedBatch],
-                  contexts: list[torch.Tensor], masks: list[dict[str, torch.Tensor]]) -> dict[str, np.ndarray]:
+def evaluate_mask(
+    layout: MaskLayout,
+    logits: torch.Tensor,
+    objective: Objective,
+    batches: list[PreparedBatch],
+    contexts: list[torch.Tensor],
+    masks: list[dict[str, torch.Tensor]],
+) -> dict[str, np.ndarray]:
     """Held-out losses under the hard mask, sparsity, and keep statistics per (layer, head, class)."""
     logits = logits.detach()
     probability = torch.sigmoid(logits)
@@ -393,9 +417,18 @@ def evaluate_mask(layout: MaskLayout, logits: torch.Tensor, objective: Objective
         }
 
 
-def evaluate_patterns(model: LoadedModel, objective: Objective, batches: list[PreparedBatch], blocks_ids: np.ndarray,
-                      block_index: np.ndarray, roles_cls: torch.Tensor, valid: torch.Tensor, batch_size: int,
-                      seed: int, bar=None) -> tuple[pd.DataFrame, np.ndarray]:
+def evaluate_patterns(
+    model: LoadedModel,
+    objective: Objective,
+    batches: list[PreparedBatch],
+    blocks_ids: np.ndarray,
+    block_index: np.ndarray,
+    roles_cls: torch.Tensor,
+    valid: torch.Tensor,
+    batch_size: int,
+    seed: int,
+    bar=None,
+) -> tuple[pd.DataFrame, np.ndarray]:
     """Every fixed pattern at every parameter value: per-block losses and honest sparsity."""
     groups, group_valid = layer_groups(valid)
     n = valid.shape[-1]
@@ -454,9 +487,19 @@ class DamResult(Result):
         for _, dam_row in self.table.iterrows():
             for name, points in self.patterns.groupby("pattern", sort=False):
                 nearest = points.iloc[(points["sparsity"] - dam_row["sparsity"]).abs().argmin()]
-                rows.append({"lambda": dam_row["lambda"], "dam_sparsity": dam_row["sparsity"], "dam_delta": dam_row["delta"],
-                             "pattern": name, "value": nearest["value"], "sparsity": nearest["sparsity"], "delta": nearest["delta"],
-                             "delta_low": nearest["delta_low"], "delta_high": nearest["delta_high"]})
+                rows.append(
+                    {
+                        "lambda": dam_row["lambda"],
+                        "dam_sparsity": dam_row["sparsity"],
+                        "dam_delta": dam_row["delta"],
+                        "pattern": name,
+                        "value": nearest["value"],
+                        "sparsity": nearest["sparsity"],
+                        "delta": nearest["delta"],
+                        "delta_low": nearest["delta_low"],
+                        "delta_high": nearest["delta_high"],
+                    }
+                )
         return pd.DataFrame(rows)
 
     def summary(self) -> str:
@@ -545,9 +588,23 @@ def dam(
     ``weights_lr``) and restored after each λ.
     """
     s = DamSettings.build(settings, **changes)
-    variant, lambdas, steps, lr, init_keep, removal = s.variant, [float(v) for v in s.lambdas], s.steps, s.lr, s.init_keep, s.removal
+    variant, lambdas, steps, lr, init_keep, removal = (
+        s.variant,
+        [float(v) for v in s.lambdas],
+        s.steps,
+        s.lr,
+        s.init_keep,
+        s.removal,
+    )
     train_weights, weights_lr, classes, objective, patterns = s.train_weights, s.weights_lr, s.classes, s.objective, s.patterns
-    seq_len, train_seqs, eval_seqs, batch_size, bootstrap, seed = s.seq_len, s.train_seqs, s.eval_seqs, s.batch_size, s.bootstrap, s.seed
+    seq_len, train_seqs, eval_seqs, batch_size, bootstrap, seed = (
+        s.seq_len,
+        s.train_seqs,
+        s.eval_seqs,
+        s.batch_size,
+        s.bootstrap,
+        s.seed,
+    )
     model, corpus = source, s.corpus
     explicit = classes is not None
     classes = parse_classes(classes)
@@ -575,12 +632,21 @@ def dam(
         contexts, report = [], []
         for start in range(0, len(ids), size):
             chunk = ids[start : start + size]
-            chunk_roles = type(roles)(roles.cls[start : start + size], roles.sep[start : start + size],
-                                      roles.punct[start : start + size], roles.description)
+            chunk_roles = type(roles)(
+                roles.cls[start : start + size],
+                roles.sep[start : start + size],
+                roles.punct[start : start + size],
+                roles.description,
+            )
             partition = class_masks(chunk, model, layout_classes, roles=chunk_roles)
-            contexts.append(exclusive_index(partition).to(model.device) if variant == "class"
-                            else torch.zeros(len(chunk), 1, 1, dtype=torch.long, device=model.device))
-            report.append({name: mask.to(model.device) for name, mask in class_masks(chunk, model, classes, roles=chunk_roles).items()})
+            contexts.append(
+                exclusive_index(partition).to(model.device)
+                if variant == "class"
+                else torch.zeros(len(chunk), 1, 1, dtype=torch.long, device=model.device)
+            )
+            report.append(
+                {name: mask.to(model.device) for name, mask in class_masks(chunk, model, classes, roles=chunk_roles).items()}
+            )
         return contexts, report
 
     # Batches are prepared before any training: the hidden objective's references come
@@ -601,8 +667,18 @@ def dam(
     with progress_bar(total=total, desc="dam", unit="step", enabled=progress) as bar:
         for lam in lambdas:
             began = time.perf_counter()
-            trainer = DamTrainer(layout, lam=lam, steps=steps, tau=tau, lr=lr, init_keep=init_keep, removal=removal,
-                                 train_weights=train_weights, weights_lr=weights_lr, seed=seed)
+            trainer = DamTrainer(
+                layout,
+                lam=lam,
+                steps=steps,
+                tau=tau,
+                lr=lr,
+                init_keep=init_keep,
+                removal=removal,
+                train_weights=train_weights,
+                weights_lr=weights_lr,
+                seed=seed,
+            )
             curve = trainer.fit(model, judge, train_batches, train_contexts, order, bar)
             seconds = time.perf_counter() - began
             judged = evaluate_mask(layout, trainer.logits_, judge, eval_batches, eval_contexts, eval_masks)
@@ -612,8 +688,12 @@ def dam(
             logits = trainer.logits_.detach()
             logits_all.append(logits.cpu().numpy())
             probability = torch.sigmoid(logits)
-            images.append(torch.stack([layout.expand(probability, layer, eval_contexts[0][:1])[0]
-                                       for layer in range(model.num_layers)]).cpu().numpy().astype(np.float16))
+            images.append(
+                torch.stack([layout.expand(probability, layer, eval_contexts[0][:1])[0] for layer in range(model.num_layers)])
+                .cpu()
+                .numpy()
+                .astype(np.float16)
+            )
             losses_all.append(judged["losses"])
             curves.append(curve.assign(**{"lambda": lam}))
             summary_rows.append(_summary_row(lam, variant, judged, baseline, curve, steps, seconds, bootstrap, seed))
@@ -622,40 +702,76 @@ def dam(
 
         if patterns:
             pattern_table, pattern_losses = evaluate_patterns(
-                model, judge, eval_batches, eval_blocks.ids, eval_blocks.index, eval_roles.cls.to(model.device), valid,
-                batch_size, seed, bar)
+                model,
+                judge,
+                eval_batches,
+                eval_blocks.ids,
+                eval_blocks.index,
+                eval_roles.cls.to(model.device),
+                valid,
+                batch_size,
+                seed,
+                bar,
+            )
         else:
-            pattern_table, pattern_losses = pd.DataFrame(columns=["pattern", "parameter", "value", "sparsity"]), np.zeros((0, len(baseline)))
+            pattern_table, pattern_losses = (
+                pd.DataFrame(columns=["pattern", "parameter", "value", "sparsity"]),
+                np.zeros((0, len(baseline))),
+            )
     if len(pattern_table):
         delta = pattern_losses - baseline
         pattern_table["loss"] = pattern_losses.mean(1)
-        pattern_table["delta"], pattern_table["delta_low"], pattern_table["delta_high"] = bootstrap_interval(delta, bootstrap, seed)
+        pattern_table["delta"], pattern_table["delta_low"], pattern_table["delta_high"] = bootstrap_interval(
+            delta, bootstrap, seed
+        )
     else:
         pattern_table = pattern_table.reindex(columns=[*pattern_table.columns, "loss", "delta", "delta_low", "delta_high"])
 
     baseline_mean, baseline_low, baseline_high = bootstrap_interval(baseline[None], bootstrap, seed)
     meta = {
         "model": model.describe(),
-        "corpus": {**corpus.describe(), "blocks_available": eval_blocks.available,
-                   "eval_block_index": eval_blocks.index.tolist(), "train_block_index": train_blocks.index.tolist()},
+        "corpus": {
+            **corpus.describe(),
+            "blocks_available": eval_blocks.available,
+            "eval_block_index": eval_blocks.index.tolist(),
+            "train_block_index": train_blocks.index.tolist(),
+        },
         "settings": {
-            **s.to_dict(), "corpus": corpus.describe().get("source"),
-            "lambdas": lambdas, "tau": list(tau), "weights_lr": weights_lr if train_weights else None,
-            "classes": list(classes), "classes_dropped": list(notes), "layout_classes": list(layout_classes),
-            "objective": judge.name, "n": seq_len, "train_seqs": len(train_blocks), "eval_seqs": len(eval_blocks),
+            **s.to_dict(),
+            "corpus": corpus.describe().get("source"),
+            "lambdas": lambdas,
+            "tau": list(tau),
+            "weights_lr": weights_lr if train_weights else None,
+            "classes": list(classes),
+            "classes_dropped": list(notes),
+            "layout_classes": list(layout_classes),
+            "objective": judge.name,
+            "n": seq_len,
+            "train_seqs": len(train_blocks),
+            "eval_seqs": len(eval_blocks),
             "logits_shape": list(layout.shape),
-            "optimiser": "Adam", "penalty": "lambda * mean of the hard mask over valid (layer, head, query, key) positions",
+            "optimiser": "Adam",
+            "penalty": "lambda * mean of the hard mask over valid (layer, head, query, key) positions",
         },
         "baseline": {"loss": float(baseline_mean[0]), "loss_low": float(baseline_low[0]), "loss_high": float(baseline_high[0])},
         "roles": eval_roles.description,
         "notes": notes,
         **provenance(command),
     }
-    tables = {"summary": pd.DataFrame(summary_rows), "keep": pd.DataFrame(keep_rows),
-              "keep_summary": pd.DataFrame(keep_summary_rows), "patterns": pattern_table,
-              "training": pd.concat(curves, ignore_index=True)}
-    arrays = {"logits": np.stack(logits_all), "keep_images": np.stack(images), "eval_losses": np.stack(losses_all),
-              "baseline_losses": baseline, "pattern_losses": pattern_losses}
+    tables = {
+        "summary": pd.DataFrame(summary_rows),
+        "keep": pd.DataFrame(keep_rows),
+        "keep_summary": pd.DataFrame(keep_summary_rows),
+        "patterns": pattern_table,
+        "training": pd.concat(curves, ignore_index=True),
+    }
+    arrays = {
+        "logits": np.stack(logits_all),
+        "keep_images": np.stack(images),
+        "eval_losses": np.stack(losses_all),
+        "baseline_losses": baseline,
+        "pattern_losses": pattern_losses,
+    }
     return DamResult(meta, tables, arrays)
 
 
@@ -663,12 +779,23 @@ def _summary_row(lam, variant, judged, baseline, curve, steps, seconds, bootstra
     losses = judged["losses"]
     mean, low, high = bootstrap_interval(np.stack([losses, losses - baseline]), bootstrap, seed)
     tail = curve.tail(max(1, len(curve) // 10))
-    return {"lambda": lam, "variant": variant, "sparsity": float(judged["sparsity"]),
-            "expected_sparsity": float(judged["expected_sparsity"]), "rows_rescued": float(judged["rows_rescued"]),
-            "loss": mean[0], "loss_low": low[0], "loss_high": high[0],
-            "delta": mean[1], "delta_low": low[1], "delta_high": high[1],
-            "train_objective": tail["objective"].mean(), "train_density": tail["density"].mean(),
-            "steps": steps, "seconds": seconds}
+    return {
+        "lambda": lam,
+        "variant": variant,
+        "sparsity": float(judged["sparsity"]),
+        "expected_sparsity": float(judged["expected_sparsity"]),
+        "rows_rescued": float(judged["rows_rescued"]),
+        "loss": mean[0],
+        "loss_low": low[0],
+        "loss_high": high[0],
+        "delta": mean[1],
+        "delta_low": low[1],
+        "delta_high": high[1],
+        "train_objective": tail["objective"].mean(),
+        "train_density": tail["density"].mean(),
+        "steps": steps,
+        "seconds": seconds,
+    }
 
 
 def _keep_rows(lam, classes, judged) -> list[dict]:
@@ -677,9 +804,17 @@ def _keep_rows(lam, classes, judged) -> list[dict]:
     for layer in range(num_layers):
         for head in range(num_heads):
             for index, name in enumerate(classes):
-                rows.append({"lambda": lam, "layer": layer, "head": head, "class": name,
-                             "keep_probability": judged["keep_probability"][layer, head, index],
-                             "kept": judged["kept"][layer, head, index], "positions": judged["positions"][layer, index]})
+                rows.append(
+                    {
+                        "lambda": lam,
+                        "layer": layer,
+                        "head": head,
+                        "class": name,
+                        "keep_probability": judged["keep_probability"][layer, head, index],
+                        "kept": judged["kept"][layer, head, index],
+                        "positions": judged["positions"][layer, index],
+                    }
+                )
     return rows
 
 
@@ -689,8 +824,13 @@ def _keep_summary_rows(lam, classes, judged) -> list[dict]:
     for index, name in enumerate(classes):
         weight = positions[:, index][:, None]
         total = weight.sum() * judged["keep_probability"].shape[1]
-        rows.append({"lambda": lam, "class": name,
-                     "keep_probability": float((judged["keep_probability"][:, :, index] * weight).sum() / total),
-                     "kept": float((judged["kept"][:, :, index] * weight).sum() / total),
-                     "positions": float(positions[:, index].sum())})
+        rows.append(
+            {
+                "lambda": lam,
+                "class": name,
+                "keep_probability": float((judged["keep_probability"][:, :, index] * weight).sum() / total),
+                "kept": float((judged["kept"][:, :, index] * weight).sum() / total),
+                "positions": float(positions[:, index].sum()),
+            }
+        )
     return rows

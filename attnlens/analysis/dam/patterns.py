@@ -95,8 +95,11 @@ class Pattern:
 
 
 def _powers(low: int, high_fraction: float) -> Callable[[int], list[int]]:
-    return lambda n: [value for value in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
-                      if low <= value <= max(low, int(n * high_fraction))]
+    return lambda n: [
+        value
+        for value in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+        if low <= value <= max(low, int(n * high_fraction))
+    ]
 
 
 PATTERNS: dict[str, Pattern] = {

@@ -166,8 +166,9 @@ class MapFitter:
             shape = covariance.shape[:3]
             flat_cov, flat_ok = covariance.reshape(-1, self.n, self.n), complete.reshape(-1, self.n)
             if strategy == "greedy":
-                order = np.concatenate([greedy_path(flat_cov[i : i + 256], flat_ok[i : i + 256])[0]
-                                        for i in range(0, len(flat_cov), 256)])
+                order = np.concatenate(
+                    [greedy_path(flat_cov[i : i + 256], flat_ok[i : i + 256])[0] for i in range(0, len(flat_cov), 256)]
+                )
             else:  # random: a seeded permutation of each unit's valid keys, then the rest
                 rng = np.random.default_rng([self.seed, SCOPES.index(scope)])
                 permutations = random_order(self.n, len(flat_ok), rng)
@@ -258,8 +259,11 @@ class HeldOutBatch:
         mask = None if bool(valid.all()) else valid[:, None].expand_as(scores)
         has_keys = valid.any(-1)[:, None].expand(scores.shape[:-1])
         weights = torch.softmax(_masked(scores, mask, float("-inf")), -1)
-        sums = {"squared_deviation": _per_head(_masked(scores - mean, mask, 0.0) ** 2),
-                "squared_norm": _per_head(_masked(scores, mask, 0.0) ** 2), "rows": _per_head(has_keys)}
+        sums = {
+            "squared_deviation": _per_head(_masked(scores - mean, mask, 0.0) ** 2),
+            "squared_norm": _per_head(_masked(scores, mask, 0.0) ** 2),
+            "rows": _per_head(has_keys),
+        }
         entropy_term = torch.special.xlogy(weights, weights).sum(-1)
         return cls(scores, mask, weights, has_keys, entropy_term, sums)
 
@@ -268,8 +272,12 @@ class HeldOutBatch:
         log_estimate = _masked(torch.log_softmax(_masked(reconstructed, self.mask, float("-inf")), -1), self.mask, 0.0)
         tv = 0.5 * (self.weights - _masked(log_estimate.exp(), self.mask, 0.0)).abs().sum(-1)
         kl = self.entropy_term - (self.weights * log_estimate).sum(-1)
-        return {**self.sums, "squared_error": _per_head(_masked(self.scores - reconstructed, self.mask, 0.0) ** 2),
-                "tv": _per_head((tv * self.has_keys).nan_to_num()), "kl": _per_head((kl * self.has_keys).nan_to_num())}
+        return {
+            **self.sums,
+            "squared_error": _per_head(_masked(self.scores - reconstructed, self.mask, 0.0) ** 2),
+            "tv": _per_head((tv * self.has_keys).nan_to_num()),
+            "kl": _per_head((kl * self.has_keys).nan_to_num()),
+        }
 
 
 def _masked(tensor: torch.Tensor, mask: torch.Tensor | None, value: float) -> torch.Tensor:
@@ -281,7 +289,9 @@ def _per_head(tensor: torch.Tensor) -> np.ndarray:
     return tensor.sum(dim=tuple(d for d in range(tensor.ndim) if d != 1), dtype=torch.float64).numpy()
 
 
-def layer_errors(scores: torch.Tensor, valid: torch.Tensor, reconstructed: torch.Tensor, mean: torch.Tensor) -> dict[str, np.ndarray]:
+def layer_errors(
+    scores: torch.Tensor, valid: torch.Tensor, reconstructed: torch.Tensor, mean: torch.Tensor
+) -> dict[str, np.ndarray]:
     """Per-head sums over the rows of one batch: squared error, deviation from the mean
     row, squared norm, total variation and KL(w ‖ ŵ) after softmax, and the number of rows.
 
@@ -311,8 +321,14 @@ class ReconstructResult(Result):
 
     kind = "reconstruct"
 
-    def __init__(self, meta: dict, tables: dict[str, pd.DataFrame], arrays: dict[str, np.ndarray] | None = None,
-                 path: Path | None = None, selections: dict[str, np.ndarray] | None = None) -> None:
+    def __init__(
+        self,
+        meta: dict,
+        tables: dict[str, pd.DataFrame],
+        arrays: dict[str, np.ndarray] | None = None,
+        path: Path | None = None,
+        selections: dict[str, np.ndarray] | None = None,
+    ) -> None:
         super().__init__(meta, tables, arrays, path)
         self.selections = selections or {}
 
@@ -320,7 +336,9 @@ class ReconstructResult(Result):
     learned = property(lambda self: self.tables.get("learned"))
 
     def _save_extra(self, directory: Path) -> None:
-        np.savez_compressed(directory / "selections.npz", **{key.replace("/", "|"): value for key, value in self.selections.items()})
+        np.savez_compressed(
+            directory / "selections.npz", **{key.replace("/", "|"): value for key, value in self.selections.items()}
+        )
 
     @classmethod
     def _from_disk(cls, meta: dict, tables: dict, arrays: dict, path: Path) -> ReconstructResult:
@@ -336,29 +354,55 @@ class ReconstructResult(Result):
 # ---------------------------------------------------------------------- plug-in and learned R
 
 
-def evaluate_objective(objective: Objective, batches: list[PreparedBatch], maps: dict[int, LayerMaps] | None) -> dict[str, np.ndarray]:
+def evaluate_objective(
+    objective: Objective, batches: list[PreparedBatch], maps: dict[int, LayerMaps] | None
+) -> dict[str, np.ndarray]:
     """Per-block objective metrics with the reconstruction in ``maps``' layers (None: unmodified)."""
     intervene = None if maps is None else (lambda layer, scores, valid: maps[layer].apply(scores))
     per_batch = [evaluate_batch(objective, batch, intervene, None if maps is None else list(maps)) for batch in batches]
     return {name: np.concatenate([metrics[name] for metrics in per_batch]) for name in per_batch[0]}
 
 
-def learn_maps(objective: Objective, maps: dict[int, LayerMaps], train_ids: np.ndarray, *, steps: int, lr: float,
-               batch_size: int, seed: int, progress: bool) -> tuple[dict[int, LayerMaps], float, float]:
+def learn_maps(
+    objective: Objective,
+    maps: dict[int, LayerMaps],
+    train_ids: np.ndarray,
+    *,
+    steps: int,
+    lr: float,
+    batch_size: int,
+    seed: int,
+    progress: bool,
+) -> tuple[dict[int, LayerMaps], float, float]:
     """Fine-tune map weights and offsets on the objective, model frozen, from the closed form.
 
     Chosen keys stay exact. The best maps seen on the training blocks (the start
     included) are returned, so learning never ends worse than the closed form on them.
     Returns (maps, training loss at the start, best training loss).
     """
-    parameters = {layer: (m.weights.float().clone().requires_grad_(True), m.offset.float().clone().requires_grad_(True))
-                  for layer, m in maps.items()}
+    parameters = {
+        layer: (m.weights.float().clone().requires_grad_(True), m.offset.float().clone().requires_grad_(True))
+        for layer, m in maps.items()
+    }
     exact = {layer: _exact_mask(m) for layer, m in maps.items()}
-    current = lambda: {layer: LayerMaps(maps[layer].positions, w * ~exact[layer][0] + exact[layer][1], a * ~exact[layer][2])
-                       for layer, (w, a) in parameters.items()}
+    current = lambda: {
+        layer: LayerMaps(maps[layer].positions, w * ~exact[layer][0] + exact[layer][1], a * ~exact[layer][2])
+        for layer, (w, a) in parameters.items()
+    }
     with frozen(objective.model.model):
-        return _descend(objective, maps, parameters, exact, current, train_ids, steps=steps, lr=lr,
-                        batch_size=batch_size, seed=seed, progress=progress)
+        return _descend(
+            objective,
+            maps,
+            parameters,
+            exact,
+            current,
+            train_ids,
+            steps=steps,
+            lr=lr,
+            batch_size=batch_size,
+            seed=seed,
+            progress=progress,
+        )
 
 
 def _descend(objective, maps, parameters, exact, current, train_ids, *, steps, lr, batch_size, seed, progress):
@@ -390,8 +434,10 @@ def _descend(objective, maps, parameters, exact, current, train_ids, *, steps, l
                     best_loss = candidate
                     best = {layer: (w.detach().clone(), a.detach().clone()) for layer, (w, a) in parameters.items()}
             bar.update(1)
-    learned = {layer: LayerMaps(maps[layer].positions, w * ~exact[layer][0] + exact[layer][1], a * ~exact[layer][2])
-               for layer, (w, a) in best.items()}
+    learned = {
+        layer: LayerMaps(maps[layer].positions, w * ~exact[layer][0] + exact[layer][1], a * ~exact[layer][2])
+        for layer, (w, a) in best.items()
+    }
     return learned, start_loss, best_loss
 
 
@@ -495,16 +541,29 @@ def reconstruct(
     judged_by_model = s.plug_in or s.learn_r
     objective = Objective(_model_for_plug_in(source_rows, model, device), s.objective, seed=s.seed) if judged_by_model else None
     fitted, evaluated = held_out_split(source_rows.num_seqs, s.eval_fraction, s.seed)
-    moments = compute_moments(source_rows, sequences=fitted, queries=list(range(plan.n)) if plan.per_query else None,
-                              layers=plan.layers, batch_size=s.batch_size, seed=s.seed, progress=progress).total
+    moments = compute_moments(
+        source_rows,
+        sequences=fitted,
+        queries=list(range(plan.n)) if plan.per_query else None,
+        layers=plan.layers,
+        batch_size=s.batch_size,
+        seed=s.seed,
+        progress=progress,
+    ).total
     fitter = MapFitter(moments, ridge=s.ridge, seed=s.seed, global_positions=(0,))
 
     plug = None
     if judged_by_model:
         plug_layers = plan.layers if s.plug_in_layers is None else source_rows.check_layers(s.plug_in_layers)
         plug_scopes = set(plan.scopes if s.plug_in_scopes is None else s.plug_in_scopes) if s.plug_in else set()
-        plug = _PlugIn(objective, [layer for layer in plug_layers if layer in plan.layers], source_rows.tokens(evaluated),
-                       s.batch_size, s.seed, plug_scopes)
+        plug = _PlugIn(
+            objective,
+            [layer for layer in plug_layers if layer in plan.layers],
+            source_rows.tokens(evaluated),
+            s.batch_size,
+            s.seed,
+            plug_scopes,
+        )
     configs = [(strategy, scope, k) for strategy in plan.strategies for scope in plan.scopes for k in plan.ks]
     table, selections = _evaluate(source_rows, fitter, configs, evaluated, plan.layers, s.batch_size, plug, progress)
     if s.pairs:
@@ -514,23 +573,45 @@ def reconstruct(
     if s.plug_in:
         tables["plug_in"] = plan.with_flops(pd.DataFrame(plug.records))
     if s.learn_r:
-        tables["learned"] = _learned_table(objective, fitter, plan.strategies[0], plan.scopes[0], plan.ks, plug.layers,
-                                           plug.batches, source_rows.tokens(fitted), s.learn_steps, s.learn_lr, s.batch_size,
-                                           s.seed, progress)
+        tables["learned"] = _learned_table(
+            objective,
+            fitter,
+            plan.strategies[0],
+            plan.scopes[0],
+            plan.ks,
+            plug.layers,
+            plug.batches,
+            source_rows.tokens(fitted),
+            s.learn_steps,
+            s.learn_lr,
+            s.batch_size,
+            s.seed,
+            progress,
+        )
     meta = {
         "model": source_rows.model_info,
         "corpus": source_rows.corpus_info,
         "n": plan.n,
         "layers": plan.layers,
         "num_heads": source_rows.num_heads,
-        "settings": {**s.to_dict(), "corpus": source_rows.corpus_info.get("source"), "ks": plan.ks,
-                     "strategies": plan.strategies, "rows": "per-query" if plan.per_query else "pooled", "layers": plan.layers,
-                     "fit_sequences": len(fitted), "eval_sequences": len(evaluated),
-                     "objective": objective.name if objective is not None else None},
+        "settings": {
+            **s.to_dict(),
+            "corpus": source_rows.corpus_info.get("source"),
+            "ks": plan.ks,
+            "strategies": plan.strategies,
+            "rows": "per-query" if plan.per_query else "pooled",
+            "layers": plan.layers,
+            "fit_sequences": len(fitted),
+            "eval_sequences": len(evaluated),
+            "objective": objective.name if objective is not None else None,
+        },
         # Rows of the source (store rows, or blocks of the corpus) the maps were fitted and judged on.
-        "splits": {"fit": fitted.tolist(), "eval": evaluated.tolist(),
-                   "fit_block_index": source_rows.block_index[fitted].tolist(),
-                   "eval_block_index": source_rows.block_index[evaluated].tolist()},
+        "splits": {
+            "fit": fitted.tolist(),
+            "eval": evaluated.tolist(),
+            "fit_block_index": source_rows.block_index[fitted].tolist(),
+            "eval_block_index": source_rows.block_index[evaluated].tolist(),
+        },
         **provenance(command),
     }
     return ReconstructResult(meta, tables, selections=selections)
@@ -567,13 +648,24 @@ class _Plan:
         per_query = s.rows == "per-query" or (s.rows == "auto" and causal)
         strategies = check_strategies(s.strategies)
         if causal and not per_query:
-            raise BadInput("the model is causal: rows of different queries have different valid keys; use `rows` per-query (or auto)")
+            raise BadInput(
+                "the model is causal: rows of different queries have different valid keys; use `rows` per-query (or auto)"
+            )
         if not per_query and any(strategy in QUERY_DEPENDENT for strategy in strategies):
-            raise BadInput("`strategies` local+global picks keys around each query, so it needs one map per query: add `rows` per-query")
+            raise BadInput(
+                "`strategies` local+global picks keys around each query, so it needs one map per query: add `rows` per-query"
+            )
         if s.pairs and not isinstance(rows, StoreRows):
             raise BadInput("pairs mode reads whole score matrices of each sequence from a store; run 'attnlens extract' first")
-        return cls(n=n, head_dim=int(rows.model_info["head_dim"]), ks=check_ks(default_ks(n) if s.ks is None else s.ks, n),
-                   layers=rows.check_layers(s.layers), strategies=strategies, scopes=list(s.scopes), per_query=per_query)
+        return cls(
+            n=n,
+            head_dim=int(rows.model_info["head_dim"]),
+            ks=check_ks(default_ks(n) if s.ks is None else s.ks, n),
+            layers=rows.check_layers(s.layers),
+            strategies=strategies,
+            scopes=list(s.scopes),
+            per_query=per_query,
+        )
 
     def with_flops(self, table: pd.DataFrame) -> pd.DataFrame:
         """``table`` with the attention FLOPs ratio of each row's k beside it."""
@@ -594,8 +686,9 @@ def _model_for_plug_in(rows: StoreRows | ModelRows, model: str | LoadedModel | N
     return loaded
 
 
-def _held_out(rows: StoreRows | ModelRows, evaluated: np.ndarray, layers: list[int], fitter: MapFitter,
-              batch_size: int) -> dict[int, list[HeldOutBatch]]:
+def _held_out(
+    rows: StoreRows | ModelRows, evaluated: np.ndarray, layers: list[int], fitter: MapFitter, batch_size: int
+) -> dict[int, list[HeldOutBatch]]:
     """The held-out rows of every layer, with what every map's evaluation on them shares."""
     collected: dict[int, tuple[list, list]] = {layer: ([], []) for layer in layers}
 
@@ -608,8 +701,10 @@ def _held_out(rows: StoreRows | ModelRows, evaluated: np.ndarray, layers: list[i
     for position, layer in enumerate(fitter.moments.layers):
         scores, valid = torch.cat(collected[layer][0]), torch.cat(collected[layer][1])
         mean = torch.from_numpy(fitter.mean["head"][position][None]).float()  # (1, H, Q, n): training mean row
-        held[layer] = [HeldOutBatch.of(scores[start : start + batch_size], valid[start : start + batch_size], mean)
-                       for start in range(0, len(scores), batch_size)]
+        held[layer] = [
+            HeldOutBatch.of(scores[start : start + batch_size], valid[start : start + batch_size], mean)
+            for start in range(0, len(scores), batch_size)
+        ]
         collected[layer] = ([], [])
     return held
 
@@ -617,8 +712,9 @@ def _held_out(rows: StoreRows | ModelRows, evaluated: np.ndarray, layers: list[i
 class _PlugIn:
     """Runs the model with each config's maps inside attention, on the held-out blocks."""
 
-    def __init__(self, objective: Objective, layers: list[int], eval_ids: np.ndarray, batch_size: int, seed: int,
-                 scopes: set[str]) -> None:
+    def __init__(
+        self, objective: Objective, layers: list[int], eval_ids: np.ndarray, batch_size: int, seed: int, scopes: set[str]
+    ) -> None:
         self.objective, self.layers, self.scopes = objective, layers, scopes
         self.seed = seed
         self.batches = prepare_batches(objective, eval_ids, batch_size)
@@ -631,8 +727,13 @@ class _PlugIn:
     def run(self, config: tuple[str, str, int], maps: dict[int, LayerMaps]) -> None:
         metrics = evaluate_objective(self.objective, self.batches, {layer: maps[layer] for layer in self.layers})
         strategy, scope, k = config
-        record = {"strategy": strategy, "scope": scope, "k": k, "layers": " ".join(map(str, self.layers)),
-                  "objective": self.objective.name}
+        record = {
+            "strategy": strategy,
+            "scope": scope,
+            "k": k,
+            "layers": " ".join(map(str, self.layers)),
+            "objective": self.objective.name,
+        }
         for name, values in {**metrics, "loss_increase": metrics["loss"] - self.baseline}.items():
             mean, low, high = bootstrap_interval(values[None], seed=self.seed)
             record.update({name: float(mean[0]), f"{name}_low": float(low[0]), f"{name}_high": float(high[0])})
@@ -640,9 +741,16 @@ class _PlugIn:
         self.records.append(record)
 
 
-def _evaluate(rows: StoreRows | ModelRows, fitter: MapFitter, configs: list[tuple[str, str, int]], evaluated: np.ndarray,
-              layers: list[int], batch_size: int, plug: _PlugIn | None,
-              progress: bool) -> tuple[pd.DataFrame, dict[str, np.ndarray]]:
+def _evaluate(
+    rows: StoreRows | ModelRows,
+    fitter: MapFitter,
+    configs: list[tuple[str, str, int]],
+    evaluated: np.ndarray,
+    layers: list[int],
+    batch_size: int,
+    plug: _PlugIn | None,
+    progress: bool,
+) -> tuple[pd.DataFrame, dict[str, np.ndarray]]:
     """Held-out errors of every config (and its plug-in run), one config at a time: each
     config's maps are fitted once and serve both."""
     held = _held_out(rows, evaluated, layers, fitter, batch_size)
@@ -667,14 +775,25 @@ def _evaluate(rows: StoreRows | ModelRows, fitter: MapFitter, configs: list[tupl
 def _error_records(config: tuple[str, str, int], totals: dict[int, dict[str, np.ndarray]]) -> list[dict]:
     """One row per (layer, head), and one (layer = head = -1) for all of them together."""
     base = dict(zip(("strategy", "scope", "k"), config))
-    records = [{**base, "layer": layer, "head": head, **_summarise({name: value[head] for name, value in total.items()})}
-               for layer, total in totals.items() for head in range(len(total["rows"]))]
+    records = [
+        {**base, "layer": layer, "head": head, **_summarise({name: value[head] for name, value in total.items()})}
+        for layer, total in totals.items()
+        for head in range(len(total["rows"]))
+    ]
     overall = {name: sum(total[name].sum() for total in totals.values()) for name in next(iter(totals.values()))}
     return [*records, {**base, "layer": -1, "head": -1, **_summarise(overall)}]
 
 
-def _evaluate_pairs(rows: StoreRows, fitter: MapFitter, ks: list[int], fitted: np.ndarray, evaluated: np.ndarray,
-                    ridge: float, head_dim: int, progress: bool) -> pd.DataFrame:
+def _evaluate_pairs(
+    rows: StoreRows,
+    fitter: MapFitter,
+    ks: list[int],
+    fitted: np.ndarray,
+    evaluated: np.ndarray,
+    ridge: float,
+    head_dim: int,
+    progress: bool,
+) -> pd.DataFrame:
     """Pairs mode, per head: greedy pairs in the low-rank factor of the fit matrices, error on held-out ones.
 
     ``rel_error`` uses the same mean-row baseline as rows mode, so the two are comparable.
@@ -705,14 +824,32 @@ def _evaluate_pairs(rows: StoreRows, fitter: MapFitter, ks: list[int], fitted: n
                     part = layer_errors(truth, eval_valid, rebuilt, baseline)
                     totals[k] = {name: totals[k].get(name, 0) + value for name, value in part.items()}
                     flops = pairs_attention_flops(n, head_dim, len(selected), int(kept.sum()))["ratio"]
-                    records.append({"strategy": "greedy-pairs", "scope": "head", "k": k, "layer": layer, "head": head,
-                                    **_summarise({name: value[0] for name, value in part.items()}), "flops_ratio": flops})
+                    records.append(
+                        {
+                            "strategy": "greedy-pairs",
+                            "scope": "head",
+                            "k": k,
+                            "layer": layer,
+                            "head": head,
+                            **_summarise({name: value[0] for name, value in part.items()}),
+                            "flops_ratio": flops,
+                        }
+                    )
                 bar.update(1)
     frame = pd.DataFrame(records)
     for k in ks:
         flops = float(frame.loc[frame.k == k, "flops_ratio"].mean())
-        records.append({"strategy": "greedy-pairs", "scope": "head", "k": k, "layer": -1, "head": -1,
-                        **_summarise({name: value.sum() for name, value in totals[k].items()}), "flops_ratio": flops})
+        records.append(
+            {
+                "strategy": "greedy-pairs",
+                "scope": "head",
+                "k": k,
+                "layer": -1,
+                "head": -1,
+                **_summarise({name: value.sum() for name, value in totals[k].items()}),
+                "flops_ratio": flops,
+            }
+        )
     return pd.DataFrame(records)
 
 
@@ -723,18 +860,41 @@ def _as_matrices(flat: np.ndarray, entries: np.ndarray, n: int) -> torch.Tensor:
     return torch.from_numpy(full.reshape(len(flat), 1, n, n))
 
 
-def _learned_table(objective: Objective, fitter: MapFitter, strategy: str, scope: str, ks: list[int], layers: list[int],
-                   batches: list[PreparedBatch], train_ids: np.ndarray, steps: int, lr: float, batch_size: int, seed: int,
-                   progress: bool) -> pd.DataFrame:
+def _learned_table(
+    objective: Objective,
+    fitter: MapFitter,
+    strategy: str,
+    scope: str,
+    ks: list[int],
+    layers: list[int],
+    batches: list[PreparedBatch],
+    train_ids: np.ndarray,
+    steps: int,
+    lr: float,
+    batch_size: int,
+    seed: int,
+    progress: bool,
+) -> pd.DataFrame:
     records = []
     for k in ks:
         maps = {layer: fitter.layer_maps(strategy, scope, k, layer)[0] for layer in layers}
-        learned, start, best = learn_maps(objective, maps, train_ids, steps=steps, lr=lr, batch_size=batch_size,
-                                          seed=seed, progress=progress)
+        learned, start, best = learn_maps(
+            objective, maps, train_ids, steps=steps, lr=lr, batch_size=batch_size, seed=seed, progress=progress
+        )
         closed = evaluate_objective(objective, batches, maps)["loss"]
         tuned = evaluate_objective(objective, batches, learned)["loss"]
-        records.append({"strategy": strategy, "scope": scope, "k": k, "objective": objective.name, "steps": steps,
-                        "train_loss_closed_form": start, "train_loss_learned": best,
-                        "eval_loss_closed_form": float(closed.mean()), "eval_loss_learned": float(tuned.mean()),
-                        "eval_gain": float(closed.mean() - tuned.mean())})
+        records.append(
+            {
+                "strategy": strategy,
+                "scope": scope,
+                "k": k,
+                "objective": objective.name,
+                "steps": steps,
+                "train_loss_closed_form": start,
+                "train_loss_learned": best,
+                "eval_loss_closed_form": float(closed.mean()),
+                "eval_loss_learned": float(tuned.mean()),
+                "eval_gain": float(closed.mean() - tuned.mean()),
+            }
+        )
     return pd.DataFrame(records)

@@ -27,7 +27,9 @@ STRATEGIES = ("greedy", "random", "stride", "local+global", "eigen")
 QUERY_DEPENDENT = ("local+global",)
 
 
-def greedy_path(covariance: np.ndarray, candidates: np.ndarray | None = None, steps: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+def greedy_path(
+    covariance: np.ndarray, candidates: np.ndarray | None = None, steps: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """Greedy selection order for a batch of units, and the residual error after each step.
 
     ``covariance`` (units, n, n); ``candidates`` (units, n) bool marks the positions
@@ -99,7 +101,9 @@ def stride_positions(n: int, k: int) -> np.ndarray:
     return np.unique(np.round(np.linspace(0, n - 1, k)).astype(np.int64)) if k > 1 else np.array([0])
 
 
-def local_global_positions(n: int, k: int, query: int, global_positions: Iterable[int] = (0,), limit: int | None = None) -> np.ndarray:
+def local_global_positions(
+    n: int, k: int, query: int, global_positions: Iterable[int] = (0,), limit: int | None = None
+) -> np.ndarray:
     """The global positions ([CLS] / first token) and the keys nearest the query, k in all.
 
     ``limit`` restricts the keys to ``0…limit − 1`` (a causal row's valid prefix).
@@ -128,7 +132,9 @@ def check_ks(ks: Iterable[int], n: int) -> list[int]:
     if not ks:
         raise AttnlensError("`ks` is empty; give at least one k, e.g. `ks` 16,32")
     if ks[0] < 1:
-        raise AttnlensError(f"k = {ks[0]} selects nothing; every k must be at least 1 (an empty selection cannot reconstruct a row)")
+        raise AttnlensError(
+            f"k = {ks[0]} selects nothing; every k must be at least 1 (an empty selection cannot reconstruct a row)"
+        )
     if ks[-1] > n:
         raise AttnlensError(f"k = {ks[-1]} is larger than the {n} valid keys of a row; use k <= {n}")
     return ks
