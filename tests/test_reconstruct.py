@@ -147,20 +147,9 @@ def test_held_out_table_plug_in_and_learned_maps(store, minilm_l6):
 
 
 def test_causal_model_per_query_maps_reproduce_the_model_at_k_equal_n(tmp_path, minilm_l6, kjv):
-    import transformers
+    from tiny_models import save_tiny
 
-    from tiny_models import tiny_model_dir
-
-    config = transformers.LlamaConfig(
-        vocab_size=30522,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-    )
-    model = attnlens.load_model(str(tiny_model_dir(tmp_path, minilm_l6, config)))
+    model = attnlens.load_model(str(save_tiny(tmp_path, minilm_l6, "causal")))
     result = reconstruct(
         model,
         corpus=kjv,

@@ -19,7 +19,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 import attnlens
 from attnlens.rows.budgets import MomentsCost, parse_bytes, plan_units
@@ -27,7 +26,7 @@ from attnlens.rows.jobs import run_moments
 from attnlens.rows.moments import ARRAYS, UnitSums, compute_moments, split_halves
 from attnlens.rows.partials import load_moments, load_partial
 from attnlens.rows.sources import ModelRows
-from tiny_models import assert_one_line_error, reference_moments, run_cli
+from tiny_models import assert_one_line_error, reference_moments, run_cli, save_tiny
 
 # The repository this attnlens comes from goes first on the path of every launched rank.
 ENV = {
@@ -279,21 +278,7 @@ def test_unit_sums_equal_moments_on_any_subset_of_heads(minilm_l6, kjv):
 
 def test_unit_sums_of_a_causal_model_use_only_full_rows(tmp_path, minilm_l6, kjv):
     """Causal rows: pooled sums take the last (full-length) row of each block, per-query sums the valid prefix."""
-    import transformers
-
-    config = transformers.LlamaConfig(
-        vocab_size=30522,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-    )
-    torch.manual_seed(0)
-    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "tiny")
-    minilm_l6.tokenizer.save_pretrained(tmp_path / "tiny")
-    model = attnlens.load_model(str(tmp_path / "tiny"))
+    model = attnlens.load_model(str(save_tiny(tmp_path, minilm_l6, "causal")))
     blocks = kjv.blocks(model, n=12, num_blocks=16, seed=0)
     rows = ModelRows(model, blocks)
     for queries in (None, [0, 5, 11]):

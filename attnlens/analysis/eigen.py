@@ -483,7 +483,7 @@ def _eigen_of_moments(source: str | Path, settings: EigenSettings, *, progress: 
         )
     if (settings.per_query or settings.queries is not None) and made["queries"] is None:
         raise BadInput(
-            f"the moments in {source} pool rows over queries; compute per-query moments with attnlens moments --per-query or --queries"
+            f"the moments in {source} pool rows over queries; compute per-query moments (moments with `per_query` or `queries`)"
         )
     halves = _select(merged.halves, settings.layers, settings.queries, source)
     n = made["n"]

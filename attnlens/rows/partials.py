@@ -215,7 +215,7 @@ def load_moments(path: str | Path) -> MomentsResult:
         if not (path / "moments" / "result.json").is_file():
             raise AttnlensError(
                 f"the moments job in {path} has not finished (no merged moments in {path / 'moments'}); "
-                "rerun the same attnlens moments command with --resume"
+                "rerun the same moments job with `resume`"
             )
         path = path / "moments"
     return MomentsResult.load(path)
@@ -272,7 +272,7 @@ def merge_partials(
         if meta["done"] < total:
             raise AttnlensError(
                 f"partial file {path.name} is unfinished ({meta['done']} of {total} sequences); finish the job by rerunning "
-                "the same attnlens moments command with --resume, then merge"
+                "the same moments job with `resume`, then merge"
             )
     groups = _groups(metas, settings)
     from attnlens.io.results import check_out

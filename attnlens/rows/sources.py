@@ -70,7 +70,8 @@ class StoreRows:
         to_cpu: bool = True,
     ) -> None:
         sequences = np.sort(np.asarray(sequences))
-        with progress_bar(total=len(sequences) * len(layers), desc=desc, unit="seq", enabled=progress) as bar:
+        # A store is read layer by layer: the bar counts (sequence, layer) pairs, and says so.
+        with progress_bar(total=len(sequences) * len(layers), desc=desc, unit="seq×layer", enabled=progress) as bar:
             for layer in layers:
                 for chunk in _chunks(sequences, batch_size):
                     start, stop = int(chunk[0]), int(chunk[-1]) + 1
