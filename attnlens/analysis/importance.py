@@ -302,18 +302,16 @@ def importance(
     :data:`attnlens.data.positions.DEFAULT_CLASSES` and drops those that never occur.
     """
     s = ImportanceSettings.build(settings, **changes)
-    classes, objective, per, seq_len, num_seqs = s.classes, s.objective, s.per, s.seq_len, s.num_seqs
-    batch_size, bootstrap, gradient, seed = s.batch_size, s.bootstrap, s.gradient, s.seed
     model, corpus = source, s.corpus
-    explicit = classes is not None
-    classes = parse_classes(classes)
+    explicit = s.classes is not None
+    classes = parse_classes(s.classes)
     if not isinstance(corpus, Corpus):
         corpus = load_corpus(corpus)
     if not isinstance(model, LoadedModel):
         model = load_model(model, device=device)
-    model.check_seq_len(seq_len)
-    judge = Objective(model, objective, seed=seed)
-    blocks, _ = split_blocks(corpus, model, seq_len, num_seqs, seed=seed)
+    model.check_seq_len(s.seq_len)
+    judge = Objective(model, s.objective, seed=s.seed)
+    blocks, _ = split_blocks(corpus, model, s.seq_len, s.num_seqs, seed=s.seed)
     ids = torch.from_numpy(blocks.ids)
 
     valid = valid_masks(model, blocks.ids)  # (layer, n, n)
@@ -330,8 +328,8 @@ def importance(
     # "other" means "none of the classes measured", so recompute the masks without dropped ones.
     all_masks = class_masks(ids, model, classes, roles=roles)
 
-    batches = prepare_batches(judge, blocks.ids, batch_size)
-    conditions = ablation_conditions(classes, per, model.num_layers, model.num_heads)
+    batches = prepare_batches(judge, blocks.ids, s.batch_size)
+    conditions = ablation_conditions(classes, s.per, model.num_layers, model.num_heads)
     head_select = torch.eye(model.num_heads, dtype=torch.bool, device=model.device)[:, :, None, None]  # (H, H, 1, 1)
     losses = np.zeros((len(conditions), len(blocks)))
     pooled = np.zeros((len(conditions), len(blocks))) if judge.name == "hidden" else None
@@ -339,18 +337,18 @@ def importance(
     spared = np.zeros((len(conditions), 2))  # spared rows, rows
     gradients = np.zeros((len(blocks), model.num_layers, model.num_heads, len(classes) + 1))
     accumulator = _MassAccumulator(model.num_layers, model.num_heads, len(classes))
-    total = len(batches) * (len(conditions) + (1 if gradient else 0))
+    total = len(batches) * (len(conditions) + (1 if s.gradient else 0))
 
     with progress_bar(total=total, desc="importance", unit="pass", enabled=progress) as bar:
         for number, batch in enumerate(batches):
-            start = number * batch_size
+            start = number * s.batch_size
             rows = slice(start, start + batch.input_ids.shape[0])
             masks = {name: mask[rows].to(model.device) for name, mask in all_masks.items()}
             stacked = torch.stack(list(masks.values())).float()
             keys = torch.rand(
                 (len(classes), *stacked.shape[1:]),
                 generator=torch.Generator().manual_seed(
-                    int(np.random.SeedSequence([seed, _RANDOM_STREAM, int(blocks.index[start])]).generate_state(1)[0])
+                    int(np.random.SeedSequence([s.seed, _RANDOM_STREAM, int(blocks.index[start])]).generate_state(1)[0])
                 ),
             ).to(model.device)
             removals = _batch_removals(masks, group_valid.to(model.device), keys)
@@ -385,13 +383,15 @@ def importance(
                     pooled[index, rows] = metrics["pooled_cosine"]
                 bar.update(1)
 
-            if gradient:
-                gradients[rows] = _batch_gradients(judge, batch, blocks.index[rows], stacked, seed)
+            if s.gradient:
+                gradients[rows] = _batch_gradients(judge, batch, blocks.index[rows], stacked, s.seed)
                 bar.update(1)
 
     mass_table, entropy_table = _mass_tables(accumulator, classes)
-    ablation_table = _ablation_table(conditions, losses, pooled, removed, spared, bootstrap, seed)
-    gradient_table = _gradient_table(gradients, classes, bootstrap, seed) if gradient else pd.DataFrame(columns=GRADIENT_COLUMNS)
+    ablation_table = _ablation_table(conditions, losses, pooled, removed, spared, s.bootstrap, s.seed)
+    gradient_table = (
+        _gradient_table(gradients, classes, s.bootstrap, s.seed) if s.gradient else pd.DataFrame(columns=GRADIENT_COLUMNS)
+    )
     classes_table = _classes_table(classes + tuple(dropped), counts, mass_table, roles.description, notes)
     summary = _summary_table(classes, dropped, notes, mass_table, ablation_table, gradient_table)
     meta = {
@@ -403,7 +403,7 @@ def importance(
             "classes": list(classes),
             "classes_dropped": dropped,
             "objective": judge.name,
-            "n": seq_len,
+            "n": s.seq_len,
             "num_seqs": len(blocks),
             "removal": "-inf before softmax; rows that would lose every valid key are spared",
         },
@@ -414,7 +414,7 @@ def importance(
     arrays = {"ablation_blocks": losses}
     if pooled is not None:
         arrays["ablation_pooled_cosine"] = pooled
-    if gradient:
+    if s.gradient:
         arrays["gradient_blocks"] = gradients
     tables = {
         "summary": summary,

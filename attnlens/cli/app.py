@@ -6,14 +6,18 @@ become one line on stderr and exit status 2.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, TypeVar
 
 import typer
 
 from attnlens.errors import AttnlensError
+
+S = TypeVar("S")
 
 app = typer.Typer(
     name="attnlens",
@@ -87,6 +91,19 @@ def parse_int_list(text: str | None, option: str) -> list[int] | None:
         return [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
         raise AttnlensError(f"{option} '{text}' is not a comma-separated list of integers, e.g. {option} 0,1,2") from None
+
+
+def settings_from(cls: type[S], options: Mapping[str, object], **parsed: object) -> S:
+    """The settings ``cls`` of a command: every option named like one of its fields, with
+    ``parsed`` (values the command parsed from text) taking precedence. Made, and so
+    checked, before any model loads.
+
+    >>> from attnlens.analysis.overlap import OverlapSettings
+    >>> settings_from(OverlapSettings, {"dim": 8, "out": "runs/o", "query": None})
+    OverlapSettings(dim=8, query=None)
+    """
+    fields = {field.name for field in dataclasses.fields(cls)}
+    return cls(**{**{name: value for name, value in options.items() if name in fields}, **parsed})
 
 
 def save_result(result, out: Path, *, overwrite: bool, figures: bool) -> None:

@@ -21,6 +21,7 @@ from .app import (
     SeqLenOption,
     app,
     save_result,
+    settings_from,
 )
 from .importance import BootstrapOption, ClassesOption, ObjectiveOption, parse_float_list
 
@@ -69,26 +70,8 @@ def dam(
     from attnlens.analysis.dam import dam as run
     from attnlens.io.results import check_out
 
-    settings = DamSettings(
-        corpus=corpus,
-        variant=variant,
-        lambdas=parse_float_list(lambdas, "--lambdas"),
-        steps=steps,
-        tau=tau,
-        lr=lr,
-        init_keep=init_keep,
-        removal=removal,
-        train_weights=train_weights,
-        weights_lr=weights_lr,
-        classes=classes,
-        objective=objective,
-        seq_len=seq_len,
-        train_seqs=train_seqs,
-        eval_seqs=eval_seqs,
-        batch_size=batch_size,
-        patterns=patterns,
-        bootstrap=bootstrap,
-        seed=seed,
+    settings = settings_from(
+        DamSettings, locals(), lambdas=parse_float_list(lambdas, "--lambdas")
     )  # checked before any model loads
     check_out(out, overwrite)
     result = run(model, settings, device=device, progress=progress)

@@ -23,6 +23,7 @@ from .app import (
     app,
     parse_int_list,
     save_result,
+    settings_from,
 )
 
 
@@ -69,20 +70,12 @@ def eigen(
     from attnlens.analysis.eigen import eigen as run
     from attnlens.io.results import check_out
 
-    settings = EigenSettings(
-        corpus=corpus,
-        seq_len=seq_len,
-        num_seqs=num_seqs,
-        batch_size=batch_size,
-        quantity=quantity,
+    settings = settings_from(
+        EigenSettings,
+        locals(),
         centred=not uncentred,
-        project_ones=project_ones,
         queries=parse_int_list(queries, "--queries"),
-        per_query=per_query,
-        full_matrices=full_matrices,
-        keep=keep,
         layers=parse_int_list(layers, "--layers"),
-        seed=seed,
     )  # checked before any model loads
     check_out(out, overwrite)
     result = run(source, settings, device=device, progress=progress)

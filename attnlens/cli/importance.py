@@ -22,6 +22,7 @@ from .app import (
     SeqLenOption,
     app,
     save_result,
+    settings_from,
 )
 
 ClassesOption = Annotated[
@@ -80,18 +81,7 @@ def importance(
     from attnlens.analysis.importance import importance as run
     from attnlens.io.results import check_out
 
-    settings = ImportanceSettings(
-        corpus=corpus,
-        classes=classes,
-        objective=objective,
-        per=per,
-        seq_len=seq_len,
-        num_seqs=num_seqs,
-        batch_size=batch_size,
-        bootstrap=bootstrap,
-        gradient=gradient,
-        seed=seed,
-    )  # checked before any model loads
+    settings = settings_from(ImportanceSettings, locals())  # checked before any model loads
     check_out(out, overwrite)
     result = run(model, settings, device=device, progress=progress)
     save_result(result, out, overwrite=overwrite, figures=figures)

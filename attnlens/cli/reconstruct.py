@@ -23,6 +23,7 @@ from .app import (
     app,
     parse_int_list,
     save_result,
+    settings_from,
 )
 
 
@@ -82,26 +83,15 @@ def reconstruct(
     from attnlens.analysis.reconstruct import reconstruct as run
     from attnlens.io.results import check_out
 
-    settings = ReconstructSettings(
-        corpus=corpus,
-        seq_len=seq_len,
-        num_seqs=num_seqs,
-        eval_fraction=eval_fraction,
+    settings = settings_from(
+        ReconstructSettings,
+        locals(),
         ks=parse_int_list(ks, "--ks"),
         strategies=_names(select),
         scopes=_names(scope),
-        rows=rows,
-        ridge=ridge,
         layers=parse_int_list(layers, "--layers"),
-        pairs=pairs,
-        plug_in=plug_in,
         plug_in_layers=parse_int_list(plug_in_layers, "--plug-in-layers"),
         plug_in_scopes=None if plug_in_scope is None else _names(plug_in_scope),
-        objective=objective,
-        learn_r=learn_r,
-        learn_steps=learn_steps,
-        batch_size=batch_size,
-        seed=seed,
     )  # checked before any model loads
     check_out(out, overwrite)
     result = run(source, settings, model=model, device=device, progress=progress)

@@ -32,6 +32,11 @@ def _strategy_colours(strategies) -> dict[str, tuple]:
     return dict(zip(strategies, palette))
 
 
+def _strategy_line(ax, x, y, colour, strategy: str, scope: str) -> None:
+    """One line per (strategy, scope): colour by strategy, line style by scope."""
+    ax.plot(x, y, marker="o", ms=3, color=colour, ls=SCOPE_STYLES.get(scope, "-"), label=f"{strategy}, {scope}")
+
+
 def _k_axis(ax: plt.Axes, ks) -> None:
     """Log-2 k axis labelled with the k values themselves (1, 2, 4, ...), not powers."""
     ax.set_xscale("log", base=2)
@@ -56,15 +61,7 @@ def plot_error_vs_k(result, ax: plt.Axes | None = None, *, metric: str = "rel_er
     for (strategy, scope), group in overall.groupby(["strategy", "scope"], sort=False):
         # k = n is exact: its TV is float rounding (~1e-7), which would squash the log scale.
         group = group[(group[metric] > floor) & (group.k < result.meta["n"])].sort_values("k")
-        ax.plot(
-            group.k,
-            group[metric],
-            marker="o",
-            ms=3,
-            color=colours[strategy],
-            ls=SCOPE_STYLES.get(scope, "-"),
-            label=f"{strategy}, {scope}",
-        )
+        _strategy_line(ax, group.k, group[metric], colours[strategy], strategy, scope)
     _k_axis(ax, overall.k)
     ax.set_yscale("log")
     ax.set_xlabel("k (exact scores per row; pairs mode: k·n pairs per matrix)")
@@ -85,15 +82,7 @@ def plot_error_vs_flops(result, ax: plt.Axes | None = None, *, metric: str = "re
     for (strategy, scope), group in overall.groupby(["strategy", "scope"], sort=False):
         group = group.sort_values("k")
         group = group[group[metric] > 1e-9 * max(float(overall[metric].max()), 1e-300)]
-        ax.plot(
-            100 * (1 - group.flops_ratio),
-            group[metric],
-            marker="o",
-            ms=3,
-            color=colours[strategy],
-            ls=SCOPE_STYLES.get(scope, "-"),
-            label=f"{strategy}, {scope}",
-        )
+        _strategy_line(ax, 100 * (1 - group.flops_ratio), group[metric], colours[strategy], strategy, scope)
     ax.axvline(0, color="black", lw=0.8)
     ax.set_yscale("log")
     ax.set_xlabel("attention FLOPs saved (%; negative = more than full attention)")
@@ -116,15 +105,7 @@ def plot_fidelity_vs_k(result, ax: plt.Axes | None = None) -> plt.Axes:
     colours = _strategy_colours(list(dict.fromkeys(table.strategy)))
     for (strategy, scope), group in table.groupby(["strategy", "scope"], sort=False):
         group = group.sort_values("k")
-        ax.plot(
-            group.k,
-            group[metric],
-            marker="o",
-            ms=3,
-            color=colours[strategy],
-            ls=SCOPE_STYLES.get(scope, "-"),
-            label=f"{strategy}, {scope}",
-        )
+        _strategy_line(ax, group.k, group[metric], colours[strategy], strategy, scope)
         ax.fill_between(group.k, group[f"{metric}_low"], group[f"{metric}_high"], color=colours[strategy], alpha=0.12)
     _k_axis(ax, table.k)
     ax.set_xlabel("k (exact scores per row)")

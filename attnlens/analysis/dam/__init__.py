@@ -588,34 +588,18 @@ def dam(
     ``weights_lr``) and restored after each λ.
     """
     s = DamSettings.build(settings, **changes)
-    variant, lambdas, steps, lr, init_keep, removal = (
-        s.variant,
-        [float(v) for v in s.lambdas],
-        s.steps,
-        s.lr,
-        s.init_keep,
-        s.removal,
-    )
-    train_weights, weights_lr, classes, objective, patterns = s.train_weights, s.weights_lr, s.classes, s.objective, s.patterns
-    seq_len, train_seqs, eval_seqs, batch_size, bootstrap, seed = (
-        s.seq_len,
-        s.train_seqs,
-        s.eval_seqs,
-        s.batch_size,
-        s.bootstrap,
-        s.seed,
-    )
+    lambdas = [float(value) for value in s.lambdas]
     model, corpus = source, s.corpus
-    explicit = classes is not None
-    classes = parse_classes(classes)
+    explicit = s.classes is not None
+    classes = parse_classes(s.classes)
     tau = parse_tau(s.tau)
     if not isinstance(corpus, Corpus):
         corpus = load_corpus(corpus)
     if not isinstance(model, LoadedModel):
         model = load_model(model, device=device)
-    model.check_seq_len(seq_len)
-    judge = Objective(model, objective, seed=seed)
-    eval_blocks, train_blocks = split_blocks(corpus, model, seq_len, eval_seqs, train_seqs, seed=seed)
+    model.check_seq_len(s.seq_len)
+    judge = Objective(model, s.objective, seed=s.seed)
+    eval_blocks, train_blocks = split_blocks(corpus, model, s.seq_len, s.eval_seqs, s.train_seqs, seed=s.seed)
     valid = valid_masks(model, eval_blocks.ids).to(model.device)
     groups, group_valid = layer_groups(valid)
 
@@ -626,7 +610,7 @@ def dam(
     classes, notes = check_classes_occur(classes, counts, model, len(eval_blocks), explicit=explicit)
     # The class layout needs a partition: "other" takes what the listed classes leave.
     layout_classes = classes if "other" in classes else (*classes, "other")
-    layout = LAYOUTS[variant](model.num_layers, model.num_heads, seq_len, valid, len(layout_classes))
+    layout = LAYOUTS[s.variant](model.num_layers, model.num_heads, s.seq_len, valid, len(layout_classes))
 
     def contexts_of(ids: torch.Tensor, roles, size: int) -> tuple[list[torch.Tensor], list[dict[str, torch.Tensor]]]:
         contexts, report = [], []
@@ -641,7 +625,7 @@ def dam(
             partition = class_masks(chunk, model, layout_classes, roles=chunk_roles)
             contexts.append(
                 exclusive_index(partition).to(model.device)
-                if variant == "class"
+                if s.variant == "class"
                 else torch.zeros(len(chunk), 1, 1, dtype=torch.long, device=model.device)
             )
             report.append(
@@ -651,17 +635,17 @@ def dam(
 
     # Batches are prepared before any training: the hidden objective's references come
     # from the unmodified model even when its weights are fine-tuned.
-    eval_batches = prepare_batches(judge, eval_blocks.ids, batch_size)
-    train_batches = prepare_batches(judge, train_blocks.ids, batch_size)
-    eval_contexts, eval_masks = contexts_of(eval_ids, eval_roles, batch_size)
-    train_contexts, _ = contexts_of(train_ids, train_roles, batch_size)
-    rng = np.random.default_rng(_seeded(seed, _ORDER_STREAM))
-    epochs = math.ceil(steps / len(train_batches))
-    order = np.concatenate([rng.permutation(len(train_batches)) for _ in range(epochs)])[:steps]
+    eval_batches = prepare_batches(judge, eval_blocks.ids, s.batch_size)
+    train_batches = prepare_batches(judge, train_blocks.ids, s.batch_size)
+    eval_contexts, eval_masks = contexts_of(eval_ids, eval_roles, s.batch_size)
+    train_contexts, _ = contexts_of(train_ids, train_roles, s.batch_size)
+    rng = np.random.default_rng(_seeded(s.seed, _ORDER_STREAM))
+    epochs = math.ceil(s.steps / len(train_batches))
+    order = np.concatenate([rng.permutation(len(train_batches)) for _ in range(epochs)])[: s.steps]
 
     baseline = np.concatenate([evaluate_batch(judge, batch)["loss"] for batch in eval_batches])
-    original = copy.deepcopy(model.model.state_dict()) if train_weights else None
-    total = len(lambdas) * (steps + 1) + (pattern_points(seq_len) if patterns else 0)
+    original = copy.deepcopy(model.model.state_dict()) if s.train_weights else None
+    total = len(lambdas) * (s.steps + 1) + (pattern_points(s.seq_len) if s.patterns else 0)
     summary_rows, keep_rows, keep_summary_rows, curves = [], [], [], []
     logits_all, images, losses_all = [], [], []
     with progress_bar(total=total, desc="dam", unit="step", enabled=progress) as bar:
@@ -670,14 +654,14 @@ def dam(
             trainer = DamTrainer(
                 layout,
                 lam=lam,
-                steps=steps,
+                steps=s.steps,
                 tau=tau,
-                lr=lr,
-                init_keep=init_keep,
-                removal=removal,
-                train_weights=train_weights,
-                weights_lr=weights_lr,
-                seed=seed,
+                lr=s.lr,
+                init_keep=s.init_keep,
+                removal=s.removal,
+                train_weights=s.train_weights,
+                weights_lr=s.weights_lr,
+                seed=s.seed,
             )
             curve = trainer.fit(model, judge, train_batches, train_contexts, order, bar)
             seconds = time.perf_counter() - began
@@ -696,11 +680,11 @@ def dam(
             )
             losses_all.append(judged["losses"])
             curves.append(curve.assign(**{"lambda": lam}))
-            summary_rows.append(_summary_row(lam, variant, judged, baseline, curve, steps, seconds, bootstrap, seed))
+            summary_rows.append(_summary_row(lam, s.variant, judged, baseline, curve, s.steps, seconds, s.bootstrap, s.seed))
             keep_rows.extend(_keep_rows(lam, classes, judged))
             keep_summary_rows.extend(_keep_summary_rows(lam, classes, judged))
 
-        if patterns:
+        if s.patterns:
             pattern_table, pattern_losses = evaluate_patterns(
                 model,
                 judge,
@@ -709,8 +693,8 @@ def dam(
                 eval_blocks.index,
                 eval_roles.cls.to(model.device),
                 valid,
-                batch_size,
-                seed,
+                s.batch_size,
+                s.seed,
                 bar,
             )
         else:
@@ -722,12 +706,12 @@ def dam(
         delta = pattern_losses - baseline
         pattern_table["loss"] = pattern_losses.mean(1)
         pattern_table["delta"], pattern_table["delta_low"], pattern_table["delta_high"] = bootstrap_interval(
-            delta, bootstrap, seed
+            delta, s.bootstrap, s.seed
         )
     else:
         pattern_table = pattern_table.reindex(columns=[*pattern_table.columns, "loss", "delta", "delta_low", "delta_high"])
 
-    baseline_mean, baseline_low, baseline_high = bootstrap_interval(baseline[None], bootstrap, seed)
+    baseline_mean, baseline_low, baseline_high = bootstrap_interval(baseline[None], s.bootstrap, s.seed)
     meta = {
         "model": model.describe(),
         "corpus": {
@@ -741,12 +725,12 @@ def dam(
             "corpus": corpus.describe().get("source"),
             "lambdas": lambdas,
             "tau": list(tau),
-            "weights_lr": weights_lr if train_weights else None,
+            "weights_lr": s.weights_lr if s.train_weights else None,
             "classes": list(classes),
             "classes_dropped": list(notes),
             "layout_classes": list(layout_classes),
             "objective": judge.name,
-            "n": seq_len,
+            "n": s.seq_len,
             "train_seqs": len(train_blocks),
             "eval_seqs": len(eval_blocks),
             "logits_shape": list(layout.shape),

@@ -495,10 +495,10 @@ class ReconstructSettings(CorpusSettings):
         if self.ks is not None:  # k <= n is checked once n is known (a store's n need not be seq_len)
             check_ks(self.ks, n=max(self.ks, default=0))
         check_strategies(self.strategies)
-        for name in ("scopes", "plug_in_scopes"):
-            scopes = getattr(self, name)
-            if scopes is None and name == "plug_in_scopes":
-                continue
+        for name, scopes in (
+            ("scopes", self.scopes),
+            ("plug_in_scopes", self.scopes if self.plug_in_scopes is None else self.plug_in_scopes),
+        ):
             bad = [scope for scope in scopes if scope not in SCOPES]
             if bad or not scopes:
                 raise BadInput(f"`{name}` {bad[0] if bad else '(none)'} is unknown; use some of {', '.join(SCOPES)}")
@@ -646,7 +646,7 @@ class _Plan:
         n = rows.n
         causal = bool(rows.model_info["causal"])
         per_query = s.rows == "per-query" or (s.rows == "auto" and causal)
-        strategies = check_strategies(s.strategies)
+        strategies = list(s.strategies)  # checked by the settings
         if causal and not per_query:
             raise BadInput(
                 "the model is causal: rows of different queries have different valid keys; use `rows` per-query (or auto)"
