@@ -100,6 +100,7 @@ class CorpusSettings(Settings):
     seed: int = 0
 
     def validate(self) -> None:
+        super().validate()  # cooperative: a settings class may mix in others (e.g. TaskSettings)
         at_least("seq_len", self.seq_len, MIN_SEQ_LEN)
         at_least("batch_size", self.batch_size, 1)
 

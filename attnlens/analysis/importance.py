@@ -64,11 +64,12 @@ from attnlens.analysis.evaluation import (
     valid_masks,
 )
 from attnlens.analysis.objectives import OBJECTIVES, Objective, PreparedBatch
+from attnlens.analysis.task import Change, TaskBatch, TaskJudge, TaskSettings, paired_difference, task_columns
 from attnlens.data.corpus import Corpus, load_corpus
 from attnlens.data.positions import class_masks, parse_classes, token_roles
 from attnlens.io.provenance import provenance
 from attnlens.io.results import Result
-from attnlens.models.capture import Capture
+from attnlens.models.capture import Capture, Intervention
 from attnlens.models.loading import LoadedModel, load_model
 from attnlens.progress import progress_bar
 from attnlens.settings import CorpusSettings, at_least, one_of
@@ -254,11 +255,13 @@ class ImportanceResult(Result):
 
 
 @dataclass(frozen=True)
-class ImportanceSettings(CorpusSettings):
+class ImportanceSettings(CorpusSettings, TaskSettings):
     """Settings of :func:`importance`: the position ``classes`` (``None``: every default
     class that occurs), the ``objective``, the ablation scope beside the whole model
     (``per``), ``num_seqs`` held-out blocks, ``bootstrap`` resamples for the intervals,
-    and whether to compute ``gradient`` importance; corpus settings as :class:`CorpusSettings`.
+    and whether to compute ``gradient`` importance; corpus settings as :class:`CorpusSettings`;
+    with ``task`` (:class:`~attnlens.analysis.task.TaskSettings`) every ablation is also
+    judged by task accuracy under ``protocol``.
 
     >>> ImportanceSettings(per="row")
     Traceback (most recent call last):
@@ -387,6 +390,9 @@ def importance(
                 gradients[rows] = _batch_gradients(judge, batch, blocks.index[rows], stacked, s.seed)
                 bar.update(1)
 
+    task_table, task_meta = (None, None)
+    if s.task is not None:
+        task_table, task_meta = _task_table(model, TaskSettings.of(s), s, conditions, classes, progress)
     mass_table, entropy_table = _mass_tables(accumulator, classes)
     ablation_table = _ablation_table(conditions, losses, pooled, removed, spared, s.bootstrap, s.seed)
     gradient_table = (
@@ -409,6 +415,7 @@ def importance(
         },
         "roles": roles.description,
         "notes": notes,
+        "task": task_meta,
         **provenance(command),
     }
     arrays = {"ablation_blocks": losses}
@@ -424,7 +431,54 @@ def importance(
         "ablation": ablation_table,
         "gradient": gradient_table,
     }
+    if task_table is not None:
+        tables["task"] = task_table
     return ImportanceResult(meta, tables, arrays)
+
+
+def ablation_change(model: LoadedModel, condition: Condition, classes: tuple[str, ...], seed: int) -> Change:
+    """The ablation ``condition`` as a task :class:`Change`: the class's positions (or as many
+    random ones per row) removed from each batch of examples, read off its tokens and its
+    valid mask (padding included), under the same row guard as the blocks' ablations."""
+    heads = None if condition.head < 0 else torch.eye(model.num_heads, dtype=torch.bool, device=model.device)[condition.head]
+
+    def intervention(batch: TaskBatch) -> Intervention:
+        mask = class_masks(batch.ids, model, classes)[condition.cls]
+        generator = torch.Generator().manual_seed(
+            int(np.random.SeedSequence([seed, _RANDOM_STREAM, classes.index(condition.cls), batch.start]).generate_state(1)[0])
+        )
+        keys = torch.rand(mask.shape, generator=generator).to(mask.device)
+
+        def intervene(layer: int, scores: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+            remove = guard_rows(mask & valid, valid)
+            if condition.control == "random":
+                remove = random_positions(remove, valid, keys)
+            remove = remove[:, None] if heads is None else remove[:, None] & heads[None, :, None, None]
+            return scores.masked_fill(remove, float("-inf"))
+
+        return intervene
+
+    key = f"ablate/{condition.scope}/{condition.layer}/{condition.head}/{condition.cls}/{condition.control}/{seed}"
+    return Change(key, intervention, None if condition.layer < 0 else [condition.layer])
+
+
+def _task_table(model, task_settings, s, conditions, classes, progress) -> tuple[pd.DataFrame, dict]:
+    """Every ablation judged by task accuracy; class rows carry their excess over the random control."""
+    judge = TaskJudge(model, task_settings, seq_len=s.seq_len, batch_size=s.batch_size, seed=s.seed)
+    rows, correct = [], []
+    with progress_bar(total=len(conditions), desc="importance: task", unit="ablation", enabled=progress) as bar:
+        for condition in conditions:
+            change = None if condition.scope == "none" else ablation_change(model, condition, classes, s.seed)
+            judged = judge.judge(change)
+            correct.append(judged["correct"])
+            rows.append({**vars(condition), **task_columns(judged)})
+            bar.update(1)
+    table = pd.DataFrame(rows).rename(columns={"cls": "class"})
+    excess = np.full((len(table), 3), np.nan)
+    for index in np.flatnonzero((table["control"] == "class").to_numpy()):  # the random control follows its class
+        excess[index] = paired_difference(correct[index], correct[index + 1], task_settings.bootstrap, s.seed)
+    table["excess_accuracy"], table["excess_accuracy_low"], table["excess_accuracy_high"] = excess.T
+    return table, judge.describe()
 
 
 def _batch_gradients(

@@ -61,12 +61,13 @@ from attnlens.analysis.evaluation import (
     valid_masks,
 )
 from attnlens.analysis.objectives import OBJECTIVES, Objective, PreparedBatch
+from attnlens.analysis.task import Change, TaskBatch, TaskJudge, TaskLoss, TaskSettings, batches, task_columns
 from attnlens.data.corpus import Corpus, load_corpus
 from attnlens.data.positions import class_masks, exclusive_index, parse_classes, token_roles
 from attnlens.errors import AttnlensError, BadInput
 from attnlens.io.provenance import provenance
 from attnlens.io.results import Result
-from attnlens.models.capture import Capture
+from attnlens.models.capture import Capture, Intervention
 from attnlens.models.loading import LoadedModel, load_model
 from attnlens.progress import progress_bar
 from attnlens.settings import CorpusSettings, at_least, one_of, positive, probability
@@ -455,6 +456,37 @@ def evaluate_patterns(
     return pd.DataFrame(rows), np.stack(losses)
 
 
+def mask_change(layout: MaskLayout, logits: torch.Tensor, model: LoadedModel, layout_classes, key: str) -> Change:
+    """The hard mask ``α > 0`` of ``layout`` as a task :class:`Change` (rows left empty keep
+    their most probable keys, as in :func:`evaluate_mask`), read off each batch's valid mask."""
+
+    def intervention(batch: TaskBatch) -> Intervention:
+        context = (
+            exclusive_index(class_masks(batch.ids, model, layout_classes))
+            if isinstance(layout, PerClass)
+            else torch.zeros(batch.ids.shape[0], 1, 1, dtype=torch.long, device=batch.ids.device)
+        )
+
+        def intervene(layer: int, scores: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+            keep = rescue_rows(layout.expand(logits, layer, context), valid[:, None])
+            return scores.masked_fill(valid[:, None] & ~keep, float("-inf"))
+
+        return intervene
+
+    return Change(key, intervention)
+
+
+def pattern_change(model: LoadedModel, name: str, value: int, n: int, seed: int) -> Change:
+    """Fixed pattern ``name`` at ``value`` as a task :class:`Change`, under the row guard."""
+
+    def intervention(batch: TaskBatch) -> Intervention:
+        generator = torch.Generator().manual_seed(_seeded(seed, _PATTERN_STREAM, batch.start))
+        keep = build(name, n, value, token_roles(batch.ids, model).cls, generator)
+        return lambda layer, scores, valid: scores.masked_fill(removed_mask(keep, valid)[:, None], float("-inf"))
+
+    return Change(f"pattern/{name}/{value}/{seed}", intervention)
+
+
 def pattern_points(n: int) -> int:
     return sum(len(pattern.values(n)) for pattern in PATTERNS.values())
 
@@ -514,7 +546,7 @@ class DamResult(Result):
 
 
 @dataclass(frozen=True)
-class DamSettings(CorpusSettings):
+class DamSettings(CorpusSettings, TaskSettings):
     """Settings of :func:`dam`: the mask ``variant``, the sparsity weights ``lambdas``, the
     optimiser (``steps``, Gumbel-sigmoid temperature ``tau`` fixed or ``"start:end"``,
     ``lr``, initial keep-probability ``init_keep``), how removed scores are masked
@@ -522,6 +554,10 @@ class DamSettings(CorpusSettings):
     the position ``classes`` reported (and learned by the ``class`` variant), the
     ``objective``, ``train_seqs`` and ``eval_seqs`` (disjoint blocks), the fixed
     ``patterns``, and ``bootstrap`` resamples; corpus settings as :class:`CorpusSettings`.
+    With ``task`` (:class:`~attnlens.analysis.task.TaskSettings`) every mask and pattern is
+    also judged by task accuracy, and the masks train against the task's probe loss
+    when its examples are full blocks of ``seq_len`` tokens (else against ``objective``,
+    as ``meta["settings"]["trained_on"]`` says).
 
     >>> DamSettings(lambdas=[0.1, -1])
     Traceback (most recent call last):
@@ -643,6 +679,20 @@ def dam(
     epochs = math.ceil(s.steps / len(train_batches))
     order = np.concatenate([rng.permutation(len(train_batches)) for _ in range(epochs)])[: s.steps]
 
+    task = None
+    if s.task is not None:  # examples padded to n, the width of the layouts and patterns
+        task = TaskJudge(model, TaskSettings.of(s), seq_len=s.seq_len, batch_size=s.batch_size, seed=s.seed, pad_to=s.seq_len)
+    trained_on = judge.name
+    if task is not None and not (task.train.padded or task.held_out.padded):
+        trained_on = "task"
+        train_batches = list(batches(task.train, s.batch_size, model.device))
+        train_ids = torch.from_numpy(task.train.ids)
+        train_contexts, _ = contexts_of(train_ids, token_roles(train_ids, model), s.batch_size)
+        epochs = math.ceil(s.steps / len(train_batches))
+        order = np.concatenate([rng.permutation(len(train_batches)) for _ in range(epochs)])[: s.steps]
+    trainer_objective = TaskLoss(task) if trained_on == "task" else judge
+    task_rows = []
+
     baseline = np.concatenate([evaluate_batch(judge, batch)["loss"] for batch in eval_batches])
     original = copy.deepcopy(model.model.state_dict()) if s.train_weights else None
     total = len(lambdas) * (s.steps + 1) + (pattern_points(s.seq_len) if s.patterns else 0)
@@ -663,9 +713,12 @@ def dam(
                 weights_lr=s.weights_lr,
                 seed=s.seed,
             )
-            curve = trainer.fit(model, judge, train_batches, train_contexts, order, bar)
+            curve = trainer.fit(model, trainer_objective, train_batches, train_contexts, order, bar)
             seconds = time.perf_counter() - began
             judged = evaluate_mask(layout, trainer.logits_, judge, eval_batches, eval_contexts, eval_masks)
+            if task is not None:  # before the weights are restored: a mask trained with them is judged with them
+                change = mask_change(layout, trainer.logits_.detach(), model, layout_classes, f"dam/{s.variant}/{lam}")
+                task_rows.append({"lambda": lam, "sparsity": float(judged["sparsity"]), **task_columns(task.judge(change))})
             bar.update(1)
             if original is not None:
                 model.model.load_state_dict(original)
@@ -702,6 +755,12 @@ def dam(
                 pd.DataFrame(columns=["pattern", "parameter", "value", "sparsity"]),
                 np.zeros((0, len(baseline))),
             )
+    if task is not None and len(pattern_table):
+        judged_patterns = [
+            task_columns(task.judge(pattern_change(model, row.pattern, int(row.value), s.seq_len, s.seed)))
+            for row in pattern_table.itertuples()
+        ]
+        pattern_task = pd.DataFrame(judged_patterns)
     if len(pattern_table):
         delta = pattern_losses - baseline
         pattern_table["loss"] = pattern_losses.mean(1)
@@ -712,6 +771,11 @@ def dam(
         pattern_table = pattern_table.reindex(columns=[*pattern_table.columns, "loss", "delta", "delta_low", "delta_high"])
 
     baseline_mean, baseline_low, baseline_high = bootstrap_interval(baseline[None], s.bootstrap, s.seed)
+    if task is not None:
+        task_table = pd.DataFrame(task_rows).assign(kind="dam", variant=s.variant)
+        if len(pattern_table):
+            patterns_judged = pattern_table[["pattern", "value", "sparsity"]].join(pattern_task).assign(kind="pattern")
+            task_table = pd.concat([task_table, patterns_judged], ignore_index=True)
     meta = {
         "model": model.describe(),
         "corpus": {
@@ -730,6 +794,7 @@ def dam(
             "classes_dropped": list(notes),
             "layout_classes": list(layout_classes),
             "objective": judge.name,
+            "trained_on": trained_on,
             "n": s.seq_len,
             "train_seqs": len(train_blocks),
             "eval_seqs": len(eval_blocks),
@@ -740,6 +805,7 @@ def dam(
         "baseline": {"loss": float(baseline_mean[0]), "loss_low": float(baseline_low[0]), "loss_high": float(baseline_high[0])},
         "roles": eval_roles.description,
         "notes": notes,
+        "task": task.describe() if task is not None else None,
         **provenance(command),
     }
     tables = {
@@ -749,6 +815,8 @@ def dam(
         "patterns": pattern_table,
         "training": pd.concat(curves, ignore_index=True),
     }
+    if task is not None:
+        tables["task"] = task_table
     arrays = {
         "logits": np.stack(logits_all),
         "keep_images": np.stack(images),

@@ -54,11 +54,12 @@ from attnlens.analysis.reconstruct.selection import (
     random_order,
     stride_positions,
 )
+from attnlens.analysis.task import Change, TaskJudge, TaskSettings, task_columns
 from attnlens.errors import AttnlensError, BadInput
 from attnlens.io.provenance import provenance
 from attnlens.io.results import Result
 from attnlens.io.store import Store
-from attnlens.models.capture import Capture
+from attnlens.models.capture import Capture, Intervention
 from attnlens.models.loading import LoadedModel, load_model
 from attnlens.progress import progress_bar
 from attnlens.rows.moments import Moments, compute_moments
@@ -358,9 +359,13 @@ def evaluate_objective(
     objective: Objective, batches: list[PreparedBatch], maps: dict[int, LayerMaps] | None
 ) -> dict[str, np.ndarray]:
     """Per-block objective metrics with the reconstruction in ``maps``' layers (None: unmodified)."""
-    intervene = None if maps is None else (lambda layer, scores, valid: maps[layer].apply(scores))
+    intervene = None if maps is None else _maps_intervention(maps)
     per_batch = [evaluate_batch(objective, batch, intervene, None if maps is None else list(maps)) for batch in batches]
     return {name: np.concatenate([metrics[name] for metrics in per_batch]) for name in per_batch[0]}
+
+
+def _maps_intervention(maps: dict[int, LayerMaps]) -> Intervention:
+    return lambda layer, scores, valid: maps[layer].apply(scores)
 
 
 def learn_maps(
@@ -454,14 +459,16 @@ def _exact_mask(maps: LayerMaps) -> tuple[torch.Tensor, torch.Tensor, torch.Tens
 
 
 @dataclass(frozen=True)
-class ReconstructSettings(CorpusSettings):
+class ReconstructSettings(CorpusSettings, TaskSettings):
     """Settings of :func:`reconstruct`: ``num_seqs`` blocks of which ``eval_fraction`` are
     held out; the ``ks`` (default 1, 2, 4, … n), key-selection ``strategies``, map
     ``scopes``, ``rows`` (pooled or per query; ``auto`` picks per query for causal
     models) and relative ``ridge`` of the maps; ``layers`` analysed; ``pairs`` mode and
     its ridge; ``plug_in`` (the model run with the reconstruction inside attention, in
     ``plug_in_layers`` and ``plug_in_scopes``) judged by ``objective``; ``learn_r``
-    (maps fine-tuned on the objective for ``learn_steps`` at ``learn_lr``).
+    (maps fine-tuned on the objective for ``learn_steps`` at ``learn_lr``). With ``task``
+    (:class:`~attnlens.analysis.task.TaskSettings`), the plug-in runs are also judged by
+    task accuracy under ``protocol``.
 
     >>> ReconstructSettings(scopes=["head", "row"])
     Traceback (most recent call last):
@@ -556,6 +563,11 @@ def reconstruct(
     if judged_by_model:
         plug_layers = plan.layers if s.plug_in_layers is None else source_rows.check_layers(s.plug_in_layers)
         plug_scopes = set(plan.scopes if s.plug_in_scopes is None else s.plug_in_scopes) if s.plug_in else set()
+        task = None
+        if s.task is not None and s.plug_in:  # examples padded to the maps' width n
+            task = TaskJudge(
+                objective.model, TaskSettings.of(s), seq_len=plan.n, batch_size=s.batch_size, seed=s.seed, pad_to=plan.n
+            )
         plug = _PlugIn(
             objective,
             [layer for layer in plug_layers if layer in plan.layers],
@@ -563,6 +575,7 @@ def reconstruct(
             s.batch_size,
             s.seed,
             plug_scopes,
+            task,
         )
     configs = [(strategy, scope, k) for strategy in plan.strategies for scope in plan.scopes for k in plan.ks]
     table, selections = _evaluate(source_rows, fitter, configs, evaluated, plan.layers, s.batch_size, plug, progress)
@@ -605,6 +618,7 @@ def reconstruct(
             "eval_sequences": len(evaluated),
             "objective": objective.name if objective is not None else None,
         },
+        "task": plug.task.describe() if plug is not None and plug.task is not None else None,
         # Rows of the source (store rows, or blocks of the corpus) the maps were fitted and judged on.
         "splits": {
             "fit": fitted.tolist(),
@@ -713,9 +727,16 @@ class _PlugIn:
     """Runs the model with each config's maps inside attention, on the held-out blocks."""
 
     def __init__(
-        self, objective: Objective, layers: list[int], eval_ids: np.ndarray, batch_size: int, seed: int, scopes: set[str]
+        self,
+        objective: Objective,
+        layers: list[int],
+        eval_ids: np.ndarray,
+        batch_size: int,
+        seed: int,
+        scopes: set[str],
+        task: TaskJudge | None = None,
     ) -> None:
-        self.objective, self.layers, self.scopes = objective, layers, scopes
+        self.objective, self.layers, self.scopes, self.task = objective, layers, scopes, task
         self.seed = seed
         self.batches = prepare_batches(objective, eval_ids, batch_size)
         self.baseline = evaluate_objective(objective, self.batches, None)["loss"] if scopes else None
@@ -738,6 +759,9 @@ class _PlugIn:
             mean, low, high = bootstrap_interval(values[None], seed=self.seed)
             record.update({name: float(mean[0]), f"{name}_low": float(low[0]), f"{name}_high": float(high[0])})
         record["baseline_loss"] = float(self.baseline.mean())
+        if self.task is not None:
+            intervene = _maps_intervention({layer: maps[layer] for layer in self.layers})
+            record.update(task_columns(self.task.judge(Change.fixed("/".join(map(str, config)), intervene, self.layers))))
         self.records.append(record)
 
 

@@ -1,0 +1,474 @@
+"""Task accuracy: judge a change to attention by what a classifier on the model gets right.
+
+The papers judge attention by a downstream task (MNLI, GLUE); so can attnlens, on a
+labelled task (:mod:`attnlens.data.tasks`), under one of three protocols:
+
+- ``probe``: the frozen model's pooled features (:data:`POOLING`: the mean of the valid
+  tokens' final hidden states for encoders, the last valid token's for decoders), a
+  scikit-learn logistic regression (standardised features, L2 penalty ``probe_c``) fitted
+  on the **unmodified** model's training features. A change is judged by the held-out
+  accuracy of that same probe on the changed model's features: the readout does not adapt.
+- ``refit``: the probe is fitted again on the changed model's training features (a
+  readout that adapts to the change, the encoder still frozen).
+- ``finetune``: the encoder and a linear head on the pooled features trained together,
+  with the change inside attention during training (the papers' protocol). The head
+  starts from the unmodified probe; ``finetune_steps`` AdamW steps on the training
+  examples. Each run's weights are cached under the attnlens cache, keyed by model, task,
+  split, settings, change and seed, so a rerun loads them instead of training.
+
+Every judgement carries the accuracy with a percentile-bootstrap interval over held-out
+examples, the change in accuracy paired over examples, the probe's cross-entropy, the
+unmodified model's accuracy and the majority-class baseline.
+
+>>> from attnlens import load_model
+>>> judge = TaskJudge(load_model("minilm-l6"), TaskSettings(task="rotten-tomatoes", task_train=64, task_eval=32),
+...                   seq_len=64, batch_size=32)
+>>> unmodified = judge.judge(None)
+>>> unmodified["accuracy"] == judge.unmodified_accuracy, unmodified["delta_accuracy"]
+(True, 0.0)
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import hashlib
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from attnlens.analysis.evaluation import bootstrap_interval
+from attnlens.data.tasks import Examples, Task, load_task
+from attnlens.errors import BadInput
+from attnlens.models.cache import cache_dir
+from attnlens.models.capture import Capture, Intervention
+from attnlens.models.loading import LoadedModel
+from attnlens.settings import Settings, at_least, one_of, positive
+
+PROTOCOLS = ("probe", "refit", "finetune")
+POOLING: dict[bool, str] = {False: "mean", True: "last"}  # by LoadedModel.causal: what each family pools
+MIN_HELD_OUT = 20  # fewer held-out examples give percentile intervals that mean little
+PROBE_CS = (1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0)  # the grid :func:`choose_c` searches
+FINETUNE_VERSION = 1  # part of the cache key: bump when the training recipe changes
+
+
+@dataclass(frozen=True)
+class TaskSettings(Settings):
+    """Which task judges a change, and how: ``task`` (``None``: no task; a built-in name or
+    a file), its ``text_column``/``label_column``, ``task_train`` and ``task_eval`` examples
+    (disjoint, seeded), the ``protocol``, the probe's inverse L2 strength ``probe_c`` (``None``:
+    chosen by cross-validation on the training examples, :func:`choose_c`), and
+    the fine-tune recipe (``finetune_steps``, ``finetune_lr`` for the encoder; the head
+    takes 100× that). ``bootstrap`` resamples give the intervals.
+
+    >>> TaskSettings(protocol="finetune")
+    Traceback (most recent call last):
+        ...
+    attnlens.errors.BadInput: protocol finetune needs task; name a task (imdb, rotten-tomatoes or a file)
+    """
+
+    task: str | None = None
+    protocol: str = "probe"
+    text_column: str = "text"
+    label_column: str = "label"
+    task_train: int = 1024
+    task_eval: int = 512
+    probe_c: float | None = None
+    finetune_steps: int = 200
+    finetune_lr: float = 2e-5
+    bootstrap: int = 1000
+
+    def validate(self) -> None:
+        super().validate()
+        one_of("protocol", self.protocol, PROTOCOLS)
+        if self.task is None and self.protocol != "probe":
+            raise BadInput(f"`protocol` {self.protocol} needs `task`; name a task (imdb, rotten-tomatoes or a file)")
+        at_least("task_eval", self.task_eval, MIN_HELD_OUT, " held-out examples for a bootstrap interval")
+        at_least("task_train", self.task_train, 2)
+        if self.probe_c is not None:
+            positive("probe_c", self.probe_c)
+        at_least("finetune_steps", self.finetune_steps, 1)
+        positive("finetune_lr", self.finetune_lr)
+        at_least("bootstrap", self.bootstrap, 10, " resamples for an interval (1000 is usual)")
+
+    @classmethod
+    def of(cls, settings: Settings) -> TaskSettings:
+        """The task fields of an analysis's settings (which mix this class in)."""
+        return cls(**{field.name: getattr(settings, field.name) for field in dataclasses.fields(cls)})
+
+
+@dataclass(frozen=True)
+class Change:
+    """A change to attention for the judge: a stable ``key`` (names it in caches and
+    tables), and the intervention for a batch of examples (``None``: no change), applied in
+    ``layers`` (``None``: every layer)."""
+
+    key: str
+    intervention: Callable[[TaskBatch], Intervention | None]
+    layers: list[int] | None = None
+
+    @classmethod
+    def fixed(cls, key: str, intervene: Intervention, layers: list[int] | None = None) -> Change:
+        """A change that does not depend on the tokens (a reconstruction, a fixed mask)."""
+        return cls(key, lambda batch: intervene, layers)
+
+
+@dataclass(frozen=True)
+class TaskBatch:
+    """One batch of examples on the model's device; ``start`` is its first example's index."""
+
+    ids: torch.Tensor
+    attention_mask: torch.Tensor
+    labels: torch.Tensor
+    start: int
+
+
+def batches(examples: Examples, batch_size: int, device: torch.device) -> Iterator[TaskBatch]:
+    for start in range(0, len(examples), batch_size):
+        part = slice(start, start + batch_size)
+        yield TaskBatch(
+            torch.from_numpy(examples.ids[part]).to(device),
+            torch.from_numpy(examples.attention_mask[part]).to(device),
+            torch.from_numpy(examples.labels[part]).to(device),
+            start,
+        )
+
+
+def pooled_features(module: nn.Module, pooling: str, batch: TaskBatch) -> torch.Tensor:
+    """(batch, hidden) float32 features: the final hidden states pooled as ``pooling`` says."""
+    hidden = module.base_model(input_ids=batch.ids, attention_mask=batch.attention_mask).last_hidden_state.float()
+    mask = batch.attention_mask.to(hidden.dtype)
+    if pooling == "mean":
+        return (hidden * mask[..., None]).sum(1) / mask.sum(1, keepdim=True)
+    last = batch.attention_mask.sum(1) - 1  # examples are padded at the end
+    return hidden[torch.arange(hidden.shape[0], device=hidden.device), last]
+
+
+# ----------------------------------------------------------------------------- the probe
+
+
+@dataclass(frozen=True)
+class Probe:
+    """A fitted logistic regression on standardised features: ``logits = ((x - mean) / scale) @ coef.T + intercept``.
+
+    Binary probes carry one row of ``coef``; their logits are ``[0, z]``.
+    """
+
+    mean: np.ndarray
+    scale: np.ndarray
+    coef: np.ndarray
+    intercept: np.ndarray
+    iterations: int
+    converged: bool
+
+    def logits(self, features: np.ndarray) -> np.ndarray:
+        z = ((features - self.mean) / self.scale) @ self.coef.T + self.intercept
+        return np.concatenate([np.zeros_like(z), z], axis=1) if z.shape[1] == 1 else z
+
+    def torch_logits(self, features: torch.Tensor) -> torch.Tensor:
+        """The same logits, differentiable in ``features`` (for training a change against the task)."""
+        as_tensor = lambda array: torch.as_tensor(array, dtype=torch.float64, device=features.device)
+        z = ((features.double() - as_tensor(self.mean)) / as_tensor(self.scale)) @ as_tensor(self.coef).T + as_tensor(
+            self.intercept
+        )
+        return torch.cat([torch.zeros_like(z), z], dim=1) if z.shape[1] == 1 else z
+
+    def predict(self, features: np.ndarray) -> np.ndarray:
+        return self.logits(features).argmax(1)
+
+
+def choose_c(features: np.ndarray, labels: np.ndarray, seed: int = 0) -> float:
+    """The probe's ``C`` from :data:`PROBE_CS` by 5-fold stratified cross-validation on the
+    training features (accuracy; ties go to the stronger penalty). Held-out examples are never used.
+
+    >>> rng = np.random.default_rng(0)
+    >>> x = rng.normal(size=(100, 3)); y = (x[:, 0] > 0).astype(int)
+    >>> choose_c(x, y) in PROBE_CS
+    True
+    """
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.model_selection import StratifiedKFold, cross_val_score
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    folds = StratifiedKFold(5, shuffle=True, random_state=seed)
+    scores = [
+        cross_val_score(
+            make_pipeline(StandardScaler(), LogisticRegression(C=c, max_iter=5000)), features, labels, cv=folds
+        ).mean()
+        for c in PROBE_CS
+    ]
+    return float(PROBE_CS[int(np.argmax(scores))])
+
+
+def fit_probe(features: np.ndarray, labels: np.ndarray, c: float = 1.0, max_iter: int = 5000) -> Probe:
+    """scikit-learn's ``StandardScaler`` then ``LogisticRegression(C=c)`` (lbfgs), as a :class:`Probe`.
+
+    >>> rng = np.random.default_rng(0)
+    >>> x = rng.normal(size=(200, 3)); y = (x[:, 0] > 0).astype(int)
+    >>> probe = fit_probe(x, y)
+    >>> probe.converged, float((probe.predict(x) == y).mean()) > 0.95
+    (True, True)
+    """
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.preprocessing import StandardScaler
+
+    scaler = StandardScaler().fit(features)
+    regression = LogisticRegression(C=c, max_iter=max_iter).fit(scaler.transform(features), labels)
+    iterations = int(np.max(regression.n_iter_))
+    return Probe(scaler.mean_, scaler.scale_, regression.coef_, regression.intercept_, iterations, iterations < max_iter)
+
+
+# ----------------------------------------------------------------------------- the judge
+
+
+class TaskJudge:
+    """Judges changes to ``model``'s attention by held-out accuracy on a task; see the module docstring.
+
+    Loads the task, splits it (``seq_len`` tokens at most, ``seed``), computes the
+    unmodified model's features and fits the probe once; :meth:`judge` then takes one
+    :class:`Change` at a time. ``pad_to`` pads every example to that width (changes whose
+    shape is fixed, like a reconstruction map of width n, need it).
+    """
+
+    def __init__(
+        self,
+        model: LoadedModel,
+        settings: TaskSettings,
+        *,
+        seq_len: int,
+        batch_size: int,
+        seed: int = 0,
+        pad_to: int | None = None,
+    ) -> None:
+        if settings.task is None:
+            raise BadInput("judging by a task needs `task`; name a task (imdb, rotten-tomatoes or a file)")
+        self.model, self.settings = model, settings
+        self.batch_size, self.seed = batch_size, seed
+        self.task: Task = load_task(settings.task, text_column=settings.text_column, label_column=settings.label_column)
+        model.check_seq_len(seq_len)
+        self.train, self.held_out = self.task.split(
+            model, seq_len, settings.task_train, settings.task_eval, seed=seed, pad_to=pad_to
+        )
+        self.pooling = POOLING[model.causal]
+        majority, _ = self.task.majority(self.train.labels)
+        self.majority_accuracy = float((self.held_out.labels == majority).mean())
+        features = self.features(self.train, None)
+        self.c = settings.probe_c if settings.probe_c is not None else choose_c(features, self.train.labels, seed)
+        self.probe = fit_probe(features, self.train.labels, self.c)
+        self._unmodified = self._correct(None)
+        self.unmodified_accuracy = float(self._unmodified[0].mean())
+
+    # -- features under a change
+
+    def features(self, examples: Examples, change: Change | None, module: nn.Module | None = None) -> np.ndarray:
+        """(examples, hidden) float64 pooled features, with ``change`` inside attention."""
+        module = self.model.model if module is None else module
+        parts = []
+        with torch.no_grad():
+            for batch in batches(examples, self.batch_size, self.model.device):
+                with _changed(change, batch):
+                    parts.append(pooled_features(module, self.pooling, batch).double().cpu().numpy())
+        return np.concatenate(parts)
+
+    def loss(self, batch: TaskBatch) -> torch.Tensor:
+        """Per-example cross-entropy of the unmodified probe, differentiable (runs inside any active capture)."""
+        logits = self.probe.torch_logits(pooled_features(self.model.model, self.pooling, batch))
+        return nn.functional.cross_entropy(logits, batch.labels, reduction="none")
+
+    # -- judging
+
+    def judge(self, change: Change | None) -> dict[str, object]:
+        """Accuracy of the protocol's classifier under ``change`` (``None``: unmodified), with intervals;
+        ``"correct"`` holds the per-example 0/1 array (for paired comparisons between changes)."""
+        correct, losses = self._correct(change)
+        mean, low, high = bootstrap_interval(correct[None], self.settings.bootstrap, self.seed)
+        delta = bootstrap_interval((correct - self._unmodified[0])[None], self.settings.bootstrap, self.seed)
+        return {
+            "protocol": self.settings.protocol,
+            "accuracy": float(mean[0]),
+            "accuracy_low": float(low[0]),
+            "accuracy_high": float(high[0]),
+            "delta_accuracy": float(delta[0][0]),
+            "delta_accuracy_low": float(delta[1][0]),
+            "delta_accuracy_high": float(delta[2][0]),
+            "task_loss": float(losses.mean()),
+            "unmodified_accuracy": self.unmodified_accuracy,
+            "majority_accuracy": self.majority_accuracy,
+            "correct": correct,
+        }
+
+    def _correct(self, change: Change | None) -> tuple[np.ndarray, np.ndarray]:
+        """Per held-out example: 1.0 if classified right, and the classifier's cross-entropy."""
+        protocol = self.settings.protocol
+        if protocol == "finetune":
+            return self._finetuned(change)
+        probe = self.probe
+        if protocol == "refit" and change is not None:
+            probe = fit_probe(self.features(self.train, change), self.train.labels, self.c)
+        if change is None and hasattr(self, "_held_out_features"):
+            features = self._held_out_features
+        else:
+            features = self.features(self.held_out, change)
+            if change is None:
+                self._held_out_features = features
+        return _scored(probe.logits(features), self.held_out.labels)
+
+    # -- fine-tuning
+
+    def _finetuned(self, change: Change | None) -> tuple[np.ndarray, np.ndarray]:
+        module, head = self._finetune(change)
+        logits = []
+        module.eval()
+        with torch.no_grad():
+            for batch in batches(self.held_out, self.batch_size, self.model.device):
+                with _changed(change, batch):
+                    logits.append(head(pooled_features(module, self.pooling, batch)).double().cpu().numpy())
+        return _scored(np.concatenate(logits), self.held_out.labels)
+
+    def finetune_key(self, change: Change | None) -> str:
+        """The cache key of a fine-tune run: everything that decides its weights."""
+        parts = {
+            "version": FINETUNE_VERSION,
+            "model": self.model.weights_sha256(),
+            "task": self.task.sha256,
+            "train_rows": hashlib.sha256(self.train.rows.tobytes()).hexdigest(),
+            "width": int(self.train.ids.shape[1]),
+            "settings": {"C": self.c, "steps": self.settings.finetune_steps, "lr": self.settings.finetune_lr},
+            "batch_size": self.batch_size,
+            "seed": self.seed,
+            "change": None if change is None else change.key,
+        }
+        return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
+
+    def _finetune(self, change: Change | None) -> tuple[nn.Module, nn.Linear]:
+        """The encoder and head trained with ``change`` in the loop, from the cache when it holds them."""
+        from safetensors.torch import load_file, save_file
+
+        module = copy.deepcopy(self.model.model)
+        head = nn.Linear(self.probe.mean.shape[0], max(2, self.probe.coef.shape[0])).to(self.model.device)
+        self._probe_into(head)
+        path = cache_dir() / "finetune" / f"{self.finetune_key(change)}.safetensors"
+        self.last_finetune = {"cache": str(path), "from_cache": path.is_file()}
+        if path.is_file():
+            state = load_file(str(path), device=str(self.model.device))
+            module.load_state_dict({k[len("encoder.") :]: v for k, v in state.items() if k.startswith("encoder.")})
+            head.load_state_dict({k[len("head.") :]: v for k, v in state.items() if k.startswith("head.")})
+            return module, head
+        self.last_finetune["curve"] = self._train(module, head, change)
+        state = {f"encoder.{k}": v.contiguous() for k, v in module.state_dict().items()}
+        state.update({f"head.{k}": v.contiguous() for k, v in head.state_dict().items()})
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_suffix(".tmp")
+        save_file(state, str(temporary))
+        temporary.replace(path)
+        return module, head
+
+    def _probe_into(self, head: nn.Linear) -> None:
+        """Head weights equal to the probe on raw (unstandardised) features."""
+        coef = self.probe.coef / self.probe.scale
+        intercept = self.probe.intercept - coef @ self.probe.mean
+        if coef.shape[0] == 1:  # binary: logits [0, z]
+            coef, intercept = np.concatenate([np.zeros_like(coef), coef]), np.concatenate([[0.0], intercept])
+        with torch.no_grad():
+            head.weight.copy_(torch.as_tensor(coef, dtype=head.weight.dtype))
+            head.bias.copy_(torch.as_tensor(intercept, dtype=head.bias.dtype))
+
+    def _train(self, module: nn.Module, head: nn.Linear, change: Change | None) -> list[float]:
+        s = self.settings
+        torch.manual_seed(self.seed)  # dropout
+        optimiser = torch.optim.AdamW(
+            [{"params": module.parameters(), "lr": s.finetune_lr}, {"params": head.parameters(), "lr": 100 * s.finetune_lr}]
+        )
+        rng = np.random.default_rng(self.seed)
+        order: list[int] = []
+        curve = []
+        module.train()
+        for _ in range(s.finetune_steps):
+            if len(order) < self.batch_size:
+                order.extend(rng.permutation(len(self.train)).tolist())
+            chosen, order = np.sort(order[: self.batch_size]), order[self.batch_size :]
+            batch = next(batches(self.train.take(chosen), self.batch_size, self.model.device))
+            with torch.enable_grad(), _changed(change, batch):
+                loss = nn.functional.cross_entropy(head(pooled_features(module, self.pooling, batch)), batch.labels)
+            optimiser.zero_grad(set_to_none=True)
+            loss.backward()
+            optimiser.step()
+            curve.append(float(loss))
+        module.eval()
+        return curve
+
+    # -- provenance
+
+    def describe(self) -> dict[str, object]:
+        """What a result records about the task, the split and the probe."""
+        return {
+            **self.task.describe(),
+            "protocol": self.settings.protocol,
+            "pooling": self.pooling,
+            "settings": self.settings.to_dict(),
+            "train_rows": self.train.rows.tolist(),
+            "held_out_rows": self.held_out.rows.tolist(),
+            "width": int(self.held_out.ids.shape[1]),
+            "padded": self.held_out.padded or self.train.padded,
+            "probe": {
+                "iterations": self.probe.iterations,
+                "converged": self.probe.converged,
+                "C": self.c,
+                "C_chosen_by": "given"
+                if self.settings.probe_c is not None
+                else f"5-fold cross-validation on the training examples over {list(PROBE_CS)}",
+            },
+            "unmodified_accuracy": self.unmodified_accuracy,
+            "majority_accuracy": self.majority_accuracy,
+        }
+
+
+class TaskLoss:
+    """The task's probe loss in the shape of an :class:`~attnlens.analysis.objectives.Objective`
+    (``name``, ``model``, ``evaluate``), for training a change (a DAM mask) against the task."""
+
+    name = "task"
+
+    def __init__(self, judge: TaskJudge) -> None:
+        self.judge, self.model = judge, judge.model
+
+    def evaluate(self, batch: TaskBatch) -> dict[str, torch.Tensor]:
+        return {"loss": self.judge.loss(batch)}
+
+
+def task_columns(judged: dict[str, object]) -> dict[str, object]:
+    """A judgement's columns for a table (everything but the per-example array)."""
+    return {name: value for name, value in judged.items() if name != "correct"}
+
+
+def paired_difference(first: np.ndarray, second: np.ndarray, bootstrap: int, seed: int) -> tuple[float, float, float]:
+    """Mean of ``first - second`` (per-example 0/1 arrays) and its bootstrap interval, paired over examples."""
+    mean, low, high = bootstrap_interval((np.asarray(first) - np.asarray(second))[None], bootstrap, seed)
+    return float(mean[0]), float(low[0]), float(high[0])
+
+
+def _scored(logits: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    shifted = logits - logits.max(1, keepdims=True)
+    log_probability = shifted - np.log(np.exp(shifted).sum(1, keepdims=True))
+    return (logits.argmax(1) == labels).astype(np.float64), -log_probability[np.arange(len(labels)), labels]
+
+
+class _changed:
+    """The capture that applies ``change`` to one batch (nothing for no change)."""
+
+    def __init__(self, change: Change | None, batch: TaskBatch) -> None:
+        intervene = None if change is None else change.intervention(batch)
+        self.capture = None if intervene is None else Capture(layers=change.layers, intervene=intervene, record=False)
+
+    def __enter__(self) -> None:
+        if self.capture is not None:
+            self.capture.__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        if self.capture is not None:
+            self.capture.__exit__(*exc)
