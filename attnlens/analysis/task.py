@@ -36,13 +36,14 @@ import hashlib
 import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
 from torch import nn
 
 from attnlens.analysis.evaluation import bootstrap_interval
-from attnlens.data.tasks import Examples, Task, load_task
+from attnlens.data.tasks import BUILTIN_TASKS, Examples, Task, load_task
 from attnlens.errors import BadInput
 from attnlens.models.cache import cache_dir
 from attnlens.models.capture import Capture, Intervention
@@ -87,6 +88,10 @@ class TaskSettings(Settings):
         one_of("protocol", self.protocol, PROTOCOLS)
         if self.task is None and self.protocol != "probe":
             raise BadInput(f"`protocol` {self.protocol} needs `task`; name a task (imdb, rotten-tomatoes or a file)")
+        if self.task is not None and self.task not in BUILTIN_TASKS and not Path(self.task).expanduser().exists():
+            raise BadInput(
+                f"`task` {self.task} is neither a built-in ({', '.join(BUILTIN_TASKS)}) nor an existing file or folder"
+            )
         at_least("task_eval", self.task_eval, MIN_HELD_OUT, " held-out examples for a bootstrap interval")
         at_least("task_train", self.task_train, 2)
         if self.probe_c is not None:
@@ -398,7 +403,7 @@ class TaskJudge:
             optimiser.zero_grad(set_to_none=True)
             loss.backward()
             optimiser.step()
-            curve.append(float(loss))
+            curve.append(float(loss.detach()))
         module.eval()
         return curve
 

@@ -44,6 +44,43 @@ FiguresOption = Annotated[
     bool, typer.Option("--figures/--no-figures", help="Also draw the figures (PNG and PDF) into OUT/figures.")
 ]
 
+# Task accuracy (attnlens.analysis.task): the same options on every command that judges a change.
+TaskOption = Annotated[
+    str | None,
+    typer.Option(
+        "--task", help="Also judge by accuracy on a labelled task: imdb, rotten-tomatoes, or a .csv/.jsonl file or folder."
+    ),
+]
+ProtocolOption = Annotated[
+    str, typer.Option("--protocol", help="probe (frozen readout), refit (readout refitted per change) or finetune.")
+]
+TaskTrainOption = Annotated[int, typer.Option("--task-train", help="Task examples to fit the probe (or fine-tune) on.")]
+TaskEvalOption = Annotated[int, typer.Option("--task-eval", help="Held-out task examples to judge on.")]
+TextColumnOption = Annotated[str, typer.Option("--text-column", help="Text column of a task file.")]
+LabelColumnOption = Annotated[str, typer.Option("--label-column", help="Label column of a task file.")]
+ProbeCOption = Annotated[
+    float | None,
+    typer.Option("--probe-c", help="The probe's inverse L2 strength [default: chosen by 5-fold CV on the training examples]."),
+]
+FinetuneStepsOption = Annotated[int, typer.Option("--finetune-steps", help="AdamW steps of the finetune protocol.")]
+FinetuneLrOption = Annotated[
+    float, typer.Option("--finetune-lr", help="Encoder learning rate of the finetune protocol (head: 100x).")
+]
+
+
+def echo_task(result) -> None:
+    """The task table of a result (accuracy with intervals, beside the unmodified model and the majority class)."""
+    table = result.tables.get("task")
+    if table is None:
+        return
+    task = result.meta["task"]
+    typer.echo(
+        f"task {task['task']} ({task['protocol']}, {len(task['held_out_rows'])} held out): unmodified accuracy "
+        f"{task['unmodified_accuracy']:.4f}, majority class {task['majority_accuracy']:.4f}"
+    )
+    shown = [c for c in table.columns if c not in ("protocol", "unmodified_accuracy", "majority_accuracy", "task_loss")]
+    typer.echo(table[shown].to_string(index=False, float_format=lambda v: f"{v:.4f}"))
+
 
 # Library parameters whose command-line option is not simply --parameter-name (errors name parameters).
 OPTION_NAMES = {"strategies": "--select", "scopes": "--scope", "plug_in_scopes": "--plug-in-scope", "source": "SOURCE"}

@@ -13,13 +13,23 @@ from .app import (
     CorpusOption,
     DeviceOption,
     FiguresOption,
+    FinetuneLrOption,
+    FinetuneStepsOption,
+    LabelColumnOption,
     ModelOption,
     OutOption,
     OverwriteOption,
+    ProbeCOption,
     ProgressOption,
+    ProtocolOption,
     SeedOption,
     SeqLenOption,
+    TaskEvalOption,
+    TaskOption,
+    TaskTrainOption,
+    TextColumnOption,
     app,
+    echo_task,
     save_result,
     settings_from,
 )
@@ -60,6 +70,15 @@ def dam(
         bool, typer.Option("--patterns/--no-patterns", help="Also judge the fixed sparse patterns.")
     ] = D.patterns,
     bootstrap: BootstrapOption = D.bootstrap,
+    task: TaskOption = DamSettings.task,
+    protocol: ProtocolOption = DamSettings.protocol,
+    task_train: TaskTrainOption = DamSettings.task_train,
+    task_eval: TaskEvalOption = DamSettings.task_eval,
+    text_column: TextColumnOption = DamSettings.text_column,
+    label_column: LabelColumnOption = DamSettings.label_column,
+    probe_c: ProbeCOption = DamSettings.probe_c,
+    finetune_steps: FinetuneStepsOption = DamSettings.finetune_steps,
+    finetune_lr: FinetuneLrOption = DamSettings.finetune_lr,
     seed: SeedOption = D.seed,
     device: DeviceOption = "cpu",
     overwrite: OverwriteOption = False,
@@ -88,4 +107,5 @@ def dam(
     )
     for name, note in result.meta["notes"].items():
         typer.echo(f"{name}: {note}")
+    echo_task(result)
     typer.echo(f"wrote dam result to {out}")

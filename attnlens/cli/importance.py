@@ -14,13 +14,23 @@ from .app import (
     CorpusOption,
     DeviceOption,
     FiguresOption,
+    FinetuneLrOption,
+    FinetuneStepsOption,
+    LabelColumnOption,
     ModelOption,
     OutOption,
     OverwriteOption,
+    ProbeCOption,
     ProgressOption,
+    ProtocolOption,
     SeedOption,
     SeqLenOption,
+    TaskEvalOption,
+    TaskOption,
+    TaskTrainOption,
+    TextColumnOption,
     app,
+    echo_task,
     save_result,
     settings_from,
 )
@@ -71,6 +81,15 @@ def importance(
     gradient: Annotated[
         bool, typer.Option("--gradient/--no-gradient", help="Also compute gradient importance.")
     ] = ImportanceSettings.gradient,
+    task: TaskOption = ImportanceSettings.task,
+    protocol: ProtocolOption = ImportanceSettings.protocol,
+    task_train: TaskTrainOption = ImportanceSettings.task_train,
+    task_eval: TaskEvalOption = ImportanceSettings.task_eval,
+    text_column: TextColumnOption = ImportanceSettings.text_column,
+    label_column: LabelColumnOption = ImportanceSettings.label_column,
+    probe_c: ProbeCOption = ImportanceSettings.probe_c,
+    finetune_steps: FinetuneStepsOption = ImportanceSettings.finetune_steps,
+    finetune_lr: FinetuneLrOption = ImportanceSettings.finetune_lr,
     seed: SeedOption = ImportanceSettings.seed,
     device: DeviceOption = "cpu",
     overwrite: OverwriteOption = False,
@@ -93,4 +112,5 @@ def importance(
     typer.echo(result.table[result.table["occurs"]][columns].to_string(index=False, float_format=lambda v: f"{v:.4f}"))
     for name, note in result.meta["notes"].items():
         typer.echo(f"{name}: {note}")
+    echo_task(result)
     typer.echo(f"wrote importance result to {out}")

@@ -13,13 +13,22 @@ from .app import (
     CorpusOption,
     DeviceOption,
     FiguresOption,
+    FinetuneLrOption,
+    FinetuneStepsOption,
+    LabelColumnOption,
     LayersOption,
     NumSeqsOption,
     OutOption,
     OverwriteOption,
+    ProbeCOption,
     ProgressOption,
+    ProtocolOption,
     SeedOption,
     SeqLenOption,
+    TaskEvalOption,
+    TaskOption,
+    TaskTrainOption,
+    TextColumnOption,
     app,
     parse_int_list,
     save_result,
@@ -73,6 +82,15 @@ def reconstruct(
     num_seqs: NumSeqsOption = R.num_seqs,
     batch_size: BatchSizeOption = R.batch_size,
     layers: LayersOption = None,
+    task: TaskOption = ReconstructSettings.task,
+    protocol: ProtocolOption = ReconstructSettings.protocol,
+    task_train: TaskTrainOption = ReconstructSettings.task_train,
+    task_eval: TaskEvalOption = ReconstructSettings.task_eval,
+    text_column: TextColumnOption = ReconstructSettings.text_column,
+    label_column: LabelColumnOption = ReconstructSettings.label_column,
+    probe_c: ProbeCOption = ReconstructSettings.probe_c,
+    finetune_steps: FinetuneStepsOption = ReconstructSettings.finetune_steps,
+    finetune_lr: FinetuneLrOption = ReconstructSettings.finetune_lr,
     seed: SeedOption = R.seed,
     device: DeviceOption = "cpu",
     overwrite: OverwriteOption = False,
@@ -102,6 +120,8 @@ def reconstruct(
         columns = [
             c for c in ("strategy", "scope", "k", "loss", "loss_increase", "token_cosine", "pooled_cosine") if c in result.plug_in
         ]
+        if "accuracy" in result.plug_in:
+            columns += ["accuracy", "accuracy_low", "accuracy_high", "delta_accuracy"]
         typer.echo(result.plug_in[columns].to_string(index=False))
     if result.learned is not None:
         typer.echo(result.learned.to_string(index=False))

