@@ -34,6 +34,12 @@ def test_report_page_embeds_figures_tables_and_provenance(quick_report):
     assert "Which positions of the attention matrix matter?" in page and "cheapest class to remove" in page
     overlap = report.result("overlap")
     assert overlap.meta["models"] == ["minilm-l6", "minilm-l3"]
+    # the task section: accuracy against k, per class and against sparsity, and task numbers in the claims
+    assert "What does the task say?" in page and "task accuracy here" in page and "typical head: median" in page
+    for key, table in (("reconstruct", "plug_in"), ("importance", "task"), ("dam", "task")):
+        judged = report.result(key).tables[table]
+        assert judged["accuracy"].between(0, 1).all() and (judged["accuracy_low"] <= judged["accuracy_high"]).all()
+        assert report.result(key).meta["task"]["task"] == "rotten-tomatoes"
 
 
 def test_report_refuses_to_overwrite(capsys, quick_report):
@@ -87,6 +93,9 @@ def test_every_figure_function_draws_on_given_axes(quick_report):
         lambda ax: reconstruct.plot_error_vs_k(r, ax),
         lambda ax: reconstruct.plot_error_vs_flops(r, ax),
         lambda ax: reconstruct.plot_fidelity_vs_k(r, ax),
+        lambda ax: reconstruct.plot_accuracy_vs_k(r, ax),
+        lambda ax: importance.plot_task_ablation(i, ax),
+        lambda ax: dam.plot_accuracy_vs_sparsity(d, ax),
         lambda ax: importance.plot_mass(i, "self", ax),
         lambda ax: importance.plot_entropy(i, ax),
         lambda ax: importance.plot_ablation(i, ax),

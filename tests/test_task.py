@@ -279,3 +279,8 @@ def test_bad_task_input_gives_one_line(case, phrases, tmp_path, capsys):
 def test_task_settings_check_themselves():
     with pytest.raises(BadInput, match="protocol"):
         TaskSettings(task="imdb", protocol="linear")
+
+
+def test_reconstruct_with_a_task_needs_the_plug_in(capsys, tmp_path):
+    code, _, err = run_cli(capsys, "reconstruct", "minilm-l6", "-o", str(tmp_path / "r"), "--task", "imdb")
+    assert_one_line_error(code, err, "--task judges the plug-in runs", "--plug-in")

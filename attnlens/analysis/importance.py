@@ -458,7 +458,7 @@ def ablation_change(model: LoadedModel, condition: Condition, classes: tuple[str
 
         return intervene
 
-    key = f"ablate/{condition.scope}/{condition.layer}/{condition.head}/{condition.cls}/{condition.control}/{seed}"
+    key = f"ablate/{condition.scope}/{condition.layer}/{condition.head}/{condition.cls}/{condition.control}/{seed}/{','.join(classes)}"
     return Change(key, intervention, None if condition.layer < 0 else [condition.layer])
 
 

@@ -122,6 +122,15 @@ class Change:
         return cls(key, lambda batch: intervene, layers)
 
 
+def content_key(name: str, *tensors: torch.Tensor) -> str:
+    """A change's key from its name and the tensors that define it (learned logits, fitted maps),
+    so that a cached fine-tune run is reused only for the very same change."""
+    digest = hashlib.sha256()
+    for tensor in tensors:
+        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return f"{name}/{digest.hexdigest()[:16]}"
+
+
 @dataclass(frozen=True)
 class TaskBatch:
     """One batch of examples on the model's device; ``start`` is its first example's index."""
@@ -265,19 +274,19 @@ class TaskJudge:
         features = self.features(self.train, None)
         self.c = settings.probe_c if settings.probe_c is not None else choose_c(features, self.train.labels, seed)
         self.probe = fit_probe(features, self.train.labels, self.c)
+        self._unmodified = None
         self._unmodified = self._correct(None)
         self.unmodified_accuracy = float(self._unmodified[0].mean())
 
     # -- features under a change
 
-    def features(self, examples: Examples, change: Change | None, module: nn.Module | None = None) -> np.ndarray:
-        """(examples, hidden) float64 pooled features, with ``change`` inside attention."""
-        module = self.model.model if module is None else module
+    def features(self, examples: Examples, change: Change | None) -> np.ndarray:
+        """(examples, hidden) float64 pooled features of the model, with ``change`` inside attention."""
         parts = []
         with torch.no_grad():
             for batch in batches(examples, self.batch_size, self.model.device):
                 with _changed(change, batch):
-                    parts.append(pooled_features(module, self.pooling, batch).double().cpu().numpy())
+                    parts.append(pooled_features(self.model.model, self.pooling, batch).double().cpu().numpy())
         return np.concatenate(parts)
 
     def loss(self, batch: TaskBatch) -> torch.Tensor:
@@ -309,19 +318,14 @@ class TaskJudge:
 
     def _correct(self, change: Change | None) -> tuple[np.ndarray, np.ndarray]:
         """Per held-out example: 1.0 if classified right, and the classifier's cross-entropy."""
-        protocol = self.settings.protocol
-        if protocol == "finetune":
+        if change is None and self._unmodified is not None:
+            return self._unmodified
+        if self.settings.protocol == "finetune":
             return self._finetuned(change)
         probe = self.probe
-        if protocol == "refit" and change is not None:
+        if self.settings.protocol == "refit" and change is not None:
             probe = fit_probe(self.features(self.train, change), self.train.labels, self.c)
-        if change is None and hasattr(self, "_held_out_features"):
-            features = self._held_out_features
-        else:
-            features = self.features(self.held_out, change)
-            if change is None:
-                self._held_out_features = features
-        return _scored(probe.logits(features), self.held_out.labels)
+        return _scored(probe.logits(self.features(self.held_out, change)), self.held_out.labels)
 
     # -- fine-tuning
 
@@ -352,24 +356,20 @@ class TaskJudge:
 
     def _finetune(self, change: Change | None) -> tuple[nn.Module, nn.Linear]:
         """The encoder and head trained with ``change`` in the loop, from the cache when it holds them."""
-        from safetensors.torch import load_file, save_file
-
         module = copy.deepcopy(self.model.model)
         head = nn.Linear(self.probe.mean.shape[0], max(2, self.probe.coef.shape[0])).to(self.model.device)
         self._probe_into(head)
-        path = cache_dir() / "finetune" / f"{self.finetune_key(change)}.safetensors"
+        path = cache_dir() / "finetune" / f"{self.finetune_key(change)}.pt"
         self.last_finetune = {"cache": str(path), "from_cache": path.is_file()}
         if path.is_file():
-            state = load_file(str(path), device=str(self.model.device))
-            module.load_state_dict({k[len("encoder.") :]: v for k, v in state.items() if k.startswith("encoder.")})
-            head.load_state_dict({k[len("head.") :]: v for k, v in state.items() if k.startswith("head.")})
+            state = torch.load(path, map_location=self.model.device, weights_only=True)
+            module.load_state_dict(state["encoder"])
+            head.load_state_dict(state["head"])
             return module, head
         self.last_finetune["curve"] = self._train(module, head, change)
-        state = {f"encoder.{k}": v.contiguous() for k, v in module.state_dict().items()}
-        state.update({f"head.{k}": v.contiguous() for k, v in head.state_dict().items()})
         path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = path.with_suffix(".tmp")
-        save_file(state, str(temporary))
+        temporary = path.with_suffix(".tmp")  # written whole, then renamed: a killed run leaves no half file
+        torch.save({"encoder": module.state_dict(), "head": head.state_dict()}, temporary)
         temporary.replace(path)
         return module, head
 

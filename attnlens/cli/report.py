@@ -18,6 +18,12 @@ def report(
         str, typer.Option("--compare", help="Second model for cross-model overlap: auto, none, or a model.")
     ] = "auto",
     quick: Annotated[bool, typer.Option("--quick", help="Small settings: a first look in under a minute.")] = False,
+    task: Annotated[
+        str,
+        typer.Option(
+            "--task", help="Labelled task that judges every change by accuracy: default (rotten-tomatoes), none, or a task."
+        ),
+    ] = "default",
     seed: SeedOption = 0,
     device: DeviceOption = "cpu",
     overwrite: OverwriteOption = False,
@@ -32,6 +38,7 @@ def report(
         corpus=corpus,
         compare=None if compare == "none" else compare,
         quick=quick,
+        task=None if task == "none" else task,
         seed=seed,
         device=device,
         overwrite=overwrite,

@@ -19,7 +19,7 @@ import numpy as np
 import seaborn as sns
 
 from .importance import ABSOLUTE_LOSS_LABELS, describe
-from .style import apply_style, new_axes
+from .style import apply_style, new_axes, task_describe, task_references
 
 PATTERN_MARKERS = {"strided": "s", "fixed": "D", "local": "^", "bigbird": "v", "star": "*", "no-diagonal": "X"}
 
@@ -105,6 +105,33 @@ def plot_loss_vs_sparsity(result, ax: plt.Axes | None = None) -> plt.Axes:
     return ax
 
 
+def plot_accuracy_vs_sparsity(result, ax: plt.Axes | None = None) -> plt.Axes:
+    """Task accuracy against sparsity: the learned masks (95% intervals) and every fixed pattern."""
+    ax = new_axes(ax, (7.6, 4.6))
+    task, table = result.meta["task"], result.tables["task"]
+    palette = dict(zip(PATTERN_MARKERS, sns.color_palette("deep", len(PATTERN_MARKERS))))
+    for name, points in table[table["kind"] == "pattern"].groupby("pattern", sort=False):
+        points = points.sort_values("sparsity")
+        ax.plot(points["sparsity"], points["accuracy"], marker=PATTERN_MARKERS.get(name, "o"), color=palette.get(name),
+                lw=1, ms=5, alpha=0.85, label=name)  # fmt: skip
+    masks = table[table["kind"] == "dam"].sort_values("sparsity")
+    error = np.stack([masks["accuracy"] - masks["accuracy_low"], masks["accuracy_high"] - masks["accuracy"]])
+    ax.errorbar(masks["sparsity"], masks["accuracy"], yerr=error, fmt="o-", color="black", lw=1.8, ms=6, capsize=3,
+                label=f"DAM {result.meta['settings']['variant']} (λ sweep)", zorder=5)  # fmt: skip
+    for _, row in masks.iterrows():
+        ax.annotate(
+            f"{row['lambda']:g}", (row["sparsity"], row["accuracy"]), textcoords="offset points", xytext=(4, 5), fontsize=7
+        )
+    task_references(ax, task)
+    ax.set_xlabel("sparsity (fraction of valid attention positions removed)")
+    ax.set_ylabel("held-out accuracy")
+    ax.set_xlim(-0.02, 1.02)
+    trained = result.meta["settings"].get("trained_on", result.meta["settings"]["objective"])
+    ax.set_title(f"Task accuracy against sparsity (masks trained on: {trained})\n{task_describe(result.meta)}", fontsize=10)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    return ax
+
+
 def plot_training(result, ax: plt.Axes | None = None) -> plt.Axes:
     """Density of the sampled masks over training, one line per λ."""
     ax = new_axes(ax, (6.4, 3.8))
@@ -168,4 +195,6 @@ def draw(result) -> Iterator[tuple[str, plt.Figure]]:
     yield "loss_vs_sparsity", plot_loss_vs_sparsity(result).figure
     yield "keep_per_class", plot_keep(result).figure
     yield "training", plot_training(result).figure
+    if "task" in result.tables:
+        yield "accuracy_vs_sparsity", plot_accuracy_vs_sparsity(result).figure
     yield "masks", plot_masks(result)

@@ -22,7 +22,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import seaborn as sns
 
-from .style import apply_style, new_axes
+from .style import apply_style, new_axes, task_describe, task_references
 
 LOSS_LABELS = {
     "hidden": "Δ loss (1 − token cosine to the unmodified model)",
@@ -117,6 +117,32 @@ def plot_ablation(result, ax: plt.Axes | None = None) -> plt.Axes:
     return ax
 
 
+def plot_task_ablation(result, ax: plt.Axes | None = None) -> plt.Axes:
+    """Task accuracy with each class removed everywhere, beside the random control: points
+    with 95% intervals, the unmodified model and the majority class as lines."""
+    ax = new_axes(ax, (7.2, 4.2))
+    task = result.meta["task"]
+    table = result.tables["task"]
+    table = table[table["scope"] == "model"]
+    classes = list(dict.fromkeys(table["class"]))
+    x = np.arange(len(classes))
+    for offset, control, colour, label in (
+        (-0.12, "class", CLASS_COLOUR, "class removed"),
+        (0.12, "random", CONTROL_COLOUR, "random control (same count per row)"),
+    ):
+        rows = table[table["control"] == control].set_index("class").loc[classes]
+        error = np.stack([rows["accuracy"] - rows["accuracy_low"], rows["accuracy_high"] - rows["accuracy"]])
+        ax.errorbar(x + offset, rows["accuracy"], yerr=error, fmt="o", color=colour, label=label, capsize=3, elinewidth=1)
+    task_references(ax, task)
+    ax.set_xticks(x, classes)
+    ax.set_xlabel("position class removed in every layer and head")
+    ax.set_ylabel("held-out accuracy")
+    ax.grid(axis="x", visible=False)
+    ax.set_title(f"Task accuracy without each class, 95% bootstrap intervals\n{task_describe(result.meta)}", fontsize=10)
+    ax.legend(fontsize=7, loc="best")
+    return ax
+
+
 def plot_gradient(result, ax: plt.Axes | None = None) -> plt.Axes:
     """Gradient importance of one gate per class (all layers and heads), with 95% intervals."""
     ax = new_axes(ax, (7.2, 4.0))
@@ -198,6 +224,8 @@ def draw(result) -> Iterator[tuple[str, plt.Figure]]:
     ``ablation_per_layer`` or ``ablation_per_head`` (with ``per``)."""
     yield "ablation", plot_ablation(result).figure
     yield "mass", plot_mass_grid(result)
+    if "task" in result.tables:
+        yield "task_ablation", plot_task_ablation(result).figure
     if len(result.gradient):
         yield "gradient", plot_gradient(result).figure
         yield "head_importance", plot_head_importance(result).figure

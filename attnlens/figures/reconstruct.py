@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import matplotlib.pyplot as plt
 
-from .style import new_axes
+from .style import new_axes, task_describe, task_references
 
 SCOPE_STYLES = {"head": "-", "layer": "--", "all": ":"}
 METRIC_LABELS = {
@@ -116,10 +116,35 @@ def plot_fidelity_vs_k(result, ax: plt.Axes | None = None) -> plt.Axes:
     return ax
 
 
+def plot_accuracy_vs_k(result, ax: plt.Axes | None = None) -> plt.Axes:
+    """Plug-in judged by a task: held-out accuracy against k, with 95% intervals, the
+    unmodified model and the majority class."""
+    ax = new_axes(ax)
+    table, task = result.plug_in, result.meta["task"]
+    colours = _strategy_colours(list(dict.fromkeys(table.strategy)))
+    for (strategy, scope), group in table.groupby(["strategy", "scope"], sort=False):
+        group = group.sort_values("k")
+        _strategy_line(ax, group.k, group["accuracy"], colours[strategy], strategy, scope)
+        ax.fill_between(group.k, group["accuracy_low"], group["accuracy_high"], color=colours[strategy], alpha=0.12)
+    task_references(ax, task)
+    _k_axis(ax, table.k)
+    ax.set_xlabel("k (exact scores per row)")
+    ax.set_ylabel("held-out accuracy")
+    layers = str(table.layers.iloc[0]).replace(" ", ", ")
+    ax.set_title(
+        f"Task accuracy with reconstruction in layers {layers} (95% intervals)\n{task_describe(result.meta)}", fontsize=10
+    )
+    ax.legend(fontsize=7, ncol=2, handlelength=3.5)
+    return ax
+
+
 def draw(result) -> Iterator[tuple[str, plt.Figure]]:
-    """``error_vs_k`` (main), ``tv_vs_k``, ``error_vs_flops``, and ``fidelity_vs_k`` when there is a plug-in table."""
+    """``error_vs_k`` (main), ``tv_vs_k``, ``error_vs_flops``, ``fidelity_vs_k`` when there is a
+    plug-in table, and ``accuracy_vs_k`` when a task judged it."""
     yield "error_vs_k", plot_error_vs_k(result).figure
     yield "tv_vs_k", plot_error_vs_k(result, metric="tv").figure
     yield "error_vs_flops", plot_error_vs_flops(result).figure
     if result.plug_in is not None and len(result.plug_in):
         yield "fidelity_vs_k", plot_fidelity_vs_k(result).figure
+        if "accuracy" in result.plug_in:
+            yield "accuracy_vs_k", plot_accuracy_vs_k(result).figure

@@ -39,3 +39,15 @@ def save_figure(figure: plt.Figure, stem: str | Path) -> list[Path]:
 
 def layer_colours(count: int) -> list:
     return sns.color_palette("viridis", count)
+
+
+def task_references(ax: plt.Axes, task: dict) -> None:
+    """The unmodified model's accuracy and the majority-class baseline as horizontal lines."""
+    ax.axhline(task["unmodified_accuracy"], color="grey", ls="--", lw=1, label="unmodified model")
+    ax.axhline(task["majority_accuracy"], color="grey", ls=":", lw=1, label="majority class")
+
+
+def task_describe(meta: dict) -> str:
+    """``minilm-l6 on rotten-tomatoes (probe), 512 held-out examples``: the second line of a task figure's title."""
+    task = meta["task"]
+    return f"{meta['model']['name']} on {task['task']} ({task['protocol']}), {len(task['held_out_rows'])} held-out examples"

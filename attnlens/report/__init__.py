@@ -47,6 +47,10 @@ class ReportSettings:
     dam_steps: int = 100
     dam_lr: float = 0.05
     dam_train_seqs: int = 64
+    # The task that judges reconstruction, ablations, masks and patterns by accuracy (probe protocol).
+    task: str | None = "rotten-tomatoes"
+    task_train: int = 512
+    task_eval: int = 256
 
 
 DEFAULT = ReportSettings()
@@ -65,6 +69,8 @@ QUICK = ReportSettings(
     dam_steps=15,
     dam_lr=0.3,
     dam_train_seqs=16,
+    task_train=128,
+    task_eval=64,
 )
 
 # A second model of the same geometry to compare subspaces with, when it is installed.
@@ -105,6 +111,7 @@ def report(
     corpus: str = "kjv",
     compare: str | None = "auto",
     quick: bool = False,
+    task: str | None = "default",
     seed: int = 0,
     device: str = "cpu",
     overwrite: bool = False,
@@ -114,7 +121,8 @@ def report(
     """Run every analysis on ``model`` and write results and ``report.html`` into ``out``.
 
     ``compare``: a second model for cross-model overlap (``auto``: the companion alias,
-    if installed; ``None``: none). Everything is written into a staging directory and
+    if installed; ``None``: none). ``task`` judges every change by accuracy on a labelled task
+    (``"default"``: the preset's, rotten-tomatoes; ``None``: proxies only). Everything is written into a staging directory and
     moved into place at the end, so an interrupted report leaves nothing half-written.
     """
     from attnlens.analysis.dam import dam
@@ -127,6 +135,8 @@ def report(
     settings = QUICK if quick else DEFAULT
     loaded = model if isinstance(model, LoadedModel) else load_model(model, device=device)
     settings = replace(settings, ks=tuple(k for k in settings.ks if k <= settings.seq_len))
+    if task != "default":
+        settings = replace(settings, task=task)
     second = companion_for(loaded) if compare == "auto" else compare
     # Relative cost of each stage, as measured on 2 CPU cores with the default settings.
     weights = {"eigen": 4, "overlap": 0.5, "reconstruct": 22, "importance": 5, "dam": 60, "figures": 6.5}
@@ -136,6 +146,7 @@ def report(
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent if out.parent.exists() else None))
     try:
         common = dict(corpus=corpus, seq_len=settings.seq_len, seed=seed, progress=False)
+        task = dict(task=settings.task, task_train=settings.task_train, task_eval=settings.task_eval) if settings.task else {}
         results: dict[str, object] = {}
         results["eigen"] = stages.run("eigen", lambda: eigen(loaded, num_seqs=settings.eigen_seqs, **common))
         eigens = [results["eigen"]]
@@ -156,10 +167,11 @@ def report(
                 plug_in=True,
                 plug_in_scopes=settings.plug_in_scopes,
                 batch_size=settings.batch_size,
+                **task,
                 **common,
             ),
         )
-        judged = dict(batch_size=settings.batch_size, **common)
+        judged = dict(batch_size=settings.batch_size, **task, **common)
         results["importance"] = stages.run("importance", lambda: importance(loaded, num_seqs=settings.importance_seqs, **judged))
         results["dam"] = stages.run(
             "dam",

@@ -30,6 +30,7 @@ def write_page(directory: Path, results: dict, names: dict[str, str], settings: 
         _reconstruct_section(results, names, directory),
         _importance_section(results, names, directory),
         _dam_section(results, names, directory),
+        _task_section(results, names, directory),
     ]
     page = directory / "report.html"
     page.write_text(_page(results["eigen"], sections, names, command))
@@ -108,16 +109,21 @@ def _summary_section(results: dict, settings: ReportSettings) -> str:
             )
         )
     overall = recon.table[(recon.table.layer == -1)]
+    heads = recon.table[recon.table.layer >= 0]
     for k in (16, 32):
         pick = overall[(overall.strategy == "greedy") & (overall.scope == "head") & (overall.k == k)]
         if len(pick):
             row = pick.iloc[0]
+            per_head = heads[(heads.strategy == "greedy") & (heads.scope == "head") & (heads.k == k)].rel_error
+            q1, median, q3 = np.percentile(per_head, [25, 50, 75])
             rows.append(
                 (
                     f"k = {k} exact scores suffice (paper 1)",
                     "k = 16–32 enough; up to 45% fewer attention FLOPs",
-                    f"greedy, per-head map: held-out relative error {row.rel_error:.3f} (vs mean row), "
-                    f"{row.rel_error_zero:.3f} (vs zero), TV {row.tv:.3f}; attention FLOPs ×{row.flops_ratio:.2f}",
+                    f"greedy, per-head map: held-out relative error (vs mean row) {row.rel_error:.3f} over all heads "
+                    f"(weighted by their variance); the typical head: median {median:.2f} [quartiles {q1:.2f}, {q3:.2f}] "
+                    f"of {len(per_head)} heads; vs zero {row.rel_error_zero:.3f}, TV {row.tv:.3f}; attention FLOPs "
+                    f"×{row.flops_ratio:.2f}",
                 )
             )
     plug = recon.plug_in
@@ -132,14 +138,42 @@ def _summary_section(results: dict, settings: ReportSettings) -> str:
                     else f"{row.objective} loss +{row.loss_increase:.3f} nats"
                 )
                 rows.append(
-                    (f"Model outputs with k = {k} in every layer (paper 1)", "MNLI 79.7% at k = 32 vs 81.6% full", measured)
+                    (
+                        f"Model outputs with k = {k} in every layer (paper 1)",
+                        "MNLI 79.7% at k = 32 vs 81.6% full",
+                        measured,
+                        _task_number(row) if "accuracy" in plug else "",
+                    )
                 )
     rows += _importance_claims(results["importance"], results["dam"])
-    frame = pd.DataFrame(rows, columns=["claim", "papers report", "measured here"])
+    frame = pd.DataFrame(
+        [(*row, "")[:4] for row in rows], columns=["claim", "papers report", "measured here (proxy)", "task accuracy here"]
+    )
+    task = _task_meta(results)
+    said = (
+        f" Task: {task['task']}, {task['protocol']} protocol, {len(task['held_out_rows'])} held-out examples; unmodified "
+        f"accuracy {task['unmodified_accuracy']:.3f}, majority class {task['majority_accuracy']:.3f}."
+        if task
+        else ""
+    )
     return _section(
         "Summary: the papers' claims against this model",
-        "What the papers report, and what attnlens measures here (findings, not verdicts: settings differ from the papers').",
+        "What the papers report, and what attnlens measures here, by a proxy (how far outputs move) and by task "
+        "accuracy (what the papers measured). Findings, not verdicts: settings differ from the papers'." + said,
         [_table(frame, text=True)],
+    )
+
+
+def _task_meta(results: dict) -> dict | None:
+    """The task that judged the report's changes (the same one in every stage), if any."""
+    return next((result.meta.get("task") for result in results.values() if result.meta.get("task")), None)
+
+
+def _task_number(row: pd.Series) -> str:
+    """``0.742 [0.70, 0.78], Δ −0.010 [−0.03, +0.01]``: a task judgement in one phrase."""
+    return (
+        f"{row['accuracy']:.3f} [{row['accuracy_low']:.3f}, {row['accuracy_high']:.3f}], Δ {row['delta_accuracy']:+.3f} "
+        f"[{row['delta_accuracy_low']:+.3f}, {row['delta_accuracy_high']:+.3f}] (unmodified {row['unmodified_accuracy']:.3f})"
     )
 
 
@@ -210,7 +244,22 @@ def _interval(row: pd.Series, prefix: str = "delta") -> str:
     return f"{row[prefix]:+.3g} [{row[f'{prefix}_low']:+.3g}, {row[f'{prefix}_high']:+.3g}]"
 
 
-def _importance_claims(importance_result, dam_result) -> list[tuple[str, str, str]]:
+def _class_task(importance_result, name: str) -> str:
+    """The task judgement of removing class ``name`` everywhere, beside its random control."""
+    table = importance_result.tables.get("task")
+    if table is None:
+        return ""
+    rows = table[(table["scope"] == "model") & (table["class"] == name)].set_index("control")
+    if "class" not in rows.index:
+        return ""
+    own, random = rows.loc["class"], rows.loc["random"]
+    return (
+        f"{name}: {_task_number(own)}; random control Δ {random['delta_accuracy']:+.3f} "
+        f"[{random['delta_accuracy_low']:+.3f}, {random['delta_accuracy_high']:+.3f}]"
+    )
+
+
+def _importance_claims(importance_result, dam_result) -> list[tuple[str, ...]]:
     table = importance_result.table[importance_result.table["occurs"]]
     unit = LOSS_UNITS[importance_result.meta["settings"]["objective"]]
     # A class that removes next to nothing (a causal model's last position is a key of one
@@ -225,6 +274,7 @@ def _importance_claims(importance_result, dam_result) -> list[tuple[str, str, st
             f"cheapest class to remove: {cheapest['class']}, {_interval(cheapest)} {unit} for {cheapest['removed']:.1%} of "
             f"positions; removing as many random positions: {_interval(cheapest, 'random')}"
             + (f" ({skipped}: under {MIN_REMOVED:.1%} of positions, not ranked)" if skipped else ""),
+            _class_task(importance_result, cheapest["class"]),
         )
     ]
     if "self" in set(table["class"]):
@@ -236,6 +286,7 @@ def _importance_claims(importance_result, dam_result) -> list[tuple[str, str, st
                 "the diagonal can be removed without loss",
                 f"self: {_interval(own)} {unit}, rank {rank} of {len(substantial)} classes from the cheapest; "
                 f"as many random positions: {_interval(own, 'random')}",
+                _class_task(importance_result, "self"),
             )
         )
     dam_table = dam_result.table
@@ -250,6 +301,7 @@ def _importance_claims(importance_result, dam_result) -> list[tuple[str, str, st
             f"{dam_result.meta['settings']['variant']}, λ = {sparse['lambda']:g}, model frozen: "
             f"{sparse['sparsity']:.1%} sparsity, {_interval(sparse)} {unit};"
             f" keep-probability per class: {kept}",
+            _dam_task(dam_result, sparse["lambda"]),
         )
     )
     if len(dam_result.patterns):
@@ -261,9 +313,32 @@ def _importance_claims(importance_result, dam_result) -> list[tuple[str, str, st
                 "Fixed sparse patterns (paper 2)",
                 "worse than DAM at similar sparsity (e.g. BigBird 93.2% / 79.4)",
                 f"nearest sparsity to the DAM mask above: {landed}",
+                _patterns_task(dam_result, matched),
             )
         )
     return rows
+
+
+def _dam_task(dam_result, lam: float) -> str:
+    table = dam_result.tables.get("task")
+    if table is None:
+        return ""
+    row = table[(table["kind"] == "dam") & (table["lambda"] == lam)].iloc[0]
+    return f"mask at {row['sparsity']:.1%}: {_task_number(row)} (trained on {dam_result.meta['settings']['trained_on']})"
+
+
+def _patterns_task(dam_result, matched: pd.DataFrame) -> str:
+    table = dam_result.tables.get("task")
+    if table is None:
+        return ""
+    patterns = table[table["kind"] == "pattern"]
+    picked = [
+        patterns[(patterns["pattern"] == row["pattern"]) & (patterns["value"] == row["value"])].iloc[0]
+        for _, row in matched.iterrows()
+    ]
+    return "; ".join(
+        f"{row['pattern']} {row['sparsity']:.0%}: {row['accuracy']:.3f} (Δ {row['delta_accuracy']:+.3f})" for row in picked
+    )
 
 
 def _importance_section(results: dict, names: dict[str, str], directory: Path) -> str:
@@ -322,6 +397,48 @@ def _dam_section(results: dict, names: dict[str, str], directory: Path) -> str:
         f"{settings['lr']:g}, model frozen), judged "
         "on the held-out blocks of section 4 with the deterministic mask, next to fixed sparse patterns swept "
         "over their parameter. Longer runs: attnlens dam.",
+        body,
+    )
+
+
+def _task_section(results: dict, names: dict[str, str], directory: Path) -> str:
+    """Accuracy against k, per class and against sparsity: the task beside the proxies."""
+    task = _task_meta(results)
+    if task is None:
+        return ""
+    body = []
+    recon, importance_result, dam_result = results["reconstruct"], results["importance"], results["dam"]
+    plug = recon.plug_in
+    if plug is not None and "accuracy" in plug:
+        body.append(_figure(directory / names["reconstruct"] / "figures" / "accuracy_vs_k.png", "Accuracy against k"))
+        proxy = [c for c in ("token_cosine", "loss_increase") if c in plug][:1]
+        columns = ["strategy", "scope", "k", "accuracy", "accuracy_low", "accuracy_high", "delta_accuracy", *proxy]
+        body.append(_table(plug[plug.k.isin([8, 16, 32, 64])][columns].sort_values(["k", "strategy", "scope"])))
+    if "task" in importance_result.tables:
+        body.append(_figure(directory / names["importance"] / "figures" / "task_ablation.png", "Accuracy without each class"))
+        table = importance_result.tables["task"]
+        columns = ["class", "control", "accuracy", "accuracy_low", "accuracy_high", "delta_accuracy", "excess_accuracy"]
+        body.append(_table(table[table["scope"] != "layer"][columns]))
+    if "task" in dam_result.tables:
+        body.append(_figure(directory / names["dam"] / "figures" / "accuracy_vs_sparsity.png", "Accuracy against sparsity"))
+        masks = dam_result.tables["task"]
+        body.append(
+            _table(
+                masks[masks["kind"] == "dam"][
+                    ["lambda", "sparsity", "accuracy", "accuracy_low", "accuracy_high", "delta_accuracy"]
+                ]
+            )
+        )
+    probe = task["probe"]
+    return _section(
+        "6. What does the task say?",
+        f"Every change above judged by accuracy on {task['task']} ({task['examples']}; {len(task['train_rows'])} training and "
+        f"{len(task['held_out_rows'])} held-out examples, seeded and disjoint), under the {task['protocol']} protocol: "
+        f"a logistic regression on the model's pooled final hidden states ({task['pooling']} pooling; C = {probe['C']:g}, "
+        f"{probe['C_chosen_by']}) fitted on the unmodified model and applied unchanged to the changed one. "
+        f"Unmodified accuracy {task['unmodified_accuracy']:.3f}, majority class {task['majority_accuracy']:.3f}; "
+        "intervals are 95% bootstrap intervals over held-out examples, Δ paired over examples. Sparsity is measured on "
+        "the corpus blocks.",
         body,
     )
 

@@ -61,7 +61,16 @@ from attnlens.analysis.evaluation import (
     valid_masks,
 )
 from attnlens.analysis.objectives import OBJECTIVES, Objective, PreparedBatch
-from attnlens.analysis.task import Change, TaskBatch, TaskJudge, TaskLoss, TaskSettings, batches, task_columns
+from attnlens.analysis.task import (
+    Change,
+    TaskBatch,
+    TaskJudge,
+    TaskLoss,
+    TaskSettings,
+    batches,
+    content_key,
+    task_columns,
+)
 from attnlens.data.corpus import Corpus, load_corpus
 from attnlens.data.positions import class_masks, exclusive_index, parse_classes, token_roles
 from attnlens.errors import AttnlensError, BadInput
@@ -717,7 +726,8 @@ def dam(
             seconds = time.perf_counter() - began
             judged = evaluate_mask(layout, trainer.logits_, judge, eval_batches, eval_contexts, eval_masks)
             if task is not None:  # before the weights are restored: a mask trained with them is judged with them
-                change = mask_change(layout, trainer.logits_.detach(), model, layout_classes, f"dam/{s.variant}/{lam}")
+                logits = trainer.logits_.detach()
+                change = mask_change(layout, logits, model, layout_classes, content_key(f"dam/{s.variant}/{lam}", logits))
                 task_rows.append({"lambda": lam, "sparsity": float(judged["sparsity"]), **task_columns(task.judge(change))})
             bar.update(1)
             if original is not None:

@@ -54,7 +54,7 @@ from attnlens.analysis.reconstruct.selection import (
     random_order,
     stride_positions,
 )
-from attnlens.analysis.task import Change, TaskJudge, TaskSettings, task_columns
+from attnlens.analysis.task import Change, TaskJudge, TaskSettings, content_key, task_columns
 from attnlens.errors import AttnlensError, BadInput
 from attnlens.io.provenance import provenance
 from attnlens.io.results import Result
@@ -513,6 +513,8 @@ class ReconstructSettings(CorpusSettings, TaskSettings):
         at_least("ridge", self.ridge, 0)
         at_least("pairs_ridge", self.pairs_ridge, 0)
         one_of("objective", self.objective, OBJECTIVES)
+        if self.task is not None and not self.plug_in:
+            raise BadInput("`task` judges the plug-in runs (the model with the reconstruction inside); add `plug_in`")
         if self.learn_r:
             at_least("learn_steps", self.learn_steps, 1)
             positive("learn_lr", self.learn_lr)
@@ -760,8 +762,12 @@ class _PlugIn:
             record.update({name: float(mean[0]), f"{name}_low": float(low[0]), f"{name}_high": float(high[0])})
         record["baseline_loss"] = float(self.baseline.mean())
         if self.task is not None:
-            intervene = _maps_intervention({layer: maps[layer] for layer in self.layers})
-            record.update(task_columns(self.task.judge(Change.fixed("/".join(map(str, config)), intervene, self.layers))))
+            used = [maps[layer] for layer in self.layers]
+            key = content_key(
+                "reconstruct/" + "/".join(map(str, config)), *[t for m in used for t in (m.positions, m.weights, m.offset)]
+            )
+            intervene = _maps_intervention(dict(zip(self.layers, used)))
+            record.update(task_columns(self.task.judge(Change.fixed(key, intervene, self.layers))))
         self.records.append(record)
 
 
