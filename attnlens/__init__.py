@@ -4,13 +4,13 @@ The package's folders are the pipeline, each depending only on those before it:
 
 - :mod:`attnlens.models` — load a model (aliases, conversions, cache) and **capture**, the
   one place that reads and changes attention;
-- :mod:`attnlens.data` — corpora packed into blocks of n tokens, position classes;
+- :mod:`attnlens.data` — corpora packed into blocks of n tokens, position classes, labelled tasks;
 - :mod:`attnlens.io` — the store of captured scores on disk, extraction into it, results
   (one base class, one registry), atomic files, ranks on torch.distributed;
 - :mod:`attnlens.rows` — row sources (store or model), the one moments engine, and moments
   jobs sharded over ranks and passes (memory budgets, partial files, merging);
 - :mod:`attnlens.analysis` — eigen, overlap, reconstruct, importance, dam (with fixed
-  patterns), objectives and held-out evaluation;
+  patterns), objectives, task accuracy (probe, refit, finetune) and held-out evaluation;
 - :mod:`attnlens.figures` — one module per result kind, drawing saved numbers only;
 - :mod:`attnlens.report` — every analysis of a model in one HTML page;
 - :mod:`attnlens.cli` — the ``attnlens`` command, a thin layer over the functions here.
@@ -27,8 +27,10 @@ from attnlens.analysis.eigen import EigenResult, EigenSettings, eigen
 from attnlens.analysis.importance import ImportanceResult, ImportanceSettings, importance
 from attnlens.analysis.overlap import OverlapResult, OverlapSettings, overlap
 from attnlens.analysis.reconstruct import ReconstructResult, ReconstructSettings, reconstruct
+from attnlens.analysis.task import TaskJudge, TaskSettings
 from attnlens.data.corpus import Blocks, Corpus, load_corpus
 from attnlens.data.positions import class_masks, parse_classes
+from attnlens.data.tasks import Task, load_task
 from attnlens.errors import AttnlensError, BadFile, BadInput, UnsupportedModel
 from attnlens.io.extract import extract
 from attnlens.io.results import Result, load_result
@@ -66,6 +68,9 @@ __all__ = [
     "ReconstructSettings",
     "Result",
     "Store",
+    "Task",
+    "TaskJudge",
+    "TaskSettings",
     "UnsupportedModel",
     "__version__",
     "class_masks",
@@ -78,6 +83,7 @@ __all__ = [
     "load_model",
     "load_moments",
     "load_result",
+    "load_task",
     "merge_partials",
     "open_store",
     "overlap",

@@ -284,3 +284,11 @@ def test_task_settings_check_themselves():
 def test_reconstruct_with_a_task_needs_the_plug_in(capsys, tmp_path):
     code, _, err = run_cli(capsys, "reconstruct", "minilm-l6", "-o", str(tmp_path / "r"), "--task", "imdb")
     assert_one_line_error(code, err, "--task judges the plug-in runs", "--plug-in")
+
+
+def test_task_sparsity_counts_what_a_removal_takes_from_the_examples_own_tokens(minilm_l6, rotten):
+    # Removing the diagonal takes L of the L² valid positions of a text of L tokens, in every layer and head.
+    judged = rotten.judge(ablation_change(minilm_l6, Condition("model", -1, -1, "self", "class"), ("self", "other"), 0))
+    lengths = rotten.held_out.lengths.astype(float)
+    assert judged["task_sparsity"] == pytest.approx(lengths.sum() / (lengths**2).sum(), rel=1e-12)
+    assert rotten.judge(None)["task_sparsity"] == 0.0

@@ -280,12 +280,13 @@ class TaskJudge:
 
     # -- features under a change
 
-    def features(self, examples: Examples, change: Change | None) -> np.ndarray:
-        """(examples, hidden) float64 pooled features of the model, with ``change`` inside attention."""
+    def features(self, examples: Examples, change: Change | None, counts: np.ndarray | None = None) -> np.ndarray:
+        """(examples, hidden) float64 pooled features of the model, with ``change`` inside attention
+        (adding to ``counts`` the positions it removes and the valid ones, when given)."""
         parts = []
         with torch.no_grad():
             for batch in batches(examples, self.batch_size, self.model.device):
-                with _changed(change, batch):
+                with _changed(change, batch, counts):
                     parts.append(pooled_features(self.model.model, self.pooling, batch).double().cpu().numpy())
         return np.concatenate(parts)
 
@@ -311,6 +312,8 @@ class TaskJudge:
             "delta_accuracy_low": float(delta[1][0]),
             "delta_accuracy_high": float(delta[2][0]),
             "task_loss": float(losses.mean()),
+            # what a removal takes from these examples (padding aside): short texts lose less than full blocks
+            "task_sparsity": float(self._removed[0] / self._removed[1]) if change is not None and self._removed[1] else 0.0,
             "unmodified_accuracy": self.unmodified_accuracy,
             "majority_accuracy": self.majority_accuracy,
             "correct": correct,
@@ -320,12 +323,13 @@ class TaskJudge:
         """Per held-out example: 1.0 if classified right, and the classifier's cross-entropy."""
         if change is None and self._unmodified is not None:
             return self._unmodified
+        self._removed = np.zeros(2)  # (removed, valid) positions on the held-out examples
         if self.settings.protocol == "finetune":
             return self._finetuned(change)
         probe = self.probe
         if self.settings.protocol == "refit" and change is not None:
             probe = fit_probe(self.features(self.train, change), self.train.labels, self.c)
-        return _scored(probe.logits(self.features(self.held_out, change)), self.held_out.labels)
+        return _scored(probe.logits(self.features(self.held_out, change, self._removed)), self.held_out.labels)
 
     # -- fine-tuning
 
@@ -335,7 +339,7 @@ class TaskJudge:
         module.eval()
         with torch.no_grad():
             for batch in batches(self.held_out, self.batch_size, self.model.device):
-                with _changed(change, batch):
+                with _changed(change, batch, self._removed):
                     logits.append(head(pooled_features(module, self.pooling, batch)).double().cpu().numpy())
         return _scored(np.concatenate(logits), self.held_out.labels)
 
@@ -464,11 +468,16 @@ def _scored(logits: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndar
 
 
 class _changed:
-    """The capture that applies ``change`` to one batch (nothing for no change)."""
+    """The capture that applies ``change`` to one batch (nothing for no change), counting the
+    valid (query, key) positions it removes (sets to -inf) among the examples' own tokens."""
 
-    def __init__(self, change: Change | None, batch: TaskBatch) -> None:
+    def __init__(self, change: Change | None, batch: TaskBatch, counts: np.ndarray | None = None) -> None:
         intervene = None if change is None else change.intervention(batch)
-        self.capture = None if intervene is None else Capture(layers=change.layers, intervene=intervene, record=False)
+        self.capture = None
+        if intervene is not None:
+            if counts is not None:
+                intervene = _counting(intervene, batch.attention_mask.bool(), counts)
+            self.capture = Capture(layers=change.layers, intervene=intervene, record=False)
 
     def __enter__(self) -> None:
         if self.capture is not None:
@@ -477,3 +486,18 @@ class _changed:
     def __exit__(self, *exc: object) -> None:
         if self.capture is not None:
             self.capture.__exit__(*exc)
+
+
+def _counting(intervene: Intervention, queries: torch.Tensor, counts: np.ndarray) -> Intervention:
+    """``intervene``, adding to ``counts`` (removed, valid) the positions of real queries
+    (padding rows aside) it sets to -inf, over every layer and head it changes."""
+
+    def counted(layer: int, scores: torch.Tensor, valid: torch.Tensor) -> torch.Tensor | None:
+        replaced = intervene(layer, scores, valid)
+        if replaced is not None:
+            own = (valid & queries[:, :, None])[:, None]
+            counts[0] += float((torch.isneginf(replaced) & own).sum())
+            counts[1] += float(own.sum()) * replaced.shape[1]
+        return replaced
+
+    return counted

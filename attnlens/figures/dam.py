@@ -106,24 +106,26 @@ def plot_loss_vs_sparsity(result, ax: plt.Axes | None = None) -> plt.Axes:
 
 
 def plot_accuracy_vs_sparsity(result, ax: plt.Axes | None = None) -> plt.Axes:
-    """Task accuracy against sparsity: the learned masks (95% intervals) and every fixed pattern."""
+    """Task accuracy against the sparsity on the task's own examples (valid positions removed,
+    padding aside: short texts lose less to a window than full blocks): the learned masks
+    (95% intervals) and every fixed pattern."""
     ax = new_axes(ax, (7.6, 4.6))
     task, table = result.meta["task"], result.tables["task"]
     palette = dict(zip(PATTERN_MARKERS, sns.color_palette("deep", len(PATTERN_MARKERS))))
     for name, points in table[table["kind"] == "pattern"].groupby("pattern", sort=False):
-        points = points.sort_values("sparsity")
-        ax.plot(points["sparsity"], points["accuracy"], marker=PATTERN_MARKERS.get(name, "o"), color=palette.get(name),
+        points = points.sort_values("task_sparsity")
+        ax.plot(points["task_sparsity"], points["accuracy"], marker=PATTERN_MARKERS.get(name, "o"), color=palette.get(name),
                 lw=1, ms=5, alpha=0.85, label=name)  # fmt: skip
-    masks = table[table["kind"] == "dam"].sort_values("sparsity")
+    masks = table[table["kind"] == "dam"].sort_values("task_sparsity")
     error = np.stack([masks["accuracy"] - masks["accuracy_low"], masks["accuracy_high"] - masks["accuracy"]])
-    ax.errorbar(masks["sparsity"], masks["accuracy"], yerr=error, fmt="o-", color="black", lw=1.8, ms=6, capsize=3,
+    ax.errorbar(masks["task_sparsity"], masks["accuracy"], yerr=error, fmt="o-", color="black", lw=1.8, ms=6, capsize=3,
                 label=f"DAM {result.meta['settings']['variant']} (λ sweep)", zorder=5)  # fmt: skip
     for _, row in masks.iterrows():
         ax.annotate(
-            f"{row['lambda']:g}", (row["sparsity"], row["accuracy"]), textcoords="offset points", xytext=(4, 5), fontsize=7
+            f"{row['lambda']:g}", (row["task_sparsity"], row["accuracy"]), textcoords="offset points", xytext=(4, 5), fontsize=7
         )
     task_references(ax, task)
-    ax.set_xlabel("sparsity (fraction of valid attention positions removed)")
+    ax.set_xlabel("sparsity on the task's examples (fraction of valid positions removed)")
     ax.set_ylabel("held-out accuracy")
     ax.set_xlim(-0.02, 1.02)
     trained = result.meta["settings"].get("trained_on", result.meta["settings"]["objective"])

@@ -324,7 +324,10 @@ def _dam_task(dam_result, lam: float) -> str:
     if table is None:
         return ""
     row = table[(table["kind"] == "dam") & (table["lambda"] == lam)].iloc[0]
-    return f"mask at {row['sparsity']:.1%}: {_task_number(row)} (trained on {dam_result.meta['settings']['trained_on']})"
+    return (
+        f"mask at {row['sparsity']:.1%} ({row['task_sparsity']:.1%} of the task's positions): {_task_number(row)} "
+        f"(trained on {dam_result.meta['settings']['trained_on']})"
+    )
 
 
 def _patterns_task(dam_result, matched: pd.DataFrame) -> str:
@@ -337,7 +340,9 @@ def _patterns_task(dam_result, matched: pd.DataFrame) -> str:
         for _, row in matched.iterrows()
     ]
     return "; ".join(
-        f"{row['pattern']} {row['sparsity']:.0%}: {row['accuracy']:.3f} (Δ {row['delta_accuracy']:+.3f})" for row in picked
+        f"{row['pattern']} {row['sparsity']:.0%} ({row['task_sparsity']:.0%} of the task's positions): {row['accuracy']:.3f} "
+        f"(Δ {row['delta_accuracy']:+.3f})"
+        for row in picked
     )
 
 
@@ -437,8 +442,8 @@ def _task_section(results: dict, names: dict[str, str], directory: Path) -> str:
         f"a logistic regression on the model's pooled final hidden states ({task['pooling']} pooling; C = {probe['C']:g}, "
         f"{probe['C_chosen_by']}) fitted on the unmodified model and applied unchanged to the changed one. "
         f"Unmodified accuracy {task['unmodified_accuracy']:.3f}, majority class {task['majority_accuracy']:.3f}; "
-        "intervals are 95% bootstrap intervals over held-out examples, Δ paired over examples. Sparsity is measured on "
-        "the corpus blocks.",
+        "intervals are 95% bootstrap intervals over held-out examples, Δ paired over examples. `sparsity` is measured "
+        "on the corpus blocks, `task_sparsity` on the task's examples (their own tokens, padding aside).",
         body,
     )
 

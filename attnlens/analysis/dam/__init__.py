@@ -704,7 +704,7 @@ def dam(
 
     baseline = np.concatenate([evaluate_batch(judge, batch)["loss"] for batch in eval_batches])
     original = copy.deepcopy(model.model.state_dict()) if s.train_weights else None
-    total = len(lambdas) * (s.steps + 1) + (pattern_points(s.seq_len) if s.patterns else 0)
+    total = len(lambdas) * (s.steps + 1) + (pattern_points(s.seq_len) * (2 if task is not None else 1) if s.patterns else 0)
     summary_rows, keep_rows, keep_summary_rows, curves = [], [], [], []
     logits_all, images, losses_all = [], [], []
     with progress_bar(total=total, desc="dam", unit="step", enabled=progress) as bar:
@@ -765,12 +765,14 @@ def dam(
                 pd.DataFrame(columns=["pattern", "parameter", "value", "sparsity"]),
                 np.zeros((0, len(baseline))),
             )
-    if task is not None and len(pattern_table):
-        judged_patterns = [
-            task_columns(task.judge(pattern_change(model, row.pattern, int(row.value), s.seq_len, s.seed)))
-            for row in pattern_table.itertuples()
-        ]
-        pattern_task = pd.DataFrame(judged_patterns)
+        if task is not None and len(pattern_table):
+            judged_patterns = []
+            for row in pattern_table.itertuples():
+                judged_patterns.append(
+                    task_columns(task.judge(pattern_change(model, row.pattern, int(row.value), s.seq_len, s.seed)))
+                )
+                bar.update(1)
+            pattern_task = pd.DataFrame(judged_patterns)
     if len(pattern_table):
         delta = pattern_losses - baseline
         pattern_table["loss"] = pattern_losses.mean(1)
