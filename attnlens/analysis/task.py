@@ -5,16 +5,18 @@ labelled task (:mod:`attnlens.data.tasks`), under one of three protocols:
 
 - ``probe``: the frozen model's pooled features (:data:`POOLING`: the mean of the valid
   tokens' final hidden states for encoders, the last valid token's for decoders), a
-  scikit-learn logistic regression (standardised features, L2 penalty ``probe_c``) fitted
-  on the **unmodified** model's training features. A change is judged by the held-out
+  scikit-learn logistic regression (features standardised by :func:`standardiser`, L2
+  penalty ``probe_c``, chosen by cross-validation unless given) fitted on the
+  **unmodified** model's training features. A change is judged by the held-out
   accuracy of that same probe on the changed model's features: the readout does not adapt.
 - ``refit``: the probe is fitted again on the changed model's training features (a
   readout that adapts to the change, the encoder still frozen).
 - ``finetune``: the encoder and a linear head on the pooled features trained together,
   with the change inside attention during training (the papers' protocol). The head
-  starts from the unmodified probe; ``finetune_steps`` AdamW steps on the training
-  examples. Each run's weights are cached under the attnlens cache, keyed by model, task,
-  split, settings, change and seed, so a rerun loads them instead of training.
+  (:class:`ProbeHead`) starts from the unmodified probe; ``finetune_steps`` AdamW steps on
+  the training examples, dropout on (the fixed budget is the stopping rule; the curve is
+  recorded). Each run's weights are cached under the attnlens cache, keyed by model, task,
+  split, probe, settings, change and seed, so a rerun loads them instead of training.
 
 Every judgement carries the accuracy with a percentile-bootstrap interval over held-out
 examples, the change in accuracy paired over examples, the probe's cross-entropy, the
@@ -53,8 +55,9 @@ from attnlens.settings import Settings, at_least, one_of, positive
 PROTOCOLS = ("probe", "refit", "finetune")
 POOLING: dict[bool, str] = {False: "mean", True: "last"}  # by LoadedModel.causal: what each family pools
 MIN_HELD_OUT = 20  # fewer held-out examples give percentile intervals that mean little
+CONSTANT_SPREAD = 1e-6  # a feature spread below this fraction of the median spread is rounding, not signal
 PROBE_CS = (1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0)  # the grid :func:`choose_c` searches
-FINETUNE_VERSION = 1  # part of the cache key: bump when the training recipe changes
+FINETUNE_VERSION = 2  # part of the cache key: bump when the training recipe changes
 
 
 @dataclass(frozen=True)
@@ -195,9 +198,25 @@ class Probe:
         return self.logits(features).argmax(1)
 
 
+def standardiser(features: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Mean and standard deviation per feature (as scikit-learn's ``StandardScaler``), with
+    features whose spread is below :data:`CONSTANT_SPREAD` of the median spread treated as
+    constant (scale 1). Pooled hidden states have such dimensions: their spread is float
+    rounding (1e-32), and dividing by it would turn the smallest change to attention, or
+    dropout while fine-tuning, into an enormous feature.
+
+    >>> mean, scale = standardiser(np.array([[0.0, 1.0], [2.0, 1.0 + 1e-20]]))
+    >>> scale.tolist()
+    [1.0, 1.0]
+    """
+    mean, scale = features.mean(0), features.std(0)
+    return mean, np.where(scale < CONSTANT_SPREAD * np.median(scale), 1.0, scale)
+
+
 def choose_c(features: np.ndarray, labels: np.ndarray, seed: int = 0) -> float:
     """The probe's ``C`` from :data:`PROBE_CS` by 5-fold stratified cross-validation on the
-    training features (accuracy; ties go to the stronger penalty). Held-out examples are never used.
+    training features (accuracy; ties go to the stronger penalty), standardised once by
+    :func:`standardiser`. Held-out examples are never used.
 
     >>> rng = np.random.default_rng(0)
     >>> x = rng.normal(size=(100, 3)); y = (x[:, 0] > 0).astype(int)
@@ -206,21 +225,18 @@ def choose_c(features: np.ndarray, labels: np.ndarray, seed: int = 0) -> float:
     """
     from sklearn.linear_model import LogisticRegression
     from sklearn.model_selection import StratifiedKFold, cross_val_score
-    from sklearn.pipeline import make_pipeline
-    from sklearn.preprocessing import StandardScaler
 
+    mean, scale = standardiser(features)
     folds = StratifiedKFold(5, shuffle=True, random_state=seed)
     scores = [
-        cross_val_score(
-            make_pipeline(StandardScaler(), LogisticRegression(C=c, max_iter=5000)), features, labels, cv=folds
-        ).mean()
+        cross_val_score(LogisticRegression(C=c, max_iter=5000), (features - mean) / scale, labels, cv=folds).mean()
         for c in PROBE_CS
     ]
     return float(PROBE_CS[int(np.argmax(scores))])
 
 
 def fit_probe(features: np.ndarray, labels: np.ndarray, c: float = 1.0, max_iter: int = 5000) -> Probe:
-    """scikit-learn's ``StandardScaler`` then ``LogisticRegression(C=c)`` (lbfgs), as a :class:`Probe`.
+    """:func:`standardiser`, then scikit-learn's ``LogisticRegression(C=c)`` (lbfgs), as a :class:`Probe`.
 
     >>> rng = np.random.default_rng(0)
     >>> x = rng.normal(size=(200, 3)); y = (x[:, 0] > 0).astype(int)
@@ -229,12 +245,32 @@ def fit_probe(features: np.ndarray, labels: np.ndarray, c: float = 1.0, max_iter
     (True, True)
     """
     from sklearn.linear_model import LogisticRegression
-    from sklearn.preprocessing import StandardScaler
 
-    scaler = StandardScaler().fit(features)
-    regression = LogisticRegression(C=c, max_iter=max_iter).fit(scaler.transform(features), labels)
+    mean, scale = standardiser(features)
+    regression = LogisticRegression(C=c, max_iter=max_iter).fit((features - mean) / scale, labels)
     iterations = int(np.max(regression.n_iter_))
-    return Probe(scaler.mean_, scaler.scale_, regression.coef_, regression.intercept_, iterations, iterations < max_iter)
+    return Probe(mean, scale, regression.coef_, regression.intercept_, iterations, iterations < max_iter)
+
+
+class ProbeHead(nn.Module):
+    """The probe as a trainable head: ``logits = linear((x - mean) / scale)``, starting at the
+    probe's weights. The standardisation stays fixed: on raw features the small per-feature
+    scales would make the head's weights large and fine-tuning unstable."""
+
+    def __init__(self, probe: Probe) -> None:
+        super().__init__()
+        coef, intercept = probe.coef, probe.intercept
+        if coef.shape[0] == 1:  # binary: logits [0, z]
+            coef, intercept = np.concatenate([np.zeros_like(coef), coef]), np.concatenate([[0.0], intercept])
+        self.register_buffer("mean", torch.as_tensor(probe.mean, dtype=torch.float32))
+        self.register_buffer("scale", torch.as_tensor(probe.scale, dtype=torch.float32))
+        self.linear = nn.Linear(coef.shape[1], coef.shape[0])
+        with torch.no_grad():
+            self.linear.weight.copy_(torch.as_tensor(coef))
+            self.linear.bias.copy_(torch.as_tensor(intercept))
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        return self.linear((features - self.mean) / self.scale)
 
 
 # ----------------------------------------------------------------------------- the judge
@@ -274,6 +310,7 @@ class TaskJudge:
         features = self.features(self.train, None)
         self.c = settings.probe_c if settings.probe_c is not None else choose_c(features, self.train.labels, seed)
         self.probe = fit_probe(features, self.train.labels, self.c)
+        self.finetune_runs: list[dict] = []  # every fine-tune run: change, cache file, training curve
         self._unmodified = None
         self._unmodified = self._correct(None)
         self.unmodified_accuracy = float(self._unmodified[0].mean())
@@ -351,43 +388,39 @@ class TaskJudge:
             "task": self.task.sha256,
             "train_rows": hashlib.sha256(self.train.rows.tobytes()).hexdigest(),
             "width": int(self.train.ids.shape[1]),
-            "settings": {"C": self.c, "steps": self.settings.finetune_steps, "lr": self.settings.finetune_lr},
+            "settings": {"steps": self.settings.finetune_steps, "lr": self.settings.finetune_lr},
+            # the head starts from the probe: anything that changes the probe changes the run
+            "probe": content_key(
+                "probe", *(torch.as_tensor(a) for a in (self.probe.mean, self.probe.scale, self.probe.coef, self.probe.intercept))
+            ),
             "batch_size": self.batch_size,
             "seed": self.seed,
             "change": None if change is None else change.key,
         }
         return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
 
-    def _finetune(self, change: Change | None) -> tuple[nn.Module, nn.Linear]:
+    def _finetune(self, change: Change | None) -> tuple[nn.Module, ProbeHead]:
         """The encoder and head trained with ``change`` in the loop, from the cache when it holds them."""
         module = copy.deepcopy(self.model.model)
-        head = nn.Linear(self.probe.mean.shape[0], max(2, self.probe.coef.shape[0])).to(self.model.device)
-        self._probe_into(head)
+        head = ProbeHead(self.probe).to(self.model.device)
         path = cache_dir() / "finetune" / f"{self.finetune_key(change)}.pt"
-        self.last_finetune = {"cache": str(path), "from_cache": path.is_file()}
+        self.last_finetune = {"change": None if change is None else change.key, "cache": str(path), "from_cache": path.is_file()}
         if path.is_file():
             state = torch.load(path, map_location=self.model.device, weights_only=True)
             module.load_state_dict(state["encoder"])
             head.load_state_dict(state["head"])
-            return module, head
-        self.last_finetune["curve"] = self._train(module, head, change)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = path.with_suffix(".tmp")  # written whole, then renamed: a killed run leaves no half file
-        torch.save({"encoder": module.state_dict(), "head": head.state_dict()}, temporary)
-        temporary.replace(path)
+            self.last_finetune["curve"] = state["curve"].tolist()
+        else:
+            curve = self._train(module, head, change)
+            self.last_finetune["curve"] = curve
+            path.parent.mkdir(parents=True, exist_ok=True)
+            temporary = path.with_suffix(".tmp")  # written whole, then renamed: a killed run leaves no half file
+            torch.save({"encoder": module.state_dict(), "head": head.state_dict(), "curve": torch.tensor(curve)}, temporary)
+            temporary.replace(path)
+        self.finetune_runs.append(self.last_finetune)
         return module, head
 
-    def _probe_into(self, head: nn.Linear) -> None:
-        """Head weights equal to the probe on raw (unstandardised) features."""
-        coef = self.probe.coef / self.probe.scale
-        intercept = self.probe.intercept - coef @ self.probe.mean
-        if coef.shape[0] == 1:  # binary: logits [0, z]
-            coef, intercept = np.concatenate([np.zeros_like(coef), coef]), np.concatenate([[0.0], intercept])
-        with torch.no_grad():
-            head.weight.copy_(torch.as_tensor(coef, dtype=head.weight.dtype))
-            head.bias.copy_(torch.as_tensor(intercept, dtype=head.bias.dtype))
-
-    def _train(self, module: nn.Module, head: nn.Linear, change: Change | None) -> list[float]:
+    def _train(self, module: nn.Module, head: ProbeHead, change: Change | None) -> list[float]:
         s = self.settings
         torch.manual_seed(self.seed)  # dropout
         optimiser = torch.optim.AdamW(
@@ -434,6 +467,14 @@ class TaskJudge:
             },
             "unmodified_accuracy": self.unmodified_accuracy,
             "majority_accuracy": self.majority_accuracy,
+            "finetune": None
+            if self.settings.protocol != "finetune"
+            else {
+                "recipe": f"AdamW, {self.settings.finetune_steps} steps of {self.batch_size} examples, encoder lr "
+                f"{self.settings.finetune_lr:g}, head lr {100 * self.settings.finetune_lr:g}, head started from the probe; "
+                "the fixed number of steps is the stopping rule",
+                "runs": self.finetune_runs,
+            },
         }
 
 
