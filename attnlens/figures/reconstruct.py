@@ -120,7 +120,7 @@ def plot_accuracy_vs_k(result, ax: plt.Axes | None = None) -> plt.Axes:
     """Plug-in judged by a task: held-out accuracy against k, with 95% intervals, the
     unmodified model and the majority class."""
     ax = new_axes(ax)
-    table, task = result.plug_in, result.meta["task"]
+    table, task = result.plug_in.dropna(subset=["accuracy"]), result.meta["task"]  # strategies the task judged
     colours = _strategy_colours(list(dict.fromkeys(table.strategy)))
     for (strategy, scope), group in table.groupby(["strategy", "scope"], sort=False):
         group = group.sort_values("k")

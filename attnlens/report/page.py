@@ -418,7 +418,8 @@ def _task_section(results: dict, names: dict[str, str], directory: Path) -> str:
         body.append(_figure(directory / names["reconstruct"] / "figures" / "accuracy_vs_k.png", "Accuracy against k"))
         proxy = [c for c in ("token_cosine", "loss_increase") if c in plug][:1]
         columns = ["strategy", "scope", "k", "accuracy", "accuracy_low", "accuracy_high", "delta_accuracy", *proxy]
-        body.append(_table(plug[plug.k.isin([8, 16, 32, 64])][columns].sort_values(["k", "strategy", "scope"])))
+        judged = plug.dropna(subset=["accuracy"])
+        body.append(_table(judged[judged.k.isin([8, 16, 32, 64])][columns].sort_values(["k", "strategy", "scope"])))
     if "task" in importance_result.tables:
         body.append(_figure(directory / names["importance"] / "figures" / "task_ablation.png", "Accuracy without each class"))
         table = importance_result.tables["task"]

@@ -468,7 +468,7 @@ class ReconstructSettings(CorpusSettings, TaskSettings):
     ``plug_in_layers`` and ``plug_in_scopes``) judged by ``objective``; ``learn_r``
     (maps fine-tuned on the objective for ``learn_steps`` at ``learn_lr``). With ``task``
     (:class:`~attnlens.analysis.task.TaskSettings`), the plug-in runs are also judged by
-    task accuracy under ``protocol``.
+    task accuracy under ``protocol`` (for the strategies in ``task_strategies``; default all).
 
     >>> ReconstructSettings(scopes=["head", "row"])
     Traceback (most recent call last):
@@ -489,6 +489,7 @@ class ReconstructSettings(CorpusSettings, TaskSettings):
     plug_in: bool = False
     plug_in_layers: tuple[int, ...] | None = None
     plug_in_scopes: tuple[str, ...] | None = None
+    task_strategies: tuple[str, ...] | None = None
     objective: str = "auto"
     learn_r: bool = False
     learn_steps: int = 60
@@ -513,6 +514,8 @@ class ReconstructSettings(CorpusSettings, TaskSettings):
         at_least("ridge", self.ridge, 0)
         at_least("pairs_ridge", self.pairs_ridge, 0)
         one_of("objective", self.objective, OBJECTIVES)
+        if self.task_strategies is not None:
+            check_strategies(self.task_strategies)
         if self.task is not None and not self.plug_in:
             raise BadInput("`task` judges the plug-in runs (the model with the reconstruction inside); add `plug_in`")
         if self.learn_r:
@@ -578,6 +581,7 @@ def reconstruct(
             s.seed,
             plug_scopes,
             task,
+            set(plan.strategies if s.task_strategies is None else s.task_strategies),
         )
     configs = [(strategy, scope, k) for strategy in plan.strategies for scope in plan.scopes for k in plan.ks]
     table, selections = _evaluate(source_rows, fitter, configs, evaluated, plan.layers, s.batch_size, plug, progress)
@@ -737,8 +741,10 @@ class _PlugIn:
         seed: int,
         scopes: set[str],
         task: TaskJudge | None = None,
+        task_strategies: set[str] | None = None,
     ) -> None:
         self.objective, self.layers, self.scopes, self.task = objective, layers, scopes, task
+        self.task_strategies = task_strategies
         self.seed = seed
         self.batches = prepare_batches(objective, eval_ids, batch_size)
         self.baseline = evaluate_objective(objective, self.batches, None)["loss"] if scopes else None
@@ -761,7 +767,7 @@ class _PlugIn:
             mean, low, high = bootstrap_interval(values[None], seed=self.seed)
             record.update({name: float(mean[0]), f"{name}_low": float(low[0]), f"{name}_high": float(high[0])})
         record["baseline_loss"] = float(self.baseline.mean())
-        if self.task is not None:
+        if self.task is not None and strategy in self.task_strategies:
             used = [maps[layer] for layer in self.layers]
             key = content_key(
                 "reconstruct/" + "/".join(map(str, config)), *[t for m in used for t in (m.positions, m.weights, m.offset)]
