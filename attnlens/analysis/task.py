@@ -32,6 +32,7 @@ unmodified model's accuracy and the majority-class baseline.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import hashlib
@@ -182,17 +183,22 @@ class Probe:
     iterations: int
     converged: bool
 
+    def weights(self) -> tuple[np.ndarray, np.ndarray]:
+        """(classes, features) weights and (classes,) biases on standardised features, the
+        binary case's zero row for class 0 included."""
+        if self.coef.shape[0] > 1:
+            return self.coef, self.intercept
+        return np.concatenate([np.zeros_like(self.coef), self.coef]), np.concatenate([[0.0], self.intercept])
+
     def logits(self, features: np.ndarray) -> np.ndarray:
-        z = ((features - self.mean) / self.scale) @ self.coef.T + self.intercept
-        return np.concatenate([np.zeros_like(z), z], axis=1) if z.shape[1] == 1 else z
+        weights, bias = self.weights()
+        return ((features - self.mean) / self.scale) @ weights.T + bias
 
     def torch_logits(self, features: torch.Tensor) -> torch.Tensor:
         """The same logits, differentiable in ``features`` (for training a change against the task)."""
         as_tensor = lambda array: torch.as_tensor(array, dtype=torch.float64, device=features.device)
-        z = ((features.double() - as_tensor(self.mean)) / as_tensor(self.scale)) @ as_tensor(self.coef).T + as_tensor(
-            self.intercept
-        )
-        return torch.cat([torch.zeros_like(z), z], dim=1) if z.shape[1] == 1 else z
+        weights, bias = self.weights()
+        return ((features.double() - as_tensor(self.mean)) / as_tensor(self.scale)) @ as_tensor(weights).T + as_tensor(bias)
 
     def predict(self, features: np.ndarray) -> np.ndarray:
         return self.logits(features).argmax(1)
@@ -259,9 +265,7 @@ class ProbeHead(nn.Module):
 
     def __init__(self, probe: Probe) -> None:
         super().__init__()
-        coef, intercept = probe.coef, probe.intercept
-        if coef.shape[0] == 1:  # binary: logits [0, z]
-            coef, intercept = np.concatenate([np.zeros_like(coef), coef]), np.concatenate([[0.0], intercept])
+        coef, intercept = probe.weights()
         self.register_buffer("mean", torch.as_tensor(probe.mean, dtype=torch.float32))
         self.register_buffer("scale", torch.as_tensor(probe.scale, dtype=torch.float32))
         self.linear = nn.Linear(coef.shape[1], coef.shape[0])
@@ -508,25 +512,15 @@ def _scored(logits: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndar
     return (logits.argmax(1) == labels).astype(np.float64), -log_probability[np.arange(len(labels)), labels]
 
 
-class _changed:
+def _changed(change: Change | None, batch: TaskBatch, counts: np.ndarray | None = None) -> Capture | contextlib.nullcontext:
     """The capture that applies ``change`` to one batch (nothing for no change), counting the
     valid (query, key) positions it removes (sets to -inf) among the examples' own tokens."""
-
-    def __init__(self, change: Change | None, batch: TaskBatch, counts: np.ndarray | None = None) -> None:
-        intervene = None if change is None else change.intervention(batch)
-        self.capture = None
-        if intervene is not None:
-            if counts is not None:
-                intervene = _counting(intervene, batch.attention_mask.bool(), counts)
-            self.capture = Capture(layers=change.layers, intervene=intervene, record=False)
-
-    def __enter__(self) -> None:
-        if self.capture is not None:
-            self.capture.__enter__()
-
-    def __exit__(self, *exc: object) -> None:
-        if self.capture is not None:
-            self.capture.__exit__(*exc)
+    intervene = None if change is None else change.intervention(batch)
+    if intervene is None:
+        return contextlib.nullcontext()
+    if counts is not None:
+        intervene = _counting(intervene, batch.attention_mask.bool(), counts)
+    return Capture(layers=change.layers, intervene=intervene, record=False)
 
 
 def _counting(intervene: Intervention, queries: torch.Tensor, counts: np.ndarray) -> Intervention:

@@ -465,6 +465,12 @@ def evaluate_patterns(
     return pd.DataFrame(rows), np.stack(losses)
 
 
+def _batch_order(rng: np.random.Generator, num_batches: int, steps: int) -> np.ndarray:
+    """Which training batch each step takes: seeded epochs of permutations, cut at ``steps``."""
+    epochs = math.ceil(steps / num_batches)
+    return np.concatenate([rng.permutation(num_batches) for _ in range(epochs)])[:steps]
+
+
 def mask_change(layout: MaskLayout, logits: torch.Tensor, model: LoadedModel, layout_classes, key: str) -> Change:
     """The hard mask ``α > 0`` of ``layout`` as a task :class:`Change` (rows left empty keep
     their most probable keys, as in :func:`evaluate_mask`), read off each batch's valid mask."""
@@ -685,8 +691,7 @@ def dam(
     eval_contexts, eval_masks = contexts_of(eval_ids, eval_roles, s.batch_size)
     train_contexts, _ = contexts_of(train_ids, train_roles, s.batch_size)
     rng = np.random.default_rng(_seeded(s.seed, _ORDER_STREAM))
-    epochs = math.ceil(s.steps / len(train_batches))
-    order = np.concatenate([rng.permutation(len(train_batches)) for _ in range(epochs)])[: s.steps]
+    order = _batch_order(rng, len(train_batches), s.steps)
 
     task = None
     if s.task is not None:  # examples padded to n, the width of the layouts and patterns
@@ -697,8 +702,7 @@ def dam(
         train_batches = list(batches(task.train, s.batch_size, model.device))
         train_ids = torch.from_numpy(task.train.ids)
         train_contexts, _ = contexts_of(train_ids, token_roles(train_ids, model), s.batch_size)
-        epochs = math.ceil(s.steps / len(train_batches))
-        order = np.concatenate([rng.permutation(len(train_batches)) for _ in range(epochs)])[: s.steps]
+        order = _batch_order(rng, len(train_batches), s.steps)
     trainer_objective = TaskLoss(task) if trained_on == "task" else judge
     task_rows = []
 
