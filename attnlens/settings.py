@@ -126,6 +126,20 @@ def probability(name: str, value: float, hint: str = "") -> None:
         raise BadInput(f"`{name}` {value:g} must be a probability strictly between 0 and 1{hint}")
 
 
+def numbered_from_zero(name: str, values: Iterable[int] | None, what: str = "layers") -> None:
+    """Every number in ``values`` (layers, query positions) is 0 or more; the top of the range is checked
+    once the model (or store) is known.
+
+    >>> numbered_from_zero("layers", [0, -1])
+    Traceback (most recent call last):
+        ...
+    attnlens.errors.BadInput: layers -1 is out of range; layers are numbered from 0
+    """
+    bad = [value for value in values or () if value < 0]
+    if bad:
+        raise BadInput(f"`{name}` {bad[0]} is out of range; {what} are numbered from 0")
+
+
 def one_of(name: str, value: object, choices: Iterable[object]) -> None:
     choices = tuple(choices)
     if value not in choices:

@@ -16,12 +16,13 @@ os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
 
 import ipaddress  # noqa: E402
 import socket  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
 import attnlens  # noqa: E402
-from tiny_models import skip_unless_ci  # noqa: E402
+from tiny_models import readme_tour, skip_unless_ci  # noqa: E402
 
 torch.manual_seed(0)
 
@@ -119,3 +120,19 @@ def kjv() -> attnlens.Corpus:
 def kjv_blocks(minilm_l6, kjv):
     """Eight real 32-token blocks of the King James Bible for the minilm tokenizer."""
     return kjv.blocks(minilm_l6, n=32, num_blocks=8, seed=0)
+
+
+@pytest.fixture(scope="session")
+def quick_report(tmp_path_factory) -> Path:
+    """The README tour's report line (``attnlens report --quick --out first-look``), run as written
+    (without its bar) in a directory of its own; the tour test reuses its output."""
+    from attnlens.cli import main
+
+    (line,) = [line for line in readme_tour() if line[0] == "report"]
+    root = tmp_path_factory.mktemp("tour")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(root)
+        with pytest.raises(SystemExit) as exit_info:
+            main([*line, "--no-progress"])
+    assert exit_info.value.code == 0
+    return root / line[line.index("--out") + 1]

@@ -100,7 +100,7 @@ def test_bad_corpora(capsys, small, tmp_path):
 
 def test_bad_sizes(capsys, small, minilm_l6, kjv):
     assert_one_line_error(*run_cli(capsys, *small, "--seq-len", "513")[::2], "above the 512 positions")
-    assert_one_line_error(*run_cli(capsys, *small, "--seq-len", "3")[::2], "below 4")
+    assert_one_line_error(*run_cli(capsys, *small, "--seq-len", "3")[::2], "--seq-len 3 must be at least 4")
     # The corpus's token count, counted here with the tokenizer alone; 14 text tokens fit a block of 16.
     tokens = sum(len(ids) for ids in minilm_l6.tokenizer(list(kjv.documents), add_special_tokens=False)["input_ids"])
     assert_one_line_error(*run_cli(capsys, *small, "--num-seqs", "99999999")[::2], f"gives {tokens // 14} blocks of 16 tokens")
@@ -139,3 +139,51 @@ def test_disk_full_mid_write(capsys, tmp_path, monkeypatch):
     assert_one_line_error(code, err, "No space left on device", "--resume")
     assert attnlens.open_store(out, allow_partial=True).complete == 0
     assert np.asarray(attnlens.open_store(out, allow_partial=True).tokens).shape == (0, 16)
+
+
+def test_version(capsys):
+    code, stdout, _ = run_cli(capsys, "--version")
+    assert code == 0 and stdout.strip() == f"attnlens {attnlens.__version__}"
+
+
+# A model path that does not exist: a command that loaded the model before checking the other
+# options would fail on it ("does not exist"), not on the option the test makes bad.
+MISSING = "./no/such/model"
+
+
+@pytest.mark.parametrize(
+    "argv, flag",
+    [
+        (["extract", "--model", MISSING, "--seq-len", "0"], "--seq-len"),
+        (["extract", "--model", MISSING, "--num-seqs", "0"], "--num-seqs"),
+        (["extract", "--model", MISSING, "--layers", "-1"], "--layers"),
+        (["eigen", MISSING, "--seq-len", "0"], "--seq-len"),
+        (["eigen", MISSING, "--num-seqs", "0"], "--num-seqs"),
+        (["eigen", MISSING, "--layers", "-1"], "--layers"),
+        (["eigen", MISSING, "--corpus", "no-such-corpus"], "--corpus"),
+        (["eigen", MISSING, "--device", "no-such-device"], "--device"),
+        (["reconstruct", MISSING, "--seq-len", "0"], "--seq-len"),
+        (["reconstruct", MISSING, "--num-seqs", "0"], "--num-seqs"),
+        (["reconstruct", MISSING, "--plug-in-layers", "-2", "--plug-in"], "--plug-in-layers"),
+        (["importance", "--model", MISSING, "--seq-len", "0"], "--seq-len"),
+        (["importance", "--model", MISSING, "--num-seqs", "0"], "--num-seqs"),
+        (["dam", "--model", MISSING, "--seq-len", "0"], "--seq-len"),
+        (["dam", "--model", MISSING, "--train-seqs", "0"], "--train-seqs"),
+        (["dam", "--model", MISSING, "--device", "no-such-device"], "--device"),
+        (["moments", MISSING, "--seq-len", "0"], "--seq-len"),
+        (["moments", MISSING, "--num-seqs", "0"], "--num-seqs"),
+        (["moments", MISSING, "--accumulate", "float8"], "--accumulate"),
+        (["moments", MISSING, "--corpus", "no-such-corpus"], "--corpus"),
+        (["report", "--model", MISSING, "--task", "no-such-task"], "--task"),
+        (["report", "--model", MISSING, "--corpus", "no-such-corpus"], "--corpus"),
+        (["report", "--model", MISSING, "--compare", "./no/such/second"], "--compare"),
+        (["report", "--model", MISSING, "--device", "no-such-device"], "--device"),
+    ],
+    ids=lambda value: " ".join(value) if isinstance(value, list) else None,
+)
+def test_cheap_checks_come_before_the_model_loads(capsys, tmp_path, argv, flag):
+    out = tmp_path / "out"
+    code, _, err = run_cli(capsys, *argv, "--out", str(out))
+    assert_one_line_error(code, err, flag)
+    assert MISSING not in err, "the model was looked for before the option was checked"
+    assert not out.exists()

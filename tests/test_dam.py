@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import matplotlib.text
 import numpy as np
 import pandas as pd
 import pytest
@@ -15,7 +16,7 @@ from attnlens.analysis.dam import LAYOUTS, DamResult, DamTrainer, evaluate_mask,
 from attnlens.analysis.evaluation import removal, valid_masks
 from attnlens.analysis.objectives import Objective
 from attnlens.data.positions import class_masks, exclusive_index
-from tiny_models import save_tiny
+from tiny_models import identical_columns, save_tiny
 
 TINY = dict(seq_len=16, train_seqs=4, eval_seqs=2, batch_size=2, bootstrap=50, patterns=False, progress=False)
 
@@ -109,7 +110,7 @@ def test_lambda_zero_keeps_almost_everything_and_a_large_lambda_removes(minilm_l
     table = result.table.set_index("lambda")
     assert table.loc[0.0, "sparsity"] < 0.05
     assert table.loc[3.0, "sparsity"] > 0.5
-    assert table.loc[3.0, "loss"] > table.loc[0.0, "loss"]
+    assert table.loc[3.0, "delta"] > table.loc[0.0, "delta"]
     keep = result.keep_summary.set_index(["lambda", "class"])["keep_probability"]
     assert (keep.loc[0.0] > 0.8).all() and keep.loc[3.0].mean() < keep.loc[0.0].mean()
 
@@ -190,6 +191,10 @@ def test_causal_model_per_class_masks(tiny_causal, kjv):
     assert "next" not in set(result.keep["class"])
     assert result.logits.shape == (1, 2, 4, len(result.meta["settings"]["layout_classes"]))
     assert result.table["sparsity"].between(0, 1).all() and np.isfinite(result.table["loss"]).all()
+    # a next-token loss of its own: the table keeps it beside its change against the unmodified model
+    unmodified = (result.table["loss"] - result.table["delta"]).to_numpy()
+    np.testing.assert_allclose(unmodified, result.meta["baseline"]["loss"], rtol=1e-6)
+    assert result.meta["baseline"]["loss"] > 1
 
 
 def test_save_load_round_trip_with_patterns_and_figures(minilm_l6, kjv, tmp_path):
@@ -219,3 +224,73 @@ def test_gemma_dam_runs_end_to_end(gemma3, kjv):
     result = attnlens.dam(gemma3, corpus=kjv, variant="class", lambdas=[1.0], steps=2, **{**TINY, "train_seqs": 2})
     assert result.meta["settings"]["objective"] == "clm" and result.logits.shape[1:3] == (18, 4)
     assert np.isfinite(result.table["loss"]).all() and result.meta["baseline"]["loss"] > 0.5
+
+
+# ------------------------------------------------------------------ tables and figures
+
+
+@pytest.fixture(scope="module")
+def sparse_run(minilm_l6, kjv):
+    """Masks that do remove something (a high learning rate makes ten steps enough), and the patterns."""
+    return attnlens.dam(minilm_l6, corpus=kjv, lambdas=[0.03, 0.3, 3.0], steps=10, lr=0.5, **{**TINY, "patterns": True})
+
+
+def test_no_dam_table_repeats_a_column(sparse_run):
+    assert sparse_run.table["sparsity"].max() > 0.3 and sparse_run.meta["settings"]["objective"] == "hidden"
+    for name, table in sparse_run.tables.items():
+        assert identical_columns(table) == [], name
+    assert "delta" in sparse_run.table and "delta" in sparse_run.patterns
+    assert "hidden" in sparse_run.meta["columns"]["loss"], "where the loss went is said"
+
+
+def line_points(ax) -> np.ndarray:
+    """Display points every half pixel or closer along every line and error bar of ``ax``."""
+    pieces = []
+    polylines = [line.get_transform().transform(np.asarray(line.get_xydata(), float)) for line in ax.lines]
+    for collection in ax.collections:
+        polylines += [collection.get_transform().transform(np.asarray(segment, float)) for segment in collection.get_segments()]
+    for xy in polylines:
+        xy = xy[np.isfinite(xy).all(1)]
+        pieces.append(xy)
+        for start, end in zip(xy[:-1], xy[1:]):
+            steps = int(2 * np.hypot(*(end - start))) + 2
+            pieces.append(start + (end - start) * np.linspace(0, 1, steps)[:, None])
+    return np.concatenate(pieces)
+
+
+def crowded(result) -> DamResult:
+    """The λ points moved onto pattern points, where lines meet them from every side, and a task
+    table made of the same numbers, so that both figures with λ labels are crowded."""
+    patterns = result.patterns.sort_values("sparsity").reset_index(drop=True)
+    picked = patterns.iloc[np.linspace(2, len(patterns) - 3, len(result.table)).astype(int)]
+    table = result.table.copy()
+    table[["sparsity", "delta"]] = picked[["sparsity", "delta"]].to_numpy()
+    table["delta_low"], table["delta_high"] = table["delta"] - 0.01, table["delta"] + 0.01
+    judged = pd.concat([table.assign(kind="dam"), patterns.assign(kind="pattern")], ignore_index=True)
+    task = judged.assign(task_sparsity=judged["sparsity"], accuracy=0.9 - judged["delta"])
+    task["accuracy_low"], task["accuracy_high"] = task["accuracy"] - 0.01, task["accuracy"] + 0.01
+    meta = {**result.meta, "task": {"task": "made-up", "protocol": "probe", "held_out_rows": list(range(64)),
+                                    "unmodified_accuracy": 0.9, "majority_accuracy": 0.5}}  # fmt: skip
+    return DamResult(meta, {**result.tables, "summary": table, "task": task}, result.arrays)
+
+
+@pytest.mark.parametrize("figure", ["loss_vs_sparsity", "accuracy_vs_sparsity"])
+def test_lambda_labels_sit_clear_of_every_line(sparse_run, figure):
+    import matplotlib.pyplot as plt
+
+    from attnlens.figures import dam as figures
+
+    result = crowded(sparse_run)
+    ax = getattr(figures, f"plot_{figure}")(result)
+    ax.figure.draw_without_rendering()
+    renderer = ax.figure.canvas.get_renderer()
+    points = line_points(ax)
+    values = [f"{lam:g}" for lam in result.table["lambda"]]
+    labels = [text for text in ax.texts if text.get_text().split()[-1:] and text.get_text().split()[-1] in values]
+    assert sorted(label.get_text().split()[-1] for label in labels) == sorted(values), "one label per λ"
+    for label in labels:
+        box = matplotlib.text.Text.get_window_extent(label, renderer)  # the text, not its leader line
+        gap_x = np.maximum.reduce([box.x0 - points[:, 0], points[:, 0] - box.x1, np.zeros(len(points))])
+        gap_y = np.maximum.reduce([box.y0 - points[:, 1], points[:, 1] - box.y1, np.zeros(len(points))])
+        assert np.hypot(gap_x, gap_y).min() > 3, (label.get_text(), "sits on a line")
+    plt.close(ax.figure)

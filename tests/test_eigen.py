@@ -8,7 +8,7 @@ from sklearn.decomposition import PCA
 
 import attnlens
 from attnlens.analysis.eigen import analyse_moments, components_for_energy, gaussian_baseline, matrix_spectrum
-from attnlens.analysis.overlap import chance_overlap, principal_angles, subspace_overlap
+from attnlens.analysis.overlap import chance_overlap, principal_angles, stable_dim, subspace_overlap
 from attnlens.rows.moments import HalfMoments, Moments, compute_moments, split_halves
 from attnlens.rows.sources import StoreRows
 from tiny_models import moments_of_rows
@@ -202,3 +202,74 @@ def test_components_for_energy_edges():
     assert components_for_energy(np.array([1.0, 0, 0]), 0.99) == 1
     assert components_for_energy(np.zeros(3), 0.9) == 0
     assert split_halves(7, 0).sum() == 3
+
+
+# ---------------------------------------------------------------------- overlap against d
+
+
+@pytest.fixture(scope="module")
+def two_spectra(minilm_l6, minilm_l3):
+    """Real eigen results of two models, n = 32, keeping 12 eigenvectors."""
+    a = attnlens.eigen(minilm_l6, seq_len=32, num_seqs=48, keep=12, progress=False)
+    b = attnlens.eigen(minilm_l3, seq_len=32, num_seqs=48, keep=12, progress=False)
+    return a, b
+
+
+def test_overlap_at_every_d_equals_the_single_d_computation(two_spectra):
+    a, b = two_spectra
+    curves = attnlens.overlap([a, b], max_dim=12)
+    assert curves.max_dim == 12
+    for d in range(1, 13):
+        single = attnlens.overlap([a, b], dim=d, max_dim=d)
+        for name in ("layers_0", "heads_0", "layers_0_1", "heads_0_1", "model_0_1", "layers_1"):
+            np.testing.assert_allclose(curves.curve(name)[..., d - 1], single.matrix(name), rtol=1e-10, atol=1e-12, err_msg=name)
+        # the split-half curves, against subspace_overlap of the two halves' bases by hand
+        for index, result in enumerate((a, b)):
+            for level in ("head", "layer", "model"):
+                halves = [result.eigenvectors(level, half)[:, :, 0, :, :d].astype(np.float64) for half in "ab"]
+                first, second = (h.reshape(-1, result.n, d) for h in halves)
+                expected = [subspace_overlap(u, v) for u, v in zip(first, second)]
+                got = curves.arrays[f"split_half_{index}_{level}_curve"][:, d - 1]
+                np.testing.assert_allclose(got, expected, rtol=1e-10, atol=1e-12)
+
+
+def test_split_half_curves_reach_one_for_identical_halves(two_spectra):
+    a, _ = two_spectra
+    twin = type(a)(a.meta, a.tables, dict(a.arrays))
+    for level in ("head", "layer", "model"):
+        twin.arrays[f"{level}_eigenvectors_b"] = twin.arrays[f"{level}_eigenvectors_a"].copy()
+    result = attnlens.overlap(twin, max_dim=12)
+    for level in ("head", "layer", "model"):
+        curve = result.arrays[f"split_half_0_{level}_curve"]
+        np.testing.assert_allclose(curve, 1, atol=1e-5)  # float32 bases: orthonormal to about 1e-7
+    assert (result.split_half.stable_dim == 12).all()
+    assert result.dim == 12, "every layer determined up to max_dim: the median is max_dim"
+
+
+def test_stable_dim_is_the_prefix_rule_by_brute_force():
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        curve = rng.uniform(0.5, 1.0, size=rng.integers(1, 12))
+        level = rng.uniform(0.5, 1.0)
+        expected = max([d for d in range(len(curve) + 1) if all(curve[:d] >= level)])
+        assert stable_dim(curve, level) == expected
+
+
+def test_pairs_are_compared_at_the_smaller_determined_d(two_spectra):
+    a, b = two_spectra
+    result = attnlens.overlap([a, b], max_dim=12, level=0.8)
+    split = result.split_half.set_index(["result", "level", "layer"]).stable_dim
+    pairs = result.pairs
+    assert len(pairs) == 6 * 5 // 2 + 6 * 3 + 3 * 2 // 2 + 1  # within l6, l6 × l3, within l3, the two models
+    for _, row in pairs.iterrows():
+        ia, ib = result.meta["models"].index(row.model_a), result.meta["models"].index(row.model_b)
+        level = "model" if row.layer_a < 0 else "layer"
+        d = min(split[(ia, level, row.layer_a)], split[(ib, level, row.layer_b)])
+        assert row.d == d
+        if d:
+            assert row.chance == d / result.meta["n"]
+            key = {"layer": "layers", "model": "model"}[level] + (f"_{ia}" if ia == ib else f"_{ia}_{ib}")
+            x = result.meta["layers"][ia].index(row.layer_a) if level == "layer" else 0
+            y = result.meta["layers"][ib].index(row.layer_b) if level == "layer" else 0
+            assert row.overlap == result.curve(key)[x, y, d - 1]
+            assert min(row.split_half_a, row.split_half_b) >= 0.8

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 import attnlens
@@ -68,6 +69,26 @@ def test_overlap_cli_across_models(capsys, tmp_path, eigen_dirs):
     for name in ("layers_0", "heads_0", "layers_1", "layers_0_1", "heads_0_1"):
         assert (tmp_path / "o" / "figures" / f"overlap_{name}.png").is_file()
     assert (tmp_path / "o" / "figures" / "split_half_1.pdf").is_file()
+    for name in ("layers_0", "layers_0_1", "layers_1"):
+        assert (tmp_path / "o" / "figures" / f"curves_{name}.png").is_file()
+    # every comparison it computed is printed: both models' layer matrices, the cross-model one, the pairs
+    assert "minilm-l6: layer x layer" in out and "minilm-l3: layer x layer" in out and "minilm-l6 x minilm-l3" in out
+    lines = out.splitlines()
+    start = lines.index("minilm-l6 x minilm-l3: layer x layer overlap at d = 4") + 2  # after the column labels
+    printed = np.array([[float(value) for value in line.split()[1:]] for line in lines[start : start + 6]])
+    np.testing.assert_allclose(printed, result.matrix("layers_0_1"), atol=0.005 + 1e-9)
+    assert out.count("minilm-l6 all") == 1, "the model-level pair is among the printed pairs"
+
+
+def test_overlap_cli_picks_d_from_the_data(capsys, tmp_path, eigen_dirs):
+    code, out, _ = run_cli(
+        capsys, "overlap", str(eigen_dirs / "l6"), "--level", "0.95", "--out", str(tmp_path / "o"), "--no-figures"
+    )
+    assert code == 0
+    result = attnlens.load_result(tmp_path / "o")
+    layers = result.split_half.query("level == 'layer'").stable_dim
+    assert result.dim == max(1, int(np.median(layers))) and f"matrices at d = {result.dim} (median over layers" in out
+    assert result.max_dim == 8, "n/2 = 12, capped by the 8 eigenvectors kept"
 
 
 def test_overlap_bad_inputs(capsys, tmp_path, eigen_dirs):
@@ -78,6 +99,10 @@ def test_overlap_bad_inputs(capsys, tmp_path, eigen_dirs):
     )
     assert_one_line_error(*run_cli(capsys, "overlap", str(eigen_dirs / "l6"), "--dim", "25", *out)[::2], "between 1 and n = 24")
     assert_one_line_error(*run_cli(capsys, "overlap", str(eigen_dirs / "l6"), "--dim", "9", *out)[::2], "--keep 9")
+    assert_one_line_error(
+        *run_cli(capsys, "overlap", str(eigen_dirs / "l6"), "--max-dim", "9", *out)[::2], "--max-dim 9", "--keep 9"
+    )
+    assert_one_line_error(*run_cli(capsys, "overlap", str(eigen_dirs / "l6"), "--level", "0", *out)[::2], "--level", "(0, 1]")
     (tmp_path / "empty").mkdir()
     assert_one_line_error(*run_cli(capsys, "overlap", str(tmp_path / "empty"), *out)[::2], "not an attnlens result")
     assert_one_line_error(*run_cli(capsys, "overlap", str(eigen_dirs / "store"), *out)[::2], "not an attnlens result")

@@ -17,7 +17,7 @@ from attnlens.analysis.evaluation import evaluate_batch, guard_rows, removal, sp
 from attnlens.analysis.importance import ImportanceResult, hidden_projection, random_positions
 from attnlens.analysis.objectives import Objective
 from attnlens.data.positions import class_masks
-from tiny_models import save_tiny
+from tiny_models import identical_columns, save_tiny
 
 SMALL = dict(seq_len=16, num_seqs=4, batch_size=2, bootstrap=100, progress=False)
 
@@ -155,7 +155,8 @@ def test_class_ablation_equals_a_hand_written_masked_forward(minilm_l6, kjv):
     assert table.loc[row(scope="model", **{"class": "self"}, control="class"), "delta"] == pytest.approx(
         diagonal.mean(), abs=2e-5
     )
-    assert table.loc[row(scope="none"), "loss"] == 0.0
+    # unmodified, the hidden loss is a distance to itself, exactly 0: the table leaves it out, as it would repeat delta
+    assert (losses[row(scope="none")] == 0).all() and "loss" not in table
     assert (table.loc[table["control"] == "class", "removed"].iloc[0]) == pytest.approx(1 / n)
 
 
@@ -344,3 +345,105 @@ def test_gemma_causal_path(gemma3, kjv):
     assert table.loc[("model", "cls", "class"), "rows_spared"] == pytest.approx(1 / 16)
     assert np.isfinite(result.arrays["gradient_blocks"]).all() and np.isfinite(result.arrays["ablation_blocks"]).all()
     assert result.meta["model"]["weights_sha256"] == gemma3.weights_sha256()
+
+
+# ------------------------------------------------------------------ tables and figures
+
+
+@pytest.fixture(scope="module")
+def small_run(minilm_l6, kjv):
+    return attnlens.importance(minilm_l6, corpus=kjv, classes="self,prev,sep,other", per="layer", **SMALL)
+
+
+def model_rows(table) -> pd.DataFrame:
+    return table[table["scope"] == "model"].set_index(["class", "control"])
+
+
+def marker_points(ax) -> list[tuple[float, float, object]]:
+    """(x, y, line) of every point drawn as a marker (error bar caps aside)."""
+    return [
+        (x, y, line)
+        for line in ax.lines
+        if line.get_marker() not in ("None", None, "", "_")
+        for x, y in np.asarray(line.get_xydata(), dtype=float)
+    ]
+
+
+def test_no_importance_table_repeats_a_column(small_run, tiny_causal, kjv):
+    for name, table in small_run.tables.items():
+        pairs = identical_columns(table)
+        # share (uniform-attention mass) and removed (positions removed) agree when every query sees every key ...
+        assert pairs == ([("share", "removed")] if name == "summary" else []), (name, pairs)
+    causal = attnlens.importance(tiny_causal, corpus=kjv, classes="self,prev,other", gradient=False, **SMALL)
+    assert identical_columns(causal.table) == [], "... and part when queries see different keys (causal)"
+    assert "loss" in causal.ablation, "a next-token loss of its own, beside its change delta"
+
+
+def test_ablation_figure_draws_points_with_intervals_on_a_log_axis(small_run):
+    import matplotlib.pyplot as plt
+
+    from attnlens.figures.importance import plot_ablation
+
+    ablation = small_run.ablation.copy()
+    model = ablation["scope"] == "model"
+    below = model & (ablation["class"] == "sep") & (ablation["control"] == "class")
+    crossing = model & (ablation["class"] == "self") & (ablation["control"] == "random")
+    assert ablation.loc[crossing, "delta"].iloc[0] > 0
+    ablation.loc[below, ["delta", "delta_low", "delta_high"]] = [-0.0021, -0.005, 0.0012]  # a class below zero change
+    ablation.loc[crossing, "delta_low"] = -0.001  # an interval across zero
+    result = ImportanceResult(small_run.meta, {**small_run.tables, "ablation": ablation}, small_run.arrays)
+    ax = plot_ablation(result)
+    assert ax.get_yscale() == "log" and not [patch for patch in ax.patches if isinstance(patch, plt.Rectangle)], "no bars"
+    floor = ax.get_ylim()[0] * 10**0.3  # what stands on the floor is within a third of a decade of the bottom
+    points, rows = marker_points(ax), model_rows(ablation)
+    bars = [segment for collection in ax.collections for segment in collection.get_segments()]
+    classes = [tick.get_text().split("\n")[0] for tick in ax.get_xticklabels()]
+    assert classes == ["self", "prev", "sep", "other"]
+    for position, name in enumerate(classes):
+        for control, side in (("class", -1), ("random", 1)):  # the control beside its class
+            delta, low, high = rows.loc[(name, control), ["delta", "delta_low", "delta_high"]]
+            mine = [y for x, y, _ in points if 0 < side * (x - position) < 0.5]
+            assert len(mine) == 1, (name, control)
+            assert mine[0] == pytest.approx(delta) if delta > 0 else mine[0] <= floor
+            interval = [segment[:, 1] for segment in bars if 0 < side * (segment[0][0] - position) < 0.5]
+            assert len(interval) == 1 and max(interval[0]) == pytest.approx(high)
+            assert min(interval[0]) == pytest.approx(low) if low > 0 else min(interval[0]) <= floor, "cut at the floor"
+    styles = lambda keep: {(line.get_marker(), str(line.get_markerfacecolor())) for _, y, line in points if keep(y)}
+    assert styles(lambda y: y <= floor).isdisjoint(styles(lambda y: y > floor)), "a point below zero is marked distinctly"
+    assert any("0.0021" in text.get_text() for text in ax.texts), "its value is written"
+    assert any("≤ 0" in text.get_text() for text in ax.get_legend().get_texts()), "and the legend says how"
+    plt.close(ax.figure)
+
+
+def test_task_ablation_figure_draws_its_points_like_the_ablation_figure(small_run):
+    import matplotlib.pyplot as plt
+
+    from attnlens.figures.importance import plot_ablation, plot_task_ablation
+
+    task = small_run.ablation[small_run.ablation["scope"] != "none"].copy()
+    task["accuracy"] = np.linspace(0.55, 0.8, len(task))
+    task["accuracy_low"], task["accuracy_high"] = task["accuracy"] - 0.04, task["accuracy"] + 0.03
+    meta = {**small_run.meta, "task": {"task": "made-up", "protocol": "probe", "held_out_rows": list(range(64)),
+                                       "unmodified_accuracy": 0.8, "majority_accuracy": 0.5}}  # fmt: skip
+    ablation = small_run.ablation.copy()  # every Δ above zero: points of one style in both figures
+    ablation[["delta", "delta_low", "delta_high"]] = [0.02, 0.01, 0.03]
+    result = ImportanceResult(meta, {**small_run.tables, "ablation": ablation, "task": task}, small_run.arrays)
+    drawn = []
+    for plot in (plot_ablation, plot_task_ablation):
+        ax = plot(result)
+        drawn.append({(round(x - round(x), 3), line.get_marker(), line.get_color()) for x, _, line in marker_points(ax)})
+        plt.close(ax.figure)
+    assert drawn[0] == drawn[1] and len(drawn[0]) == 2, "the same two offsets, markers and colours: class, control"
+
+
+def test_gradient_figures_say_what_the_gate_is_and_what_is_differentiated(small_run):
+    import matplotlib.pyplot as plt
+
+    from attnlens.figures.importance import plot_gradient, plot_head_importance
+
+    for plot in (plot_gradient, plot_head_importance):
+        ax = plot(small_run)
+        words = " ".join([ax.get_ylabel(), ax.get_title(), *(other.get_ylabel() for other in ax.figure.axes)])
+        assert "gate" in words and "multipl" in words and "attention weights" in words, words
+        assert "hidden states" in words and "projection" in words, "hidden: what stands in for the loss"
+        plt.close(ax.figure)

@@ -7,10 +7,10 @@ import pytest
 import torch
 
 import attnlens
-from attnlens.analysis.reconstruct import MapFitter, attention_flops, reconstruct
+from attnlens.analysis.reconstruct import MapFitter, ReconstructResult, attention_flops, reconstruct
 from attnlens.analysis.reconstruct.pairs import fit_pairs, greedy_pairs
 from attnlens.analysis.reconstruct.selection import greedy_path, naive_greedy_path
-from tiny_models import assert_one_line_error, moments_of_rows, run_cli
+from tiny_models import assert_one_line_error, identical_columns, moments_of_rows, run_cli
 
 
 def fitter_for(rows: np.ndarray, per_query: bool = False, ridge: float = 0.0) -> MapFitter:
@@ -165,6 +165,8 @@ def test_causal_model_per_query_maps_reproduce_the_model_at_k_equal_n(tmp_path, 
     plug = result.plug_in.set_index(["strategy", "k"])
     assert plug.loc[("greedy", 8), "loss_increase"] == pytest.approx(0, abs=1e-5)
     assert abs(plug.loc[("greedy", 2), "loss_increase"]) > 1e-6
+    # a next-token loss of its own: kept beside its increase over the unmodified model
+    np.testing.assert_allclose(plug["loss"] - plug["loss_increase"], plug["baseline_loss"], rtol=1e-6)
     chosen = result.selections["greedy/head/2"][0, 0]  # (query, k): only keys the query may see
     for query in range(8):
         assert (chosen[query][chosen[query] >= 0] <= query).all()
@@ -218,3 +220,54 @@ def test_reconstruct_cli_and_bad_inputs(capsys, tmp_path, store):
     assert_one_line_error(
         *run_cli(capsys, "reconstruct", str(store.path), "--select", "local+global", *bad)[::2], "--rows per-query"
     )
+
+
+# ------------------------------------------------------------------ tables and figures
+
+
+@pytest.fixture(scope="module")
+def with_plug_in(store, minilm_l6):
+    """k up to n = 16, where the reconstruction is exact, with the plug-in judged by the hidden objective."""
+    return reconstruct(
+        store, model=minilm_l6, ks=[2, 8, 16], strategies=["greedy", "random"], scopes=["head"], plug_in=True, progress=False
+    )
+
+
+def test_no_reconstruct_table_repeats_a_column(with_plug_in):
+    assert with_plug_in.plug_in["objective"].iloc[0] == "hidden"
+    for name in ("table", "plug_in"):
+        assert identical_columns(with_plug_in.tables[name]) == [], name
+
+
+def with_task(result) -> ReconstructResult:
+    """The plug-in table with made-up accuracies for k > 2 only, as when a task judged some runs."""
+    plug = result.plug_in.copy()
+    plug["accuracy"] = np.where(plug["k"] > 2, 0.7, np.nan)
+    plug["accuracy_low"], plug["accuracy_high"] = plug["accuracy"] - 0.05, plug["accuracy"] + 0.05
+    task = {"task": "made-up", "protocol": "probe", "held_out_rows": list(range(64)), "unmodified_accuracy": 0.75,
+            "majority_accuracy": 0.5}  # fmt: skip
+    return ReconstructResult({**result.meta, "task": task}, {**result.tables, "plug_in": plug}, result.arrays)
+
+
+def test_k_ticks_are_exactly_the_k_values_each_figure_plots(with_plug_in):
+    import matplotlib.pyplot as plt
+
+    from attnlens.figures import reconstruct as figures
+
+    result = with_task(with_plug_in)
+    plots = {
+        "error_vs_k": figures.plot_error_vs_k,
+        "tv_vs_k": lambda r: figures.plot_error_vs_k(r, metric="tv"),
+        "fidelity_vs_k": figures.plot_fidelity_vs_k,
+        "accuracy_vs_k": figures.plot_accuracy_vs_k,
+    }
+    ticks = {}
+    for name, plot in plots.items():
+        ax = plot(result)
+        drawn = {x for line in ax.lines if line.get_marker() == "o" for x in line.get_xdata()}
+        ticks[name] = sorted(int(round(tick)) for tick in ax.get_xticks())
+        assert ticks[name] == sorted(drawn), (name, "a tick for every k drawn, and none for a k not drawn")
+        assert [label.get_text() for label in ax.get_xticklabels()] == [str(k) for k in ticks[name]]
+        plt.close(ax.figure)
+    assert 16 not in ticks["error_vs_k"] and 16 in ticks["fidelity_vs_k"], "k = n: exact, drawn only where not 0 on a log axis"
+    assert 2 not in ticks["accuracy_vs_k"], "the task judged no run with k = 2"

@@ -2,25 +2,15 @@
 
 from __future__ import annotations
 
+import base64
+import html
 import re
 
 import matplotlib.pyplot as plt
-import pytest
 
 import attnlens
 from attnlens.models import loading as models
 from tiny_models import assert_one_line_error, run_cli
-
-
-@pytest.fixture(scope="module")
-def quick_report(tmp_path_factory):
-    out = tmp_path_factory.mktemp("report") / "report"
-    from attnlens.cli import main
-
-    with pytest.raises(SystemExit) as exit_info:
-        main(["report", "--quick", "--out", str(out), "--no-progress"])
-    assert exit_info.value.code == 0
-    return out
 
 
 def test_report_page_embeds_figures_tables_and_provenance(quick_report):
@@ -28,7 +18,7 @@ def test_report_page_embeds_figures_tables_and_provenance(quick_report):
     images = re.findall(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', page)
     assert len(images) >= 8 and all(len(image) > 10_000 for image in images), "figures are embedded, not linked"
     assert "<table" in page and "papers report" in page and "measured here" in page
-    assert "attnlens report --quick" in page and "&quot;torch&quot;" in page  # the versions, HTML-escaped
+    assert "attnlens report --quick" in page and "<td>torch</td>" in page  # the versions, as a table
     report = attnlens.load_result(quick_report)
     assert set(report.meta["results"]) >= {"eigen", "eigen_second", "overlap", "reconstruct", "importance", "dam"}
     assert "Which positions of the attention matrix matter?" in page and "cheapest class to remove" in page
@@ -40,6 +30,28 @@ def test_report_page_embeds_figures_tables_and_provenance(quick_report):
         judged = report.result(key).tables[table]
         assert judged["accuracy"].between(0, 1).all() and (judged["accuracy_low"] <= judged["accuracy_high"]).all()
         assert report.result(key).meta["task"]["task"] == "rotten-tomatoes"
+
+
+def test_report_page_holds_every_figure_the_stages_saved(quick_report):
+    page = (quick_report / "report.html").read_text()
+    embedded = re.findall(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', page)
+    saved = sorted(quick_report.glob("*/figures/*.png"))
+    assert len(saved) > 20
+    assert sorted(embedded) == sorted(base64.b64encode(path.read_bytes()).decode() for path in saved), "each exactly once"
+
+
+def test_report_claims_are_the_page_summary_and_reload(quick_report):
+    report = attnlens.load_result(quick_report)
+    claims = report.claims
+    assert list(claims.columns) == ["claim", "papers report", "measured here (proxy)", "task accuracy here"]
+    page = (quick_report / "report.html").read_text()
+    summary = page[page.index("Summary: the papers") : page.index("1. Are attention score rows")]
+    for cell in claims.to_numpy().ravel():
+        assert f">{html.escape(cell, quote=False)}<" in summary, cell  # the page prints the saved table, cell for cell
+    overlap = report.result("overlap")
+    own = overlap.split_half.query("result == 0 and level == 'layer'")
+    stated = ", ".join(f"L{row.layer} {row.stable_dim}" for row in own.itertuples())
+    assert f"up to d = {stated};" in claims.iloc[1]["measured here (proxy)"]
 
 
 def test_report_refuses_to_overwrite(capsys, quick_report):

@@ -203,3 +203,46 @@ def import_or_skip(module: str, reason: str):
         return importlib.import_module(module)
     except ImportError:
         skip_unless_ci(reason)
+
+
+def identical_columns(table) -> list[tuple[str, str]]:
+    """Pairs of columns of a table that hold the same values in every row (NaN equal to NaN)."""
+    import numpy as np
+    import pandas as pd
+
+    pairs = []
+    names = list(table.columns)
+    for index, first in enumerate(names):
+        for second in names[index + 1 :]:
+            a, b = table[first], table[second]
+            if pd.api.types.is_numeric_dtype(a) and pd.api.types.is_numeric_dtype(b):
+                same = np.allclose(a.to_numpy(float), b.to_numpy(float), rtol=1e-9, atol=1e-12, equal_nan=True)
+            else:
+                same = a.astype(str).tolist() == b.astype(str).tolist()
+            if same:
+                pairs.append((first, second))
+    return pairs
+
+
+# ---------------------------------------------------------------------- the README's own code
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def readme_tour() -> list[list[str]]:
+    """The tour's command lines (the first fenced block after ``<!-- tour -->``), each as the
+    arguments after ``attnlens``, comments stripped, as a shell would split them."""
+    import shlex
+
+    text = README.read_text()
+    block = text[text.index("<!-- tour -->") :].split("```")[1]
+    lines = [shlex.split(line, comments=True) for line in block.splitlines()]
+    assert all(line[0] == "attnlens" for line in lines if line), "every tour line is an attnlens command"
+    return [line[1:] for line in lines if line]
+
+
+def readme_python_blocks() -> list[str]:
+    """Every ```python block of the README, in order."""
+    import re
+
+    return re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)

@@ -71,7 +71,7 @@ from attnlens.io.provenance import provenance
 from attnlens.io.results import Result
 from attnlens.models.capture import Capture, Intervention
 from attnlens.models.loading import LoadedModel, load_model
-from attnlens.progress import progress_bar
+from attnlens.progress import Progress, progress_bar, split
 from attnlens.settings import CorpusSettings, at_least, one_of
 
 SCOPES = ("model", "layer", "head")
@@ -229,7 +229,10 @@ class ImportanceResult(Result):
     """Tables of one importance run; see the module docstring.
 
     ``table`` (one row per class: mass, share, ablation delta and random control with
-    intervals, gradient importance), ``mass``, ``entropy``, ``ablation``, ``gradient``,
+    intervals, gradient importance; ``share`` and ``removed`` agree for a model whose every
+    query sees every key, and part for a causal one), ``mass``, ``entropy``, ``ablation``
+    (``loss``, the objective under the ablation, only for ``clm``/``mlm``: the ``hidden``
+    loss of the unmodified model is 0, so it would repeat ``delta``), ``gradient``,
     ``classes`` (``positions``: valid (layer, block, query, key) occurrences); ``arrays["ablation_blocks"]`` (condition, block) losses in the order of
     ``ablation``'s rows, ``arrays["gradient_blocks"]`` (block, layer, head, class + all)
     signed derivatives; ``meta`` holds provenance, settings and the token roles.
@@ -291,7 +294,7 @@ def importance(
     settings: ImportanceSettings | None = None,
     *,
     device: str = "cpu",
-    progress: bool = True,
+    progress: Progress = True,
     command: str | None = None,
     **changes: Any,
 ) -> ImportanceResult:
@@ -341,8 +344,11 @@ def importance(
     gradients = np.zeros((len(blocks), model.num_layers, model.num_heads, len(classes) + 1))
     accumulator = _MassAccumulator(model.num_layers, model.num_heads, len(classes))
     total = len(batches) * (len(conditions) + (1 if s.gradient else 0))
+    # The task's part (its probe, then every condition judged on its examples) took 2-3 times the
+    # blocks' passes in the reports measured (2 CPU cores).
+    passes_progress, task_progress = split(progress, 2, 5 if s.task is not None else 0)
 
-    with progress_bar(total=total, desc="importance", unit="pass", enabled=progress) as bar:
+    with progress_bar(total=total, desc="importance", unit="pass", enabled=passes_progress) as bar:
         for number, batch in enumerate(batches):
             start = number * s.batch_size
             rows = slice(start, start + batch.input_ids.shape[0])
@@ -392,7 +398,7 @@ def importance(
 
     task_table, task_meta = (None, None)
     if s.task is not None:
-        task_table, task_meta = _task_table(model, TaskSettings.of(s), s, conditions, classes, progress)
+        task_table, task_meta = _task_table(model, TaskSettings.of(s), s, conditions, classes, task_progress)
     mass_table, entropy_table = _mass_tables(accumulator, classes)
     ablation_table = _ablation_table(conditions, losses, pooled, removed, spared, s.bootstrap, s.seed)
     gradient_table = (
@@ -462,11 +468,11 @@ def ablation_change(model: LoadedModel, condition: Condition, classes: tuple[str
     return Change(key, intervention, None if condition.layer < 0 else [condition.layer])
 
 
-def _task_table(model, task_settings, s, conditions, classes, progress) -> tuple[pd.DataFrame, dict]:
+def _task_table(model, task_settings, s, conditions, classes, progress: Progress) -> tuple[pd.DataFrame, dict]:
     """Every ablation judged by task accuracy; class rows carry their excess over the random control."""
     judge = TaskJudge(model, task_settings, seq_len=s.seq_len, batch_size=s.batch_size, seed=s.seed)
     rows, correct = [], []
-    with progress_bar(total=len(conditions), desc="importance: task", unit="ablation", enabled=progress) as bar:
+    with progress_bar(total=len(conditions), desc="importance: task", unit="condition", enabled=progress) as bar:
         for condition in conditions:
             change = None if condition.scope == "none" else ablation_change(model, condition, classes, s.seed)
             judged = judge.judge(change)
@@ -510,7 +516,8 @@ def _ablation_table(conditions, losses, pooled, removed, spared, bootstrap, seed
     table = pd.DataFrame([vars(c) for c in conditions]).rename(columns={"cls": "class"})
     table["removed"] = np.where(removed[:, 1] > 0, removed[:, 0] / np.maximum(removed[:, 1], 1), 0.0)
     table["rows_spared"] = np.where(spared[:, 1] > 0, spared[:, 0] / np.maximum(spared[:, 1], 1), np.nan)
-    table["loss"] = losses.mean(1)
+    if pooled is None:  # hidden (the one with pooled cosines): its unmodified loss is 0, so loss would repeat delta
+        table["loss"] = losses.mean(1)
     table["delta"], table["delta_low"], table["delta_high"] = mean, low, high
     if pooled is not None:
         table["pooled_cosine"], table["pooled_cosine_low"], table["pooled_cosine_high"] = bootstrap_interval(

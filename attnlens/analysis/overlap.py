@@ -5,9 +5,13 @@ the same subspace and 0 for orthogonal ones; two independent random d-dimensiona
 subspaces of R^n give d/n on average (the chance level, reported beside every
 matrix). The principal angles are the arccosines of the singular values of UᵀV.
 
-The split-half check compares a layer's subspace estimated on two disjoint halves of
+The split-half check compares a unit's subspace estimated on two disjoint halves of
 the sequences: if layers differ from each other by no more than the halves of one
-layer differ, the difference is sampling noise, not structure.
+layer differ, the difference is sampling noise, not structure. Every overlap is
+computed at every d from 1 to a maximum, because the answer depends on d: past a
+unit's spectral gap its eigenvectors are not determined by the data and its split-half
+overlap falls away. Two units are compared at the largest d at which both their
+split-half overlaps stay at or above a stated level (:func:`stable_dim`).
 
 >>> import numpy as np
 >>> u = np.linalg.qr(np.random.default_rng(0).standard_normal((8, 2)))[0]
@@ -17,6 +21,7 @@ layer differ, the difference is sampling noise, not structure.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,7 +29,7 @@ import numpy as np
 import pandas as pd
 
 from attnlens.analysis.eigen import EigenResult
-from attnlens.errors import AttnlensError
+from attnlens.errors import AttnlensError, BadInput
 from attnlens.io.provenance import provenance
 from attnlens.io.results import Result
 from attnlens.settings import Settings, at_least
@@ -96,6 +101,51 @@ def overlap_matrix(bases_a: np.ndarray, bases_b: np.ndarray) -> tuple[np.ndarray
     return overlaps, _angles(a, b, products)
 
 
+def overlap_curves(bases_a: np.ndarray, bases_b: np.ndarray, chunk_bytes: int = 1 << 27) -> np.ndarray:
+    """Overlap at every d from 1 to D between every basis of A (k_a, n, D) and of B (k_b, n, D),
+    both ordered by eigenvalue: (k_a, k_b, D), entry d − 1 the overlap of their first d columns.
+
+    >>> u = np.linalg.qr(np.random.default_rng(0).standard_normal((6, 3)))[0]
+    >>> overlap_curves(u[None], u[None]).round(6).tolist()
+    [[[1.0, 1.0, 1.0]]]
+    """
+    a, b = np.asarray(bases_a, dtype=np.float64), np.asarray(bases_b, dtype=np.float64)
+    dims = a.shape[-1]
+    curves = np.empty((len(a), len(b), dims))
+    step = max(1, chunk_bytes // (8 * len(b) * dims * dims))  # rows of A per chunk: bounded memory for many heads
+    for start in range(0, len(a), step):
+        curves[start : start + step] = _curves(np.matmul(a[start : start + step].swapaxes(-1, -2)[:, None], b[None]))
+    return curves
+
+
+def paired_curves(bases_a: np.ndarray, bases_b: np.ndarray) -> np.ndarray:
+    """Overlap at every d of each basis of A (k, n, D) with the same unit's basis of B: (k, D).
+    The split-half curves: the two bases are one unit's estimates from two halves of the data."""
+    a, b = np.asarray(bases_a, dtype=np.float64), np.asarray(bases_b, dtype=np.float64)
+    return _curves(np.matmul(a.swapaxes(-1, -2), b))
+
+
+def _curves(products: np.ndarray) -> np.ndarray:
+    """From products aᵀb (..., D, D) the overlap at every d (..., D): the sum of the squared
+    entries of the top-left d × d block, over d (a running sum along both axes)."""
+    blocks = (products**2).cumsum(-1).cumsum(-2)
+    return np.diagonal(blocks, axis1=-2, axis2=-1) / np.arange(1, products.shape[-1] + 1)
+
+
+def stable_dim(split_half_curve: np.ndarray, level: float) -> int:
+    """The largest d at which a unit's split-half overlap has stayed at or above ``level`` for
+    every d' ≤ d (0 when even its top direction is below): the dimensions the data determine.
+
+    Past the spectral gap the eigenvectors of one half are a rotation of nearly equal
+    eigenvalues and the split-half overlap falls away; comparing subspaces there compares noise.
+
+    >>> stable_dim(np.array([1.0, 0.98, 0.95, 0.7, 0.92]), 0.9)
+    3
+    """
+    below = np.flatnonzero(np.asarray(split_half_curve) < level)
+    return int(below[0]) if len(below) else len(split_half_curve)
+
+
 def chance_overlap(dim: int, n: int) -> float:
     """Expected overlap of two independent uniformly random d-dimensional subspaces of R^n."""
     return dim / n
@@ -125,7 +175,10 @@ def _query_index(result: EigenResult, query: int | None) -> tuple[int, int]:
 
 
 class OverlapResult(Result):
-    """Overlap matrices (``arrays``), a tidy table of every pair (``table``) and the split-half check."""
+    """Overlap matrices at one d (``arrays``), the overlap at every d up to ``max_dim``
+    (``curve``), a tidy table of every pair (``table``), the split-half check of every unit
+    (``split_half``, ``split_half_curves``) and the layer pairs compared at the d their data
+    determine (``pairs``)."""
 
     kind = "overlap"
 
@@ -133,12 +186,24 @@ class OverlapResult(Result):
     def split_half(self) -> pd.DataFrame:
         return self.tables["split_half"]
 
+    @property
+    def split_half_curves(self) -> pd.DataFrame:
+        return self.tables["split_half_curves"]
+
+    @property
+    def pairs(self) -> pd.DataFrame:
+        return self.tables["pairs"]
+
     def summary(self) -> str:
-        return f"d={self.dim} of n={self.meta['n']}, models {', '.join(self.meta['models'])}"
+        return f"d={self.dim} of n={self.meta['n']} ({self.meta['dim_rule']}), models {', '.join(self.meta['models'])}"
 
     @property
     def dim(self) -> int:
         return int(self.meta["dim"])
+
+    @property
+    def max_dim(self) -> int:
+        return int(self.meta["max_dim"])
 
     @property
     def chance(self) -> float:
@@ -148,17 +213,34 @@ class OverlapResult(Result):
         """``layers_0`` (layer × layer of model 0), ``heads_0``, ``layers_0_1`` (model 0 × model 1), ..."""
         return self.arrays[f"{name}_overlap"]
 
+    def curve(self, name: str) -> np.ndarray:
+        """(units_a, units_b, max_dim): the overlap of matrix ``name`` at every d, entry d − 1 at d."""
+        return self.arrays[f"{name}_curve"]
+
 
 @dataclass(frozen=True)
 class OverlapSettings(Settings):
-    """Settings of :func:`overlap`: the dimension ``dim`` of the compared eigenspaces, and
-    the ``query`` position of per-query results (``None``: the last)."""
+    """Settings of :func:`overlap`.
 
-    dim: int = 16
+    ``dim``: the d of the overlap matrices; ``None`` picks it from the data (the median over
+    layers of the largest d at which their split-half overlap stays at or above ``level``).
+    ``max_dim``: the curves run from d = 1 to it (``None``: n/2, or the eigenvectors the
+    eigen results keep if fewer). ``level``: the split-half overlap a d must keep to count as
+    determined by the data. ``query``: the query position of per-query results (``None``: the last).
+    """
+
+    dim: int | None = None
+    max_dim: int | None = None
+    level: float = 0.9
     query: int | None = None
 
     def validate(self) -> None:
-        at_least("dim", self.dim, 1)
+        if self.dim is not None:
+            at_least("dim", self.dim, 1)
+        if self.max_dim is not None:
+            at_least("max_dim", self.max_dim, 1)
+        if not 0 < self.level <= 1:
+            raise BadInput(f"`level` {self.level} must be in (0, 1]: the split-half overlap a determined d keeps")
         if self.query is not None:
             at_least("query", self.query, 0)
 
@@ -170,60 +252,57 @@ def overlap(
     command: str | None = None,
     **changes: Any,
 ) -> OverlapResult:
-    """Overlap of top-``dim`` eigenspaces of the eigen results in ``source``: layer × layer
-    and head × head within each result, layer × layer (and head × head) between every
-    pair of results, and the split-half overlap of every unit. Per-query results use one
-    query position (default: the last, whose keys are all valid even in causal models).
-    ``settings`` (:class:`OverlapSettings`) with keyword ``changes`` applied."""
+    """Overlap of the top eigenspaces of the eigen results in ``source``: layer × layer and
+    head × head within each result, layer × layer (and head × head) between every pair of
+    results, each at every d from 1 to ``max_dim``, and the split-half overlap of every unit
+    at every d. Per-query results use one query position (default: the last, whose keys are
+    all valid even in causal models). ``settings`` (:class:`OverlapSettings`) with keyword
+    ``changes`` applied.
+
+    >>> import attnlens
+    >>> spectra = attnlens.eigen("minilm-l6", seq_len=16, num_seqs=16, layers=[0, 1], progress=False)
+    >>> shared = overlap(spectra, max_dim=6)
+    >>> shared.curve("layers_0").shape, 1 <= shared.dim <= 6
+    ((2, 2, 6), True)
+    """
     s = OverlapSettings.build(settings, **changes)
-    dim, query = s.dim, s.query
     results = [source] if isinstance(source, EigenResult) else list(source)
-    if not results:
-        raise AttnlensError("give at least one eigen result")
-    n = results[0].n
-    for result in results[1:]:
-        if result.n != n:
-            raise AttnlensError(
-                f"eigen results have different n ({n} for {results[0].meta['model']['name']}, {result.n} for "
-                f"{result.meta['model']['name']}); overlap compares subspaces of the same R^n: use the same `seq_len`"
-            )
-    if dim < 1 or dim > n:
-        raise AttnlensError(f"`dim` {dim} is out of range; it must be between 1 and n = {n}")
-    for result in results:
-        if dim > result.keep:
-            raise AttnlensError(
-                f"`dim` {dim} is above the {result.keep} eigenvectors the eigen result keeps; rerun eigen with `keep` {dim}"
-            )
-    positions = [_query_index(result, query) for result in results]
+    n, max_dim = _check_dims(results, s)
+    positions = [_query_index(result, s.query) for result in results]
     names = [result.meta["model"]["name"] for result in results]
+    halves = {
+        (i, level): paired_curves(*(_bases(result, level, max_dim, positions[i][0], half) for half in "ab"))
+        for i, result in enumerate(results)
+        for level in ("head", "layer", "model")
+    }
+    stable = {key: np.array([stable_dim(curve, s.level) for curve in curves]) for key, curves in halves.items()}
+    layer_dims = np.concatenate([stable[(i, "layer")] for i in range(len(results))])
+    dim = s.dim if s.dim is not None else max(1, int(np.median(layer_dims)))
+    rule = "given" if s.dim is not None else f"median over layers of the largest d with split-half overlap ≥ {s.level:g}"
     arrays: dict[str, np.ndarray] = {}
     rows: list[dict] = []
+    pairs: list[dict] = []
 
     def compare(key: str, level: str, i: int, j: int) -> None:
-        a = _bases(results[i], level, dim, positions[i][0])
-        b = _bases(results[j], level, dim, positions[j][0])
-        overlaps, angles = overlap_matrix(a, b)
-        arrays[f"{key}_overlap"], arrays[f"{key}_angles"] = overlaps, angles
-        for (ia, (layer_a, head_a)), (ib, (layer_b, head_b)) in (
-            ((x, la), (y, lb))
-            for x, la in enumerate(_unit_labels(results[i], level))
-            for y, lb in enumerate(_unit_labels(results[j], level))
-        ):
+        a = _bases(results[i], level, max_dim, positions[i][0])
+        b = _bases(results[j], level, max_dim, positions[j][0])
+        overlaps, angles = overlap_matrix(a[..., :dim], b[..., :dim])
+        curves = overlap_curves(a, b)
+        arrays[f"{key}_overlap"], arrays[f"{key}_angles"], arrays[f"{key}_curve"] = overlaps, angles, curves
+        units_a, units_b = _unit_labels(results[i], level), _unit_labels(results[j], level)
+        for (x, (layer_a, head_a)), (y, (layer_b, head_b)) in itertools.product(enumerate(units_a), enumerate(units_b)):
+            unit = {"comparison": key, "level": level, "model_a": names[i], "layer_a": layer_a, "head_a": head_a}
+            unit |= {"model_b": names[j], "layer_b": layer_b, "head_b": head_b}
             rows.append(
-                {
-                    "comparison": key,
-                    "level": level,
-                    "model_a": names[i],
-                    "layer_a": layer_a,
-                    "head_a": head_a,
-                    "model_b": names[j],
-                    "layer_b": layer_b,
-                    "head_b": head_b,
-                    "overlap": overlaps[ia, ib],
-                    "mean_angle_deg": float(np.degrees(angles[ia, ib]).mean()),
-                    "max_angle_deg": float(np.degrees(angles[ia, ib]).max()),
+                unit
+                | {
+                    "overlap": overlaps[x, y],
+                    "mean_angle_deg": float(np.degrees(angles[x, y]).mean()),
+                    "max_angle_deg": float(np.degrees(angles[x, y]).max()),
                 }
             )
+            if level != "head" and (i != j or x < y):
+                pairs.append(unit | _pair_at_stable_dim(curves[x, y], halves[(i, level)][x], halves[(j, level)][y], s.level, n))
 
     for i in range(len(results)):
         compare(f"layers_{i}", "layer", i, i)
@@ -232,25 +311,19 @@ def overlap(
             compare(f"layers_{i}_{j}", "layer", i, j)
             compare(f"heads_{i}_{j}", "head", i, j)
             compare(f"model_{i}_{j}", "model", i, j)
-    split_rows = []
-    for i, result in enumerate(results):
-        for level in ("head", "layer", "model"):
-            a = _bases(result, level, dim, positions[i][0], "a")
-            b = _bases(result, level, dim, positions[i][0], "b")
-            for unit, (layer, head) in enumerate(_unit_labels(result, level)):
-                split_rows.append(
-                    {
-                        "result": i,
-                        "model": names[i],
-                        "level": level,
-                        "layer": layer,
-                        "head": head,
-                        "overlap": subspace_overlap(a[unit], b[unit]),
-                    }
-                )
+    split_rows, curve_rows = [], []
+    for (i, level), curves in halves.items():
+        arrays[f"split_half_{i}_{level}_curve"] = curves
+        for unit, (layer, head) in enumerate(_unit_labels(results[i], level)):
+            labels = {"result": i, "model": names[i], "level": level, "layer": layer, "head": head}
+            split_rows.append(labels | {"overlap": curves[unit, dim - 1], "stable_dim": int(stable[(i, level)][unit])})
+            curve_rows += [labels | {"d": d, "overlap": curves[unit, d - 1]} for d in range(1, max_dim + 1)]
     meta = {
         "settings": s.to_dict(),
         "dim": dim,
+        "dim_rule": rule,
+        "max_dim": max_dim,
+        "level": s.level,
         "n": n,
         "chance": chance_overlap(dim, n),
         "models": names,
@@ -260,4 +333,47 @@ def overlap(
         "sources": [{"model": r.meta["model"], "corpus": r.meta["corpus"], "settings": r.meta["settings"]} for r in results],
         **provenance(command),
     }
-    return OverlapResult(meta, {"table": pd.DataFrame(rows), "split_half": pd.DataFrame(split_rows)}, arrays)
+    tables = {
+        "table": pd.DataFrame(rows),
+        "split_half": pd.DataFrame(split_rows),
+        "split_half_curves": pd.DataFrame(curve_rows),
+        "pairs": pd.DataFrame(pairs),
+    }
+    return OverlapResult(meta, tables, arrays)
+
+
+def _check_dims(results: list[EigenResult], s: OverlapSettings) -> tuple[int, int]:
+    """n of the results (all the same) and the largest d of the curves."""
+    if not results:
+        raise AttnlensError("give at least one eigen result")
+    n = results[0].n
+    for result in results[1:]:
+        if result.n != n:
+            raise AttnlensError(
+                f"eigen results have different n ({n} for {results[0].meta['model']['name']}, {result.n} for "
+                f"{result.meta['model']['name']}); overlap compares subspaces of the same R^n: use the same `seq_len`"
+            )
+    keep = min(result.keep for result in results)
+    for name, value in (("dim", s.dim), ("max_dim", s.max_dim)):
+        if value is not None and value > n:
+            raise AttnlensError(f"`{name}` {value} is out of range; it must be between 1 and n = {n}")
+        if value is not None and value > keep:
+            raise AttnlensError(
+                f"`{name}` {value} is above the {keep} eigenvectors the eigen result keeps; rerun eigen with `keep` {value}"
+            )
+    max_dim = s.max_dim if s.max_dim is not None else min(max(n // 2, 1), keep)
+    return n, max(max_dim, s.dim or 1)
+
+
+def _pair_at_stable_dim(cross: np.ndarray, split_a: np.ndarray, split_b: np.ndarray, level: float, n: int) -> dict:
+    """Two units compared at the largest d at which both their split-half overlaps stay at or
+    above ``level`` (d = 0, overlaps NaN, when one's top direction is already below it)."""
+    d = min(stable_dim(split_a, level), stable_dim(split_b, level))
+    at = (lambda curve: float(curve[d - 1])) if d else (lambda curve: float("nan"))
+    return {
+        "d": d,
+        "overlap": at(cross),
+        "split_half_a": at(split_a),
+        "split_half_b": at(split_b),
+        "chance": d / n,
+    }

@@ -137,7 +137,7 @@ def settings_from(cls: type[S], options: Mapping[str, object], **parsed: object)
 
     >>> from attnlens.analysis.overlap import OverlapSettings
     >>> settings_from(OverlapSettings, {"dim": 8, "out": "runs/o", "query": None})
-    OverlapSettings(dim=8, query=None)
+    OverlapSettings(dim=8, max_dim=None, level=0.9, query=None)
     """
     fields = {field.name for field in dataclasses.fields(cls)}
     return cls(**{**{name: value for name, value in options.items() if name in fields}, **parsed})

@@ -96,9 +96,9 @@ def dam(
     result = run(model, settings, device=device, progress=progress)
     save_result(result, out, overwrite=overwrite, figures=figures)
     typer.echo(
-        result.table[["lambda", "sparsity", "loss", "delta", "delta_low", "delta_high"]].to_string(
-            index=False, float_format=lambda v: f"{v:.4f}"
-        )
+        result.table[
+            [c for c in ("lambda", "sparsity", "loss", "delta", "delta_low", "delta_high") if c in result.table]
+        ].to_string(index=False, float_format=lambda v: f"{v:.4f}")
     )
     typer.echo(
         result.keep_summary.pivot(index="class", columns="lambda", values="keep_probability").to_string(

@@ -215,13 +215,13 @@ def load_corpus(source: str | Path = DEFAULT_CORPUS, *, text_field: str = "text"
     else:
         path = Path(name).expanduser()
         if not path.exists():
-            raise AttnlensError(f"corpus '{name}' is neither a built-in ({', '.join(BUILTIN)}) nor an existing file or folder")
+            raise AttnlensError(f"`corpus` {name} is neither a built-in ({', '.join(BUILTIN)}) nor an existing file or folder")
         files = sorted(p for p in path.rglob("*") if p.suffix in TEXT_SUFFIXES and p.is_file()) if path.is_dir() else [path]
         if path.is_file() and path.suffix not in TEXT_SUFFIXES:
-            raise AttnlensError(f"corpus file '{name}' must end in .txt or .jsonl")
+            raise AttnlensError(f"`corpus` {name}: a corpus file must end in .txt or .jsonl")
         documents = []
         for file in files:
             documents.extend(_read_jsonl(file, text_field) if file.suffix == ".jsonl" else _read_txt(file))
     if not documents:
-        raise AttnlensError(f"corpus '{name}' holds no text; give a file or folder with .txt or .jsonl text in it")
+        raise AttnlensError(f"`corpus` {name} holds no text; give a file or folder with .txt or .jsonl text in it")
     return Corpus(source=name, documents=tuple(documents), sha256=_hash_documents(documents))

@@ -18,8 +18,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 import seaborn as sns
 
-from .importance import ABSOLUTE_LOSS_LABELS, describe
-from .style import apply_style, new_axes, task_describe, task_references
+from .importance import LOSS_LABELS, describe
+from .style import apply_style, label_points, new_axes, task_describe, task_references
 
 PATTERN_MARKERS = {"strided": "s", "fixed": "D", "local": "^", "bigbird": "v", "star": "*", "no-diagonal": "X"}
 
@@ -63,46 +63,35 @@ def plot_keep(result, ax: plt.Axes | None = None) -> plt.Axes:
 
 
 def plot_loss_vs_sparsity(result, ax: plt.Axes | None = None) -> plt.Axes:
-    """Held-out loss against sparsity: DAM's λ sweep (with 95% intervals) and every fixed pattern."""
+    """Change of the held-out objective against sparsity: DAM's λ sweep (with paired 95%
+    intervals) and every fixed pattern, each against the unmodified model at 0."""
     ax = new_axes(ax, (7.6, 4.6))
     objective = result.meta["settings"]["objective"]
-    patterns = result.patterns
     palette = dict(zip(PATTERN_MARKERS, sns.color_palette("deep", len(PATTERN_MARKERS))))
-    for name, points in patterns.groupby("pattern", sort=False):
+    for name, points in result.patterns.groupby("pattern", sort=False):
         points = points.sort_values("sparsity")
-        ax.plot(
-            points["sparsity"],
-            points["loss"],
-            marker=PATTERN_MARKERS.get(name, "o"),
-            color=palette.get(name),
-            lw=1,
-            ms=5,
-            alpha=0.85,
-            label=name,
-        )
+        ax.plot(points["sparsity"], points["delta"], marker=PATTERN_MARKERS.get(name, "o"), color=palette.get(name),
+                lw=1, ms=5, alpha=0.85, label=name)  # fmt: skip
     table = result.table
-    error = np.stack([table["loss"] - table["loss_low"], table["loss_high"] - table["loss"]])
-    ax.errorbar(
-        table["sparsity"],
-        table["loss"],
-        yerr=error,
-        fmt="o-",
-        color="black",
-        lw=1.8,
-        ms=6,
-        capsize=3,
-        label=f"DAM {result.meta['settings']['variant']} (λ sweep)",
-        zorder=5,
-    )
-    for _, row in table.iterrows():
-        ax.annotate(f"{row['lambda']:g}", (row["sparsity"], row["loss"]), textcoords="offset points", xytext=(4, 5), fontsize=7)
-    ax.axhline(result.meta["baseline"]["loss"], color="grey", ls="--", lw=1, label="unmodified model")
+    error = np.stack([table["delta"] - table["delta_low"], table["delta_high"] - table["delta"]])
+    ax.errorbar(table["sparsity"], table["delta"], yerr=error, fmt="o-", color="black", lw=1.8, ms=6, capsize=3,
+                label=f"DAM {result.meta['settings']['variant']} (λ sweep)", zorder=5)  # fmt: skip
+    label_points(ax, table["sparsity"], table["delta"], [_lambda_label(value) for value in table["lambda"]])
+    ax.axhline(0, color="grey", ls="--", lw=1, label=_unmodified(result.meta))
     ax.set_xlabel("sparsity (fraction of valid attention positions removed)")
-    ax.set_ylabel(f"held-out {ABSOLUTE_LOSS_LABELS[objective]}")
+    ax.set_ylabel(LOSS_LABELS[objective])  # held-out: the title says so
     ax.set_xlim(-0.02, 1.02)
     ax.set_title(f"Loss against sparsity: learned masks and fixed patterns\n{describe(result.meta)}", fontsize=10)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     return ax
+
+
+def _unmodified(meta: dict) -> str:
+    """The baseline's legend entry; with a loss of its own (not ``hidden``, whose loss is 0
+    by definition) the entry says how large it is, which the Δ axis no longer shows."""
+    if meta["settings"]["objective"] == "hidden":
+        return "unmodified model"
+    return f"unmodified model (loss {meta['baseline']['loss']:.3g} nats)"
 
 
 def plot_accuracy_vs_sparsity(result, ax: plt.Axes | None = None) -> plt.Axes:
@@ -120,10 +109,7 @@ def plot_accuracy_vs_sparsity(result, ax: plt.Axes | None = None) -> plt.Axes:
     error = np.stack([masks["accuracy"] - masks["accuracy_low"], masks["accuracy_high"] - masks["accuracy"]])
     ax.errorbar(masks["task_sparsity"], masks["accuracy"], yerr=error, fmt="o-", color="black", lw=1.8, ms=6, capsize=3,
                 label=f"DAM {result.meta['settings']['variant']} (λ sweep)", zorder=5)  # fmt: skip
-    for _, row in masks.iterrows():
-        ax.annotate(
-            f"{row['lambda']:g}", (row["task_sparsity"], row["accuracy"]), textcoords="offset points", xytext=(4, 5), fontsize=7
-        )
+    label_points(ax, masks["task_sparsity"], masks["accuracy"], [_lambda_label(value) for value in masks["lambda"]])
     task_references(ax, task)
     ax.set_xlabel("sparsity on the task's examples (fraction of valid positions removed)")
     ax.set_ylabel("held-out accuracy")

@@ -22,17 +22,12 @@ import matplotlib.pyplot as plt
 import numpy as np
 import seaborn as sns
 
-from .style import apply_style, new_axes, task_describe, task_references
+from .style import apply_style, label_points, new_axes, task_describe, task_references
 
 LOSS_LABELS = {
     "hidden": "Δ loss (1 − token cosine to the unmodified model)",
     "clm": "Δ next-token loss (nats)",
     "mlm": "Δ masked-token loss (nats)",
-}
-ABSOLUTE_LOSS_LABELS = {
-    "hidden": "loss (1 − token cosine to the unmodified model)",
-    "clm": "next-token loss (nats)",
-    "mlm": "masked-token loss (nats)",
 }
 CLASS_COLOUR, CONTROL_COLOUR = sns.color_palette("deep")[0], sns.color_palette("deep")[7]
 
@@ -52,16 +47,38 @@ def grid(count: int, columns: int, cell: tuple[float, float]) -> tuple[plt.Figur
     return figure, axes
 
 
-def log_scale(ax: plt.Axes, values: np.ndarray) -> None:
-    """Symmetric log scale, linear below the smallest positive value: bars of very different
-    sizes (removing 1% of positions against 85%) stay readable, and negative ones drawable."""
+# Class beside its random control: where each sits on either side of its class's tick.
+CONTROLS = (
+    (-0.12, "class", CLASS_COLOUR, "class removed"),
+    (0.12, "random", CONTROL_COLOUR, "random control (same count per row)"),
+)
+
+
+def paired_points(ax: plt.Axes, x: np.ndarray, rows, value: str, colour, label: str, offset: float) -> None:
+    """One control's points with their 95% intervals (``value``, ``value_low``, ``value_high``)."""
+    error = np.stack([rows[value] - rows[f"{value}_low"], rows[f"{value}_high"] - rows[value]])
+    ax.errorbar(x + offset, rows[value], yerr=error, fmt="o", color=colour, label=label, capsize=3, elinewidth=1, ms=5)
+
+
+def log_floor(values: np.ndarray) -> float:
+    """Where a log axis of Δ stops: below the smallest positive value drawn, so that values
+    at or below zero, for which a log axis has no place, can stand on it; kept clear of the
+    decade ticks, whose labels would collide with the floor's own ("≤ 0")."""
     positive = values[values > 0]
-    if positive.size and positive.max() / positive.min() > 30:
-        ax.set_yscale("symlog", linthresh=10 ** np.floor(np.log10(positive.min())), linscale=0.5)
+    if not positive.size:
+        return 1e-6  # nothing above zero: every point stands on the floor, its value written
+    level = np.log10(positive.min()) - 0.35
+    fraction = level - np.floor(level)
+    if fraction < 0.2 or fraction > 0.8:
+        level = np.round(level) - 0.25
+    return float(10**level)
 
 
-def _error(table) -> np.ndarray:
-    return np.stack([table["delta"] - table["delta_low"], table["delta_high"] - table["delta"]])
+def draw_floor(ax: plt.Axes, floor: float) -> None:
+    """The floor as a dotted line labelled "≤ 0" where the y tick labels are."""
+    ax.axhline(floor, color="black", lw=0.8, ls=":")
+    ax.text(-0.01, floor, "≤ 0", transform=ax.get_yaxis_transform(), ha="right", va="center", fontsize=8)
+    ax.set_ylim(bottom=floor / 10**0.12)
 
 
 # ----------------------------------------------------------------------------- plots
@@ -91,30 +108,52 @@ def plot_entropy(result, ax: plt.Axes | None = None) -> plt.Axes:
 
 
 def plot_ablation(result, ax: plt.Axes | None = None) -> plt.Axes:
-    """Loss from removing each class everywhere, beside the random control, with 95% intervals."""
+    """Loss from removing each class everywhere, beside the random control: points with 95%
+    intervals on a log axis. A Δ at or below zero stands on the axis floor ("≤ 0") as an
+    open triangle with its value written; interval ends below zero stop at the floor."""
     ax = new_axes(ax, (7.2, 4.2))
     table = result.ablation[result.ablation["scope"] == "model"]
     classes = list(dict.fromkeys(table["class"]))
     x = np.arange(len(classes))
-    width = 0.38
-    for offset, control, colour, label in (
-        (-width / 2, "class", CLASS_COLOUR, "class removed"),
-        (width / 2, "random", CONTROL_COLOUR, "random control (same count per row)"),
-    ):
+    values = table[["delta_low", "delta", "delta_high"]].to_numpy()
+    floor = log_floor(values)
+    below_any = False
+    for offset, control, colour, label in CONTROLS:
         rows = table[table["control"] == control].set_index("class").loc[classes]
-        ax.bar(
-            x + offset, rows["delta"], width, yerr=_error(rows), color=colour, label=label, capsize=3, error_kw={"elinewidth": 1}
-        )
+        below_any |= _ablation_points(ax, x + offset, rows, floor, colour, label)
+    ax.set_yscale("log")
+    if (values <= 0).any():
+        draw_floor(ax, floor)
     removed = table[table["control"] == "class"].set_index("class").loc[classes, "removed"]
     ax.set_xticks(x, [f"{name}\n{fraction:.1%}" for name, fraction in zip(classes, removed)])
+    ax.set_xlim(-0.5, len(classes) - 0.5)
     ax.set_xlabel("position class (share of valid positions removed)")
     ax.set_ylabel(LOSS_LABELS[result.meta["settings"]["objective"]])
     ax.grid(axis="x", visible=False)
-    log_scale(ax, table[["delta_low", "delta", "delta_high"]].to_numpy())
-    ax.axhline(0, color="black", lw=0.8)
     ax.set_title(f"Ablation importance, 95% bootstrap intervals\n{describe(result.meta)}", fontsize=10)
-    ax.legend(loc="upper left", fontsize=8)
+    handles, labels = ax.get_legend_handles_labels()
+    if below_any:
+        handles.append(plt.Line2D([], [], ls="none", marker="v", mfc="white", mec="black", ms=6))
+        labels.append("Δ ≤ 0: on the floor, value written")
+    ax.legend(handles, labels, loc="upper left", fontsize=8)
     return ax
+
+
+def _ablation_points(ax: plt.Axes, x: np.ndarray, rows, floor: float, colour, label: str) -> bool:
+    """One control's points; those at or below zero go on the floor, open, with their value.
+    Returns whether there was any."""
+    shown = rows[["delta", "delta_low", "delta_high"]].clip(lower=floor)  # nothing is drawn below the floor
+    below = (rows["delta"] <= 0).to_numpy()
+    above = ~below
+    paired_points(ax, x[above], shown[above], "delta", colour, label, 0.0)
+    if below.any():
+        error = np.stack([np.zeros(below.sum()), shown["delta_high"][below] - floor])
+        ax.errorbar(x[below], shown["delta"][below], yerr=error, fmt="v", color=colour, mfc="white", mec=colour, ms=6,
+                    capsize=3, elinewidth=1)  # fmt: skip
+        label_points(
+            ax, x[below], shown["delta"][below], [f"Δ = {value:.2g}".replace("-", "−") for value in rows["delta"][below]]
+        )
+    return bool(below.any())
 
 
 def plot_task_ablation(result, ax: plt.Axes | None = None) -> plt.Axes:
@@ -126,13 +165,9 @@ def plot_task_ablation(result, ax: plt.Axes | None = None) -> plt.Axes:
     table = table[table["scope"] == "model"]
     classes = list(dict.fromkeys(table["class"]))
     x = np.arange(len(classes))
-    for offset, control, colour, label in (
-        (-0.12, "class", CLASS_COLOUR, "class removed"),
-        (0.12, "random", CONTROL_COLOUR, "random control (same count per row)"),
-    ):
+    for offset, control, colour, label in CONTROLS:
         rows = table[table["control"] == control].set_index("class").loc[classes]
-        error = np.stack([rows["accuracy"] - rows["accuracy_low"], rows["accuracy_high"] - rows["accuracy"]])
-        ax.errorbar(x + offset, rows["accuracy"], yerr=error, fmt="o", color=colour, label=label, capsize=3, elinewidth=1)
+        paired_points(ax, x, rows, "accuracy", colour, label, offset)
     task_references(ax, task)
     ax.set_xticks(x, classes)
     ax.set_xlabel("position class removed in every layer and head")
@@ -143,9 +178,25 @@ def plot_task_ablation(result, ax: plt.Axes | None = None) -> plt.Axes:
     return ax
 
 
+# What the gradient importance differentiates (importance.gradient_target): for ``hidden`` the
+# loss, 1 − cosine to the unmodified model, has zero gradient at g = 1, so a seeded random
+# projection of the final hidden states (each divided by its unmodified norm) stands in.
+DIFFERENTIATED = {
+    "hidden": "f: random projection of the final hidden states ÷ their norm (|∂f/∂g| ≈ their RMS change)",
+    "clm": "f: the block's next-token loss (nats)",
+    "mlm": "f: the block's masked-token loss (nats)",
+}
+GRADIENT_LABEL = "mean over blocks of |∂f / ∂g|"
+
+
+def gradient_subtitle(meta: dict, gated: str) -> str:
+    """The two lines that say what g and f are."""
+    return f"g: a gate multiplying {gated}\n{DIFFERENTIATED[meta['settings']['objective']]}"
+
+
 def plot_gradient(result, ax: plt.Axes | None = None) -> plt.Axes:
     """Gradient importance of one gate per class (all layers and heads), with 95% intervals."""
-    ax = new_axes(ax, (7.2, 4.0))
+    ax = new_axes(ax, (7.2, 4.4))
     table = result.gradient[result.gradient["level"] == "model"]
     x = np.arange(len(table))
     error = np.stack([table["importance"] - table["importance_low"], table["importance_high"] - table["importance"]])
@@ -153,19 +204,20 @@ def plot_gradient(result, ax: plt.Axes | None = None) -> plt.Axes:
     ax.set_xticks(x, list(table["class"]))
     ax.grid(axis="x", visible=False)
     ax.set_xlabel("gated position class ('all': every position, Michel et al.)")
-    objective = result.meta["settings"]["objective"]
-    ax.set_ylabel("mean |∂ projection / ∂ gate|" if objective == "hidden" else "mean |∂ loss / ∂ gate|")
-    ax.set_title(f"Gradient importance at gate = 1, 95% intervals\n{describe(result.meta)}", fontsize=10)
+    ax.set_ylabel(GRADIENT_LABEL)
+    subtitle = gradient_subtitle(result.meta, "the class's attention weights in every layer and head")
+    ax.set_title(f"Gradient importance at g = 1, 95% intervals\n{subtitle}\n{describe(result.meta)}", fontsize=9)
     return ax
 
 
 def plot_head_importance(result, ax: plt.Axes | None = None) -> plt.Axes:
     """Michel et al. head importance (a gate on all of a head's attention), layer × head."""
-    ax = new_axes(ax, (6.4, 3.6))
+    ax = new_axes(ax, (6.4, 3.8))
     table = result.gradient[(result.gradient["level"] == "head") & (result.gradient["class"] == "all")]
     matrix = table.pivot(index="layer", columns="head", values="importance")
-    sns.heatmap(matrix, ax=ax, cmap="rocket_r", vmin=0, cbar_kws={"label": "mean |∂/∂ gate|"})
-    ax.set_title(f"Head importance (a gate on all of a head's weights)\n{describe(result.meta)}", fontsize=10)
+    sns.heatmap(matrix, ax=ax, cmap="rocket_r", vmin=0, cbar_kws={"label": GRADIENT_LABEL})
+    subtitle = gradient_subtitle(result.meta, "all of one head's attention weights")
+    ax.set_title(f"Head importance at g = 1\n{subtitle}\n{describe(result.meta)}", fontsize=8)
     ax.set_xlabel("head")
     ax.set_ylabel("layer")
     return ax

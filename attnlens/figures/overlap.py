@@ -1,10 +1,13 @@
-"""Figures of overlap results: overlap heatmaps of layers, heads and models, and the split-half check.
+"""Figures of overlap results: overlap heatmaps of layers, heads and models, the split-half check
+and the overlap of every pair of layers against d.
 
 >>> import attnlens
 >>> spectra = attnlens.eigen("minilm-l6", seq_len=16, num_seqs=16, layers=[0, 1], progress=False)
 >>> ax = plot_overlap(attnlens.overlap(spectra, dim=4), "layers_0")
 >>> ax.get_xlabel()
 'minilm-l6'
+>>> len(plot_overlap_curves(attnlens.overlap(spectra, max_dim=4)).axes)  # one panel: L0 × L1
+1
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import seaborn as sns
 
-from .style import new_axes
+from .style import apply_style, layer_colours, new_axes
 
 
 def _matrix_labels(overlap_result, name: str) -> tuple[list[str], list[str], str, str]:
@@ -82,34 +85,93 @@ def plot_overlap(overlap_result, name: str = "layers_0", ax: plt.Axes | None = N
 
 
 def plot_split_half(overlap_result, ax: plt.Axes | None = None, *, model: int = 0) -> plt.Axes:
-    """Per layer: overlap of its subspace from two halves of the data, against its mean
-    overlap with the other layers, and the chance level."""
+    """Per layer: the overlap of its subspace estimated on two halves of the data, against d,
+    with the level a determined d keeps, the d each layer keeps it up to, and chance d/n."""
     ax = new_axes(ax)
     name = overlap_result.meta["models"][model]
+    curves = overlap_result.arrays[f"split_half_{model}_layer_curve"]
+    layers = overlap_result.meta["layers"][model]
     table = overlap_result.split_half
-    halves = table[(table["result"] == model) & (table["level"] == "layer")]  # two results may share a model
-    matrix = overlap_result.matrix(f"layers_{model}")
-    others = (matrix.sum(1) - np.diag(matrix)) / max(len(matrix) - 1, 1)
-    x = np.arange(len(halves))
-    ax.bar(x - 0.2, halves.overlap, width=0.4, label="split-half (same layer, two halves)")
-    if len(matrix) > 1:
-        ax.bar(x + 0.2, others, width=0.4, label="mean overlap with other layers")
-    ax.axhline(overlap_result.chance, color="black", ls=":", lw=1, label=f"chance d/n = {overlap_result.chance:.3f}")
-    ax.set_xticks(x, [f"L{layer}" for layer in halves.layer])
+    stable = table[(table["result"] == model) & (table["level"] == "layer")].stable_dim.to_numpy()
+    dims = np.arange(1, curves.shape[-1] + 1)
+    for curve, layer, colour, d in zip(curves, layers, layer_colours(len(layers)), stable):
+        ax.plot(dims, curve, color=colour, lw=1.5, label=f"L{layer} (determined up to d = {d})")
+        if d:
+            ax.plot(d, curve[d - 1], "o", color=colour, ms=5)
+    ax.plot(dims, dims / overlap_result.meta["n"], color="black", ls=":", lw=1, label="chance d/n")
+    level = overlap_result.meta["level"]
+    ax.axhline(level, color="grey", ls="--", lw=1, label=f"level {level:g}")
     ax.set_ylim(0, 1.05)
-    ax.set_xlabel("layer")
-    ax.set_ylabel(f"overlap of top-{overlap_result.dim} eigenspaces")
-    ax.set_title(f"Split-half check ({name}): is a cross-layer difference real?", fontsize=10)
-    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, frameon=False)
+    ax.set_xlabel("d (top eigenvectors compared)")
+    ax.set_ylabel("split-half overlap ‖UᵀV‖²/d")
+    ax.set_title(f"Split-half check ({name}): how many dimensions the data determine", fontsize=10)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=3, frameon=False)
     return ax
 
 
+def plot_overlap_curves(overlap_result, name: str = "layers_0") -> plt.Figure:
+    """One panel per pair of layers of matrix ``name``: their overlap against d beside the two
+    split-half floors (each layer against itself, from two halves of the data) and chance
+    d/n, with the d the pair is compared at (both floors at or above the level) marked."""
+    kind, *models = name.split("_")
+    first, last = int(models[0]), int(models[-1])
+    meta = overlap_result.meta
+    curves = overlap_result.curve(name)
+    floors = [overlap_result.arrays[f"split_half_{index}_layer_curve"] for index in (first, last)]
+    layers_a, layers_b = meta["layers"][first], meta["layers"][last]
+    pairs = [(x, y) for x in range(len(layers_a)) for y in range(len(layers_b)) if first != last or x < y]
+    columns = min(len(pairs), 5)
+    rows = -(-len(pairs) // columns)
+    apply_style()
+    figure, axes = plt.subplots(
+        rows, columns, figsize=(2.3 * columns, 1.9 * rows + 0.9), sharex=True, sharey=True, layout="constrained"
+    )
+    axes = np.atleast_1d(axes).ravel()
+    dims = np.arange(1, curves.shape[-1] + 1)
+    table = overlap_result.pairs
+    table = table[table["comparison"] == name].set_index(["layer_a", "layer_b"])
+    for ax, (x, y) in zip(axes, pairs):
+        label_a, label_b = f"{meta['models'][first]} L{layers_a[x]}", f"{meta['models'][last]} L{layers_b[y]}"
+        ax.plot(dims, curves[x, y], color="C0", lw=1.6, label="overlap of the two layers")
+        ax.plot(dims, floors[0][x], color="C1", ls="--", lw=1, label="split-half of the first")
+        ax.plot(dims, floors[1][y], color="C2", ls="-.", lw=1, label="split-half of the second")
+        ax.plot(dims, dims / meta["n"], color="black", ls=":", lw=1, label="chance d/n")
+        d = int(table.loc[(layers_a[x], layers_b[y]), "d"])
+        if d:
+            ax.axvline(d, color="grey", lw=0.8)
+            ax.plot(d, curves[x, y, d - 1], "o", color="C0", ms=4, label="compared at d (both split-halves ≥ level)")
+        short = (f"L{layers_a[x]}", f"L{layers_b[y]}") if first == last else (label_a, label_b)
+        ax.set_title(f"{short[0]} × {short[1]}" + (f", d = {d}" if d else ", no determined d"), fontsize=8)
+        ax.set_ylim(0, 1.05)
+    for ax in axes[len(pairs) :]:
+        ax.set_visible(False)
+    for ax in axes[max(len(pairs) - columns, 0) : len(pairs)]:  # the lowest panel of each column
+        ax.set_xlabel("d (top eigenvectors)", fontsize=8)
+    figure.supylabel("overlap ‖UᵀV‖²/d", fontsize=9)
+    handles, labels = axes[0].get_legend_handles_labels()
+    for ax in axes[1 : len(pairs)]:  # the marker appears only in panels with a determined d
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            if label not in labels:
+                handles.append(handle)
+                labels.append(label)
+    figure.legend(handles, labels, loc="outside lower center", ncol=3, fontsize=7, frameon=False)
+    names = meta["models"][first] if first == last else f"{meta['models'][first]} × {meta['models'][last]}"
+    figure.suptitle(f"Overlap of layer subspaces against d, {names} (n = {meta['n']}, level {meta['level']:g})", fontsize=10)
+    return figure
+
+
 def draw(overlap_result) -> Iterator[tuple[str, plt.Figure]]:
-    """``overlap_<matrix>`` for every layer and head matrix (the first: layers of model 0), and
-    ``split_half_<i>`` per model."""
+    """``overlap_<matrix>`` for every layer and head matrix (the first: layers of model 0),
+    ``split_half_<i>`` per model, and ``curves_layers_<i>`` / ``curves_layers_<i>_<j>`` for
+    every layer comparison with at least one pair."""
     for key in sorted(overlap_result.arrays, key=lambda key: (not key.startswith("layers"), key)):
         if key.endswith("_overlap") and not key.startswith("model_"):
             name = key.removesuffix("_overlap")
             yield f"overlap_{name}", plot_overlap(overlap_result, name).figure
     for index in range(len(overlap_result.meta["models"])):
         yield f"split_half_{index}", plot_split_half(overlap_result, model=index).figure
+    for name in sorted(
+        key.removesuffix("_curve") for key in overlap_result.arrays if key.startswith("layers_") and key.endswith("_curve")
+    ):
+        if name.count("_") == 2 or len(overlap_result.curve(name)) > 1:  # a model of one layer has no pair within it
+            yield f"curves_{name}", plot_overlap_curves(overlap_result, name)

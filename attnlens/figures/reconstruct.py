@@ -38,7 +38,8 @@ def _strategy_line(ax, x, y, colour, strategy: str, scope: str) -> None:
 
 
 def _k_axis(ax: plt.Axes, ks) -> None:
-    """Log-2 k axis labelled with the k values themselves (1, 2, 4, ...), not powers."""
+    """Log-2 k axis labelled with the k values themselves (1, 2, 4, ...), not powers; ``ks``
+    are the k values plotted, so that every tick has points above it."""
     ax.set_xscale("log", base=2)
     ks = sorted(set(int(k) for k in ks))
     ax.set_xticks(ks, [str(k) for k in ks])
@@ -58,11 +59,13 @@ def plot_error_vs_k(result, ax: plt.Axes | None = None, *, metric: str = "rel_er
     overall = result.table[result.table.layer == -1]
     colours = _strategy_colours(list(dict.fromkeys(overall.strategy)))
     floor = 1e-9 * max(float(overall[metric].max()), 1e-300)
+    drawn = []
     for (strategy, scope), group in overall.groupby(["strategy", "scope"], sort=False):
         # k = n is exact: its TV is float rounding (~1e-7), which would squash the log scale.
         group = group[(group[metric] > floor) & (group.k < result.meta["n"])].sort_values("k")
         _strategy_line(ax, group.k, group[metric], colours[strategy], strategy, scope)
-    _k_axis(ax, overall.k)
+        drawn.extend(group.k)
+    _k_axis(ax, drawn)  # ticks at the k values drawn: a left-out k = n would be an empty tick
     ax.set_yscale("log")
     ax.set_xlabel("k (exact scores per row; pairs mode: k·n pairs per matrix)")
     ax.set_ylabel(METRIC_LABELS[metric])

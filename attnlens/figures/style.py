@@ -7,7 +7,12 @@ from pathlib import Path
 # No backend is forced: without a display matplotlib falls back to Agg by itself, and in
 # Jupyter the inline backend shows the figures.
 import matplotlib.pyplot as plt
+import numpy as np
 import seaborn as sns
+from matplotlib.artist import Artist
+from matplotlib.collections import LineCollection
+from matplotlib.text import Annotation, Text
+from matplotlib.transforms import Bbox
 
 FORMATS = ("png", "pdf")
 
@@ -51,3 +56,137 @@ def task_describe(meta: dict) -> str:
     """``minilm-l6 on rotten-tomatoes (probe), 512 held-out examples``: the second line of a task figure's title."""
     task = meta["task"]
     return f"{meta['model']['name']} on {task['task']} ({task['protocol']}), {len(task['held_out_rows'])} held-out examples"
+
+
+# ----------------------------------------------------------------------------- point labels
+
+# Offsets (points) tried for a label, nearest first: right above the point, then round it.
+_LABEL_RADII = (8, 14, 22, 34)
+_LABEL_ANGLES = (45, 135, 315, 225, 90, 270, 0, 180, 20, 70, 110, 160, 200, 250, 290, 340)
+
+
+def label_points(ax: plt.Axes, xs, ys, texts, *, fontsize: float = 7) -> list[Annotation]:
+    """Label points with texts that sit clear of every line, marker and error bar of ``ax``
+    and of each other, joined to their point by a thin leader line.
+
+    Where a label goes is decided when the figure is drawn (the layout, and with it where
+    the lines fall, is only known then), by :class:`_LabelPlacer`.
+    """
+    labels = [
+        ax.annotate(
+            text,
+            (x, y),
+            xytext=(0, 0),
+            textcoords="offset points",
+            fontsize=fontsize,
+            arrowprops={"arrowstyle": "-", "lw": 0.6, "color": "0.3", "shrinkA": 1, "shrinkB": 3},
+            zorder=6,
+        )
+        for x, y, text in zip(xs, ys, texts)
+    ]
+    ax.add_artist(_LabelPlacer(labels))
+    return labels
+
+
+class _LabelPlacer(Artist):
+    """Drawn before the labels it owns (lower zorder): moves each to the nearest offset whose
+    text keeps a clearance from the Axes' lines and the labels already placed."""
+
+    zorder = 0
+
+    def __init__(self, labels: list[Annotation]) -> None:
+        super().__init__()
+        self.labels = labels
+        self.set_in_layout(False)
+
+    def get_window_extent(self, renderer=None) -> Bbox:
+        return Bbox.null()
+
+    def draw(self, renderer) -> None:
+        obstacles = _line_points(self.axes, renderer)
+        inside = self.axes.get_window_extent(renderer)
+        margin = renderer.points_to_pixels(3)
+        placed: list[Bbox] = []
+        for label in self.labels:
+            best = max(_offsets(), key=lambda offset: _clearance(label, offset, renderer, obstacles, placed, inside, margin))
+            _move(label, best)  # the first offset with enough room, else the roomiest
+            placed.append(_text_box(label, renderer))
+        self.stale = False  # moving the labels must not ask for another draw
+
+
+def _offsets() -> list[tuple[float, float]]:
+    return [
+        (radius * np.cos(np.radians(angle)), radius * np.sin(np.radians(angle)))
+        for radius in _LABEL_RADII
+        for angle in _LABEL_ANGLES
+    ]
+
+
+def _move(label: Annotation, offset: tuple[float, float]) -> None:
+    """Offset the label, aligned so that its text grows away from its point."""
+    dx, dy = offset
+    label.xyann = offset
+    label.set_horizontalalignment("left" if dx > 1 else "right" if dx < -1 else "center")
+    label.set_verticalalignment("bottom" if dy > 1 else "top" if dy < -1 else "center")
+
+
+def _text_box(label: Annotation, renderer) -> Bbox:
+    label.update_positions(renderer)
+    return Text.get_window_extent(label, renderer)  # the text alone, without its leader line
+
+
+def _clearance(label, offset, renderer, obstacles: np.ndarray, placed: list[Bbox], inside: Bbox, margin: float) -> float:
+    """How far (pixels) the label's text at ``offset`` stays from everything it must not
+    cover, capped at ``margin`` so that among roomy offsets the nearest wins; far below
+    any overlap when it leaves the Axes."""
+    _move(label, offset)
+    box = _text_box(label, renderer)
+    if not (inside.x0 <= box.x0 and box.x1 <= inside.x1 and inside.y0 <= box.y0 and box.y1 <= inside.y1):
+        return -1e6
+    gaps = [margin]
+    if len(obstacles):
+        dx = np.maximum.reduce([box.x0 - obstacles[:, 0], np.zeros(len(obstacles)), obstacles[:, 0] - box.x1])
+        dy = np.maximum.reduce([box.y0 - obstacles[:, 1], np.zeros(len(obstacles)), obstacles[:, 1] - box.y1])
+        gaps.append(float((np.hypot(dx, dy) - obstacles[:, 2]).min()))
+    for other in placed:
+        dx = max(other.x0 - box.x1, box.x0 - other.x1, 0.0)
+        dy = max(other.y0 - box.y1, box.y0 - other.y1, 0.0)
+        gaps.append(float(np.hypot(dx, dy)))
+    return min(gaps) - 1e-3 * np.hypot(*offset)  # ties go to the nearest offset
+
+
+def _line_points(ax: plt.Axes, renderer) -> np.ndarray:
+    """(x, y, radius) in pixels along every line, marker and error bar of ``ax``, one point
+    per pixel of a line's length, so that a distance to them is a distance to the lines."""
+    pieces = []
+    for line in ax.lines:
+        if not line.get_visible():
+            continue
+        xy = line.get_transform().transform(np.asarray(line.get_xydata(), dtype=float))
+        xy = xy[np.isfinite(xy).all(1)]
+        width = renderer.points_to_pixels(line.get_linewidth()) / 2
+        if line.get_marker() not in (None, "", "None", " "):
+            pieces.append(_with_radius(xy, max(width, renderer.points_to_pixels(line.get_markersize()) / 2)))
+        if line.get_linestyle() not in ("None", "", " "):
+            pieces.append(_with_radius(_along(xy), width))
+    for collection in ax.collections:
+        if isinstance(collection, LineCollection):
+            transform = collection.get_transform()
+            for segment in collection.get_segments():
+                pieces.append(_with_radius(_along(transform.transform(np.asarray(segment, dtype=float))), 1.0))
+    return np.concatenate(pieces) if pieces else np.zeros((0, 3))
+
+
+def _along(xy: np.ndarray) -> np.ndarray:
+    """Points every pixel along the polyline ``xy``."""
+    if len(xy) < 2:
+        return xy
+    points = [xy[:1]]
+    for start, end in zip(xy[:-1], xy[1:]):
+        steps = max(int(np.ceil(np.hypot(*(end - start)))), 1)
+        points.append(start + (end - start) * np.linspace(0, 1, steps + 1)[1:, None])
+    return np.concatenate(points)
+
+
+def _with_radius(xy: np.ndarray, radius: float) -> np.ndarray:
+    return np.column_stack([xy, np.full(len(xy), radius)])

@@ -30,7 +30,8 @@ from attnlens.io.results import check_resumable_out
 from attnlens.io.store import DTYPES, Store, StoreWriter, is_store, open_store
 from attnlens.models.capture import Capture
 from attnlens.models.loading import LoadedModel, load_model
-from attnlens.progress import progress_bar
+from attnlens.progress import Progress, progress_bar
+from attnlens.settings import CorpusSettings, at_least, numbered_from_zero
 
 
 def prepare_out(out: Path, *, resume: bool, overwrite: bool) -> None:
@@ -54,7 +55,7 @@ def extract(
     seed: int = 0,
     resume: bool = False,
     overwrite: bool = False,
-    progress: bool = True,
+    progress: Progress = True,
     command: str | None = None,
 ) -> Store | None:
     """Capture the attention scores of the model ``source`` on ``num_seqs`` blocks of
@@ -66,10 +67,7 @@ def extract(
     its share; the store is returned on rank 0 (``None`` on the others) once all are done.
     """
     out = Path(out)
-    if dtype not in DTYPES:
-        raise AttnlensError(f"`dtype` {dtype} is not supported; use one of {', '.join(DTYPES)}")
-    if batch_size < 1:
-        raise AttnlensError(f"`batch_size` {batch_size} must be at least 1")
+    _check_options(seq_len, num_seqs, batch_size, dtype, layers)
     world = init_world(device)
     world.run_on_main(lambda: prepare_out(out, resume=resume, overwrite=overwrite))
     if not isinstance(corpus, Corpus):
@@ -114,7 +112,7 @@ def extract(
             initial=writer.complete - writer.start,
             unit="seq",
             desc=desc,
-            enabled=progress and world.is_main,
+            enabled=progress if world.is_main else False,
         ) as bar,
     ):
         try:
@@ -134,6 +132,16 @@ def extract(
             ) from None
     world.barrier()  # every rank's shard is on disk
     return open_store(out) if world.is_main else None
+
+
+def _check_options(seq_len: int, num_seqs: int | None, batch_size: int, dtype: str, layers: list[int] | None) -> None:
+    """The checks that need neither the model nor the corpus, so that bad input fails before either loads."""
+    CorpusSettings(seq_len=seq_len, batch_size=batch_size)
+    if num_seqs is not None:
+        at_least("num_seqs", num_seqs, 1)
+    if dtype not in DTYPES:
+        raise AttnlensError(f"`dtype` {dtype} is not supported; use one of {', '.join(DTYPES)}")
+    numbered_from_zero("layers", layers)
 
 
 class _BatchBuffers:

@@ -387,7 +387,16 @@ def _quiet_transformers() -> Iterator[None]:
             hf_logging.enable_progress_bar()
 
 
-def _resolve_source(name: str) -> str:
+def locate_model(name: str) -> str:
+    """Where the model ``name`` (alias, local directory or Hub id) loads from, without loading it;
+    :class:`AttnlensError` with the fix when it cannot be found (an alias's package missing, a path
+    that does not exist, a Hub id neither cached nor reachable).
+
+    >>> locate_model("./no/such/model")
+    Traceback (most recent call last):
+        ...
+    attnlens.errors.AttnlensError: model path './no/such/model' does not exist; give an existing directory, a Hub id, or an alias (minilm-l6, minilm-l3, gemma3-270m)
+    """
     if name in ALIASES:
         alias = ALIASES[name]
         missing = missing_distributions(alias)
@@ -503,6 +512,31 @@ def _number_attention_layers(model: nn.Module, probe: torch.Tensor) -> tuple[lis
     return order, valid[0] if valid else torch.ones(1, 1, 1, dtype=torch.bool)
 
 
+def check_device(device: str | torch.device) -> torch.device:
+    """The torch device ``device`` names, if this machine has it; else :class:`BadInput` naming `device`.
+
+    >>> check_device("cpu")
+    device(type='cpu')
+    >>> check_device("gpu")
+    Traceback (most recent call last):
+        ...
+    attnlens.errors.BadInput: device gpu is not a device; use cpu, cuda, cuda:1, ... or mps
+    """
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        raise BadInput(f"`device` {device} is not a device; use cpu, cuda, cuda:1, ... or mps") from None
+    if parsed.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise BadInput(f"`device` {device} asks for a GPU, but torch sees none here; use `device` cpu")
+        if parsed.index is not None and parsed.index >= count:
+            raise BadInput(f"`device` {device}: torch sees {count} GPU(s) here, numbered from 0")
+    if parsed.type == "mps" and not torch.backends.mps.is_available():
+        raise BadInput(f"`device` {device} asks for Apple's GPU (mps), which torch cannot use here; use `device` cpu")
+    return parsed
+
+
 def load_model(
     name: str = DEFAULT_MODEL,
     *,
@@ -526,8 +560,10 @@ def load_model(
     """
     import transformers
 
+    if device_map is None:  # a device map places the layers itself; `device` is ignored then
+        check_device(device)
     capture.register()
-    source = _resolve_source(name)
+    source = locate_model(name)
     with _quiet_transformers():
         try:
             config = transformers.AutoConfig.from_pretrained(source)

@@ -1,13 +1,14 @@
 """The one-command report: every analysis of attnlens on one model, as a self-contained HTML page.
 
 :func:`report` streams moments and runs the eigen analysis (and on a second model of
-the same geometry, when one is installed), the subspace overlaps with their split-half
-check, the reconstruction with plug-in, position importance and a short DAM run; it
-writes every result directory, then ``report.html`` with the figures embedded, the
-tables, the numbers that answer each research question of the two papers next to what
-the papers report, and the exact command and versions.
+the same geometry, when one is installed), the subspace overlaps at every d with their
+split-half check, the reconstruction with plug-in, position importance and a short DAM
+run, each change judged by a proxy and by task accuracy; it writes every result
+directory, then ``report.html`` with every saved figure embedded, the tables, the
+numbers that answer each research question of the two papers next to what the papers
+report (also saved as the report's ``claims`` table), and the exact command and versions.
 
-Default settings finish in about 5 minutes on 2 CPU cores; ``quick`` in under a minute.
+Default settings take about 10 minutes on 2 idle CPU cores; ``quick`` about 2.
 """
 
 from __future__ import annotations
@@ -19,14 +20,19 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import TypeVar
 
-from attnlens.errors import BadInput
+import pandas as pd
+
+from attnlens.errors import AttnlensError, BadInput
 from attnlens.io.files import swap_into_place
 from attnlens.io.provenance import provenance
 from attnlens.io.results import Result, check_out, load_result
-from attnlens.models.loading import ALIASES, LoadedModel, load_model, missing_distributions
-from attnlens.progress import progress_bar
+from attnlens.models.loading import ALIASES, LoadedModel, check_device, load_model, locate_model, missing_distributions
+from attnlens.progress import Progress, Stage, progress_bar
 from attnlens.report.page import write_page
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -35,7 +41,7 @@ class ReportSettings:
 
     seq_len: int = 128
     eigen_seqs: int = 256
-    dim: int = 16
+    dim: int | None = None  # the overlap matrices' d: None picks it from the split-half check
     reconstruct_seqs: int = 128
     ks: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128)
     strategies: tuple[str, ...] = ("greedy", "random", "stride")
@@ -58,7 +64,6 @@ DEFAULT = ReportSettings()
 QUICK = ReportSettings(
     seq_len=64,
     eigen_seqs=96,
-    dim=8,
     reconstruct_seqs=64,
     ks=(1, 4, 16, 64),
     strategies=("greedy", "random"),
@@ -83,25 +88,58 @@ def companion_for(model: LoadedModel) -> str | None:
     return name if name is not None and not missing_distributions(ALIASES[name]) else None
 
 
+# Relative cost of each stage, in the order they run, as measured on 2 CPU cores (default settings; quick
+# settings: typical of three runs on a shared machine, whose times varied up to 5x, the task's caches empty).
+STAGE_WEIGHTS = {
+    False: {
+        "eigen": 4,
+        "eigen (second model)": 2,
+        "overlap": 0.5,
+        "reconstruct": 40,
+        "importance": 12,
+        "dam": 75,
+        "figures": 6.5,
+    },
+    True: {
+        "eigen": 5,
+        "eigen (second model)": 3,
+        "overlap": 1,
+        "reconstruct": 70,
+        "importance": 55,
+        "dam": 45,
+        "figures": 27,
+    },
+}
+
+
 class _Stages:
-    """One progress display for the whole report: stages weighted by their expected cost."""
+    """One progress bar for the whole report, in %: each stage a stretch of it as wide as its
+    expected cost, which the stage's own bars move through (:class:`attnlens.progress.Stage`)."""
 
     def __init__(self, weights: dict[str, float], enabled: bool) -> None:
-        self.weights = weights
-        self.bar = progress_bar(total=round(sum(weights.values())), desc="report", unit="%", enabled=enabled)
+        self.bar = progress_bar(total=100, desc="report", unit="%", enabled=enabled)
+        self.enabled = enabled
+        total, names = sum(weights.values()), list(weights)
+        # Whole-percent bounds from the running sum: the stretches meet, and the last ends at exactly 100.
+        bounds = [round(100 * sum(weights[name] for name in names[:i]) / total) for i in range(len(names) + 1)]
+        self.spans = {name: (low, high) for name, low, high in zip(names, bounds, bounds[1:])}
         self.timings: dict[str, float] = {}
 
-    def run(self, name: str, work: Callable[[], object]) -> object:
-        self.bar.set_description(f"report: {name}")
+    def run(self, name: str, work: Callable[[Progress], T]) -> T:
+        """``work(progress)``, the stage ``name``: ``progress`` is its stretch of the bar (``False`` with the bar off)."""
+        stage = Stage(self.bar, f"report: {name}", *self.spans[name])
+        stage.move_to(stage.start)  # name the stage before its first bar opens
         start = time.perf_counter()
-        result = work()
+        result = work(stage if self.enabled else False)
         self.timings[name] = time.perf_counter() - start
-        self.bar.update(round(self.weights[name]))
+        stage.finish()
         return result
 
-    def close(self) -> None:
-        self.bar.set_description("report")
-        self.bar.update(self.bar.total - self.bar.n)  # rounding of the stage weights: end at 100%
+    def close(self, complete: bool = True) -> None:
+        """The bar's one final line: at 100% when the report is written, where it stopped when it failed."""
+        if complete:
+            self.bar.set_description_str("report", refresh=False)
+            self.bar.update(self.bar.total - self.bar.n)
         self.bar.close()
 
 
@@ -134,32 +172,33 @@ def report(
 
     out = check_out(out, overwrite)
     settings = QUICK if quick else DEFAULT
-    loaded = model if isinstance(model, LoadedModel) else load_model(model, device=device)
     settings = replace(settings, ks=tuple(k for k in settings.ks if k <= settings.seq_len))
     if task != "default":
         settings = replace(settings, task=task)
+    _check_inputs(settings, corpus, compare, device)
+    loaded = model if isinstance(model, LoadedModel) else load_model(model, device=device)
     second = companion_for(loaded) if compare == "auto" else compare
-    # Relative cost of each stage, as measured on 2 CPU cores with the default settings.
-    weights = {"eigen": 4, "overlap": 0.5, "reconstruct": 40, "importance": 12, "dam": 75, "figures": 6.5}
-    if second:
-        weights["eigen (second model)"] = 2
-    stages = _Stages({name: 100 * w / sum(weights.values()) for name, w in weights.items()}, progress)
+    weights = {name: w for name, w in STAGE_WEIGHTS[quick].items() if second or name != "eigen (second model)"}
+    stages = _Stages(weights, progress)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent if out.parent.exists() else None))
     try:
-        common = dict(corpus=corpus, seq_len=settings.seq_len, seed=seed, progress=False)
+        common = dict(corpus=corpus, seq_len=settings.seq_len, seed=seed)
         task = dict(task=settings.task, task_train=settings.task_train, task_eval=settings.task_eval) if settings.task else {}
         results: dict[str, object] = {}
-        results["eigen"] = stages.run("eigen", lambda: eigen(loaded, num_seqs=settings.eigen_seqs, **common))
+        results["eigen"] = stages.run(
+            "eigen", lambda stage: eigen(loaded, num_seqs=settings.eigen_seqs, progress=stage, **common)
+        )
         eigens = [results["eigen"]]
         if second:
             results["eigen_second"] = stages.run(
-                "eigen (second model)", lambda: eigen(second, num_seqs=settings.eigen_seqs, device=device, **common)
+                "eigen (second model)",
+                lambda stage: eigen(second, num_seqs=settings.eigen_seqs, device=device, progress=stage, **common),
             )
             eigens.append(results["eigen_second"])
-        results["overlap"] = stages.run("overlap", lambda: overlap(eigens, dim=settings.dim))
+        results["overlap"] = stages.run("overlap", lambda stage: overlap(eigens, dim=settings.dim))
         results["reconstruct"] = stages.run(
             "reconstruct",
-            lambda: reconstruct(
+            lambda stage: reconstruct(
                 loaded,
                 num_seqs=settings.reconstruct_seqs,
                 ks=settings.ks,
@@ -170,28 +209,32 @@ def report(
                 batch_size=settings.batch_size,
                 **task,
                 **({"task_strategies": settings.task_strategies} if task else {}),
+                progress=stage,
                 **common,
             ),
         )
         judged = dict(batch_size=settings.batch_size, **task, **common)
-        results["importance"] = stages.run("importance", lambda: importance(loaded, num_seqs=settings.importance_seqs, **judged))
+        results["importance"] = stages.run(
+            "importance", lambda stage: importance(loaded, num_seqs=settings.importance_seqs, progress=stage, **judged)
+        )
         results["dam"] = stages.run(
             "dam",
-            lambda: dam(
+            lambda stage: dam(
                 loaded,
                 lambdas=settings.dam_lambdas,
                 steps=settings.dam_steps,
                 lr=settings.dam_lr,
                 train_seqs=settings.dam_train_seqs,
                 eval_seqs=settings.importance_seqs,
+                progress=stage,
                 **judged,
             ),
         )
         names = {key: _directory_name(key, result) for key, result in results.items()}
-        page = stages.run("figures", lambda: write_page(staging, results, names, settings, command))
+        page, claims = stages.run("figures", lambda stage: write_page(staging, results, names, command, progress=stage))
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
-        stages.close()
+        stages.close(complete=False)
         raise
     stages.close()
     meta = {
@@ -203,11 +246,29 @@ def report(
         "settings": asdict(settings),
         "results": names,
         "timings_s": stages.timings,
+        "tables": ["claims"],
         **provenance(command),
     }
+    claims.to_csv(staging / "claims.csv", index=False)
     (staging / "result.json").write_text(json.dumps(meta, indent=2))
     swap_into_place(staging, out)
     return out / page.name
+
+
+def _check_inputs(settings: ReportSettings, corpus: str, compare: str | None, device: str) -> None:
+    """What the user chose, checked before the model loads: a bad name fails in seconds, not stages later."""
+    from attnlens.analysis.task import TaskSettings
+    from attnlens.data.corpus import load_corpus
+
+    check_device(device)
+    if settings.task is not None:
+        TaskSettings(task=settings.task, task_train=settings.task_train, task_eval=settings.task_eval)
+    load_corpus(corpus)  # quick (kjv: a tenth of a second); the stages read it again by name
+    if compare not in (None, "auto"):
+        try:
+            locate_model(compare)
+        except AttnlensError as error:  # the model's own message, said of the option that named it
+            raise BadInput(f"`compare`: {error.args[0]}") from None
 
 
 def _directory_name(key: str, result: object) -> str:
@@ -225,6 +286,11 @@ class Report(Result):
         if key not in self.meta["results"]:
             raise BadInput(f"the report has no '{key}' result; it has {', '.join(self.meta['results'])}")
         return load_result(self.path / self.meta["results"][key])
+
+    @property
+    def claims(self) -> pd.DataFrame:
+        """The papers' claims beside what this model shows, as the page's summary table prints them."""
+        return self.tables["claims"].fillna("")  # empty cells are read back from CSV as NaN
 
     def summary(self) -> str:
         return f"results {', '.join(self.meta['results'])}"

@@ -5,44 +5,77 @@ from __future__ import annotations
 
 import base64
 import html
-import json
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
 from attnlens.figures.dam import nearest_lambda
 from attnlens.io.provenance import provenance
-
-if TYPE_CHECKING:
-    from attnlens.report import ReportSettings
+from attnlens.progress import Progress, progress_bar
 
 
-def write_page(directory: Path, results: dict, names: dict[str, str], settings: ReportSettings, command: str | None) -> Path:
-    """Save every result (with its figures) into ``directory``, then ``report.html`` from them."""
-    for key, result in results.items():
-        result.save(directory / names[key])
-        result.save_figures(directory / names[key] / "figures")
+def write_page(
+    directory: Path, results: dict, names: dict[str, str], command: str | None, *, progress: Progress = False
+) -> tuple[Path, pd.DataFrame]:
+    """Save every result (with its figures) into ``directory``, then ``report.html`` from them;
+    returns the page and its claims table (the table the README's claims section is made from)."""
+    with progress_bar(total=len(results), desc="figures", unit="result", enabled=progress) as bar:
+        for key, result in results.items():
+            result.save(directory / names[key])
+            result.save_figures(directory / names[key] / "figures")  # drawing the figures is most of the stage
+            bar.update(1)
+    figures = Figures(directory)
+    table = claims(results)
     sections = [
-        _summary_section(results, settings),
-        *_eigen_sections(results, names, directory, settings),
-        _reconstruct_section(results, names, directory),
-        _importance_section(results, names, directory),
-        _dam_section(results, names, directory),
-        _task_section(results, names, directory),
+        _summary_section(results, table),
+        *_eigen_sections(results, names, figures),
+        _reconstruct_section(results, names, figures),
+        _importance_section(results, names, figures),
+        _dam_section(results, names, figures),
+        _task_section(results, names, figures),
+        _other_figures_section(names, figures),
     ]
     page = directory / "report.html"
     page.write_text(_page(results["eigen"], sections, names, command))
-    return page
+    return page, table
 
 
-def _figure(path: Path, caption: str) -> str:
-    data = base64.b64encode(path.read_bytes()).decode()
-    return (
-        f'<figure><img src="data:image/png;base64,{data}" alt="{html.escape(caption)}">'
-        f"<figcaption>{html.escape(caption)}</figcaption></figure>"
-    )
+def number(value: float, digits: int = 2, *, sign: bool = False, percent: bool = False, significant: bool = False) -> str:
+    """Every number the report's claims print, rounded one way: ``digits`` decimals (of the
+    percentage with ``percent``), or ``digits`` significant digits; ``sign`` prints + too.
+
+    >>> number(0.23849), number(0.0116, 3, sign=True, significant=True), number(0.9123, 1, percent=True)
+    ('0.24', '+0.0116', '91.2%')
+    """
+    value = float(value)
+    if percent:
+        return f"{100 * value:{'+' if sign else ''}.{digits}f}%"
+    spec = f"{'+' if sign else ''}{'#' if significant else ''}.{digits}{'g' if significant else 'f'}"  # '#': keep trailing zeros
+    return f"{value:{spec}}"
+
+
+class Figures:
+    """The figures the page embeds, so that the page can show the ones no section showed."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.shown: set[Path] = set()
+
+    def embed(self, path: Path, caption: str) -> str:
+        self.shown.add(path.resolve())
+        data = base64.b64encode(path.read_bytes()).decode()
+        return (
+            f'<figure><img src="data:image/png;base64,{data}" alt="{html.escape(caption)}">'
+            f"<figcaption>{html.escape(caption)}</figcaption></figure>"
+        )
+
+    def embed_if_saved(self, path: Path, caption: str) -> str:
+        return self.embed(path, caption) if path.is_file() else ""
+
+    def rest(self, name: str) -> list[Path]:
+        """The saved PNG figures of result directory ``name`` that no section embedded."""
+        return [path for path in sorted((self.directory / name / "figures").glob("*.png")) if path.resolve() not in self.shown]
 
 
 def _table(frame: pd.DataFrame, digits: int = 3, text: bool = False) -> str:
@@ -78,36 +111,78 @@ def _off_diagonal_mean(matrix: np.ndarray) -> float:
     return float(matrix[mask].mean()) if mask.any() else float("nan")
 
 
-def _summary_section(results: dict, settings: ReportSettings) -> str:
-    eigen_result, overlap_result, recon = results["eigen"], results["overlap"], results["reconstruct"]
+CLAIM_COLUMNS = ["claim", "papers report", "measured here (proxy)", "task accuracy here"]
+
+
+def claims(results: dict) -> pd.DataFrame:
+    """The papers' claims beside what this model shows: one row per claim, as text (the
+    report's summary table, and the README's claims section)."""
+    rows = [*_eigen_claims(results), *_reconstruct_claims(results["reconstruct"])]
+    rows += _importance_claims(results["importance"], results["dam"])
+    return pd.DataFrame([(*row, "")[:4] for row in rows], columns=CLAIM_COLUMNS)
+
+
+def _eigen_claims(results: dict) -> list[tuple[str, ...]]:
+    eigen_result, overlap_result = results["eigen"], results["overlap"]
     layers = _layer_summary(eigen_result)
+    n = eigen_result.n
+    level = number(overlap_result.meta["level"])
     split = overlap_result.split_half
-    split_layers = split[(split["result"] == 0) & (split["level"] == "layer")].overlap
+    own = split[(split["result"] == 0) & (split["level"] == "layer")]
+    determined = ", ".join(f"L{row.layer} {row.stable_dim}" for row in own.itertuples())
+    pairs = overlap_result.pairs
+    within = pairs[pairs["comparison"] == "layers_0"]
+    adjacent = within[within["layer_b"] == within["layer_a"].map(_next_layer(eigen_result.meta["layers"]))]
+    neighbours = ", ".join(f"L{row.layer_a}–L{row.layer_b} {_at_d(row)}" for row in adjacent.itertuples())
     rows = [
         (
             "Score rows are low-dimensional (paper 1)",
             "most variance in a few of n directions",
-            f"median over heads of components for 90% energy: {layers.head_k90_median.min():.0f}–"
-            f"{layers.head_k90_median.max():.0f} of n = {eigen_result.n} per layer (Gaussian baseline: "
-            f"{layers.baseline_k90.median():.0f})",
+            f"median over heads of components for 90% energy: {number(layers.head_k90_median.min(), 0)}–"
+            f"{number(layers.head_k90_median.max(), 0)} of n = {n} per layer (Gaussian baseline: "
+            f"{number(layers.baseline_k90.median(), 0)}); heads pooled per layer: "
+            + ", ".join(number(value, 0) for value in layers.pooled_k90),
         ),
         (
             "Eigenspaces overlap across layers (paper 1)",
             "strong overlap of top eigenspaces",
-            f"mean layer×layer overlap at d = {overlap_result.dim}: {_off_diagonal_mean(overlap_result.matrix('layers_0')):.2f} "
-            f"(chance {overlap_result.chance:.3f}; split-half of one layer: {split_layers.min():.2f}–{split_layers.max():.2f})",
+            f"each layer's subspace is determined by the data (split-half overlap ≥ {level}) up to d = {determined}; "
+            f"adjacent layers compared at the smaller of their d: {neighbours or 'one layer only'}",
         ),
     ]
-    if "layers_0_1" in {key.removesuffix("_overlap") for key in overlap_result.arrays}:
-        cross = overlap_result.matrix("layers_0_1")
+    cross = pairs[pairs["comparison"] == "layers_0_1"]
+    if len(cross):
+        model = pairs[pairs["comparison"] == "model_0_1"].iloc[0]
+        best = cross[cross["d"] > 1].sort_values("overlap", ascending=False).head(3)
+        models = overlap_result.meta["models"]
         rows.append(
             (
                 "…and across models (paper 1)",
                 "overlap between different models",
-                f"{overlap_result.meta['models'][0]} × {overlap_result.meta['models'][1]}: mean {cross.mean():.2f}, "
-                f"max {cross.max():.2f} (chance {overlap_result.chance:.3f})",
+                f"{models[0]} × {models[1]}, model-level subspaces: {_at_d(model)}; closest layer pairs determined "
+                "beyond d = 1: "
+                + (", ".join(f"L{row.layer_a} × L{row.layer_b} {_at_d(row)}" for row in best.itertuples()) or "none"),
             )
         )
+    return rows
+
+
+def _next_layer(layers: list[int]) -> dict[int, int]:
+    return dict(zip(layers[:-1], layers[1:]))
+
+
+def _at_d(row) -> str:
+    """``0.89 at d = 11 (split-half 0.99 / 0.91, chance 0.09)``: one pair at its determined d."""
+    if not row.d:
+        return "no d the data determine for both"
+    return (
+        f"{number(row.overlap)} at d = {row.d} (split-half {number(row.split_half_a)} / {number(row.split_half_b)}, "
+        f"chance {number(row.chance)})"
+    )
+
+
+def _reconstruct_claims(recon) -> list[tuple[str, ...]]:
+    rows = []
     overall = recon.table[(recon.table.layer == -1)]
     heads = recon.table[recon.table.layer >= 0]
     for k in (16, 32):
@@ -120,39 +195,40 @@ def _summary_section(results: dict, settings: ReportSettings) -> str:
                 (
                     f"k = {k} exact scores suffice (paper 1)",
                     "k = 16–32 enough; up to 45% fewer attention FLOPs",
-                    f"greedy, per-head map: held-out relative error (vs mean row) {row.rel_error:.3f} over all heads "
-                    f"(weighted by their variance); the typical head: median {median:.2f} [quartiles {q1:.2f}, {q3:.2f}] "
-                    f"of {len(per_head)} heads; vs zero {row.rel_error_zero:.3f}, TV {row.tv:.3f}; attention FLOPs "
-                    f"×{row.flops_ratio:.2f}",
+                    f"greedy, per-head map: held-out relative error (vs mean row) {number(row.rel_error, 3)} over all heads "
+                    f"(weighted by their variance); the typical head: median {number(median)} [quartiles {number(q1)}, "
+                    f"{number(q3)}] of {len(per_head)} heads; vs zero {number(row.rel_error_zero, 3)}, TV {number(row.tv, 3)}; "
+                    f"attention FLOPs ×{number(row.flops_ratio)}",
                 )
             )
     plug = recon.plug_in
-    if plug is not None:
-        for k in (16, 32):
-            pick = plug[(plug.strategy == "greedy") & (plug.scope == "head") & (plug.k == k)]
-            if len(pick):
-                row = pick.iloc[0]
-                measured = (
-                    f"cosine of final hidden states {row.token_cosine:.4f}"
-                    if row.objective == "hidden"
-                    else f"{row.objective} loss +{row.loss_increase:.3f} nats"
+    if plug is None:
+        return rows
+    for k in (16, 32):
+        pick = plug[(plug.strategy == "greedy") & (plug.scope == "head") & (plug.k == k)]
+        if len(pick):
+            row = pick.iloc[0]
+            measured = (
+                f"cosine of final hidden states {number(row.token_cosine, 4)}"
+                if row.objective == "hidden"
+                else f"{row.objective} loss {number(row.loss_increase, 3, sign=True)} nats"
+            )
+            rows.append(
+                (
+                    f"Model outputs with k = {k} in every layer (paper 1)",
+                    "MNLI 79.7% at k = 32 vs 81.6% full",
+                    measured,
+                    _task_number(row) if "accuracy" in plug else "",
                 )
-                rows.append(
-                    (
-                        f"Model outputs with k = {k} in every layer (paper 1)",
-                        "MNLI 79.7% at k = 32 vs 81.6% full",
-                        measured,
-                        _task_number(row) if "accuracy" in plug else "",
-                    )
-                )
-    rows += _importance_claims(results["importance"], results["dam"])
-    frame = pd.DataFrame(
-        [(*row, "")[:4] for row in rows], columns=["claim", "papers report", "measured here (proxy)", "task accuracy here"]
-    )
+            )
+    return rows
+
+
+def _summary_section(results: dict, table: pd.DataFrame) -> str:
     task = _task_meta(results)
     said = (
         f" Task: {task['task']}, {task['protocol']} protocol, {len(task['held_out_rows'])} held-out examples; unmodified "
-        f"accuracy {task['unmodified_accuracy']:.3f}, majority class {task['majority_accuracy']:.3f}."
+        f"accuracy {number(task['unmodified_accuracy'], 3)}, majority class {number(task['majority_accuracy'], 3)}."
         if task
         else ""
     )
@@ -160,7 +236,7 @@ def _summary_section(results: dict, settings: ReportSettings) -> str:
         "Summary: the papers' claims against this model",
         "What the papers report, and what attnlens measures here, by a proxy (how far outputs move) and by task "
         "accuracy (what the papers measured). Findings, not verdicts: settings differ from the papers'." + said,
-        [_table(frame, text=True)],
+        [_table(table, text=True)],
     )
 
 
@@ -170,61 +246,69 @@ def _task_meta(results: dict) -> dict | None:
 
 
 def _task_number(row: pd.Series) -> str:
-    """``0.742 [0.70, 0.78], Δ −0.010 [−0.03, +0.01]``: a task judgement in one phrase."""
+    """``0.742 [0.700, 0.780], Δ −0.010 [−0.030, +0.010]``: a task judgement in one phrase."""
     return (
-        f"{row['accuracy']:.3f} [{row['accuracy_low']:.3f}, {row['accuracy_high']:.3f}], Δ {row['delta_accuracy']:+.3f} "
-        f"[{row['delta_accuracy_low']:+.3f}, {row['delta_accuracy_high']:+.3f}] (unmodified {row['unmodified_accuracy']:.3f})"
+        f"{number(row['accuracy'], 3)} [{number(row['accuracy_low'], 3)}, {number(row['accuracy_high'], 3)}], "
+        f"Δ {number(row['delta_accuracy'], 3, sign=True)} [{number(row['delta_accuracy_low'], 3, sign=True)}, "
+        f"{number(row['delta_accuracy_high'], 3, sign=True)}] (unmodified {number(row['unmodified_accuracy'], 3)})"
     )
 
 
-def _eigen_sections(results: dict, names: dict[str, str], directory: Path, settings: ReportSettings) -> list[str]:
+def _eigen_sections(results: dict, names: dict[str, str], figures: Figures) -> list[str]:
     eigen_result, overlap_result = results["eigen"], results["overlap"]
-    figures = directory / names["eigen"] / "figures"
+    spectra = figures.directory / names["eigen"] / "figures"
     low_dimensional = _section(
         "1. Are attention score rows low-dimensional?",
         "Eigenvalues of the covariance of pre-softmax score rows (pooled over queries), per layer with heads pooled, "
         "against Gaussian rows of the same per-key variances and number of rows.",
         [
-            _figure(figures / "spectra.png", "Eigenvalue spectra per layer (solid) and baseline (dashed)"),
-            _figure(figures / "energy.png", "Cumulative explained energy per layer"),
+            figures.embed(spectra / "spectra.png", "Eigenvalue spectra per layer (solid) and baseline (dashed)"),
+            figures.embed(spectra / "energy.png", "Cumulative explained energy per layer"),
             "<p>Per layer: components for 90% energy of single heads (median, min, max over heads), of the heads "
             "pooled, and the variance fraction along the all-ones direction (which softmax ignores).</p>",
             _table(_layer_summary(eigen_result)),
         ],
     )
-    overlap_figures = directory / names["overlap"] / "figures"
+    shown = figures.directory / names["overlap"] / "figures"
     body = [
-        _figure(overlap_figures / "overlap_layers_0.png", "Layer × layer overlap"),
-        _figure(overlap_figures / "split_half_0.png", "Split-half check"),
+        figures.embed(shown / "split_half_0.png", "Split-half check: each layer against itself, from two halves of the data"),
+        figures.embed(shown / "curves_layers_0.png", "Every pair of layers against d, beside both split-half floors"),
+        figures.embed(shown / "overlap_layers_0.png", f"Layer × layer overlap at d = {overlap_result.dim}"),
+        figures.embed_if_saved(shown / "curves_layers_0_1.png", "Layers of the two models against d"),
+        figures.embed_if_saved(shown / "overlap_layers_0_1.png", f"Model × model overlap at d = {overlap_result.dim}"),
+        figures.embed(shown / "overlap_heads_0.png", f"Head × head overlap at d = {overlap_result.dim}"),
+        "<p>Every pair of layers at the largest d at which both layers' split-half overlap stays at or above "
+        f"{number(overlap_result.meta['level'])}:</p>",
+        _table(overlap_result.pairs.drop(columns=["level", "head_a", "head_b"])),
     ]
-    if (overlap_figures / "overlap_layers_0_1.png").is_file():
-        body.append(_figure(overlap_figures / "overlap_layers_0_1.png", "Model × model overlap"))
-    body.append(_figure(overlap_figures / "overlap_heads_0.png", "Head × head overlap"))
     shared = _section(
         "2. Do eigenspaces overlap across layers and models?",
-        f"Normalised overlap ‖UᵀV‖²/d of top-{overlap_result.dim} eigenspaces; chance level d/n = "
-        f"{overlap_result.chance:.3f}. The split-half check compares one layer's subspace estimated on two halves of "
-        "the data: cross-layer overlaps below it are real differences, above it within sampling noise.",
+        "Normalised overlap ‖UᵀV‖²/d of top-d eigenspaces, for every d up to "
+        f"{overlap_result.max_dim}; chance level d/n. The answer depends on d: past a layer's spectral gap its "
+        "eigenvectors are not determined by the data, and the split-half check (one layer's subspace estimated on two "
+        "halves of the blocks) falls away. Two layers are therefore compared at the largest d at which both their "
+        f"split-half overlaps stay at or above {number(overlap_result.meta['level'])}; the matrices use one d for all, "
+        f"d = {overlap_result.dim} ({overlap_result.meta['dim_rule']}). A cross-layer overlap near the two "
+        "split-half floors is as high as the data can show; one well below them is a real difference.",
         body,
     )
     return [low_dimensional, shared]
 
 
-def _reconstruct_section(results: dict, names: dict[str, str], directory: Path) -> str:
+def _reconstruct_section(results: dict, names: dict[str, str], figures: Figures) -> str:
     recon = results["reconstruct"]
-    figures = directory / names["reconstruct"] / "figures"
+    shown = figures.directory / names["reconstruct"] / "figures"
     overall = recon.table[recon.table.layer == -1]
     chosen = overall[overall.k.isin([8, 16, 32])][
         ["strategy", "scope", "k", "rel_error", "rel_error_zero", "tv", "kl", "flops_ratio"]
     ]
     body = [
-        _figure(figures / "error_vs_k.png", "Held-out reconstruction error against k"),
-        _figure(figures / "tv_vs_k.png", "Total variation after softmax against k"),
-        _figure(figures / "error_vs_flops.png", "Error against attention FLOPs saved"),
+        figures.embed(shown / "error_vs_k.png", "Held-out reconstruction error against k"),
+        figures.embed(shown / "tv_vs_k.png", "Total variation after softmax against k"),
+        figures.embed_if_saved(shown / "fidelity_vs_k.png", "Model outputs with the reconstruction in every layer"),
+        figures.embed(shown / "error_vs_flops.png", "Error against attention FLOPs saved"),
         _table(chosen.sort_values(["k", "strategy", "scope"])),
     ]
-    if (figures / "fidelity_vs_k.png").is_file():
-        body.insert(3, _figure(figures / "fidelity_vs_k.png", "Model outputs with the reconstruction in every layer"))
     return _section(
         "3. How many exact scores does a row need?",
         "k exact scores per row, the rest rebuilt by least squares fitted on other blocks; errors on held-out "
@@ -241,7 +325,8 @@ LOSS_UNITS = {"hidden": "(1 − token cosine)", "clm": "nats of next-token loss"
 
 def _interval(row: pd.Series, prefix: str = "delta") -> str:
     """``+0.012 [+0.010, +0.014]``: a mean and its 95% interval."""
-    return f"{row[prefix]:+.3g} [{row[f'{prefix}_low']:+.3g}, {row[f'{prefix}_high']:+.3g}]"
+    values = (number(row[name], 3, sign=True, significant=True) for name in (prefix, f"{prefix}_low", f"{prefix}_high"))
+    return "{} [{}, {}]".format(*values)
 
 
 def _class_task(importance_result, name: str) -> str:
@@ -254,8 +339,8 @@ def _class_task(importance_result, name: str) -> str:
         return ""
     own, random = rows.loc["class"], rows.loc["random"]
     return (
-        f"{name}: {_task_number(own)}; random control Δ {random['delta_accuracy']:+.3f} "
-        f"[{random['delta_accuracy_low']:+.3f}, {random['delta_accuracy_high']:+.3f}]"
+        f"{name}: {_task_number(own)}; random control Δ {number(random['delta_accuracy'], 3, sign=True)} "
+        f"[{number(random['delta_accuracy_low'], 3, sign=True)}, {number(random['delta_accuracy_high'], 3, sign=True)}]"
     )
 
 
@@ -271,9 +356,9 @@ def _importance_claims(importance_result, dam_result) -> list[tuple[str, ...]]:
         (
             "Removing a position class (paper 2)",
             "the diagonal (self) matters least; removing it costs nothing",
-            f"cheapest class to remove: {cheapest['class']}, {_interval(cheapest)} {unit} for {cheapest['removed']:.1%} of "
+            f"cheapest class to remove: {cheapest['class']}, {_interval(cheapest)} {unit} for {number(cheapest['removed'], 1, percent=True)} of "
             f"positions; removing as many random positions: {_interval(cheapest, 'random')}"
-            + (f" ({skipped}: under {MIN_REMOVED:.1%} of positions, not ranked)" if skipped else ""),
+            + (f" ({skipped}: under {number(MIN_REMOVED, 1, percent=True)} of positions, not ranked)" if skipped else ""),
             _class_task(importance_result, cheapest["class"]),
         )
     ]
@@ -293,13 +378,13 @@ def _importance_claims(importance_result, dam_result) -> list[tuple[str, ...]]:
     sparse = dam_table.iloc[nearest_lambda(dam_result)]  # the λ nearest 85% sparsity, as in the mask images
     keep = dam_result.keep_summary
     keep = keep[keep["lambda"] == sparse["lambda"]].sort_values("keep_probability", ascending=False)
-    kept = ", ".join(f"{row['class']} {row['keep_probability']:.2f}" for _, row in keep.iterrows())
+    kept = ", ".join(f"{row['class']} {number(row['keep_probability'])}" for _, row in keep.iterrows())
     rows.append(
         (
             "Learned masks (DAM, paper 2)",
             "fine-tuned: DAM_s 91.2% sparsity at GLUE 80.9; DAM_u 78.9% at 82.0",
             f"{dam_result.meta['settings']['variant']}, λ = {sparse['lambda']:g}, model frozen: "
-            f"{sparse['sparsity']:.1%} sparsity, {_interval(sparse)} {unit};"
+            f"{number(sparse['sparsity'], 1, percent=True)} sparsity, {_interval(sparse)} {unit};"
             f" keep-probability per class: {kept}",
             _dam_task(dam_result, sparse["lambda"]),
         )
@@ -307,7 +392,9 @@ def _importance_claims(importance_result, dam_result) -> list[tuple[str, ...]]:
     if len(dam_result.patterns):
         matched = dam_result.matched()
         matched = matched[matched["lambda"] == sparse["lambda"]]
-        landed = "; ".join(f"{row['pattern']} {row['sparsity']:.0%}: {_interval(row)}" for _, row in matched.iterrows())
+        landed = "; ".join(
+            f"{row['pattern']} {number(row['sparsity'], 0, percent=True)}: {_interval(row)}" for _, row in matched.iterrows()
+        )
         rows.append(
             (
                 "Fixed sparse patterns (paper 2)",
@@ -325,7 +412,8 @@ def _dam_task(dam_result, lam: float) -> str:
         return ""
     row = table[(table["kind"] == "dam") & (table["lambda"] == lam)].iloc[0]
     return (
-        f"mask at {row['sparsity']:.1%} ({row['task_sparsity']:.1%} of the task's positions): {_task_number(row)} "
+        f"mask at {number(row['sparsity'], 1, percent=True)} ({number(row['task_sparsity'], 1, percent=True)} of the task's "
+        f"positions): {_task_number(row)} "
         f"(trained on {dam_result.meta['settings']['trained_on']})"
     )
 
@@ -340,15 +428,15 @@ def _patterns_task(dam_result, matched: pd.DataFrame) -> str:
         for _, row in matched.iterrows()
     ]
     return "; ".join(
-        f"{row['pattern']} {row['sparsity']:.0%} ({row['task_sparsity']:.0%} of the task's positions): {row['accuracy']:.3f} "
-        f"(Δ {row['delta_accuracy']:+.3f})"
+        f"{row['pattern']} {number(row['sparsity'], 0, percent=True)} ({number(row['task_sparsity'], 0, percent=True)} of the "
+        f"task's positions): {number(row['accuracy'], 3)} (Δ {number(row['delta_accuracy'], 3, sign=True)})"
         for row in picked
     )
 
 
-def _importance_section(results: dict, names: dict[str, str], directory: Path) -> str:
+def _importance_section(results: dict, names: dict[str, str], figures: Figures) -> str:
     result = results["importance"]
-    figures = directory / names["importance"] / "figures"
+    shown = figures.directory / names["importance"] / "figures"
     columns = [
         name
         for name in (
@@ -368,12 +456,11 @@ def _importance_section(results: dict, names: dict[str, str], directory: Path) -
         if name in result.table
     ]
     body = [
-        _figure(figures / "mass.png", "Attention mass per query on each class, per layer and head"),
-        _figure(figures / "ablation.png", "Removing one class everywhere, with the random control"),
+        figures.embed(shown / "mass.png", "Attention mass per query on each class, per layer and head"),
+        figures.embed(shown / "ablation.png", "Removing one class everywhere, with the random control"),
+        figures.embed_if_saved(shown / "gradient.png", "Gradient importance of each class (gate on attention weights)"),
         _table(result.table[columns]),
     ]
-    if (figures / "gradient.png").is_file():
-        body.insert(2, _figure(figures / "gradient.png", "Gradient importance of each class (gate on attention weights)"))
     return _section(
         "4. Which positions of the attention matrix matter?",
         f"Mass: average attention weight per query on each position class, against its share of positions. "
@@ -385,14 +472,15 @@ def _importance_section(results: dict, names: dict[str, str], directory: Path) -
     )
 
 
-def _dam_section(results: dict, names: dict[str, str], directory: Path) -> str:
+def _dam_section(results: dict, names: dict[str, str], figures: Figures) -> str:
     result = results["dam"]
-    figures = directory / names["dam"] / "figures"
+    shown = figures.directory / names["dam"] / "figures"
     columns = [name for name in ("lambda", "sparsity", "loss", "delta", "delta_low", "delta_high") if name in result.table]
     body = [
-        _figure(figures / "loss_vs_sparsity.png", "Objective against sparsity: DAM and fixed patterns"),
-        _figure(figures / "keep_per_class.png", "Keep-probability of each class per λ"),
-        _figure(figures / "masks.png", "Learned masks"),
+        figures.embed(shown / "loss_vs_sparsity.png", "Objective against sparsity: DAM and fixed patterns"),
+        figures.embed(shown / "keep_per_class.png", "Keep-probability of each class per λ"),
+        figures.embed(shown / "masks.png", "Learned masks"),
+        figures.embed_if_saved(shown / "training.png", "Training curves"),
         _table(result.table[columns]),
     ]
     settings = result.meta["settings"]
@@ -406,7 +494,7 @@ def _dam_section(results: dict, names: dict[str, str], directory: Path) -> str:
     )
 
 
-def _task_section(results: dict, names: dict[str, str], directory: Path) -> str:
+def _task_section(results: dict, names: dict[str, str], figures: Figures) -> str:
     """Accuracy against k, per class and against sparsity: the task beside the proxies."""
     task = _task_meta(results)
     if task is None:
@@ -415,18 +503,26 @@ def _task_section(results: dict, names: dict[str, str], directory: Path) -> str:
     recon, importance_result, dam_result = results["reconstruct"], results["importance"], results["dam"]
     plug = recon.plug_in
     if plug is not None and "accuracy" in plug:
-        body.append(_figure(directory / names["reconstruct"] / "figures" / "accuracy_vs_k.png", "Accuracy against k"))
+        body.append(
+            figures.embed(figures.directory / names["reconstruct"] / "figures" / "accuracy_vs_k.png", "Accuracy against k")
+        )
         proxy = [c for c in ("token_cosine", "loss_increase") if c in plug][:1]
         columns = ["strategy", "scope", "k", "accuracy", "accuracy_low", "accuracy_high", "delta_accuracy", *proxy]
         judged = plug.dropna(subset=["accuracy"])
         body.append(_table(judged[judged.k.isin([8, 16, 32, 64])][columns].sort_values(["k", "strategy", "scope"])))
     if "task" in importance_result.tables:
-        body.append(_figure(directory / names["importance"] / "figures" / "task_ablation.png", "Accuracy without each class"))
+        body.append(
+            figures.embed(
+                figures.directory / names["importance"] / "figures" / "task_ablation.png", "Accuracy without each class"
+            )
+        )
         table = importance_result.tables["task"]
         columns = ["class", "control", "accuracy", "accuracy_low", "accuracy_high", "delta_accuracy", "excess_accuracy"]
         body.append(_table(table[table["scope"] != "layer"][columns]))
     if "task" in dam_result.tables:
-        body.append(_figure(directory / names["dam"] / "figures" / "accuracy_vs_sparsity.png", "Accuracy against sparsity"))
+        body.append(
+            figures.embed(figures.directory / names["dam"] / "figures" / "accuracy_vs_sparsity.png", "Accuracy against sparsity")
+        )
         masks = dam_result.tables["task"]
         body.append(
             _table(
@@ -442,9 +538,24 @@ def _task_section(results: dict, names: dict[str, str], directory: Path) -> str:
         f"{len(task['held_out_rows'])} held-out examples, seeded and disjoint), under the {task['protocol']} protocol: "
         f"a logistic regression on the model's pooled final hidden states ({task['pooling']} pooling; C = {probe['C']:g}, "
         f"{probe['C_chosen_by']}) fitted on the unmodified model and applied unchanged to the changed one. "
-        f"Unmodified accuracy {task['unmodified_accuracy']:.3f}, majority class {task['majority_accuracy']:.3f}; "
+        f"Unmodified accuracy {number(task['unmodified_accuracy'], 3)}, majority class {number(task['majority_accuracy'], 3)}; "
         "intervals are 95% bootstrap intervals over held-out examples, Δ paired over examples. `sparsity` is measured "
         "on the corpus blocks, `task_sparsity` on the task's examples (their own tokens, padding aside).",
+        body,
+    )
+
+
+def _other_figures_section(names: dict[str, str], figures: Figures) -> str:
+    """Every figure the stages saved that no section above shows, so the page holds them all."""
+    body = []
+    for name in names.values():
+        for path in figures.rest(name):
+            body.append(figures.embed(path, f"{name}: {path.stem}"))
+    if not body:
+        return ""
+    return _section(
+        "7. Every other figure",
+        "The remaining figures the stages saved (each also as PNG and PDF in its result's figures/ directory).",
         body,
     )
 
@@ -472,7 +583,7 @@ def _page(eigen_result, sections: list[str], names: dict[str, str], command: str
 <h1>attnlens report: {html.escape(model["name"])} ({html.escape(model["architecture"])}, {model["num_layers"]} layers ×
 {model["num_heads"]} heads) on {html.escape(str(eigen_result.meta["corpus"].get("source")))}</h1>
 <p>Made {html.escape(meta["created"])} by <code>{html.escape(meta["command"])}</code></p>
-<pre>{html.escape(json.dumps(meta["versions"]))}</pre>
+{_table(pd.DataFrame(sorted(meta["versions"].items()), columns=["package", "version"]), text=True)}
 {"".join(sections)}
 <section><h2>Files</h2><p>Every result is a directory next to this page, readable with
 <code>attnlens.load_result(path)</code>; <code>attnlens figures DIR... --out FIGS</code> redraws its figures.</p>

@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from attnlens.data.corpus import Corpus
+from attnlens.data.corpus import Corpus, load_corpus
 from attnlens.errors import AttnlensError
 from attnlens.io.files import write_json_atomic
 from attnlens.io.provenance import provenance
@@ -49,7 +49,7 @@ from attnlens.io.results import check_resumable_out, write_result
 from attnlens.io.store import Store, is_store
 from attnlens.models.loading import LoadedModel, load_model
 from attnlens.progress import progress_bar
-from attnlens.rows.budgets import MomentsCost, Plan, format_bytes, format_option, parse_bytes, plan_units
+from attnlens.rows.budgets import ACCUMULATE, MomentsCost, Plan, format_bytes, format_option, parse_bytes, plan_units
 from attnlens.rows.moments import ARRAYS, QUANTITIES, UnitSums, accumulate_rows, check_rows_for_per_query, split_halves
 from attnlens.rows.partials import (
     MergedWriter,
@@ -63,6 +63,7 @@ from attnlens.rows.partials import (
     values_at,
 )
 from attnlens.rows.sources import ModelRows, StoreRows, open_rows
+from attnlens.settings import CorpusSettings, at_least, numbered_from_zero, one_of
 
 JOB_FILE = "job.json"
 JOB_FORMAT = "attnlens-moments-job"
@@ -104,6 +105,7 @@ def run_moments(
     """
     out = Path(out)
     _check_options(batch_size, checkpoint_every, quantity, model_dtype, device_map)
+    _check_sizes(seq_len, num_seqs, accumulate, layers, queries)
     budget = parse_bytes(max_memory) if isinstance(max_memory, str) else max_memory
     world = init_world(device, spread=device_map is not None)
     world.run_on_main(lambda: _check_out(out, resume=resume, overwrite=overwrite))  # before the slow part
@@ -169,6 +171,15 @@ def _check_options(batch_size: int, checkpoint_every: int, quantity: str, model_
         raise AttnlensError(f"`model_dtype` {model_dtype} is unknown; use one of {', '.join(MODEL_DTYPES)}")
     if device_map not in (None, "auto"):
         raise AttnlensError(f"`device_map` {device_map} is not supported; use `device_map` auto, or leave it out")
+
+
+def _check_sizes(seq_len: int, num_seqs: int, accumulate: str, layers: list[int] | None, queries: list[int] | None) -> None:
+    """The rest of the checks that need no model, so that bad input fails before it loads."""
+    CorpusSettings(seq_len=seq_len)
+    at_least("num_seqs", num_seqs, 1)
+    one_of("accumulate", accumulate, ACCUMULATE)
+    numbered_from_zero("layers", layers)
+    numbered_from_zero("queries", queries, "query positions")
 
 
 def _check_queries(n: int, queries: list[int] | None, per_query: bool) -> list[int] | None:
@@ -255,6 +266,7 @@ def _open_rows(
             # Ranks sharing a machine each spread their copy of the model over their own GPUs.
             memory = {gpu: torch.cuda.mem_get_info(gpu)[0] for gpu in local_gpus(world.local_rank, world.local_size)}
         placement = {"device_map": device_map, "device_memory": memory}
+    corpus = corpus if isinstance(corpus, Corpus) else load_corpus(corpus)  # before the model: a bad corpus fails fast
     model = load_model(str(source), device=world.device(device), dtype=MODEL_DTYPES[model_dtype], **placement)
     return open_rows(model, corpus=corpus, seq_len=seq_len, num_seqs=num_seqs, seed=seed)
 
@@ -403,6 +415,7 @@ def _combine(
 
     if not world.is_main:
         reduce_all(None)
+        world.barrier()  # leave together: a rank that tears gloo down while rank 0 still writes can abort at exit
         return None
 
     def fill(directory: Path) -> None:
@@ -412,6 +425,7 @@ def _combine(
 
     parts = [_plan_record(plan, rank, pass_, settings["num_seqs"]) for pass_ in range(plan.passes) for rank in range(world.size)]
     write_result(out / "moments", "moments", merged_meta(settings, parts, meta_extra, command), overwrite=True, extra=fill)
+    world.barrier()
     return MomentsResult.load(out / "moments")
 
 

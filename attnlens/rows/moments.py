@@ -43,7 +43,7 @@ import numpy as np
 import torch
 
 from attnlens.errors import AttnlensError
-from attnlens.progress import progress_bar
+from attnlens.progress import Progress, progress_bar
 from attnlens.rows.sources import ModelRows, StoreRows
 
 QUANTITIES = ("scores", "weights", "log-weights")
@@ -548,7 +548,7 @@ def compute_moments(
     layers: Iterable[int] | None = None,
     batch_size: int = 32,
     seed: int = 0,
-    progress: bool = True,
+    progress: Progress = True,
 ) -> HalfMoments:
     """Moments of the rows of ``sequences`` (default all), split into two seeded halves, in one process.
 

@@ -144,7 +144,8 @@ def open_rows(
             raise AttnlensError(
                 f"'{source}' is neither an attnlens store (no manifest.json) nor a model directory (no config.json)"
             )
+    corpus = corpus if isinstance(corpus, Corpus) else load_corpus(corpus)  # before the model: a bad corpus fails fast
+    if not isinstance(source, LoadedModel):
         source = load_model(str(source), device=device)
     source.check_seq_len(seq_len)
-    corpus = corpus if isinstance(corpus, Corpus) else load_corpus(corpus)
     return ModelRows(source, corpus.blocks(source, seq_len, num_seqs, seed), corpus, seed)

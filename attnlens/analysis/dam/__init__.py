@@ -78,7 +78,7 @@ from attnlens.io.provenance import provenance
 from attnlens.io.results import Result
 from attnlens.models.capture import Capture, Intervention
 from attnlens.models.loading import LoadedModel, load_model
-from attnlens.progress import progress_bar
+from attnlens.progress import Progress, progress_bar
 from attnlens.settings import CorpusSettings, at_least, one_of, positive, probability
 
 VARIANTS = ("unstructured", "structured", "class")
@@ -515,7 +515,10 @@ class DamResult(Result):
     Tables: ``table`` (one row per λ: sparsity, held-out loss and its change against the
     unmodified model, with bootstrap intervals), ``keep`` (λ, layer, head, class:
     keep-probability σ(α) and the fraction the hard mask keeps), ``keep_summary`` (λ,
-    class), ``patterns`` (pattern, parameter value: sparsity, loss), ``training`` (λ, step).
+    class), ``patterns`` (pattern, parameter value: sparsity, loss, its change), ``training``
+    (λ, step). With the ``hidden`` objective ``table`` and ``patterns`` carry the change
+    (``delta``) only: the unmodified model's loss is 0 by definition, so the loss would
+    repeat it (``meta["columns"]``); the unmodified loss is ``meta["baseline"]``.
     Arrays: ``logits`` (λ, *layout shape), ``keep_images`` (λ, layer, head, n, n) keep
     probabilities on the first held-out block, per-block losses.
     """
@@ -626,7 +629,7 @@ def dam(
     settings: DamSettings | None = None,
     *,
     device: str = "cpu",
-    progress: bool = True,
+    progress: Progress = True,
     command: str | None = None,
     **changes: Any,
 ) -> DamResult:
@@ -819,16 +822,17 @@ def dam(
             "penalty": "lambda * mean of the hard mask over valid (layer, head, query, key) positions",
         },
         "baseline": {"loss": float(baseline_mean[0]), "loss_low": float(baseline_low[0]), "loss_high": float(baseline_high[0])},
+        "columns": loss_columns(judge.name),
         "roles": eval_roles.description,
         "notes": notes,
         "task": task.describe() if task is not None else None,
         **provenance(command),
     }
     tables = {
-        "summary": pd.DataFrame(summary_rows),
+        "summary": without_absolute_loss(pd.DataFrame(summary_rows), judge.name),
         "keep": pd.DataFrame(keep_rows),
         "keep_summary": pd.DataFrame(keep_summary_rows),
-        "patterns": pattern_table,
+        "patterns": without_absolute_loss(pattern_table, judge.name),
         "training": pd.concat(curves, ignore_index=True),
     }
     if task is not None:
@@ -841,6 +845,30 @@ def dam(
         "pattern_losses": pattern_losses,
     }
     return DamResult(meta, tables, arrays)
+
+
+ABSOLUTE_LOSS = ("loss", "loss_low", "loss_high")
+ABSOLUTE_LOSS_NOTE = (
+    "absent with the hidden objective: its loss, 1 - cosine to the unmodified model, is 0 for that model "
+    "by definition, so loss would repeat delta"
+)
+
+
+def loss_columns(objective: str) -> dict[str, str]:
+    """What ``loss`` and ``delta`` of ``table`` and ``patterns`` hold, for ``meta["columns"]``."""
+    delta = "change of the held-out loss against the unmodified model (paired over blocks, with interval)"
+    if objective == "hidden":
+        return {"loss": ABSOLUTE_LOSS_NOTE, "delta": delta}
+    return {"loss": f"held-out {objective} loss (nats) under the mask or pattern", "delta": delta}
+
+
+def without_absolute_loss(table: pd.DataFrame, objective: str) -> pd.DataFrame:
+    """``table`` without ``loss`` (and its interval) under the ``hidden`` objective, where it
+    equals ``delta`` (the unmodified model's loss is 0); the other objectives keep both: the
+    held-out loss in nats and its change against the unmodified model."""
+    if objective != "hidden":
+        return table
+    return table.drop(columns=[name for name in ABSOLUTE_LOSS if name in table])
 
 
 def _summary_row(lam, variant, judged, baseline, curve, steps, seconds, bootstrap, seed) -> dict:

@@ -61,10 +61,10 @@ from attnlens.io.results import Result
 from attnlens.io.store import Store
 from attnlens.models.capture import Capture, Intervention
 from attnlens.models.loading import LoadedModel, load_model
-from attnlens.progress import progress_bar
+from attnlens.progress import Progress, progress_bar, split
 from attnlens.rows.moments import Moments, compute_moments
 from attnlens.rows.sources import ModelRows, StoreRows, open_rows
-from attnlens.settings import CorpusSettings, at_least, one_of, positive, probability
+from attnlens.settings import CorpusSettings, at_least, numbered_from_zero, one_of, positive, probability
 
 SCOPES = ("head", "layer", "all")
 ROW_MODES = ("auto", "pooled", "per-query")
@@ -318,7 +318,9 @@ def _summarise(sums: dict[str, np.ndarray]) -> dict[str, float]:
 class ReconstructResult(Result):
     """``table``: one row per (strategy, scope, k, layer, head), with ``layer = head = -1``
     for the totals over all evaluated heads; ``plug_in`` and ``learned`` tables when asked
-    for; ``selections``: the chosen keys of every map, keyed ``strategy/scope/k``."""
+    for (``plug_in`` carries ``loss`` only for ``clm``/``mlm``: the ``hidden`` loss of the
+    unmodified model is 0, so it would repeat ``loss_increase``, which is 1 − ``token_cosine``);
+    ``selections``: the chosen keys of every map, keyed ``strategy/scope/k``."""
 
     kind = "reconstruct"
 
@@ -377,7 +379,7 @@ def learn_maps(
     lr: float,
     batch_size: int,
     seed: int,
-    progress: bool,
+    progress: Progress,
 ) -> tuple[dict[int, LayerMaps], float, float]:
     """Fine-tune map weights and offsets on the objective, model frozen, from the closed form.
 
@@ -511,6 +513,8 @@ class ReconstructSettings(CorpusSettings, TaskSettings):
             if bad or not scopes:
                 raise BadInput(f"`{name}` {bad[0] if bad else '(none)'} is unknown; use some of {', '.join(SCOPES)}")
         one_of("rows", self.rows, ROW_MODES)
+        numbered_from_zero("layers", self.layers)
+        numbered_from_zero("plug_in_layers", self.plug_in_layers)
         at_least("ridge", self.ridge, 0)
         at_least("pairs_ridge", self.pairs_ridge, 0)
         one_of("objective", self.objective, OBJECTIVES)
@@ -529,7 +533,7 @@ def reconstruct(
     *,
     model: str | LoadedModel | None = None,
     device: str = "cpu",
-    progress: bool = True,
+    progress: Progress = True,
     command: str | None = None,
     **changes: Any,
 ) -> ReconstructResult:
@@ -553,6 +557,10 @@ def reconstruct(
     judged_by_model = s.plug_in or s.learn_r
     objective = Objective(_model_for_plug_in(source_rows, model, device), s.objective, seed=s.seed) if judged_by_model else None
     fitted, evaluated = held_out_split(source_rows.num_seqs, s.eval_fraction, s.seed)
+    # Shares of the bars, one after another: the moments' pass is quick beside the maps' evaluation.
+    moments_progress, maps_progress, pairs_progress, learn_progress = split(
+        progress, 1, 4, 2 if s.pairs else 0, 2 if s.learn_r else 0
+    )
     moments = compute_moments(
         source_rows,
         sequences=fitted,
@@ -560,7 +568,7 @@ def reconstruct(
         layers=plan.layers,
         batch_size=s.batch_size,
         seed=s.seed,
-        progress=progress,
+        progress=moments_progress,
     ).total
     fitter = MapFitter(moments, ridge=s.ridge, seed=s.seed, global_positions=(0,))
 
@@ -584,9 +592,9 @@ def reconstruct(
             set(plan.strategies if s.task_strategies is None else s.task_strategies),
         )
     configs = [(strategy, scope, k) for strategy in plan.strategies for scope in plan.scopes for k in plan.ks]
-    table, selections = _evaluate(source_rows, fitter, configs, evaluated, plan.layers, s.batch_size, plug, progress)
+    table, selections = _evaluate(source_rows, fitter, configs, evaluated, plan.layers, s.batch_size, plug, maps_progress)
     if s.pairs:
-        pairs = _evaluate_pairs(source_rows, fitter, plan.ks, fitted, evaluated, s.pairs_ridge, plan.head_dim, progress)
+        pairs = _evaluate_pairs(source_rows, fitter, plan.ks, fitted, evaluated, s.pairs_ridge, plan.head_dim, pairs_progress)
         table = pd.concat([table, pairs], ignore_index=True)
     tables = {"table": plan.with_flops(table)}
     if s.plug_in:
@@ -605,7 +613,7 @@ def reconstruct(
             s.learn_lr,
             s.batch_size,
             s.seed,
-            progress,
+            learn_progress,
         )
     meta = {
         "model": source_rows.model_info,
@@ -763,7 +771,10 @@ class _PlugIn:
             "layers": " ".join(map(str, self.layers)),
             "objective": self.objective.name,
         }
-        for name, values in {**metrics, "loss_increase": metrics["loss"] - self.baseline}.items():
+        metrics = {**metrics, "loss_increase": metrics["loss"] - self.baseline}
+        if self.objective.name == "hidden":  # the unmodified loss is 0: loss would repeat loss_increase
+            del metrics["loss"]
+        for name, values in metrics.items():
             mean, low, high = bootstrap_interval(values[None], seed=self.seed)
             record.update({name: float(mean[0]), f"{name}_low": float(low[0]), f"{name}_high": float(high[0])})
         record["baseline_loss"] = float(self.baseline.mean())
@@ -785,13 +796,13 @@ def _evaluate(
     layers: list[int],
     batch_size: int,
     plug: _PlugIn | None,
-    progress: bool,
+    progress: Progress,
 ) -> tuple[pd.DataFrame, dict[str, np.ndarray]]:
     """Held-out errors of every config (and its plug-in run), one config at a time: each
     config's maps are fitted once and serve both."""
     held = _held_out(rows, evaluated, layers, fitter, batch_size)
     records, selections = [], {}
-    with progress_bar(total=len(configs), desc="reconstruct", unit="map", enabled=progress) as bar:
+    with progress_bar(total=len(configs), desc="reconstruct", unit="config", enabled=progress) as bar:
         for config in configs:
             fitted = {layer: fitter.layer_maps(*config, layer) for layer in layers}
             selections["/".join(map(str, config))] = np.stack([chosen for _, chosen in fitted.values()])
@@ -828,7 +839,7 @@ def _evaluate_pairs(
     evaluated: np.ndarray,
     ridge: float,
     head_dim: int,
-    progress: bool,
+    progress: Progress,
 ) -> pd.DataFrame:
     """Pairs mode, per head: greedy pairs in the low-rank factor of the fit matrices, error on held-out ones.
 
@@ -909,13 +920,13 @@ def _learned_table(
     lr: float,
     batch_size: int,
     seed: int,
-    progress: bool,
+    progress: Progress,
 ) -> pd.DataFrame:
     records = []
-    for k in ks:
+    for k, k_progress in zip(ks, split(progress, *[1] * len(ks))):  # one bar of steps per k
         maps = {layer: fitter.layer_maps(strategy, scope, k, layer)[0] for layer in layers}
         learned, start, best = learn_maps(
-            objective, maps, train_ids, steps=steps, lr=lr, batch_size=batch_size, seed=seed, progress=progress
+            objective, maps, train_ids, steps=steps, lr=lr, batch_size=batch_size, seed=seed, progress=k_progress
         )
         closed = evaluate_objective(objective, batches, maps)["loss"]
         tuned = evaluate_objective(objective, batches, learned)["loss"]
