@@ -18,9 +18,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import sys
-import tempfile
 from pathlib import Path
 
 import pandas as pd
@@ -95,20 +93,14 @@ def replace_section(readme: str, section: str) -> str:
 def update(report_dir: Path, readme: Path = ROOT / "README.md", figure: Path | None = ROOT / FIGURE_COPY) -> str:
     """Rewrite ``readme``'s claims section (and ``figure``) from the report in ``report_dir``; returns the section."""
     import attnlens
+    from attnlens.io.files import write_bytes_atomic
 
     report = attnlens.load_result(report_dir)
     section = claims_section(report.claims, report.meta)
-    _write_atomic(readme, replace_section(readme.read_text(), section).encode())
+    write_bytes_atomic(readme, replace_section(readme.read_text(), section).encode())
     if figure is not None:
-        _write_atomic(figure, report_dir.joinpath(*FIGURE).read_bytes())
+        write_bytes_atomic(figure, report_dir.joinpath(*FIGURE).read_bytes())
     return section
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    handle, staging = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(handle, "wb") as file:
-        file.write(data)
-    os.replace(staging, path)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -390,9 +390,7 @@ class EigenSettings(CorpusSettings):
         at_least("keep", self.keep, 1)
         if self.quantity is not None:
             one_of("quantity", self.quantity, QUANTITIES)
-        bad = [q for q in self.queries or () if q < 0]
-        if bad:
-            raise BadInput(f"`queries` {bad[0]} is out of range; query positions start at 0")
+        numbered_from_zero("queries", self.queries, "query positions")
         numbered_from_zero("layers", self.layers)
 
 

@@ -213,6 +213,18 @@ class OverlapResult(Result):
         """``layers_0`` (layer × layer of model 0), ``heads_0``, ``layers_0_1`` (model 0 × model 1), ..."""
         return self.arrays[f"{name}_overlap"]
 
+    def results_of(self, name: str) -> tuple[int, int]:
+        """The two eigen results a matrix compares: ``layers_0`` -> (0, 0), ``heads_0_1`` -> (0, 1)."""
+        _, *indices = name.split("_")
+        return int(indices[0]), int(indices[-1])
+
+    @property
+    def layer_matrices(self) -> list[str]:
+        """The names of the layer × layer matrices: ``layers_0``, ``layers_0_1``, ``layers_1``, ..."""
+        return sorted(
+            key.removesuffix("_overlap") for key in self.arrays if key.startswith("layers_") and key.endswith("_overlap")
+        )
+
     def curve(self, name: str) -> np.ndarray:
         """(units_a, units_b, max_dim): the overlap of matrix ``name`` at every d, entry d − 1 at d."""
         return self.arrays[f"{name}_curve"]
@@ -302,7 +314,8 @@ def overlap(
                 }
             )
             if level != "head" and (i != j or x < y):
-                pairs.append(unit | _pair_at_stable_dim(curves[x, y], halves[(i, level)][x], halves[(j, level)][y], s.level, n))
+                d = int(min(stable[(i, level)][x], stable[(j, level)][y]))
+                pairs.append(unit | _pair_at(d, curves[x, y], halves[(i, level)][x], halves[(j, level)][y], n))
 
     for i in range(len(results)):
         compare(f"layers_{i}", "layer", i, i)
@@ -365,10 +378,9 @@ def _check_dims(results: list[EigenResult], s: OverlapSettings) -> tuple[int, in
     return n, max(max_dim, s.dim or 1)
 
 
-def _pair_at_stable_dim(cross: np.ndarray, split_a: np.ndarray, split_b: np.ndarray, level: float, n: int) -> dict:
-    """Two units compared at the largest d at which both their split-half overlaps stay at or
-    above ``level`` (d = 0, overlaps NaN, when one's top direction is already below it)."""
-    d = min(stable_dim(split_a, level), stable_dim(split_b, level))
+def _pair_at(d: int, cross: np.ndarray, split_a: np.ndarray, split_b: np.ndarray, n: int) -> dict:
+    """Two units compared at ``d``, the largest d at which both their split-half overlaps stay at
+    or above the level (d = 0, overlaps NaN, when one's top direction is already below it)."""
     at = (lambda curve: float(curve[d - 1])) if d else (lambda curve: float("nan"))
     return {
         "d": d,

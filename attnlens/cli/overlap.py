@@ -40,22 +40,16 @@ def overlap(
     result = run([EigenResult.load(path) for path in eigen_dirs], settings)
     save_result(result, out, overwrite=overwrite, figures=figures)
     typer.echo(f"matrices at d = {result.dim} ({result.meta['dim_rule']}); chance level d/n = {result.chance:.3f}")
-    for name in sorted(key.removesuffix("_overlap") for key in result.arrays if key.startswith("layers_") and "_overlap" in key):
-        typer.echo(f"{_title(result, name)}: layer x layer overlap at d = {result.dim}")
-        typer.echo(_format_matrix(result.matrix(name), *_labels(result, name)))
+    for name in result.layer_matrices:
+        first, last = result.results_of(name)
+        models = (
+            result.meta["models"][first] if first == last else f"{result.meta['models'][first]} x {result.meta['models'][last]}"
+        )
+        typer.echo(f"{models}: layer x layer overlap at d = {result.dim}")
+        typer.echo(_format_matrix(result.matrix(name), result.meta["layers"][first], result.meta["layers"][last]))
     typer.echo(f"layer pairs at the largest d where both split-half overlaps stay >= {result.meta['level']:g}:")
     typer.echo(_format_pairs(result))
     typer.echo(f"wrote overlap result to {out}: every d up to {result.max_dim} and the head pairs in its tables")
-
-
-def _labels(result, name: str) -> tuple[list, list]:
-    first, last = (int(index) for index in (name.split("_")[1], name.split("_")[-1]))
-    return result.meta["layers"][first], result.meta["layers"][last]
-
-
-def _title(result, name: str) -> str:
-    models = [result.meta["models"][int(index)] for index in name.split("_")[1:]]
-    return " x ".join(models)
 
 
 def _format_matrix(matrix, rows, columns) -> str:

@@ -48,16 +48,21 @@ def fsync_directory(path: Path) -> None:
         os.close(descriptor)
 
 
-def write_json_atomic(path: Path, payload: object) -> None:
-    """Write JSON so that a crash leaves either the old file or the new one, never half of one."""
+def write_bytes_atomic(path: Path, data: bytes) -> None:
+    """Write a file so that a crash leaves either the old file or the new one, never half of one."""
     path = Path(path)
     temporary = path.with_name(f".{path.name}.tmp")
-    with open(temporary, "w", encoding="utf-8") as handle:
-        json.dump(json_safe(payload), handle, indent=2, allow_nan=False)
+    with open(temporary, "wb") as handle:
+        handle.write(data)
         handle.flush()
         os.fsync(handle.fileno())
     os.replace(temporary, path)
     fsync_directory(path.parent)
+
+
+def write_json_atomic(path: Path, payload: object) -> None:
+    """Write JSON atomically (:func:`write_bytes_atomic`)."""
+    write_bytes_atomic(path, json.dumps(json_safe(payload), indent=2, allow_nan=False).encode("utf-8"))
 
 
 def pwrite_all(descriptor: int, data: memoryview, offset: int) -> None:
