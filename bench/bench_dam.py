@@ -1,17 +1,25 @@
-"""One DAM training step against a plain forward + backward of the same model on the same batch.
+"""One DAM training step against a plain forward + backward of the same model on the same batch,
+and the time a DAM run takes to converge.
 
-Run:  python bench/bench_dam.py [--variants structured,unstructured,class] [--repeats 7]
+Run:  python bench/bench_dam.py [--variants structured,unstructured,structured+global,class] [--repeats 7]
+                                [--converge-sparsity 0.9] [--converge-seq-len 64]
 
 In one process, on one batch of real blocks (minilm-l6, n=128, batch 16 by default):
 
   plain     objective forward (no capture, no mask) + backward to the model's weights,
             i.e. what one fine-tuning step of the model costs without the optimiser
-  dam:V     one DAM step of variant V: Gumbel-sigmoid sample, forward with the mask added
-            to the scores of every layer, loss + λ·density, backward, Adam update of the
-            mask logits (weights frozen, as attnlens dam runs by default)
+  dam:V     one DAM step of variant V: Gumbel-sigmoid sample, forward with the mask applied
+            in every layer (``--removal``, default renormalise: the weights gated and
+            renormalised), loss + λ·density, backward, Adam update of the mask logits
+            (weights frozen, as attnlens dam runs by default)
 
 Repeats interleave the modes (so a noisy neighbour slows all of them alike); the figures
-are medians. Target (issue 5): dam / plain <= 1.5x.
+are medians. Target: dam / plain <= 1.5x.
+
+Then one ``attnlens.dam`` run of DAM_s at the target ``--converge-sparsity`` with the default
+recipe (n = ``--converge-seq-len``, 64 training blocks): its wall time, the steps the stopping
+rule let it take, and that time against as many plain forward + backward steps at that n,
+measured in the same run.
 """
 
 from __future__ import annotations
@@ -26,7 +34,7 @@ import attnlens
 from attnlens.analysis.dam import LAYOUTS, DamTrainer
 from attnlens.analysis.evaluation import valid_masks
 from attnlens.analysis.objectives import Objective
-from attnlens.data.positions import DEFAULT_CLASSES, class_masks, exclusive_index
+from attnlens.data.positions import DEFAULT_CLASSES, class_masks, token_roles
 
 
 def main() -> None:
@@ -35,7 +43,10 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--variants", default="structured,unstructured,class")
+    parser.add_argument("--variants", default="structured,unstructured,structured+global,class")
+    parser.add_argument("--removal", default="renormalise")
+    parser.add_argument("--converge-sparsity", type=float, default=0.9)
+    parser.add_argument("--converge-seq-len", type=int, default=64)
     args = parser.parse_args()
 
     model = attnlens.load_model(args.model)
@@ -44,7 +55,6 @@ def main() -> None:
     judge = Objective(model)
     batch = judge.prepare(ids)
     valid = valid_masks(model, blocks.ids)
-    context = exclusive_index(class_masks(ids, model, DEFAULT_CLASSES))
 
     def plain() -> None:
         loss = judge.evaluate(batch)["loss"].mean()
@@ -54,11 +64,12 @@ def main() -> None:
     modes = {"plain": plain}
     for variant in args.variants.split(","):
         layout = LAYOUTS[variant](model.num_layers, model.num_heads, args.seq_len, valid, len(DEFAULT_CLASSES))
-        trainer = DamTrainer(layout, lam=0.1, steps=args.repeats + 1).start(model)
+        trainer = DamTrainer(layout, lam=0.1, steps=args.repeats + 1, removal=args.removal).start(model)
+        layout_context = layout.context(class_masks(ids, model, DEFAULT_CLASSES), token_roles(ids, model))
 
-        def step(trainer=trainer) -> None:
+        def step(trainer=trainer, layout_context=layout_context) -> None:
             with attnlens.analysis.evaluation.frozen(model.model):
-                trainer.step(judge, batch, context)
+                trainer.step(judge, batch, layout_context)
 
         modes[f"dam:{variant}"] = step
 
@@ -80,6 +91,35 @@ def main() -> None:
         print(f"{mode:18s} {median[mode]:8.3f} {median[mode] / median['plain']:8.2f}")
     worst = max(median[mode] / median["plain"] for mode in modes if mode != "plain")
     print(f"worst dam / plain = {worst:.2f}x (target <= 1.5x)")
+    converge(model, args)
+
+
+def converge(model, args) -> None:
+    """Time to convergence of DAM_s at one target sparsity, against plain steps at the same n."""
+    n = args.converge_seq_len
+    blocks = attnlens.load_corpus("kjv").blocks(model, n=n, num_blocks=args.batch_size, seed=1)
+    judge = Objective(model)
+    batch = judge.prepare(torch.from_numpy(blocks.ids))
+    plain = []
+    for _ in range(args.repeats + 1):
+        start = time.perf_counter()
+        loss = judge.evaluate(batch)["loss"].mean()
+        model.model.zero_grad(set_to_none=True)
+        loss.backward()
+        plain.append(time.perf_counter() - start)
+    step = statistics.median(plain[1:])
+    start = time.perf_counter()
+    result = attnlens.dam(
+        model, sparsity=[args.converge_sparsity], seq_len=n, train_seqs=64, eval_seqs=32, batch_size=args.batch_size,
+        patterns=False, bootstrap=200, progress=False,
+    )  # fmt: skip
+    seconds = time.perf_counter() - start
+    row = result.table.iloc[0]
+    print(
+        f"converge: DAM_s at target {args.converge_sparsity:.0%} (n={n}): {seconds:.1f} s in all, "
+        f"{int(row['steps'])} steps, converged {bool(row['converged'])}, sparsity {row['sparsity']:.3f}; "
+        f"{row['seconds'] / row['steps'] / step:.2f}x a plain forward + backward per training step ({step:.3f} s)"
+    )
 
 
 if __name__ == "__main__":

@@ -56,7 +56,8 @@ def claims_section(claims: pd.DataFrame, meta: dict) -> str:
         f"{settings.get('eigen_seqs')} blocks for the spectra and overlaps",
         f"{settings.get('reconstruct_seqs')} for the reconstruction",
         f"{settings.get('importance_seqs')} held-out blocks for importance and DAM "
-        f"(DAM: λ {', '.join(str(value) for value in settings.get('dam_lambdas', []))}, {settings.get('dam_steps')} steps)",
+        f"(DAM at n = {settings.get('dam_seq_len')}, target sparsities "
+        f"{', '.join(f'{value:.0%}' for value in settings.get('dam_sparsity', []))}, at most {settings.get('dam_steps')} steps)",
     ]
     if task:
         said.append(

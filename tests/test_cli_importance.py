@@ -23,6 +23,8 @@ DAM = [
     "20",
     "--steps",
     "3",
+    "--stop-window",
+    "2",
     "--no-progress",
 ]
 
@@ -67,8 +69,8 @@ def test_dam_end_to_end(capsys, tmp_path):
         (DAM, ["--lambdas", "small"], ["--lambdas 'small' is not a comma-separated list of numbers"]),
         (DAM, ["--tau", "0"], ["--tau 0: the temperature τ must be greater than 0"]),
         (DAM, ["--tau", "1:-0.5"], ["--tau -0.5: the temperature τ must be greater than 0"]),
-        (DAM, ["--steps", "0"], ["--steps 0 must be at least 1"]),
-        (DAM, ["--steps", "-5"], ["--steps -5 must be at least 1"]),
+        (DAM, ["--steps", "0"], ["--steps 0 must be at least 2", "--stop-window"]),
+        (DAM, ["--steps", "-5"], ["--steps -5 must be at least 2"]),
         (DAM, ["--variant", "dense"], ["--variant dense is unknown", "structured"]),
         (DAM, ["--classes", "self,band(-1)"], ["band(-1): the width w"]),
     ],

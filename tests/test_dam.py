@@ -12,13 +12,14 @@ import torch
 
 import attnlens
 from attnlens import Capture
-from attnlens.analysis.dam import LAYOUTS, DamResult, DamTrainer, evaluate_mask, parse_tau, rescue_rows
+from attnlens.analysis.dam import LAYOUTS, DamResult, DamTrainer, StoppingRule, evaluate_mask, parse_tau, rescue_rows
 from attnlens.analysis.evaluation import removal, valid_masks
 from attnlens.analysis.objectives import Objective
 from attnlens.data.positions import class_masks, exclusive_index
 from tiny_models import identical_columns, save_tiny
 
-TINY = dict(seq_len=16, train_seqs=4, eval_seqs=2, batch_size=2, bootstrap=50, patterns=False, progress=False)
+TINY = dict(seq_len=16, train_seqs=4, eval_seqs=2, batch_size=2, bootstrap=50, patterns=False, progress=False, stop_window=2)
+SMALL = {**TINY, "seq_len": 32, "train_seqs": 8, "eval_seqs": 4, "batch_size": 4}
 
 
 @pytest.fixture(scope="module")
@@ -82,6 +83,39 @@ def test_mask_forward_equals_a_hard_masked_forward(minilm_l6, setting, variant, 
     assert torch.allclose(dam_hidden, hand_hidden, atol=1e-5)
 
 
+def test_renormalised_gate_forward_is_the_hard_mask_and_removed_positions_get_a_gradient(minilm_l6, setting):
+    """removal="renormalise": the forward pass equals removing the hard mask's positions by -inf;
+    unlike the additive -1e4, whose softmax Jacobian carries the removed weight (0), the
+    logits of removed positions receive a gradient."""
+    ids, valid, classes, context = setting
+    layout = LAYOUTS["unstructured"](6, 12, ids.shape[1], valid, len(classes))
+    noisy = torch.randn(layout.shape, generator=torch.Generator().manual_seed(1))
+    removed = [~rescue_rows(layout.expand(noisy, layer, context), valid[layer]) for layer in range(6)]
+    with torch.no_grad(), Capture(intervene=removal(lambda layer, v: removed[layer]), record=False):
+        hand_hidden = minilm_l6.forward(ids).last_hidden_state
+    gradients = {}
+    for mode in ("renormalise", "1e4"):
+        trainer = DamTrainer(layout, lam=0.0, steps=1, removal=mode).start(minilm_l6)
+        logits = noisy.clone().requires_grad_(True)
+        soft = torch.sigmoid(logits)
+        mask = (logits > 0).float() + soft - soft.detach()  # straight-through, as DamTrainer.sample makes it
+        intervene = (
+            {"intervene_weights": trainer.gate(mask, context, noisy)}
+            if mode == "renormalise"
+            else {"intervene": trainer.intervention((logits > 0).float() + (soft - soft.detach()) / 1e4, context, noisy)}
+        )
+        with attnlens.analysis.evaluation.frozen(minilm_l6.model), Capture(record=False, **intervene):
+            hidden = minilm_l6.forward(ids).last_hidden_state
+        if mode == "renormalise":
+            assert torch.allclose(hidden, hand_hidden, atol=1e-5)
+        hidden.square().sum().backward()
+        gradients[mode] = logits.grad
+    gone = torch.stack(removed)[:, 0] & valid[:, None]  # (layer, head, n, n) valid positions removed in every block
+    assert gone.any()
+    assert gradients["renormalise"][gone].abs().max() > 0, "a removed position learns whether to come back"
+    assert gradients["1e4"][gone].abs().max() == 0, "the additive -1e4 gives removed positions no gradient"
+
+
 def test_gradient_scale_multiplies_the_task_gradient(minilm_l6, setting):
     ids, valid, classes, context = setting
     objective = Objective(minilm_l6)
@@ -105,7 +139,7 @@ def test_lambda_zero_keeps_almost_everything_and_a_large_lambda_removes(minilm_l
         variant="class",
         lambdas=[0.0, 3.0],
         steps=60,
-        **{**TINY, "seq_len": 32, "train_seqs": 8, "eval_seqs": 4, "batch_size": 4},
+        **{**TINY, "seq_len": 32, "train_seqs": 8, "eval_seqs": 4, "batch_size": 4, "stop_window": 60},
     )
     table = result.table.set_index("lambda")
     assert table.loc[0.0, "sparsity"] < 0.05
@@ -171,8 +205,18 @@ def test_tau_schedule():
         (dict(tau="0"), "tau 0: the temperature τ must be greater than 0"),
         (dict(tau="1:-0.5"), "tau -0.5: the temperature"),
         (dict(tau="hot"), "tau 'hot' is not a number"),
-        (dict(steps=0), "steps 0 must be at least 1"),
+        (dict(steps=0, stop_window=20), "steps 0 must be at least 20"),
+        (dict(steps=19, stop_window=20), "the stopping rule needs stop_window (20) steps"),
+        (dict(stop_window=1), "stop_window 1 must be at least 2"),
+        (dict(stop_flips=0.0), "stop_flips 0 must be a probability"),
         (dict(variant="dense"), "variant dense is unknown"),
+        (dict(init="star(1)"), "init star(1): unknown pattern star"),
+        (dict(init="local(16)"), "init local(16): give local's window between 1 and n - 1 = 15"),
+        (dict(init="local"), "init local: give local's window"),
+        (dict(init="no-diagonal(2)"), "no-diagonal takes no parameter"),
+        (dict(sparsity=[0.9], lambdas=[0.1]), "give lambdas or sparsity, not both"),
+        (dict(sparsity=[1.0]), "sparsity 1 must be a probability"),
+        (dict(sparsity=[0.0]), "sparsity 0 must be a probability"),
         (dict(init_keep=1.0), "init_keep 1 must be a probability"),
         (dict(removal="zero"), "removal zero is unknown"),
         (dict(classes="self,band(0)"), "band(0): the width"),
@@ -199,12 +243,16 @@ def test_causal_model_per_class_masks(tiny_causal, kjv):
 
 def test_save_load_round_trip_with_patterns_and_figures(minilm_l6, kjv, tmp_path):
     result = attnlens.dam(minilm_l6, corpus=kjv, lambdas=[0.0, 0.5], steps=3, **{**TINY, "patterns": True})
-    assert set(result.patterns["pattern"]) == {"strided", "fixed", "local", "bigbird", "star", "no-diagonal"}
+    assert set(result.patterns["pattern"]) == {"strided", "fixed", "band", "local", "bigbird", "no-diagonal"}
     assert result.patterns["sparsity"].between(0, 1).all()
     no_diagonal = result.patterns.set_index("pattern").loc["no-diagonal"]
     assert no_diagonal["sparsity"] == pytest.approx(1 / 16)
+    everything = result.matched(within=1.0)
+    assert len(everything) == 2 * 6, "within 1: every pattern's nearest point, for every λ"
     matched = result.matched()
-    assert len(matched) == 2 * 6
+    assert (abs(matched["sparsity"] - matched["dam_sparsity"]) <= 0.03).all()
+    close = abs(everything["sparsity"] - everything["dam_sparsity"]) <= 0.03
+    assert len(matched) == int(close.sum()), "exactly the nearest points within 3 points"
     out = result.save(tmp_path / "dam")
     assert not (out / "figures").exists(), "saving does not draw"
     result.save_figures(out / "figures")
@@ -215,6 +263,7 @@ def test_save_load_round_trip_with_patterns_and_figures(minilm_l6, kjv, tmp_path
     for name in result.tables:
         pd.testing.assert_frame_equal(loaded.tables[name], result.tables[name], check_dtype=False)
     np.testing.assert_array_equal(loaded.logits, result.logits)
+    pd.testing.assert_frame_equal(loaded.compared(within=1.0), result.compared(within=1.0), check_dtype=False)
     for figure in ("keep_per_class", "loss_vs_sparsity", "masks", "training"):
         assert (out / "figures" / f"{figure}.png").stat().st_size > 10_000, figure
 
@@ -232,7 +281,9 @@ def test_gemma_dam_runs_end_to_end(gemma3, kjv):
 @pytest.fixture(scope="module")
 def sparse_run(minilm_l6, kjv):
     """Masks that do remove something (a high learning rate makes ten steps enough), and the patterns."""
-    return attnlens.dam(minilm_l6, corpus=kjv, lambdas=[0.03, 0.3, 3.0], steps=10, lr=0.5, **{**TINY, "patterns": True})
+    return attnlens.dam(
+        minilm_l6, corpus=kjv, lambdas=[0.03, 0.3, 3.0], steps=10, lr=0.5, **{**TINY, "patterns": True, "stop_window": 10}
+    )
 
 
 def test_no_dam_table_repeats_a_column(sparse_run):
@@ -246,7 +297,11 @@ def test_no_dam_table_repeats_a_column(sparse_run):
 def line_points(ax) -> np.ndarray:
     """Display points every half pixel or closer along every line and error bar of ``ax``."""
     pieces = []
-    polylines = [line.get_transform().transform(np.asarray(line.get_xydata(), float)) for line in ax.lines]
+    polylines = []
+    for line in ax.lines:
+        xy = line.get_transform().transform(np.asarray(line.get_xydata(), float))
+        drawn = line.get_linestyle() not in ("None", "", " ")  # markers alone (error-bar caps) are points, not a polyline
+        polylines += [xy] if drawn else [point[None] for point in xy]
     for collection in ax.collections:
         polylines += [collection.get_transform().transform(np.asarray(segment, float)) for segment in collection.get_segments()]
     for xy in polylines:
@@ -294,3 +349,182 @@ def test_lambda_labels_sit_clear_of_every_line(sparse_run, figure):
         gap_y = np.maximum.reduce([box.y0 - points[:, 1], points[:, 1] - box.y1, np.zeros(len(points))])
         assert np.hypot(gap_x, gap_y).min() > 3, (label.get_text(), "sits on a line")
     plt.close(ax.figure)
+
+
+# ---------------------------------------------------------------------- stopping rule
+
+
+def _stop_step(curve, rule) -> int | None:
+    """The step the rule should stop at, recomputed from the recorded curve (None: never)."""
+    for step in range(len(curve)):
+        flipped = curve["flipped"].iloc[step]
+        if flipped == flipped and flipped < rule.flips and rule.plateaued(list(curve["loss"].iloc[: step + 1])):
+            return step
+    return None
+
+
+def test_the_stopping_rule_stops_a_mask_that_no_longer_changes_and_not_one_that_does(minilm_l6, kjv):
+    # full noise throughout: samples keep dropping positions, so the objective keeps moving a little
+    still = dict(lambdas=[0.0], steps=12, lr=1e-7, noise_end=1.0, **{**TINY, "stop_window": 4})
+    stopped = attnlens.dam(minilm_l6, corpus=kjv, stop_plateau=10.0, **still)  # any plateau: the mask alone decides
+    row = stopped.table.iloc[0]
+    assert row["converged"] and row["steps"] == 4, "logits that cannot move: the first window already holds"
+    capped = attnlens.dam(minilm_l6, corpus=kjv, stop_plateau=1e-12, **still)  # an objective that never settles that far
+    assert not capped.table.iloc[0]["converged"] and capped.table.iloc[0]["steps"] == 12
+    moving = attnlens.dam(minilm_l6, corpus=kjv, lambdas=[3.0], steps=30, lr=0.5, **{**TINY, "stop_window": 3})
+    curve = moving.training
+    rule = StoppingRule(3, moving.settings["stop_flips"], moving.settings["stop_plateau"])
+    expected = _stop_step(curve, rule)
+    assert (curve["flipped"].dropna() > 0).any(), "a mask pushed by a large λ at a large rate flips"
+    assert moving.table.iloc[0]["converged"] == (expected is not None)
+    assert moving.table.iloc[0]["steps"] == (expected + 1 if expected is not None else 30)
+
+
+def test_training_curves_record_hard_density_and_undecided_logits(minilm_l6, kjv):
+    result = attnlens.dam(minilm_l6, corpus=kjv, lambdas=[0.3], steps=4, lr=0.3, **TINY)
+    curve = result.training
+    assert curve[["density", "hard_density", "undecided"]].apply(lambda c: c.between(0, 1)).all().all()
+    # undecided by hand from the final logits: the weighted share of σ(α) in (0.1, 0.9), structured layout (head, offset)
+    logits = torch.as_tensor(np.asarray(result.logits[0]))
+    n = result.meta["settings"]["seq_len"]
+    positions = torch.tensor([float(n) if d == 0 else 2.0 * (n - d) for d in range(n)])  # pairs (i, j) with |i − j| = d
+    # a sample keeps a position with probability σ(α / s), s the noise scale of the last step: a cosine from 1 to noise_end
+    end, last = result.meta["settings"]["noise_end"], int(curve["step"].iloc[-1])
+    scale = end + (1 - end) * 0.5 * (1 + np.cos(np.pi * last / (4 - 1)))
+    keep = torch.sigmoid(logits / scale)
+    weights = positions[None].expand_as(keep)
+    expected = float((weights * ((keep > 0.1) & (keep < 0.9))).sum() / weights.sum())
+    assert curve["undecided"].iloc[-1] == pytest.approx(expected, abs=1e-6)
+    assert curve["hard_density"].iloc[-1] == pytest.approx(float((weights * (logits > 0)).sum() / weights.sum()), abs=1e-6)
+
+
+def test_structured_global_layout_by_hand():
+    """Offsets decide every position but the cls/sep rows and columns, which four logits per head decide."""
+    from attnlens.data.positions import TokenRoles
+
+    n, heads, layers = 6, 2, 3
+    valid = torch.ones(layers, n, n, dtype=torch.bool)
+    layout = LAYOUTS["structured+global"](layers, heads, n, valid, 1)
+    cls = torch.zeros(2, n, dtype=torch.bool)
+    sep = torch.zeros(2, n, dtype=torch.bool)
+    cls[:, 0], sep[0, 5], sep[1, 3] = True, True, True
+    roles = TokenRoles(cls, sep, torch.zeros(2, n, dtype=torch.bool), "")
+    context = layout.context({"other": torch.ones(2, n, n, dtype=torch.bool)}, roles)
+    values = torch.randn(layout.shape, generator=torch.Generator().manual_seed(0))
+    got = layout.expand(values, 1, context)
+    assert got.shape == (2, heads, n, n)
+    for b in range(2):
+        for i in range(n):
+            for j in range(n):
+                # priority: cls column, cls row, sep column, sep row, else the offset
+                index = n + 1 if cls[b, j] else n if cls[b, i] else n + 3 if sep[b, j] else n + 2 if sep[b, i] else abs(i - j)
+                assert torch.equal(got[b, :, i, j], values[:, index]), (b, i, j)
+    counts = layout.counts(context)
+    assert counts.sum() == heads * layers * n * n * 2, "every valid position of every layer and block, once per head"
+    assert counts[0, n + 1] == layers * n * 2, "the cls column: n positions per block and layer"
+
+
+@pytest.mark.parametrize(
+    "variant, init", [("structured", "band(3)"), ("structured+global", "local(2)"), ("unstructured", "bigbird(2)")]
+)
+def test_warm_start_begins_at_the_pattern(minilm_l6, kjv, variant, init):
+    """With `init` a pattern the layout can express, the starting hard mask is exactly the pattern:
+    zero steps' worth of training (λ = 0 and a learning rate too small to move a logit)."""
+    from attnlens.analysis.dam.patterns import build
+
+    result = attnlens.dam(minilm_l6, corpus=kjv, variant=variant, init=init, lambdas=[0.0], steps=2, lr=1e-9, **TINY)
+    n = TINY["seq_len"]
+    logits = torch.as_tensor(np.asarray(result.logits[0]))
+    layout = LAYOUTS[variant](6, 12, n, torch.ones(6, n, n, dtype=torch.bool), 1)
+    ids = torch.as_tensor(np.asarray(kjv.blocks(minilm_l6, n=n, num_blocks=1, seed=0).ids))
+    roles = attnlens.data.positions.token_roles(ids, minilm_l6)
+    name, value = init.removesuffix(")").split("(")
+    keep = build(name, n, int(value), roles.cls)
+    context = layout.context({"other": torch.ones(1, n, n, dtype=torch.bool)}, roles)
+    for layer in (0, 5):
+        kept = layout.expand(logits, layer, context)[0] > 0  # (head, n, n)
+        if name == "bigbird":  # its random keys are drawn per block: the logits keep what every block keeps, at least
+            assert (kept >= (build("local", n, int(value), roles.cls)[0] & keep[0])).all()
+        elif variant == "structured+global":  # the sep row and column have logits of their own: off them, exactly the pattern
+            off = ~(roles.sep[0][:, None] | roles.sep[0][None, :])
+            assert torch.equal(kept[:, off], keep[0][off].expand_as(kept[:, off])), (variant, init, layer)
+        else:
+            assert torch.equal(kept, keep[0].expand_as(kept)), (variant, init, layer)
+
+
+@pytest.fixture(scope="module")
+def tiny_mlm(tmp_path_factory, minilm_l6):
+    return attnlens.load_model(str(save_tiny(tmp_path_factory.mktemp("mlm"), minilm_l6, "mlm")))
+
+
+@pytest.mark.parametrize("variant", ["structured", "unstructured", "structured+global"])
+def test_target_sparsity_is_met_within_one_point(tiny_mlm, kjv, variant):
+    """Dual ascent moves λ towards each target (a higher target ends at a higher λ) and the run's hard
+    mask is judged at the target within one point of sparsity, on the held-out blocks."""
+    settings = {**SMALL, "stop_window": 10}  # n = 32: one DAM_s logit decides at most 1.5% of the positions
+    result = attnlens.dam(tiny_mlm, corpus=kjv, variant=variant, sparsity=[0.5, 0.9], steps=40, objective="mlm", **settings)
+    table = result.table
+    assert table["target_sparsity"].tolist() == [0.5, 0.9]
+    assert (abs(table["sparsity"] - table["target_sparsity"]) <= 0.01).all(), table[["target_sparsity", "sparsity"]]
+    assert table["lambda"].iloc[1] > table["lambda"].iloc[0] > 0
+    for lam, curve in result.training.groupby("lambda", sort=False):
+        assert curve["lambda_now"].iloc[-1] == pytest.approx(lam), "the table's λ is where dual ascent ended"
+
+
+def test_lambda_zero_keeps_everything(minilm_l6, kjv):
+    result = attnlens.dam(minilm_l6, corpus=kjv, lambdas=[0.0], steps=30, **{**TINY, "seq_len": 32})
+    assert result.table["sparsity"].iloc[0] == 0.0
+    assert (result.training["hard_density"] == 1.0).all(), "no step's hard mask drops a position"
+
+
+@pytest.mark.parametrize("variant, init", [("structured", "band(2)"), ("structured+global", "local(2)")])
+def test_a_warm_start_never_ends_worse_than_its_pattern(minilm_l6, kjv, variant, init):
+    """Started at a pattern and held at its sparsity, training ends no worse than the pattern on the
+    blocks it trained on (what it optimised), and never keeps more than the pattern did."""
+    probe = attnlens.dam(minilm_l6, corpus=kjv, variant=variant, init=init, lambdas=[0.0], steps=2, lr=1e-9, **SMALL)
+    start = probe.table.iloc[0]
+    target = round(float(start["init_train_sparsity"]), 4)
+    result = attnlens.dam(minilm_l6, corpus=kjv, variant=variant, init=init, sparsity=[target], steps=60, **SMALL)
+    row = result.table.iloc[0]
+    assert row["init_train_loss"] == pytest.approx(start["init_train_loss"]), "the same pattern on the same blocks"
+    assert row["train_loss"] <= row["init_train_loss"], (row["train_loss"], row["init_train_loss"])
+    assert row["sparsity"] >= target - 0.01
+
+
+def test_matched_differences_are_paired_over_blocks_and_the_verdicts_follow_them(minilm_l6, kjv):
+    result = attnlens.dam(minilm_l6, corpus=kjv, lambdas=[0.0, 3.0], steps=20, lr=0.5, **{**SMALL, "patterns": True})
+    matched = result.matched(within=1.0)
+    points = result.patterns.reset_index(drop=True)
+    for _, row in matched.iterrows():
+        run = int(np.flatnonzero(result.table["lambda"].to_numpy() == row["lambda"])[0])
+        point = int(points.index[(points["pattern"] == row["pattern"]) & (points["value"] == row["value"])][0])
+        by_hand = (result.arrays["eval_losses"][run] - result.arrays["pattern_losses"][point]).mean()
+        assert row["difference"] == pytest.approx(by_hand, abs=1e-12)
+        assert row["difference_low"] <= row["difference"] <= row["difference_high"]
+        assert row["expressible"] == (row["pattern"] in ("band", "no-diagonal")), "DAM_s expresses the offset family"
+    compared = result.compared(within=1.0)
+    for lam, group in compared.groupby("lambda"):
+        own, overall = group.set_index("scope").loc["own family"], group.set_index("scope").loc["overall"]
+        candidates = matched[matched["lambda"] == lam]
+        assert overall["delta"] == candidates["delta"].min()
+        assert own["delta"] == candidates.loc[candidates["expressible"], "delta"].min()
+        for _, row in group.iterrows():
+            expected = "worse" if row["difference_low"] > 0 else "better" if row["difference_high"] < 0 else "on par"
+            assert row["verdict"] == expected
+
+
+def test_train_weights_gives_the_matched_patterns_the_same_training(minilm_l6, kjv):
+    before = {name: p.detach().clone() for name, p in minilm_l6.model.named_parameters()}
+    settings = {**SMALL, "patterns": True, "stop_window": 10}
+    tuned = attnlens.dam(minilm_l6, corpus=kjv, sparsity=[0.85], steps=20, train_weights=True, weights_lr=1e-4, **settings)
+    for name, p in minilm_l6.model.named_parameters():
+        assert torch.equal(p, before[name]), f"{name}: restored after every mask and pattern"
+    adapted, frozen = tuned.tables["patterns_adapted"], tuned.patterns
+    assert len(adapted) and set(adapted["pattern"]) <= {"band", "local", "bigbird"}
+    assert (adapted["steps"] == tuned.table["steps"].iloc[0]).all(), "as many steps as the mask took"
+    for _, row in adapted.iterrows():
+        same = frozen[(frozen["pattern"] == row["pattern"]) & (frozen["value"] == row["value"])].iloc[0]
+        assert row["sparsity"] == pytest.approx(same["sparsity"]), "the same pattern point"
+        assert abs(row["sparsity"] - tuned.table["sparsity"].iloc[0]) <= 0.03
+        assert row["delta"] != same["delta"], "the weights it was judged with were trained"
+    assert set(tuned.matched()["pattern"]) <= set(adapted["pattern"]), "only patterns trained alike are compared"

@@ -22,9 +22,10 @@ def hand_keep(name: str, n: int, value: int, globals_: set[int]) -> np.ndarray:
                 keep[i, j] = near < value or (i - j) % value == 0
             elif name == "fixed":
                 keep[i, j] = i // value == j // value or j % value == value - 1
-            elif name in ("local", "bigbird", "star"):
-                width = 1 if name == "star" else value
-                keep[i, j] = near <= width or i in globals_ or j in globals_
+            elif name == "band":
+                keep[i, j] = near <= value
+            elif name in ("local", "bigbird"):
+                keep[i, j] = near <= value or i in globals_ or j in globals_
             elif name == "no-diagonal":
                 keep[i, j] = i != j
     return keep
@@ -65,7 +66,7 @@ def test_sparsity_counts_only_valid_positions_and_spares_emptied_rows():
     assert sparsity(removed, valid) == pytest.approx((n - 1) / (n * (n + 1) / 2))
 
 
-@pytest.mark.parametrize("name, value", [("local", 2), ("strided", 4), ("star", 0)])
+@pytest.mark.parametrize("name, value", [("local", 2), ("strided", 4), ("band", 1)])
 def test_claimed_sparsity_is_the_share_of_zero_attention_weights(minilm_l6, kjv_blocks, name, value):
     """Through the model: the weights the capture sees are zero exactly where the pattern removes."""
     ids = torch.from_numpy(kjv_blocks.ids[:2])
@@ -80,3 +81,18 @@ def test_claimed_sparsity_is_the_share_of_zero_attention_weights(minilm_l6, kjv_
         zero = cap.weights[layer] == 0
         assert torch.equal(zero, removed[:, None].expand_as(zero)), f"layer {layer}"
     assert sparsity(removed, valid) == pytest.approx(float((cap.weights[0] == 0).float().mean()))
+
+
+def test_patterns_are_distinct_and_name_their_family():
+    """No two patterns (at any of their values) keep the same positions; only the global family keeps [CLS]'s column whole."""
+    cls = torch.zeros(1, N, dtype=torch.bool)
+    cls[:, 0] = True
+    seen = {}
+    for name, pattern in PATTERNS.items():
+        for value in pattern.values(N):
+            keep = build(name, N, value, cls, torch.Generator().manual_seed(0))[0]
+            key = keep.numpy().tobytes()
+            assert key not in seen, f"{name}({value}) repeats {seen.get(key)}"
+            seen[key] = f"{name}({value})"
+            column_whole = bool(keep[:, 0].all()) and bool(keep[0].all())
+            assert column_whole == (pattern.family == "global"), f"{name}({value})"

@@ -109,6 +109,7 @@ def test_entry_points_move_a_stage_while_they_work(tmp_path, minilm_l6):
                 model,
                 seq_len=16,
                 steps=6,
+                stop_window=2,
                 lambdas=[0.1],
                 train_seqs=2,
                 eval_seqs=2,

@@ -20,14 +20,14 @@ SMALL = {
     "eigen": ["--seq-len", "32", "--num-seqs", "16"],
     "reconstruct": ["--seq-len", "32", "--num-seqs", "16"],
     "importance": ["--seq-len", "32", "--num-seqs", "4"],
-    "dam": ["--seq-len", "32", "--steps", "3", "--train-seqs", "4", "--eval-seqs", "4"],
+    "dam": ["--seq-len", "32", "--steps", "3", "--stop-window", "2", "--train-seqs", "4", "--eval-seqs", "4"],
 }
 # The same for the snippets' calls: keyword changes on top of what the snippet passes.
 SMALL_CALLS = {
     "eigen": {"seq_len": 32, "num_seqs": 16},
     "reconstruct": {"seq_len": 32, "num_seqs": 16},
     "importance": {"seq_len": 32, "num_seqs": 4, "task_train": 64, "task_eval": 32},
-    "dam": {"seq_len": 32, "steps": 3, "train_seqs": 4, "eval_seqs": 4},
+    "dam": {"seq_len": 32, "steps": 3, "stop_window": 2, "train_seqs": 4, "eval_seqs": 4},
 }
 
 

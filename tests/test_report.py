@@ -115,7 +115,6 @@ def test_every_figure_function_draws_on_given_axes(quick_report):
         lambda ax: importance.plot_head_importance(i, ax),
         lambda ax: dam.plot_keep(d, ax),
         lambda ax: dam.plot_loss_vs_sparsity(d, ax),
-        lambda ax: dam.plot_training(d, ax),
         lambda ax: attention.plot_attention(e.arrays["layer_eigenvectors"][0, 0, 0][:, :8], ax, kind="scores"),
     ]
     for draw in calls:
@@ -124,6 +123,9 @@ def test_every_figure_function_draws_on_given_axes(quick_report):
         assert ax.get_xlabel() and ax.get_ylabel() and ax.get_title()
         plt.close(figure)
     plt.close(dam.plot_masks(d))
+    training = dam.plot_training(d)  # three panels: objective, densities, undecided logits
+    assert [ax.get_ylabel() for ax in training.axes][2].startswith("undecided") and len(training.axes) == 3
+    plt.close(training)
 
 
 def test_every_result_shows_itself_in_a_terminal_and_in_jupyter(quick_report):

@@ -224,7 +224,7 @@ def test_importance_reconstruct_and_dam_carry_a_task_table(minilm_l6, tmp_path):
     full = rec.plug_in.set_index("k")
     assert {"accuracy", "delta_accuracy", "majority_accuracy"} <= set(rec.plug_in.columns)
     assert full.loc[32, "unmodified_accuracy"] == rec.meta["task"]["unmodified_accuracy"]
-    result = attnlens.dam(minilm_l6, lambdas=[0.1], steps=2, train_seqs=4, eval_seqs=4, patterns=False, **small)
+    result = attnlens.dam(minilm_l6, lambdas=[0.1], steps=3, stop_window=2, train_seqs=4, eval_seqs=4, patterns=False, **small)
     assert result.meta["settings"]["trained_on"] == "hidden"  # padded examples: the masks train on the proxy
     assert len(result.tables["task"]) == 1 and 0 <= result.tables["task"].iloc[0]["accuracy"] <= 1
     result.save(tmp_path / "dam")
@@ -233,7 +233,7 @@ def test_importance_reconstruct_and_dam_carry_a_task_table(minilm_l6, tmp_path):
 
 def test_dam_trains_on_the_task_loss_for_full_block_tasks(minilm_l6):
     result = attnlens.dam(
-        minilm_l6, lambdas=[0.1], steps=3, train_seqs=4, eval_seqs=4, patterns=False, seq_len=32,
+        minilm_l6, lambdas=[0.1], steps=3, stop_window=2, train_seqs=4, eval_seqs=4, patterns=False, seq_len=32,
         task="imdb", task_train=32, task_eval=24, progress=False,
     )  # fmt: skip
     assert result.meta["settings"]["trained_on"] == "task"

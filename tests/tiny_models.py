@@ -215,6 +215,8 @@ def identical_columns(table) -> list[tuple[str, str]]:
     for index, first in enumerate(names):
         for second in names[index + 1 :]:
             a, b = table[first], table[second]
+            if pd.api.types.is_bool_dtype(a) != pd.api.types.is_bool_dtype(b):
+                continue  # a flag is not a copy of a count that happens to be 0 or 1 in every row
             if pd.api.types.is_numeric_dtype(a) and pd.api.types.is_numeric_dtype(b):
                 same = np.allclose(a.to_numpy(float), b.to_numpy(float), rtol=1e-9, atol=1e-12, equal_nan=True)
             else:

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from attnlens.analysis.dam import DamSettings
+from attnlens.analysis.dam import DEFAULT_SPARSITY, DamSettings
 
 from .app import (
     BatchSizeOption,
@@ -44,19 +44,72 @@ def dam(
     model: ModelOption = "minilm-l6",
     corpus: CorpusOption = D.corpus,
     variant: Annotated[
-        str, typer.Option("--variant", help="unstructured, structured (per head and offset) or class.")
+        str,
+        typer.Option(
+            "--variant",
+            help="unstructured, structured (per head and offset), structured+global (plus cls/sep rows and columns) or class.",
+        ),
     ] = D.variant,
     lambdas: Annotated[
-        str, typer.Option("--lambdas", help="Comma-separated sparsity weights λ >= 0 (loss units per unit of density).")
-    ] = ",".join(map(str, D.lambdas)),
-    steps: Annotated[int, typer.Option("--steps", help="Training steps (one batch each) per λ.")] = D.steps,
+        str | None,
+        typer.Option(
+            "--lambdas",
+            help="Comma-separated sparsity weights λ >= 0 (loss units per unit of density), instead of --sparsity.",
+        ),
+    ] = None,
+    sparsity: Annotated[
+        str | None,
+        typer.Option(
+            "--sparsity",
+            help="Comma-separated target sparsities in (0, 1): λ found by dual ascent; default "
+            + ",".join(map(str, DEFAULT_SPARSITY))
+            + ".",
+        ),
+    ] = None,
+    dual_lr: Annotated[float, typer.Option("--dual-lr", help="Step of the dual ascent on λ with --sparsity.")] = D.dual_lr,
+    steps: Annotated[
+        int, typer.Option("--steps", help="Most training steps (one batch each) per λ; fewer when the stopping rule holds.")
+    ] = D.steps,
+    stop_window: Annotated[
+        int, typer.Option("--stop-window", help="Stopping rule: steps over which the mask must stop changing.")
+    ] = D.stop_window,
+    stop_flips: Annotated[
+        float, typer.Option("--stop-flips", help="Stopping rule: most fraction of hard-mask positions flipped in the window.")
+    ] = D.stop_flips,
+    stop_plateau: Annotated[
+        float, typer.Option("--stop-plateau", help="Stopping rule: most relative change of the objective across the window.")
+    ] = D.stop_plateau,
+    stop_margin: Annotated[
+        float, typer.Option("--stop-margin", help="Stopping rule: a decision changes when its logit crosses 0 by more than this.")
+    ] = D.stop_margin,
     tau: Annotated[
         str, typer.Option("--tau", help="Gumbel-sigmoid temperature: fixed (1.0) or annealed start:end (2:0.2).")
     ] = str(D.tau),
     lr: Annotated[float, typer.Option("--lr", help="Adam learning rate of the mask logits.")] = D.lr,
+    lr_end: Annotated[
+        float, typer.Option("--lr-end", help="Learning rate at the step cap, as a fraction of --lr (cosine schedule).")
+    ] = D.lr_end,
+    noise_end: Annotated[
+        float, typer.Option("--noise-end", help="Scale of the Gumbel noise at the step cap (cosine schedule from 1).")
+    ] = D.noise_end,
     init_keep: Annotated[float, typer.Option("--init-keep", help="Initial keep probability of every position.")] = D.init_keep,
-    removal: Annotated[str, typer.Option("--removal", help="1e4 (add -10^4 to removed scores) or inf.")] = D.removal,
-    train_weights: Annotated[bool, typer.Option("--train-weights", help="Also fine-tune the model's weights.")] = D.train_weights,
+    init: Annotated[
+        str | None, typer.Option("--init", help="Start the logits at a fixed pattern, e.g. local(6), band(4), bigbird(3).")
+    ] = D.init,
+    removal: Annotated[
+        str,
+        typer.Option(
+            "--removal",
+            help="renormalise (zero removed weights, renormalise the rest), 1e4 (add -10^4 to removed scores) or inf.",
+        ),
+    ] = D.removal,
+    train_weights: Annotated[
+        bool,
+        typer.Option(
+            "--train-weights",
+            help="Also fine-tune the model's weights; band, local and bigbird at matched sparsity get the same weight training.",
+        ),
+    ] = D.train_weights,
     weights_lr: Annotated[
         float, typer.Option("--weights-lr", help="Learning rate of the weights with --train-weights.")
     ] = D.weights_lr,
@@ -90,21 +143,39 @@ def dam(
     from attnlens.io.results import check_out
 
     settings = settings_from(
-        DamSettings, locals(), lambdas=parse_float_list(lambdas, "--lambdas")
+        DamSettings,
+        locals(),
+        lambdas=parse_float_list(lambdas, "--lambdas") if lambdas is not None else None,
+        sparsity=parse_float_list(sparsity, "--sparsity") if sparsity is not None else None,
     )  # checked before any model loads
     check_out(out, overwrite)
     result = run(model, settings, device=device, progress=progress)
     save_result(result, out, overwrite=overwrite, figures=figures)
+    shown = ("lambda", "target_sparsity", "trained_sparsity", "sparsity", "expected_sparsity", "rows_rescued", "loss",
+             "delta", "delta_low", "delta_high", "steps", "converged")  # fmt: skip
+    table = result.table.dropna(axis=1, how="all")
+    typer.echo(table[[c for c in shown if c in table]].to_string(index=False, float_format=lambda v: f"{v:.4f}"))
+    keep = result.keep_summary
     typer.echo(
-        result.table[
-            [c for c in ("lambda", "sparsity", "loss", "delta", "delta_low", "delta_high") if c in result.table]
-        ].to_string(index=False, float_format=lambda v: f"{v:.4f}")
+        keep[keep["same_as"] == keep["class"]]
+        .pivot(index="class", columns="lambda", values="keep_probability")
+        .to_string(float_format=lambda v: f"{v:.3f}")
     )
-    typer.echo(
-        result.keep_summary.pivot(index="class", columns="lambda", values="keep_probability").to_string(
-            float_format=lambda v: f"{v:.3f}"
+    same = result.meta["equal_by_construction"]
+    if same:
+        equal = ", ".join(f"{name} = {other}" for name, other in same.items())
+        typer.echo(f"equal by construction (the {settings.variant} layout decides them from the same logits): {equal}")
+    capped = result.table.loc[~result.table["converged"].astype(bool), "lambda"].tolist()
+    if capped:
+        typer.echo(
+            f"λ {', '.join(f'{lam:g}' for lam in capped)}: hit the step cap ({settings.steps}) before the stopping rule held"
         )
-    )
+    if len(result.patterns):
+        compared = result.compared()
+        columns = ["lambda", "scope", "pattern", "value", "sparsity", "dam_delta", "delta", "difference", "difference_low",
+                   "difference_high", "verdict"]  # fmt: skip
+        typer.echo("against the best pattern at matched sparsity (difference: the mask's loss minus the pattern's):")
+        typer.echo(compared[columns].to_string(index=False, float_format=lambda v: f"{v:.4f}"))
     for name, note in result.meta["notes"].items():
         typer.echo(f"{name}: {note}")
     echo_task(result)

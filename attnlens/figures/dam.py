@@ -3,7 +3,7 @@ sparsity for the λ sweep and the fixed patterns, and the training curves.
 
 >>> import attnlens
 >>> from attnlens.figures.dam import plot_loss_vs_sparsity
->>> result = attnlens.dam("minilm-l6", lambdas=[0.0], steps=2, seq_len=16, train_seqs=2, eval_seqs=2,
+>>> result = attnlens.dam("minilm-l6", lambdas=[0.0], steps=3, stop_window=2, seq_len=16, train_seqs=2, eval_seqs=2,
 ...                       batch_size=2, bootstrap=20, patterns=False, progress=False)
 >>> ax = plot_loss_vs_sparsity(result)
 >>> ax.get_xlabel()
@@ -21,11 +21,20 @@ import seaborn as sns
 from .importance import LOSS_LABELS, describe
 from .style import apply_style, label_points, new_axes, task_describe, task_references
 
-PATTERN_MARKERS = {"strided": "s", "fixed": "D", "local": "^", "bigbird": "v", "star": "*", "no-diagonal": "X"}
+PATTERN_MARKERS = {"strided": "s", "fixed": "D", "band": "*", "local": "^", "bigbird": "v", "no-diagonal": "X"}
 
 
 def _lambda_label(value: float) -> str:
     return f"λ = {value:g}"
+
+
+def run_labels(result) -> dict[float, str]:
+    """Each run's name, keyed by its λ: "λ = 0.1", or "target 90%" for a run aimed at a sparsity."""
+    table = result.table
+    targets = table["target_sparsity"] if "target_sparsity" in table else [float("nan")] * len(table)
+    return {
+        lam: _lambda_label(lam) if np.isnan(target) else f"target {target:.0%}" for lam, target in zip(table["lambda"], targets)
+    }
 
 
 def nearest_lambda(result, target: float = 0.85) -> int:
@@ -37,7 +46,15 @@ def plot_keep(result, ax: plt.Axes | None = None) -> plt.Axes:
     """Keep-probability σ(α) per position class, one bar per λ (dashed: the hard mask's kept fraction is in the table)."""
     ax = new_axes(ax, (7.6, 4.2))
     table = result.keep_summary
-    classes = list(dict.fromkeys(table["class"]))
+    if "same_as" in table:  # a class equal to another by construction is shown once, under both names
+        shown = table[table["same_as"] == table["class"]]
+        also = table[table["same_as"] != table["class"]].groupby("same_as")["class"].unique()
+    else:
+        shown, also = table, {}
+    classes = list(dict.fromkeys(shown["class"]))
+    names = [" = ".join([name, *also.get(name, [])]) for name in classes]
+    labels = run_labels(result)
+    table = shown
     lambdas = list(dict.fromkeys(table["lambda"]))
     palette = sns.color_palette("flare", len(lambdas))
     width = 0.8 / len(lambdas)
@@ -50,12 +67,12 @@ def plot_keep(result, ax: plt.Axes | None = None) -> plt.Axes:
             rows["keep_probability"],
             width,
             color=colour,
-            label=f"{_lambda_label(lam)} (sparsity {sparsity[lam]:.0%})",
+            label=f"{labels[lam]} (sparsity {sparsity[lam]:.0%})",
         )
-    ax.set_xticks(x, classes)
+    ax.set_xticks(x, names)
     ax.grid(axis="x", visible=False)
     ax.set_ylim(0, 1.05)
-    ax.set_xlabel("position class")
+    ax.set_xlabel("position class (a = b: equal by construction in this layout)" if len(also) else "position class")
     ax.set_ylabel("keep probability σ(α), mean over positions")
     ax.set_title(f"DAM ({result.meta['settings']['variant']}): what the learned masks keep\n{describe(result.meta)}", fontsize=10)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
@@ -75,8 +92,14 @@ def plot_loss_vs_sparsity(result, ax: plt.Axes | None = None) -> plt.Axes:
     table = result.table
     error = np.stack([table["delta"] - table["delta_low"], table["delta_high"] - table["delta"]])
     ax.errorbar(table["sparsity"], table["delta"], yerr=error, fmt="o-", color="black", lw=1.8, ms=6, capsize=3,
-                label=f"DAM {result.meta['settings']['variant']} (λ sweep)", zorder=5)  # fmt: skip
-    label_points(ax, table["sparsity"], table["delta"], [_lambda_label(value) for value in table["lambda"]])
+                label=f"DAM {result.meta['settings']['variant']}", zorder=5)  # fmt: skip
+    adapted = result.tables.get("patterns_adapted")
+    if adapted is not None and len(adapted):  # the patterns given the same weight training, at each mask's sparsity
+        for name, points in adapted.groupby("pattern", sort=False):
+            ax.plot(points["sparsity"], points["delta"], ls="none", marker=PATTERN_MARKERS.get(name, "o"), ms=9,
+                    mec="black", color=palette.get(name), label=f"{name}, weights trained alike", zorder=6)  # fmt: skip
+    labels = run_labels(result)
+    label_points(ax, table["sparsity"], table["delta"], [labels[value] for value in table["lambda"]])
     ax.axhline(0, color="grey", ls="--", lw=1, label=_unmodified(result.meta))
     ax.set_xlabel("sparsity (fraction of valid attention positions removed)")
     ax.set_ylabel(LOSS_LABELS[objective])  # held-out: the title says so
@@ -108,8 +131,11 @@ def plot_accuracy_vs_sparsity(result, ax: plt.Axes | None = None) -> plt.Axes:
     masks = table[table["kind"] == "dam"].sort_values("task_sparsity")
     error = np.stack([masks["accuracy"] - masks["accuracy_low"], masks["accuracy_high"] - masks["accuracy"]])
     ax.errorbar(masks["task_sparsity"], masks["accuracy"], yerr=error, fmt="o-", color="black", lw=1.8, ms=6, capsize=3,
-                label=f"DAM {result.meta['settings']['variant']} (λ sweep)", zorder=5)  # fmt: skip
-    label_points(ax, masks["task_sparsity"], masks["accuracy"], [_lambda_label(value) for value in masks["lambda"]])
+                label=f"DAM {result.meta['settings']['variant']}", zorder=5)  # fmt: skip
+    labels = run_labels(result)
+    label_points(
+        ax, masks["task_sparsity"], masks["accuracy"], [labels.get(value, _lambda_label(value)) for value in masks["lambda"]]
+    )
     task_references(ax, task)
     ax.set_xlabel("sparsity on the task's examples (fraction of valid positions removed)")
     ax.set_ylabel("held-out accuracy")
@@ -120,19 +146,50 @@ def plot_accuracy_vs_sparsity(result, ax: plt.Axes | None = None) -> plt.Axes:
     return ax
 
 
-def plot_training(result, ax: plt.Axes | None = None) -> plt.Axes:
-    """Density of the sampled masks over training, one line per λ."""
-    ax = new_axes(ax, (6.4, 3.8))
+def plot_training(result) -> plt.Figure:
+    """Per λ, against the step: the training objective, the density of the sampled and of
+    the hard (α > 0) mask, and the fraction of undecided logits (σ(α/s) in (0.1, 0.9) at the
+    step's noise scale s, weighted by the positions each decides); a ring marks where a run stopped, filled when the
+    stopping rule held, open when it hit the step cap."""
+    apply_style()
+    figure, axes = plt.subplots(1, 3, figsize=(12, 3.6), layout="constrained")
     lambdas = list(dict.fromkeys(result.training["lambda"]))
+    labels = run_labels(result)
+    table = result.table.set_index("lambda")
     for lam, colour in zip(lambdas, sns.color_palette("flare", len(lambdas))):
         curve = result.training[result.training["lambda"] == lam]
-        ax.plot(curve["step"], curve["density"], color=colour, label=_lambda_label(lam))
-    ax.set_xlabel("training step")
-    ax.set_ylabel("density of the sampled mask (kept fraction)")
-    ax.set_ylim(0, 1.02)
-    ax.set_title("DAM training", fontsize=10)
-    ax.legend(fontsize=7)
-    return ax
+        converged = bool(table.loc[lam, "converged"]) if "converged" in table else False
+        axes[0].plot(curve["step"], curve["objective"], color=colour, label=labels[lam])
+        axes[1].plot(curve["step"], curve["density"], color=colour, alpha=0.5, lw=1)
+        if "hard_density" in curve:
+            axes[1].plot(curve["step"], curve["hard_density"], color=colour, lw=1.8)
+        target = table.loc[lam, "target_sparsity"] if "target_sparsity" in table else float("nan")
+        if np.isfinite(target):  # what dual ascent aims the hard mask's density at, and the mask judged after the shift
+            axes[1].axhline(1 - target, color=colour, ls=":", lw=1)
+            axes[1].plot(curve["step"].iloc[-1], 1 - table.loc[lam, "sparsity"], "x", ms=8, mew=2, color=colour)
+            axes[2].plot(curve["step"], curve["undecided"], color=colour, lw=1.5)
+        last = curve.iloc[-1]
+        for ax, column in zip(axes, ("objective", "hard_density", "undecided")):
+            if column in curve:
+                ax.plot(last["step"], last[column], "o", ms=6, color=colour, mfc=colour if converged else "white")
+    axes[0].set_ylabel("training objective")
+    axes[1].set_ylabel("density (kept fraction)")
+    axes[1].plot([], [], color="grey", alpha=0.5, lw=1, label="sampled mask")
+    axes[1].plot([], [], color="grey", lw=1.8, label="hard mask α > 0")
+    if "target_sparsity" in table:
+        axes[1].plot([], [], color="grey", ls=":", lw=1, label="target density")
+        axes[1].plot([], [], "x", color="grey", mew=2, label="judged, after the threshold shift")
+    axes[1].legend(fontsize=7)
+    axes[1].set_ylim(0, 1.02)
+    axes[2].set_ylabel("undecided (0.1 < σ(α/s) < 0.9, s: noise scale)")
+    axes[2].set_ylim(0, 1.02)
+    for ax in axes:
+        ax.set_xlabel("training step")
+    axes[0].plot([], [], "o", color="grey", label="stopped: rule held")
+    axes[0].plot([], [], "o", color="grey", mfc="white", label="stopped: step cap")
+    axes[0].legend(fontsize=7)
+    figure.suptitle(f"DAM training ({result.meta['settings']['variant']})", fontsize=10)
+    return figure
 
 
 def plot_masks(result, index: int | None = None) -> plt.Figure:
@@ -182,7 +239,7 @@ def draw(result) -> Iterator[tuple[str, plt.Figure]]:
     """``loss_vs_sparsity`` (main), ``keep_per_class``, ``training``, ``masks``."""
     yield "loss_vs_sparsity", plot_loss_vs_sparsity(result).figure
     yield "keep_per_class", plot_keep(result).figure
-    yield "training", plot_training(result).figure
+    yield "training", plot_training(result)
     if "task" in result.tables:
         yield "accuracy_vs_sparsity", plot_accuracy_vs_sparsity(result).figure
     yield "masks", plot_masks(result)

@@ -61,7 +61,7 @@ def task_describe(meta: dict) -> str:
 # ----------------------------------------------------------------------------- point labels
 
 # Offsets (points) tried for a label, nearest first: right above the point, then round it.
-_LABEL_RADII = (8, 14, 22, 34)
+_LABEL_RADII = (8, 14, 22, 34, 48, 64)
 _LABEL_ANGLES = (45, 135, 315, 225, 90, 270, 0, 180, 20, 70, 110, 160, 200, 250, 290, 340)
 
 

@@ -374,33 +374,60 @@ def _importance_claims(importance_result, dam_result) -> list[tuple[str, ...]]:
                 _class_task(importance_result, "self"),
             )
         )
-    dam_table = dam_result.table
-    sparse = dam_table.iloc[nearest_lambda(dam_result)]  # the λ nearest 85% sparsity, as in the mask images
+    return rows + _dam_claims(dam_result, unit)
+
+
+def _steps(row: pd.Series) -> str:
+    """How a run ended: "converged in 212 steps" or "capped at 300 steps (not converged)"."""
+    return (
+        f"converged in {int(row['steps'])} steps"
+        if bool(row["converged"])
+        else f"capped at {int(row['steps'])} steps (not converged)"
+    )
+
+
+def _dam_claims(dam_result, unit: str) -> list[tuple[str, ...]]:
+    settings = dam_result.meta["settings"]
+    frozen = "weights trained alongside" if settings["train_weights"] else "model frozen"
+    runs = "; ".join(
+        f"{number(row['sparsity'], 1, percent=True)} sparsity (sampled masks {number(row['expected_sparsity'], 0, percent=True)}, "
+        f"rows rescued {number(row['rows_rescued'], 1, percent=True)}): {_interval(row)} {unit}, {_steps(row)}"
+        for _, row in dam_result.table.iterrows()
+    )
+    sparse = dam_result.table.iloc[nearest_lambda(dam_result, 0.9)]
     keep = dam_result.keep_summary
-    keep = keep[keep["lambda"] == sparse["lambda"]].sort_values("keep_probability", ascending=False)
-    kept = ", ".join(f"{row['class']} {number(row['keep_probability'])}" for _, row in keep.iterrows())
-    rows.append(
+    keep = keep[(keep["lambda"] == sparse["lambda"]) & (keep["same_as"] == keep["class"])]
+    same = dam_result.meta.get("equal_by_construction", {})
+    names = {name: " = ".join([name, *[other for other, first in same.items() if first == name]]) for name in keep["class"]}
+    kept = ", ".join(
+        f"{names[row['class']]} {number(row['keep_probability'])}"
+        for _, row in keep.sort_values("keep_probability", ascending=False).iterrows()
+    )
+    rows = [
         (
             "Learned masks (DAM, paper 2)",
             "fine-tuned: DAM_s 91.2% sparsity at GLUE 80.9; DAM_u 78.9% at 82.0",
-            f"{dam_result.meta['settings']['variant']}, λ = {sparse['lambda']:g}, model frozen: "
-            f"{number(sparse['sparsity'], 1, percent=True)} sparsity, {_interval(sparse)} {unit};"
-            f" keep-probability per class: {kept}",
+            f"{settings['variant']}, {frozen}: {runs}. Keep-probability per class at "
+            f"{number(sparse['sparsity'], 0, percent=True)}: {kept}" + (" (a = b: equal by construction)" if same else ""),
             _dam_task(dam_result, sparse["lambda"]),
         )
-    )
+    ]
     if len(dam_result.patterns):
-        matched = dam_result.matched()
-        matched = matched[matched["lambda"] == sparse["lambda"]]
-        landed = "; ".join(
-            f"{row['pattern']} {number(row['sparsity'], 0, percent=True)}: {_interval(row)}" for _, row in matched.iterrows()
-        )
+        compared = dam_result.compared()
+        said = []
+        for _, group in compared.groupby("lambda", sort=False):
+            parts = [
+                f"{row['scope']} {row['pattern']}({int(row['value'])}) at {number(row['sparsity'], 1, percent=True)}: "
+                f"{_interval(row)}, DAM − pattern {_interval(row, 'difference')} ({row['verdict']})"
+                for _, row in group.iterrows()
+            ]
+            said.append(f"at {number(group['dam_sparsity'].iloc[0], 0, percent=True)}: " + "; ".join(parts))
         rows.append(
             (
                 "Fixed sparse patterns (paper 2)",
                 "worse than DAM at similar sparsity (e.g. BigBird 93.2% / 79.4)",
-                f"nearest sparsity to the DAM mask above: {landed}",
-                _patterns_task(dam_result, matched),
+                " | ".join(said) if said else "no pattern within 3 points of a mask's sparsity",
+                _patterns_task(dam_result, dam_result.matched()[lambda m: m["lambda"] == sparse["lambda"]]),
             )
         )
     return rows
@@ -475,21 +502,68 @@ def _importance_section(results: dict, names: dict[str, str], figures: Figures) 
 def _dam_section(results: dict, names: dict[str, str], figures: Figures) -> str:
     result = results["dam"]
     shown = figures.directory / names["dam"] / "figures"
-    columns = [name for name in ("lambda", "sparsity", "loss", "delta", "delta_low", "delta_high") if name in result.table]
+    columns = [
+        name
+        for name in (
+            "target_sparsity",
+            "lambda",
+            "trained_sparsity",
+            "sparsity",
+            "expected_sparsity",
+            "rows_rescued",
+            "delta",
+            "delta_low",
+            "delta_high",
+            "steps",
+            "converged",
+            "threshold_shift",
+        )
+        if name in result.table
+    ]
     body = [
         figures.embed(shown / "loss_vs_sparsity.png", "Objective against sparsity: DAM and fixed patterns"),
-        figures.embed(shown / "keep_per_class.png", "Keep-probability of each class per λ"),
+        figures.embed(shown / "training.png", "Training curves: objective, density, undecided logits"),
+        figures.embed(shown / "keep_per_class.png", "Keep-probability of each class per target"),
         figures.embed(shown / "masks.png", "Learned masks"),
-        figures.embed_if_saved(shown / "training.png", "Training curves"),
         _table(result.table[columns]),
     ]
+    if len(result.patterns):
+        compared = result.compared()
+        body.append(
+            "<p>Each mask against the best fixed pattern its layout can express (own family) and the best of all, at the "
+            "pattern point nearest its sparsity (within 3 points): the difference of held-out losses, paired over blocks.</p>"
+        )
+        body.append(
+            _table(
+                compared[
+                    [
+                        "dam_sparsity",
+                        "scope",
+                        "pattern",
+                        "value",
+                        "sparsity",
+                        "dam_delta",
+                        "delta",
+                        "difference",
+                        "difference_low",
+                        "difference_high",
+                        "verdict",
+                    ]
+                ]
+            )  # fmt: skip
+        )
     settings = result.meta["settings"]
+    steps = ", ".join(_steps(row) for _, row in result.table.iterrows())
     return _section(
         "5. Can attention be made sparse, and where?",
-        f"A short DAM run ({settings['variant']} masks, {settings['steps']} steps per λ at learning rate "
-        f"{settings['lr']:g}, model frozen), judged "
-        "on the held-out blocks of section 4 with the deterministic mask, next to fixed sparse patterns swept "
-        "over their parameter. Longer runs: attnlens dam.",
+        f"DAM ({settings['variant']} masks, model {'trained alongside' if settings['train_weights'] else 'frozen'}, "
+        f"n = {settings['n']}) aimed at target sparsities, λ found by dual ascent and the threshold set to meet the target on "
+        f"the training blocks; judged on {settings['eval_seqs']} held-out blocks with the deterministic mask, next to fixed "
+        f"sparse patterns swept over their parameter. Adam at {settings['lr']:g}, cosine schedule to "
+        f"{settings['lr_end']:g}× at the cap of {settings['steps']} steps. Stopping rule: fewer than "
+        f"{number(settings['stop_flips'], 1, percent=True)} of the hard mask's positions changed over the last "
+        f"{settings['stop_window']} steps and the training loss within {number(settings['stop_plateau'], 0, percent=True)} "
+        f"across them. Runs: {steps}.",
         body,
     )
 

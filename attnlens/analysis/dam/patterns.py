@@ -8,13 +8,19 @@ the ones with global tokens, from which keys are in the ``cls`` role
 strided         ``|i - j| < s`` or ``(i - j) mod s = 0`` (Child et al. 2019)       stride s
 fixed           same block ``⌊i/b⌋ = ⌊j/b⌋``, or ``j`` is the last of its block     block b
                 (Child et al. 2019, one summary column per block)
+band            ``|i - j| <= w`` and nothing else (no global tokens)                window w
 local           ``|i - j| <= w``, plus global ``cls`` rows and columns              window w
-                (Longformer-like)
+                (Longformer-like; with w = 1 it is Star-Transformer's pattern)
 bigbird         local window ``w`` + global ``cls`` + ``w`` random keys per row     window w
                 (seeded; BigBird-like)
-star            ``|i - j| <= 1`` plus ``cls`` as the relay (Star-Transformer)       --
 no-diagonal     every position but ``i = j`` (SparseBERT's diagonal removal)        --
 ==============  ================================================================  ==========
+
+Each pattern names its **family** (:attr:`Pattern.family`): ``band`` and ``no-diagonal``
+depend on the offset ``|i - j|`` alone (what DAM_s, one logit per head and offset, can
+express), ``local`` and ``bigbird`` carry global tokens, ``strided`` and ``fixed`` are
+periodic. A learned mask is compared with the best pattern inside its own family and with
+the best overall.
 
 :func:`removed_mask` turns a pattern into the positions it removes from a model's valid
 ones, after the row guard (:func:`attnlens.analysis.evaluation.guard_rows`), and :func:`sparsity`
@@ -75,8 +81,9 @@ def bigbird(n: int, window: int, cls: torch.Tensor, generator: torch.Generator |
     return keep | (rank < window)
 
 
-def star(n: int, parameter: int, cls: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-    return local(n, 1, cls)
+def band(n: int, window: int, cls: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    i, j = _positions(n, cls.device)
+    return ((i - j).abs() <= window).expand(cls.shape[0], n, n)
 
 
 def no_diagonal(n: int, parameter: int, cls: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
@@ -86,12 +93,14 @@ def no_diagonal(n: int, parameter: int, cls: torch.Tensor, generator: torch.Gene
 
 @dataclass(frozen=True)
 class Pattern:
-    """A fixed pattern: its builder, the name of its parameter, and the values to sweep."""
+    """A fixed pattern: its builder, the name of its parameter, the values to sweep, and its
+    family (``offset``: a function of |i - j| alone; ``global``: with global tokens; ``periodic``)."""
 
     name: str
     build: Callable[..., torch.Tensor]
     parameter: str
     values: Callable[[int], list[int]]
+    family: str
 
 
 def _powers(low: int, high_fraction: float) -> Callable[[int], list[int]]:
@@ -106,12 +115,12 @@ PATTERNS: dict[str, Pattern] = {
     pattern.name: pattern
     for pattern in (
         # Beyond a stride or block of about sqrt(2n) these patterns keep more again, not less.
-        Pattern("strided", strided, "stride", lambda n: [v for v in _powers(2, 1.0)(n) if v * v <= 2 * n]),
-        Pattern("fixed", fixed, "block", lambda n: [v for v in _powers(2, 1.0)(n) if v * v <= 2 * n]),
-        Pattern("local", local, "window", _powers(1, 0.25)),
-        Pattern("bigbird", bigbird, "window", _powers(1, 0.25)),
-        Pattern("star", star, "none", lambda n: [0]),
-        Pattern("no-diagonal", no_diagonal, "none", lambda n: [0]),
+        Pattern("strided", strided, "stride", lambda n: [v for v in _powers(2, 1.0)(n) if v * v <= 2 * n], "periodic"),
+        Pattern("fixed", fixed, "block", lambda n: [v for v in _powers(2, 1.0)(n) if v * v <= 2 * n], "periodic"),
+        Pattern("band", band, "window", _powers(1, 0.25), "offset"),
+        Pattern("local", local, "window", _powers(1, 0.25), "global"),
+        Pattern("bigbird", bigbird, "window", _powers(1, 0.25), "global"),
+        Pattern("no-diagonal", no_diagonal, "none", lambda n: [0], "offset"),
     )
 }
 
