@@ -667,11 +667,12 @@ class DamTrainer:
                 index = int(order[step])
                 row = {"step": step, **self.step(objective, batches[index], contexts[index])}
                 rule = self.stopping
-                hard.append(rule.decisions(self.logits_.detach(), hard[-1]) if rule is not None else hard[-1])
-                if rule is not None and len(hard) > rule.window + 1:
-                    hard.pop(0)
-                if rule is not None and len(hard) == rule.window + 1:  # hard[0]: the mask `window` steps ago
-                    row["flipped"] = self.flipped(hard[0], hard[-1], contexts[index])
+                if rule is not None:
+                    hard.append(rule.decisions(self.logits_.detach(), hard[-1]))
+                    if len(hard) > rule.window + 1:
+                        hard.pop(0)
+                    if len(hard) == rule.window + 1:  # hard[0]: the decisions `window` steps ago
+                        row["flipped"] = self.flipped(hard[0], hard[-1], contexts[index])
                 history.append(row)
                 if bar is not None:
                     bar.update(1)
@@ -1218,6 +1219,7 @@ def dam(
     baseline = np.concatenate([evaluate_batch(judge, batch)["loss"] for batch in eval_batches])
     original = copy.deepcopy(model.model.state_dict()) if s.train_weights else None
     adapting = s.train_weights and s.patterns
+    train_sizes = [batch.input_ids.shape[0] for batch in train_batches]
     total = (
         len(lambdas) * (s.steps + 1)
         + (pattern_points(s.seq_len) * (2 if task is not None else 1) if s.patterns else 0)
@@ -1283,7 +1285,6 @@ def dam(
                         bar.update(s.steps)
                         continue
                     value = int(nearest["value"])
-                    train_sizes = [batch.input_ids.shape[0] for batch in train_batches]
                     train_removals = pattern_removals(
                         name, value, s.seq_len, train_cls, train_index, train_sizes, group_valid, s.seed
                     )
