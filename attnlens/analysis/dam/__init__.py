@@ -1219,7 +1219,7 @@ def dam(
     baseline = np.concatenate([evaluate_batch(judge, batch)["loss"] for batch in eval_batches])
     original = copy.deepcopy(model.model.state_dict()) if s.train_weights else None
     adapting = s.train_weights and s.patterns
-    train_sizes = [batch.input_ids.shape[0] for batch in train_batches]
+    train_sizes = [len(chunk) for chunk in train_ids.split(s.batch_size)]  # blocks or task examples
     total = (
         len(lambdas) * (s.steps + 1)
         + (pattern_points(s.seq_len) * (2 if task is not None else 1) if s.patterns else 0)
