@@ -12,7 +12,16 @@ import torch
 
 import attnlens
 from attnlens import Capture
-from attnlens.analysis.dam import LAYOUTS, DamResult, DamTrainer, StoppingRule, evaluate_mask, parse_tau, rescue_rows
+from attnlens.analysis.dam import (
+    LAYOUTS,
+    DamResult,
+    DamTrainer,
+    StoppingRule,
+    balancing_lambda,
+    evaluate_mask,
+    parse_tau,
+    rescue_rows,
+)
 from attnlens.analysis.evaluation import removal, valid_masks
 from attnlens.analysis.objectives import Objective
 from attnlens.data.positions import class_masks, exclusive_index
@@ -469,6 +478,33 @@ def test_target_sparsity_is_met_within_one_point(tiny_mlm, kjv, variant):
     assert table["lambda"].iloc[1] > table["lambda"].iloc[0] > 0
     for lam, curve in result.training.groupby("lambda", sort=False):
         assert curve["lambda_now"].iloc[-1] == pytest.approx(lam), "the table's λ is where dual ascent ended"
+
+
+@pytest.mark.parametrize("keep", [0.05, 0.3, 0.8])
+def test_balancing_lambda_keeps_the_target_share_above_it(keep):
+    """The starting λ is the weighted quantile: the logits whose ratio exceeds it carry less than
+    the target share of the weights, and with it included at least the target share."""
+    rng = np.random.default_rng(int(keep * 100))
+    ratio, weights = rng.normal(size=500), rng.uniform(0.1, 3.0, size=500)
+    lam = balancing_lambda(torch.from_numpy(ratio), torch.from_numpy(weights), keep)
+    share = lambda kept: weights[kept].sum() / weights.sum()  # noqa: E731
+    assert share(ratio > lam) < keep <= share(ratio >= lam)
+
+
+def test_dual_ascent_starts_where_the_gradients_balance(minilm_l6, kjv):
+    """From a warm start at a pattern held at its own sparsity, the balancing λ keeps the first steps
+    near the pattern; a λ far too small (0.01, given) undoes it at once. Both record where they began."""
+    init, settings = "band(2)", {**SMALL, "steps": 30, "stop_window": 30, "lr": 0.5}  # a logit crosses 0 in ~6 steps
+    probe = attnlens.dam(minilm_l6, corpus=kjv, init=init, lambdas=[0.0], steps=2, lr=1e-9, **SMALL)
+    density = 1.0 - float(probe.table["init_train_sparsity"].iloc[0])
+    runs = {
+        start: attnlens.dam(minilm_l6, corpus=kjv, init=init, sparsity=[1 - density], dual_start=start, **settings)
+        for start in (None, 0.01)
+    }
+    balanced, small = (runs[start].training["hard_density"].max() for start in (None, 0.01))
+    assert balanced <= density + 0.02 < small, (density, balanced, small)
+    assert runs[0.01].table["lambda_start"].iloc[0] == 0.01
+    assert runs[None].table["lambda_start"].iloc[0] > 0.01
 
 
 def test_lambda_zero_keeps_everything(minilm_l6, kjv):

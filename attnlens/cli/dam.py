@@ -67,6 +67,13 @@ def dam(
         ),
     ] = None,
     dual_lr: Annotated[float, typer.Option("--dual-lr", help="Step of the dual ascent on λ with --sparsity.")] = D.dual_lr,
+    dual_start: Annotated[
+        float | None,
+        typer.Option(
+            "--dual-start",
+            help="λ a --sparsity run starts from; default 0.1, or with --init where the first batches' gradients balance.",
+        ),
+    ] = D.dual_start,
     steps: Annotated[
         int, typer.Option("--steps", help="Most training steps (one batch each) per λ; fewer when the stopping rule holds.")
     ] = D.steps,
