@@ -226,6 +226,7 @@ def test_tau_schedule():
         (dict(sparsity=[0.9], lambdas=[0.1]), "give lambdas or sparsity, not both"),
         (dict(sparsity=[1.0]), "sparsity 1 must be a probability"),
         (dict(sparsity=[0.0]), "sparsity 0 must be a probability"),
+        (dict(sparsity=[0.9], dual_start=0.0), "dual_start 0 must be greater than 0"),
         (dict(init_keep=1.0), "init_keep 1 must be a probability"),
         (dict(removal="zero"), "removal zero is unknown"),
         (dict(classes="self,band(0)"), "band(0): the width"),

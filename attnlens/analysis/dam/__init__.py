@@ -1134,7 +1134,7 @@ class DamSettings(CorpusSettings, TaskSettings):
             probability("sparsity", value, ": a target sparsity is strictly between 0 and 1, e.g. `sparsity` 0.8,0.9")
         positive("dual_lr", self.dual_lr)
         if self.dual_start is not None:
-            positive("dual_start", self.dual_start, ", or leave it unset to start where the gradients balance")
+            positive("dual_start", self.dual_start, " (λ moves in log space), e.g. `dual_start` 1")
         if self.lambdas is not None and not self.lambdas:
             raise BadInput("`lambdas` is empty; give at least one λ, e.g. `lambdas` 0.01,0.1")
         for value in self.lambdas or ():
