@@ -1285,6 +1285,7 @@ def dam(
     original = copy.deepcopy(model.model.state_dict()) if s.train_weights else None
     adapting = s.train_weights and s.patterns
     train_sizes = [len(chunk) for chunk in train_ids.split(s.batch_size)]  # blocks or task examples
+    eval_cls, eval_sizes = eval_roles.cls.to(model.device), [batch.input_ids.shape[0] for batch in eval_batches]
     total = (
         len(runs) * (s.steps + 1)
         + (pattern_points(s.seq_len) * (2 if task is not None else 1) if s.patterns else 0)
@@ -1296,13 +1297,19 @@ def dam(
     with progress_bar(total=total, desc="dam", unit="step", enabled=progress) as bar:
         if s.patterns:  # judged first (on the unmodified model): weight training under a pattern needs their sparsity
             pattern_table, pattern_losses = evaluate_patterns(
-                judge, eval_batches, eval_blocks.index, eval_roles.cls.to(model.device), valid, s.seed, bar
+                judge, eval_batches, eval_blocks.index, eval_cls, valid, s.seed, bar
             )
         else:
             pattern_table, pattern_losses = (
                 pd.DataFrame(columns=["pattern", "family", "parameter", "value", "sparsity"]),
                 np.zeros((0, len(baseline))),
             )
+
+        def on_training_blocks(logits: torch.Tensor) -> dict[str, float]:  # what training optimised, as judged
+            seen = evaluate_mask(layout, logits, trainer_objective, train_batches, train_contexts, train_masks)
+            return {"loss": float(seen["losses"].mean()), "sparsity": float(seen["sparsity"])}
+
+        start = on_training_blocks(init_logits) if init_logits is not None else None  # the pattern, the same for every run
         for lam, target in runs:
             began = time.perf_counter()
             trainer = DamTrainer(
@@ -1323,12 +1330,6 @@ def dam(
                 stopping=StoppingRule(s.stop_window, s.stop_flips, s.stop_plateau, s.stop_margin),
                 seed=s.seed,
             )
-
-            def on_training_blocks(logits: torch.Tensor) -> dict[str, float]:  # what training optimised, as judged
-                seen = evaluate_mask(layout, logits, trainer_objective, train_batches, train_contexts, train_masks)
-                return {"loss": float(seen["losses"].mean()), "sparsity": float(seen["sparsity"])}
-
-            start = on_training_blocks(init_logits) if init_logits is not None else None
             curve = trainer.fit(model, trainer_objective, train_batches, train_contexts, order, bar)
             trained = on_training_blocks(trainer.logits_)
             seconds = time.perf_counter() - began
@@ -1371,9 +1372,9 @@ def dam(
                         name,
                         value,
                         s.seq_len,
-                        eval_roles.cls.to(model.device),
+                        eval_cls,
                         eval_blocks.index,
-                        [batch.input_ids.shape[0] for batch in eval_batches],
+                        eval_sizes,
                         group_valid,
                         s.seed,
                     )
