@@ -37,6 +37,7 @@ from attnlens.io.results import Result, load_result
 from attnlens.io.store import Store, open_store
 from attnlens.models.capture import Capture
 from attnlens.models.loading import LoadedModel, list_models, load_model
+from attnlens.report import Report, report
 from attnlens.rows.jobs import run_moments
 from attnlens.rows.moments import Moments
 from attnlens.rows.partials import MomentsResult, load_moments, merge_partials
@@ -66,6 +67,7 @@ __all__ = [
     "OverlapSettings",
     "ReconstructResult",
     "ReconstructSettings",
+    "Report",
     "Result",
     "Store",
     "Task",
@@ -89,5 +91,6 @@ __all__ = [
     "overlap",
     "parse_classes",
     "reconstruct",
+    "report",
     "run_moments",
 ]

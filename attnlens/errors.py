@@ -14,9 +14,19 @@ the parameters it is about between backticks; Python callers read the parameter'
 
 The hierarchy lets callers catch what they mean: :class:`BadInput` (a setting or
 argument out of range, unknown or inconsistent), :class:`BadFile` (a store, result,
-moments or partial file that is missing, damaged or of another kind) and
+moments or partial file that is missing, damaged, unfinished or of another kind) and
 :class:`UnsupportedModel` (a model attnlens cannot load or whose attention it cannot
-reach). Anything else that escapes is a bug in attnlens and keeps its traceback.
+reach); ``except AttnlensError`` catches all three. Anything else that escapes is a bug
+in attnlens and keeps its traceback.
+
+The rule for attnlens' own code: raise one of the three subclasses, never
+:class:`AttnlensError` itself, and never a built-in exception (``ValueError``,
+``RuntimeError``, ``KeyError``, ...) for anything a user can cause. A check that only a
+bug in attnlens can fail raises ``AssertionError`` and says so in a comment; an abstract
+method raises ``NotImplementedError``. The one direct subclass besides the three is
+:class:`attnlens.io.ranks.ReportedError`, which carries an error rank 0 has already
+reported to the other ranks of a torchrun launch, whatever its kind. ``tests/test_errors.py``
+reads the package's source and fails on any other raise of the base class or of a built-in.
 """
 
 from __future__ import annotations

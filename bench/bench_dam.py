@@ -8,10 +8,10 @@ In one process, on one batch of real blocks (minilm-l6, n=128, batch 16 by defau
 
   plain     objective forward (no capture, no mask) + backward to the model's weights,
             i.e. what one fine-tuning step of the model costs without the optimiser
-  dam:V     one DAM step of variant V: Gumbel-sigmoid sample, forward with the mask applied
-            in every layer (``--removal``, default renormalise: the weights gated and
-            renormalised), loss + λ·density, backward, Adam update of the mask logits
-            (weights frozen, as attnlens dam runs by default)
+  dam:V     one DAM step of variant V with the product's own recipe (``DamSettings()``, the
+            defaults ``attnlens dam`` runs): Gumbel-sigmoid sample, forward with the mask
+            applied in every layer (removal renormalise: the weights gated and renormalised),
+            loss + λ·density, backward, Adam update of the mask logits (weights frozen)
 
 Repeats interleave the modes (so a noisy neighbour slows all of them alike); the figures
 are medians. Target: dam / plain <= 1.5x.
@@ -31,10 +31,11 @@ import time
 import torch
 
 import attnlens
-from attnlens.analysis.dam import LAYOUTS, DamTrainer
+from attnlens.analysis.changes import Batch
+from attnlens.analysis.dam import LAYOUTS, DamSettings, DamTrainer
 from attnlens.analysis.evaluation import valid_masks
 from attnlens.analysis.objectives import Objective
-from attnlens.data.positions import DEFAULT_CLASSES, class_masks, token_roles
+from attnlens.data.positions import DEFAULT_CLASSES
 
 
 def main() -> None:
@@ -44,7 +45,6 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--variants", default="structured,unstructured,structured+global,class")
-    parser.add_argument("--removal", default="renormalise")
     parser.add_argument("--converge-sparsity", type=float, default=0.9)
     parser.add_argument("--converge-seq-len", type=int, default=64)
     args = parser.parse_args()
@@ -63,9 +63,9 @@ def main() -> None:
 
     modes = {"plain": plain}
     for variant in args.variants.split(","):
-        layout = LAYOUTS[variant](model.num_layers, model.num_heads, args.seq_len, valid, len(DEFAULT_CLASSES))
-        trainer = DamTrainer(layout, lam=0.1, steps=args.repeats + 1, removal=args.removal).start(model)
-        layout_context = layout.context(class_masks(ids, model, DEFAULT_CLASSES), token_roles(ids, model))
+        layout = LAYOUTS[variant](model.num_layers, model.num_heads, args.seq_len, valid, DEFAULT_CLASSES)
+        trainer = DamTrainer(layout, DamSettings(seq_len=args.seq_len), lam=0.1).start(model)  # the recipe dam() runs
+        layout_context = layout.context(Batch(ids, model, 0))
 
         def step(trainer=trainer, layout_context=layout_context) -> None:
             with attnlens.analysis.evaluation.frozen(model.model):

@@ -16,7 +16,7 @@ Run:  python bench/bench_scale.py [--num-seqs 128] [--rounds 2] [--gemma]
    512, and the accumulation per head per sequence (float64 and float32), as seconds and
    achieved GFLOP/s; bytes per layer per sequence and per unit.
 4. float32 sums against float64 on real rows (minilm-l6, n = 128): the error of the
-   covariance after K batches, against the bound documented in the README.
+   covariance after K batches, against the bound documented in docs/scaling.md ("float32 sums").
 5. Projection: a 7B decoder (32 layers x 32 heads, d = 128, d_model 4096, d_ff 11008)
    at n = 4096 on 8 GPUs, from the measured rates and stated GPU assumptions, for the
    plans attnlens' planner makes under a per-GPU budget.

@@ -71,20 +71,40 @@ def no_network():
         yield
 
 
-# ---------------------------------------------------------------------------- the slow marker
+# ---------------------------------------------------------------------------- unit, integration, slow
 
 # What makes a test slow: the 270M-parameter model, real multi-process torchrun jobs, the
 # whole --quick report, executed notebooks. Everything else is the fast run.
 SLOW_FIXTURES = {"gemma3", "two_rank_job", "quick_report"}
 SLOW_FILES = {"test_notebooks.py"}
+# A test that uses a real model (through these fixtures, or marked so) is an integration test; the
+# others are unit tests, and a unit test that loads a model anyway fails (no_model_in_unit_tests).
+MODEL_FIXTURES = {"minilm_l6", "minilm_l3", "gemma3", "kjv_blocks", "quick_report", "two_rank_job"}
 
 
 def pytest_collection_modifyitems(config, items):
-    """Mark ``slow`` every test that uses a slow fixture or sits in a slow file, so that
-    ``pytest -m "not slow"`` is the fast run whether or not a test carries the mark itself."""
+    """Mark ``slow`` every test that uses a slow fixture or sits in a slow file (``pytest -m "not slow"``
+    is the fast run), and every test ``unit`` or ``integration`` (``pytest -m unit`` runs in seconds,
+    with no model). Doctests are examples on real models: integration."""
     for item in items:
-        if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())) or item.path.name in SLOW_FILES:
+        names = set(getattr(item, "fixturenames", ()))
+        if SLOW_FIXTURES & names or item.path.name in SLOW_FILES:
             item.add_marker(pytest.mark.slow)
+        real = isinstance(item, pytest.DoctestItem) or names & MODEL_FIXTURES or item.path.name in SLOW_FILES
+        real = real or item.get_closest_marker("integration")
+        item.add_marker(pytest.mark.integration if real else pytest.mark.unit)
+
+
+@pytest.fixture(autouse=True)
+def no_model_in_unit_tests(request, monkeypatch):
+    """A unit test may not load a model: one that does is an integration test and must say so."""
+    if request.node.get_closest_marker("unit") is None:
+        return
+
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"{request.node.nodeid} loads a model: use a model fixture or mark it integration")
+
+    monkeypatch.setattr(attnlens.LoadedModel, "__init__", refuse)
 
 
 # ---------------------------------------------------------------------------- models and data

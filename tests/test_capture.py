@@ -49,6 +49,7 @@ def assert_capture_matches_eager(model, ids, attention_mask=None, twin=None):
     return cap, reference
 
 
+@pytest.mark.integration  # runs a real model by name
 @pytest.mark.parametrize("fixture", ["minilm_l6", "minilm_l3"])
 def test_encoder_capture_matches_eager(fixture, request, kjv):
     model = request.getfixturevalue(fixture)

@@ -15,6 +15,7 @@ from attnlens.io.store import StoreWriter
 from tiny_models import assert_one_line_error, run_cli
 
 
+@pytest.mark.integration  # runs a real model by name
 def test_extract_and_models_end_to_end(tmp_path, capsys):
     out = tmp_path / "store"
     code, stdout, _ = run_cli(
@@ -70,7 +71,9 @@ def test_unknown_hub_id_offline(capsys, tmp_path):
     assert constants.HF_HUB_OFFLINE, "tests must run with HF_HUB_OFFLINE=1 (set in tests/conftest.py)"
     out = tmp_path / "eigen"
     code, _, err = run_cli(capsys, "eigen", "no-such-org/no-such-model", "--out", str(out))
-    assert_one_line_error(code, err, "cannot load model 'no-such-org/no-such-model'", "cannot be reached")
+    assert_one_line_error(
+        code, err, "SOURCE 'no-such-org/no-such-model' is neither a local directory nor a model alias", "cannot be reached"
+    )
     assert not out.exists()
 
 
@@ -90,6 +93,7 @@ def test_alias_whose_package_is_missing(capsys, small, monkeypatch):
     )
 
 
+@pytest.mark.integration  # runs a real model by name
 def test_bad_corpora(capsys, small, tmp_path):
     assert_one_line_error(*run_cli(capsys, *small, "--corpus", str(tmp_path / "missing.txt"))[::2], "neither a built-in")
     (tmp_path / "empty.txt").write_text("")
@@ -107,12 +111,14 @@ def test_bad_sizes(capsys, small, minilm_l6, kjv):
     assert_one_line_error(*run_cli(capsys, *small, "--seq-len", "many")[::2], "Invalid value for '--seq-len'", "valid integer")
 
 
+@pytest.mark.integration  # runs a real model by name
 def test_bad_layers_and_dtype(capsys, small):
     assert_one_line_error(*run_cli(capsys, *small, "--layers", "0,6")[::2], "--layers 6 is out of range", "0 to 5")
     assert_one_line_error(*run_cli(capsys, *small, "--layers", "one")[::2], "not a comma-separated list")
     assert_one_line_error(*run_cli(capsys, *small, "--dtype", "bfloat8")[::2], "--dtype bfloat8 is not supported")
 
 
+@pytest.mark.integration  # runs a real model by name
 def test_unwritable_out(capsys, tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("x")
@@ -121,6 +127,7 @@ def test_unwritable_out(capsys, tmp_path):
     assert_one_line_error(*run_cli(capsys, *args, "--out", str(blocker / "store"))[::2], "cannot create the store")
 
 
+@pytest.mark.integration  # runs a real model by name
 def test_existing_store_is_not_overwritten(capsys, small):
     assert run_cli(capsys, *small)[0] == 0
     before = attnlens.open_store(small[2]).manifest["created"]
@@ -129,6 +136,7 @@ def test_existing_store_is_not_overwritten(capsys, small):
     assert_one_line_error(*run_cli(capsys, *small, "--resume", "--overwrite")[::2], "contradict")
 
 
+@pytest.mark.integration  # runs a real model by name
 def test_disk_full_mid_write(capsys, tmp_path, monkeypatch):
     def no_space(descriptor, data, offset):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))

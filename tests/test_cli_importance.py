@@ -34,6 +34,7 @@ def tiny_causal_dir(tmp_path_factory, minilm_l6):
     return str(save_tiny(tmp_path_factory.mktemp("causal"), minilm_l6, "causal"))
 
 
+@pytest.mark.integration  # runs a real model by name
 def test_importance_end_to_end(capsys, tmp_path):
     out = tmp_path / "imp"
     code, stdout, _ = run_cli(capsys, *IMPORTANCE, "--out", str(out), "--classes", "self,other", "--per", "layer")
@@ -48,6 +49,7 @@ def test_importance_end_to_end(capsys, tmp_path):
     assert code == 0 and list(attnlens.ImportanceResult.load(out).table["class"]) == ["self"]
 
 
+@pytest.mark.integration  # runs a real model by name
 def test_dam_end_to_end(capsys, tmp_path):
     out = tmp_path / "dam"
     code, stdout, _ = run_cli(capsys, *DAM, "--out", str(out), "--variant", "class", "--lambdas", "0,0.5", "--tau", "2:0.5")
@@ -75,6 +77,7 @@ def test_dam_end_to_end(capsys, tmp_path):
         (DAM, ["--classes", "self,band(-1)"], ["band(-1): the width w"]),
     ],
 )
+@pytest.mark.integration  # runs a real model by name
 def test_bad_input_is_one_line(capsys, tmp_path, command, extra, phrases):
     assert_one_line_error(*run_cli(capsys, *command, "--out", str(tmp_path / "r"), *extra)[::2], *phrases)
     assert not (tmp_path / "r").exists(), "nothing is written"

@@ -12,17 +12,13 @@ import torch
 
 import attnlens
 from attnlens import Capture
-from attnlens.analysis.dam import (
-    LAYOUTS,
-    DamResult,
-    DamTrainer,
-    StoppingRule,
-    balancing_lambda,
-    evaluate_mask,
-    parse_tau,
-    rescue_rows,
-)
+from attnlens.analysis.changes import Batch, rescue_rows
+from attnlens.analysis.dam import LAYOUTS, DamResult, DamSettings, DamTrainer, StoppingRule
+from attnlens.analysis.dam.judging import MaskSplit, evaluate_mask
+from attnlens.analysis.dam.settings import parse_tau
+from attnlens.analysis.dam.training import balancing_lambda
 from attnlens.analysis.evaluation import removal, valid_masks
+from attnlens.analysis.experiment import Split
 from attnlens.analysis.objectives import Objective
 from attnlens.data.positions import class_masks, exclusive_index
 from tiny_models import identical_columns, save_tiny
@@ -50,7 +46,7 @@ def test_layouts_expand_like_hand_built_masks(minilm_l6, setting):
     n, layers, heads = ids.shape[1], 6, 12
     generator = torch.Generator().manual_seed(0)
 
-    structured = LAYOUTS["structured"](layers, heads, n, valid, len(classes))
+    structured = LAYOUTS["structured"](layers, heads, n, valid, classes)
     values = torch.randn(structured.shape, generator=generator)
     expanded = structured.expand(values, 3, context)[0]
     for h, i, j in [(0, 0, 0), (5, 3, 9), (11, 31, 0), (7, 10, 4)]:
@@ -60,7 +56,7 @@ def test_layouts_expand_like_hand_built_masks(minilm_l6, setting):
     assert counts[0, 0] == n * layers * 3 and counts[0, 5] == 2 * (n - 5) * layers * 3
     assert counts[0].sum() == n * n * layers * 3
 
-    per_class = LAYOUTS["class"](layers, heads, n, valid, len(classes))
+    per_class = LAYOUTS["class"](layers, heads, n, valid, classes)
     values = torch.randn(per_class.shape, generator=generator)
     expanded = per_class.expand(values, 2, context)  # (batch, head, n, n)
     for b, h, i, j in [(0, 0, 0, 0), (1, 4, 5, 4), (2, 9, 7, 20), (0, 11, 31, 31)]:
@@ -69,7 +65,7 @@ def test_layouts_expand_like_hand_built_masks(minilm_l6, setting):
     assert counts.shape == (layers, heads, len(classes)) and counts[0, 0].sum() == 3 * n * n
     assert counts[0, 0, 0] == (context == 0).sum()
 
-    unstructured = LAYOUTS["unstructured"](layers, heads, n, valid, len(classes))
+    unstructured = LAYOUTS["unstructured"](layers, heads, n, valid, classes)
     values = torch.randn(unstructured.shape, generator=generator)
     assert torch.equal(unstructured.expand(values, 4, context)[0], values[4])
     assert unstructured.counts(context).sum() == layers * heads * n * n * 3
@@ -79,8 +75,8 @@ def test_layouts_expand_like_hand_built_masks(minilm_l6, setting):
 def test_mask_forward_equals_a_hard_masked_forward(minilm_l6, setting, variant, removal_mode):
     """The training intervention's forward value is the hard mask, exactly removed."""
     ids, valid, classes, context = setting
-    layout = LAYOUTS[variant](6, 12, ids.shape[1], valid, len(classes))
-    trainer = DamTrainer(layout, lam=0.0, steps=1, removal=removal_mode).start(minilm_l6)
+    layout = LAYOUTS[variant](6, 12, ids.shape[1], valid, classes)
+    trainer = DamTrainer(layout, DamSettings(steps=2, stop_window=2, removal=removal_mode), lam=0.0).start(minilm_l6)
     noisy = torch.randn(layout.shape, generator=torch.Generator().manual_seed(1))
     hard = (noisy > 0).float()
     with torch.no_grad():
@@ -97,14 +93,14 @@ def test_renormalised_gate_forward_is_the_hard_mask_and_removed_positions_get_a_
     unlike the additive -1e4, whose softmax Jacobian carries the removed weight (0), the
     logits of removed positions receive a gradient."""
     ids, valid, classes, context = setting
-    layout = LAYOUTS["unstructured"](6, 12, ids.shape[1], valid, len(classes))
+    layout = LAYOUTS["unstructured"](6, 12, ids.shape[1], valid, classes)
     noisy = torch.randn(layout.shape, generator=torch.Generator().manual_seed(1))
     removed = [~rescue_rows(layout.expand(noisy, layer, context), valid[layer]) for layer in range(6)]
     with torch.no_grad(), Capture(intervene=removal(lambda layer, v: removed[layer]), record=False):
         hand_hidden = minilm_l6.forward(ids).last_hidden_state
     gradients = {}
     for mode in ("renormalise", "1e4"):
-        trainer = DamTrainer(layout, lam=0.0, steps=1, removal=mode).start(minilm_l6)
+        trainer = DamTrainer(layout, DamSettings(steps=2, stop_window=2, removal=mode), lam=0.0).start(minilm_l6)
         logits = noisy.clone().requires_grad_(True)
         soft = torch.sigmoid(logits)
         mask = (logits > 0).float() + soft - soft.detach()  # straight-through, as DamTrainer.sample makes it
@@ -129,10 +125,11 @@ def test_gradient_scale_multiplies_the_task_gradient(minilm_l6, setting):
     ids, valid, classes, context = setting
     objective = Objective(minilm_l6)
     batch = objective.prepare(ids)
-    layout = LAYOUTS["structured"](6, 12, ids.shape[1], valid, len(classes))
+    layout = LAYOUTS["structured"](6, 12, ids.shape[1], valid, classes)
     grads = []
     for scale in (1.0, 10.0):
-        trainer = DamTrainer(layout, lam=0.0, steps=1, gradient_scale=scale).start(minilm_l6)
+        trainer = DamTrainer(layout, DamSettings(steps=2, stop_window=2, removal="1e4"), lam=0.0).start(minilm_l6)
+        trainer.gradient_scale = scale
         with attnlens.analysis.evaluation.frozen(minilm_l6.model):
             trainer.step(objective, batch, context)
         grads.append(trainer.logits_.grad.clone())
@@ -162,12 +159,14 @@ def test_reported_sparsity_is_the_share_of_zero_attention_weights(minilm_l6, set
     ids, valid, classes, context = setting
     objective = Objective(minilm_l6)
     batch = objective.prepare(ids)
-    layout = LAYOUTS["structured"](6, 12, ids.shape[1], valid, len(classes))
+    layout = LAYOUTS["structured"](6, 12, ids.shape[1], valid, classes)
     logits = torch.full(layout.shape, -1.0)
     logits[:, 1] = 1.0  # keep only the neighbours (offset 1): every row keeps 1 or 2 keys
     logits[3, :] = -2.0  # head 3 keeps nothing: its rows keep their largest logits (all -2: every key)
     masks = [class_masks(ids, minilm_l6, classes)]
-    judged = evaluate_mask(layout, logits, objective, [batch], [context], masks)
+    judged = evaluate_mask(
+        layout, logits, objective, MaskSplit(Split([batch], [Batch(ids, minilm_l6, 0)], ids), [context], masks)
+    )
     removed = [~rescue_rows(layout.expand(logits, layer, context), valid[layer]) for layer in range(6)]
     with torch.no_grad(), Capture(weights=True, intervene=removal(lambda layer, v: removed[layer])) as cap:
         minilm_l6.forward(ids)
@@ -202,7 +201,7 @@ def test_train_weights_leaves_the_model_as_it_was(minilm_l6, kjv):
 
 def test_tau_schedule():
     assert parse_tau("0.5") == (0.5, 0.5) and parse_tau("2:0.1") == (2.0, 0.1)
-    trainer = DamTrainer(None, lam=0.0, steps=11, tau=(2.0, 0.02))
+    trainer = DamTrainer(None, DamSettings(steps=11, stop_window=2, tau="2:0.02"), lam=0.0)
     assert trainer.temperature(0) == pytest.approx(2.0) and trainer.temperature(10) == pytest.approx(0.02)
     assert trainer.temperature(5) == pytest.approx(0.2)
 
@@ -383,7 +382,7 @@ def test_the_stopping_rule_stops_a_mask_that_no_longer_changes_and_not_one_that_
     assert not capped.table.iloc[0]["converged"] and capped.table.iloc[0]["steps"] == 12
     moving = attnlens.dam(minilm_l6, corpus=kjv, lambdas=[3.0], steps=30, lr=0.5, **{**TINY, "stop_window": 3})
     curve = moving.training
-    rule = StoppingRule(3, moving.settings["stop_flips"], moving.settings["stop_plateau"])
+    rule = StoppingRule(3, moving.settings["stop_flips"], moving.settings["stop_plateau"], moving.settings["stop_margin"])
     expected = _stop_step(curve, rule)
     assert (curve["flipped"].dropna() > 0).any(), "a mask pushed by a large λ at a large rate flips"
     assert moving.table.iloc[0]["converged"] == (expected is not None)
@@ -414,12 +413,12 @@ def test_structured_global_layout_by_hand():
 
     n, heads, layers = 6, 2, 3
     valid = torch.ones(layers, n, n, dtype=torch.bool)
-    layout = LAYOUTS["structured+global"](layers, heads, n, valid, 1)
+    layout = LAYOUTS["structured+global"](layers, heads, n, valid, ())
     cls = torch.zeros(2, n, dtype=torch.bool)
     sep = torch.zeros(2, n, dtype=torch.bool)
     cls[:, 0], sep[0, 5], sep[1, 3] = True, True, True
     roles = TokenRoles(cls, sep, torch.zeros(2, n, dtype=torch.bool), "")
-    context = layout.context({"other": torch.ones(2, n, n, dtype=torch.bool)}, roles)
+    context = layout.context(Batch(torch.zeros(2, n, dtype=torch.long), None, 0, _cache={"roles": roles}))
     values = torch.randn(layout.shape, generator=torch.Generator().manual_seed(0))
     got = layout.expand(values, 1, context)
     assert got.shape == (2, heads, n, n)
@@ -440,17 +439,17 @@ def test_structured_global_layout_by_hand():
 def test_warm_start_begins_at_the_pattern(minilm_l6, kjv, variant, init):
     """With `init` a pattern the layout can express, the starting hard mask is exactly the pattern:
     zero steps' worth of training (λ = 0 and a learning rate too small to move a logit)."""
-    from attnlens.analysis.dam.patterns import build
+    from attnlens.analysis.patterns import build
 
     result = attnlens.dam(minilm_l6, corpus=kjv, variant=variant, init=init, lambdas=[0.0], steps=2, lr=1e-9, **TINY)
     n = TINY["seq_len"]
     logits = torch.as_tensor(np.asarray(result.logits[0]))
-    layout = LAYOUTS[variant](6, 12, n, torch.ones(6, n, n, dtype=torch.bool), 1)
+    layout = LAYOUTS[variant](6, 12, n, torch.ones(6, n, n, dtype=torch.bool), ())
     ids = torch.as_tensor(np.asarray(kjv.blocks(minilm_l6, n=n, num_blocks=1, seed=0).ids))
     roles = attnlens.data.positions.token_roles(ids, minilm_l6)
     name, value = init.removesuffix(")").split("(")
     keep = build(name, n, int(value), roles.cls)
-    context = layout.context({"other": torch.ones(1, n, n, dtype=torch.bool)}, roles)
+    context = layout.context(Batch(ids, minilm_l6, 0))
     for layer in (0, 5):
         kept = layout.expand(logits, layer, context)[0] > 0  # (head, n, n)
         if name == "bigbird":  # its random keys are drawn per block: the logits keep what every block keeps, at least

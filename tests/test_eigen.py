@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 from sklearn.decomposition import PCA
 
 import attnlens
@@ -188,9 +189,13 @@ def test_eigen_and_overlap_from_a_real_model_and_reload(tmp_path, minilm_l6, min
     # Cross-model overlaps lie in [0, 1]; split-half has one row per unit and level.
     assert ((result.matrix("layers_0_1") >= 0) & (result.matrix("layers_0_1") <= 1 + 1e-6)).all()
     assert len(result.split_half) == (72 + 6 + 1) + (36 + 3 + 1)
-    same = attnlens.overlap([reloaded, reloaded], dim=4)  # one model twice (e.g. two corpora): kept apart
+    with pytest.raises(attnlens.BadInput, match="given twice"):  # the same result twice compares nothing
+        attnlens.overlap([reloaded, a], dim=4)
+    other = attnlens.eigen(minilm_l6, seq_len=32, num_seqs=48, keep=8, seed=1, progress=False)
+    same = attnlens.overlap([reloaded, other], dim=4)  # one model on two samples of text: kept apart
     same.save(tmp_path / "same")
-    np.testing.assert_allclose(same.matrix("layers_0_1"), result.matrix("layers_0"), atol=1e-12)
+    assert same.meta["models"] == ["minilm-l6", "minilm-l6"] and same.matrix("layers_0_1").shape == (6, 6)
+    assert (same.matrix("layers_0_1") <= 1 + 1e-6).all() and (np.diag(same.matrix("layers_0_1")) > same.chance).all()
     result.save(tmp_path / "o")
     attnlens.load_result(tmp_path / "o").save_figures(tmp_path / "o" / "figures")
     assert attnlens.load_result(tmp_path / "o").matrix("layers_0_1").shape == (6, 3)
@@ -273,3 +278,93 @@ def test_pairs_are_compared_at_the_smaller_determined_d(two_spectra):
             y = result.meta["layers"][ib].index(row.layer_b) if level == "layer" else 0
             assert row.overlap == result.curve(key)[x, y, d - 1]
             assert min(row.split_half_a, row.split_half_b) >= 0.8
+
+
+# ---------------------------------------------------------------------- the direction of least variance
+
+
+def test_last_direction_finds_a_planted_pair_of_keys_and_the_ones_direction():
+    rng = np.random.default_rng(3)
+    rows = rng.standard_normal((500, 10)) * np.linspace(3, 1, 10)
+    rows[:, 7] = rows[:, 2] + 0.5 + 1e-3 * rng.standard_normal(500)  # key 7 follows key 2 up to a constant
+    row, _ = spectrum(rows, keep=4)
+    values, vectors = np.linalg.eigh(np.cov(rows.T))
+    assert row.last_eigenvalue == pytest.approx(values[0], rel=1e-8)
+    assert row.last_gap == pytest.approx(values[0] / values[1], rel=1e-8) and row.last_isolated
+    assert (row.last_key_a, row.last_key_b, row.last_keys_sign) == (2, 7, -1), "the difference of keys 2 and 7"
+    assert row.last_keys_share == pytest.approx(vectors[2, 0] ** 2 + vectors[7, 0] ** 2, rel=1e-8) and row.last_keys_share > 0.99
+    assert row.last_ones == pytest.approx((vectors[:, 0].sum() / np.sqrt(10)) ** 2, abs=1e-10) and row.last_ones < 1e-3
+    # A row sum that barely varies: the all-ones direction has almost no variance.
+    summed = rng.standard_normal((500, 10)) * np.linspace(3, 1, 10)
+    summed -= summed.mean(1, keepdims=True) - 1e-3 * rng.standard_normal((500, 1))
+    row, _ = spectrum(summed, keep=4)
+    assert row.last_isolated and row.last_ones > 0.999
+    # Projected out, the all-ones direction is no longer the data's last one: the next is, and is not isolated.
+    row, _ = spectrum(summed, keep=4, project_ones=True)
+    values = np.linalg.eigvalsh(np.cov(summed.T))
+    assert row.last_eigenvalue == pytest.approx(values[1], rel=1e-6) and row.last_ones < 1e-6 and not row.last_isolated
+
+
+def test_minilm_l3_scores_to_cls_and_sep_move_together_and_the_spectrum_says_so(two_spectra, minilm_l3, kjv):
+    """In minilm-l3 after layer 0, [CLS] and [SEP] have nearly the same hidden state, so every
+    query scores them alike up to a constant: the last eigenvalue of layers 1 and 2 is
+    (almost) only that difference. Checked on scores captured here, against the table, the
+    notes and the figure; minilm-l6 has no such direction."""
+    import matplotlib.pyplot as plt
+
+    from attnlens.figures.eigen import plot_spectra
+
+    a, b = two_spectra
+    n = b.n
+    ids = kjv.blocks(minilm_l3, n=n, num_blocks=6, seed=5).ids
+    with attnlens.Capture(layers=[1, 2]) as cap:
+        minilm_l3.forward(torch.from_numpy(ids))
+    layers = b.table.query("level == 'layer'").set_index("layer")
+    for layer in (1, 2):
+        scores = cap.scores[layer].double().numpy()  # (block, head, query, key)
+        difference = (scores[..., 0] - scores[..., n - 1]).ravel()
+        assert difference.var() < 1e-3 * scores[..., 0].var(), "scores to [CLS] and [SEP] differ by a near-constant"
+        row = layers.loc[layer]
+        assert row.last_isolated and (row.last_key_a, row.last_key_b, row.last_keys_sign) == (0, n - 1, -1)
+        assert row.last_eigenvalue == pytest.approx(difference.var() / 2, rel=0.5), "the variance along (e₀ − eₙ₋₁)/√2"
+        assert "[CLS]" in b.meta["notes"][f"layer {layer}"] and "[SEP]" in b.meta["notes"][f"layer {layer}"]
+    assert b.meta["fixed_tokens"] == {"0": "[CLS]", str(n - 1): "[SEP]"}
+    assert not layers.loc[0].last_isolated and "notes" not in a.meta
+    assert not a.table.query("level == 'layer'").last_isolated.any()
+    ax = plot_spectra(b)
+    (note,) = [text for text in ax.texts if "last eigenvalue" in text.get_text()]
+    assert "L1" in note.get_text() and "L2" in note.get_text() and "[CLS]" in note.get_text()
+    arrows = [text.xy for text in ax.texts if text.get_text() == "" and hasattr(text, "xy")]
+    expected = [(n, pytest.approx(value)) for value in sorted(layers.loc[[1, 2], "last_eigenvalue"])]
+    assert sorted(arrows, key=lambda xy: xy[1]) == expected, "an arrow at each isolated last eigenvalue, at component n"
+    plt.close(ax.figure)
+    ax = plot_spectra(a)
+    assert not [text for text in ax.texts if "last eigenvalue" in text.get_text()]
+    plt.close(ax.figure)
+
+
+def _longest_run(flags: np.ndarray) -> int:
+    longest = current = 0
+    for flag in flags:
+        current = current + 1 if flag else 0
+        longest = max(longest, current)
+    return longest
+
+
+def test_overlap_heat_maps_leave_no_wide_blank_margin(two_spectra, tmp_path):
+    """The saved PNG of a layer × layer map of two models of different depths (6 × 3), of one
+    model (6 × 6) and of heads (72 × 36) has no blank band wider or taller than a tenth of
+    it: the figure takes the matrix's shape (a fixed 6.4 × 5.2 figure left 30% of 6 × 3 blank)."""
+    import matplotlib.pyplot as plt
+
+    from attnlens.figures.overlap import plot_overlap
+
+    result = attnlens.overlap(list(two_spectra), dim=4)
+    for name in ("layers_0_1", "layers_0", "layers_1", "heads_0_1"):
+        ax = plot_overlap(result, name)
+        ax.figure.savefig(tmp_path / f"{name}.png", dpi=100)
+        plt.close(ax.figure)
+        blank = (plt.imread(tmp_path / f"{name}.png")[..., :3] > 0.98).all(-1)  # white, nothing drawn
+        height, width = blank.shape
+        assert _longest_run(blank.all(0)) < 0.1 * width, (name, "a blank vertical band")
+        assert _longest_run(blank.all(1)) < 0.1 * height, (name, "a blank horizontal band")

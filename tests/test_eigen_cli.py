@@ -20,6 +20,7 @@ def eigen_dirs(tmp_path_factory):
     return root
 
 
+@pytest.mark.integration  # runs a real model by name
 def test_eigen_cli_from_model_and_store(capsys, tmp_path, eigen_dirs):
     code, out, _ = run_cli(
         capsys,
@@ -108,6 +109,7 @@ def test_overlap_bad_inputs(capsys, tmp_path, eigen_dirs):
     assert_one_line_error(*run_cli(capsys, "overlap", str(eigen_dirs / "store"), *out)[::2], "not an attnlens result")
 
 
+@pytest.mark.integration  # runs a real model by name
 def test_eigen_bad_inputs(capsys, tmp_path, eigen_dirs):
     out = ["--out", str(tmp_path / "e"), "--no-progress"]
     attnlens.extract("minilm-l6", tmp_path / "small", corpus="kjv", seq_len=24, num_seqs=10, layers=[0], progress=False)

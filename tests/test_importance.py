@@ -13,8 +13,9 @@ import torch
 
 import attnlens
 from attnlens import Capture
+from attnlens.analysis.changes import random_positions
 from attnlens.analysis.evaluation import evaluate_batch, guard_rows, removal, split_blocks
-from attnlens.analysis.importance import ImportanceResult, hidden_projection, random_positions
+from attnlens.analysis.importance import ImportanceResult, hidden_projection
 from attnlens.analysis.objectives import Objective
 from attnlens.data.positions import class_masks
 from tiny_models import identical_columns, save_tiny
@@ -85,14 +86,19 @@ def test_masses_sum_to_one_over_a_partition_and_match_numpy(minilm_l6, kjv):
         totals = result.mass.groupby(["layer", "head"])["mass"].sum()
         assert len(totals) == 6 * 12 and np.allclose(totals, 1, atol=1e-5), classes
         assert np.isclose(result.mass.groupby(["layer", "head"])["share"].sum(), 1).all()
-    # one class by hand, from the captured weights of the same blocks
+    # one class by hand, from the captured weights of the same blocks, in the run's own batches: the same
+    # float32 forwards (a forward of other batch shapes rounds differently, by more than these tolerances allow)
     ids = torch.from_numpy(eval_ids(result, minilm_l6, kjv))
-    with torch.no_grad(), Capture(weights=True) as cap:
-        minilm_l6.forward(ids)
+    captured = []
+    for chunk in torch.split(ids, SMALL["batch_size"]):
+        with torch.no_grad(), Capture(weights=True) as cap:
+            minilm_l6.forward(chunk)
+        captured.append(dict(cap.weights))
+    weights_of = {layer: torch.cat([part[layer] for part in captured]) for layer in captured[0]}
     tokens = [minilm_l6.tokenizer.convert_ids_to_tokens(row) for row in ids.tolist()]
     punct = np.array([[t in {",", ".", ";", ":", "?", "!", "'", "(", ")", "-"} for t in row] for row in tokens])
     for layer in (0, 4):
-        weights = cap.weights[layer].double().numpy()  # (block, head, query, key)
+        weights = weights_of[layer].double().numpy()  # (block, head, query, key)
         expected = (weights * punct[:, None, None, :]).sum((0, 2, 3)) / (ids.shape[0] * ids.shape[1])
         got = result.mass[(result.mass["layer"] == layer) & (result.mass["class"] == "punct")]["mass"].to_numpy()
         np.testing.assert_allclose(got, expected, atol=1e-6)

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from attnlens import Capture
-from attnlens.analysis.dam.patterns import PATTERNS, build, removed_mask, sparsity
 from attnlens.analysis.evaluation import removal
+from attnlens.analysis.patterns import PATTERNS, build, removed_mask, sparsity
 
 N = 16
 

@@ -1,68 +1,28 @@
-"""The README's own code runs: the tour's command lines and every Python snippet, on small
-settings, and its claims section is what the generator writes from a saved report."""
+"""The README is a short front door whose claims section is what the generator writes from a saved
+report. (tests/test_docs.py runs its code blocks, the tour's command lines among them.)"""
 
 from __future__ import annotations
 
 import importlib.util
 import re
-import shutil
-from pathlib import Path
 
 import pytest
 
 import attnlens
-from tiny_models import README, readme_python_blocks, readme_tour, run_cli
-
-# Appended to a tour line of the command, after the line's own options (the last of a
-# repeated option wins): the same commands, on settings small enough for a test.
-SMALL = {
-    "extract": ["--seq-len", "32", "--num-seqs", "8"],
-    "eigen": ["--seq-len", "32", "--num-seqs", "16"],
-    "reconstruct": ["--seq-len", "32", "--num-seqs", "16"],
-    "importance": ["--seq-len", "32", "--num-seqs", "4"],
-    "dam": ["--seq-len", "32", "--steps", "3", "--stop-window", "2", "--train-seqs", "4", "--eval-seqs", "4"],
-}
-# The same for the snippets' calls: keyword changes on top of what the snippet passes.
-SMALL_CALLS = {
-    "eigen": {"seq_len": 32, "num_seqs": 16},
-    "reconstruct": {"seq_len": 32, "num_seqs": 16},
-    "importance": {"seq_len": 32, "num_seqs": 4, "task_train": 64, "task_eval": 32},
-    "dam": {"seq_len": 32, "steps": 3, "stop_window": 2, "train_seqs": 4, "eval_seqs": 4},
-}
+from tiny_models import README, readme_tour
 
 
-class SmallAttnlens:
-    """``attnlens`` for the snippets: its entry points run on small settings, the rest is attnlens."""
-
-    def __getattr__(self, name: str):
-        real = getattr(attnlens, name)
-        if name not in SMALL_CALLS:
-            return real
-        return lambda *args, **kwargs: real(*args, **{**kwargs, **SMALL_CALLS[name], "progress": False})
-
-
-def _source_is_a_path(line: list[str]) -> bool:
-    return len(line) > 1 and not line[1].startswith("-") and Path(line[1]).exists()
-
-
-@pytest.mark.slow
-def test_tour_and_snippets_run_as_written(capsys, tmp_path, monkeypatch, quick_report):
-    monkeypatch.chdir(tmp_path)
-    tour = readme_tour()
-    for line in tour:
-        if line[0] == "report":  # run as written by the quick_report fixture: reuse its output
-            shutil.copytree(quick_report, line[line.index("--out") + 1])
-            continue
-        small = SMALL.get(line[0], []) if not _source_is_a_path(line) else []
-        code, out, err = run_cli(capsys, *line, *small, *(["--no-progress"] if line[0] in SMALL else []))
-        assert code == 0, f"attnlens {' '.join(line)}: {err}"
-    assert {line[0] for line in tour} >= {"report", "models", "extract", "eigen", "overlap", "reconstruct", "importance", "dam"}
-    namespace = {}
-    for block in readme_python_blocks():
-        code = re.sub(r"^import attnlens$", "", block, flags=re.M)  # the snippets' attnlens is the small one
-        namespace["attnlens"] = SmallAttnlens()
-        exec(compile(code, str(README), "exec"), namespace)  # noqa: S102 - the README's own code
-    assert isinstance(namespace["masks"], attnlens.DamResult) and namespace["store"].n == 32
+def test_the_readme_is_a_front_door():
+    """Short, with the blocks that CI and the tests read (tests/test_docs.py runs every block)."""
+    text = README.read_text()
+    assert len(text.encode()) <= 15_000, "reference material belongs in docs/, linked from the README"
+    markers = ["<!-- main command -->", "<!-- test command -->", "<!-- tour -->", "<!-- claims -->", "<!-- claims end -->"]
+    assert [text.count(marker) for marker in markers] == [1] * len(markers)
+    assert [text.index(marker) for marker in markers] == sorted(text.index(marker) for marker in markers)
+    toured = {line[0] for line in readme_tour()}
+    assert toured >= {"report", "models", "extract", "eigen", "overlap", "reconstruct", "importance", "dam"}
+    linked = set(re.findall(r"\]\((docs/[^)#]+\.md)", text))
+    assert linked == {path.relative_to(README.parent).as_posix() for path in (README.parent / "docs").glob("*.md")}
 
 
 def _generator():

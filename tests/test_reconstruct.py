@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -192,12 +193,91 @@ def test_gemma3_plug_in_at_k_equal_n_keeps_the_next_token_loss(gemma3, kjv):
     assert plug.loc[12, "baseline_loss"] > 0
 
 
+def _softmax(rows: np.ndarray) -> np.ndarray:
+    shifted = np.exp(rows - rows.max(-1, keepdims=True))
+    return shifted / shifted.sum(-1, keepdims=True)
+
+
+def test_held_out_intervals_are_a_block_bootstrap_of_the_ratio_of_sums(store):
+    """Per held-out block, the sums behind each error are recomputed here from the store's
+    scores with numpy least squares; resampling blocks by hand and taking each resample's
+    ratio of sums gives the table's intervals, overall and per head."""
+    from attnlens.analysis.evaluation import bootstrap_weights
+
+    result = reconstruct(store, ks=[2], strategies=["greedy"], scopes=["head"], layers=[0], ridge=0.0, batch_size=5,
+                         progress=False)  # fmt: skip
+    splits, n = result.meta["splits"], store.n
+    scores = store.read("scores", 0, 0, store.num_seqs).astype(np.float64)  # (sequences, heads, n, n)
+    held_out = scores[splits["eval"]]
+    heads, blocks = scores.shape[1], len(held_out)
+    sums = {name: np.zeros((blocks, heads)) for name in ("squared_error", "squared_deviation", "squared_norm", "tv", "kl")}
+    for head in range(heads):
+        fit_rows = scores[splits["fit"], head].reshape(-1, n)
+        chosen = result.selections["greedy/head/2"][0, head, 0]
+        coefficients = np.linalg.lstsq(np.c_[np.ones(len(fit_rows)), fit_rows[:, chosen]], fit_rows, rcond=None)[0]
+        truth = held_out[:, head]  # (blocks, n queries, n keys)
+        estimate = np.concatenate([np.ones((*truth.shape[:2], 1)), truth[..., chosen]], -1) @ coefficients
+        weights, estimated_weights = _softmax(truth), _softmax(estimate)
+        sums["squared_error"][:, head] = ((truth - estimate) ** 2).sum((1, 2))
+        sums["squared_deviation"][:, head] = ((truth - fit_rows.mean(0)) ** 2).sum((1, 2))
+        sums["squared_norm"][:, head] = (truth**2).sum((1, 2))
+        sums["tv"][:, head] = 0.5 * np.abs(weights - estimated_weights).sum(-1).sum(-1)
+        sums["kl"][:, head] = (weights * (np.log(weights) - np.log(estimated_weights))).sum(-1).sum(-1)
+    rows_per_block = n  # every query of a block is a row with valid keys
+    counts = np.rint(bootstrap_weights(blocks, 1000, seed=0) * blocks).astype(int)  # the resamples: draws per block
+    ratios = {"rel_error": ("squared_error", "squared_deviation"), "rel_error_zero": ("squared_error", "squared_norm"),
+              "tv": ("tv", None), "kl": ("kl", None)}  # fmt: skip
+    table = result.table.set_index(["layer", "head"])
+    for unit, columns in (((-1, -1), slice(None)), ((0, 3), [3])):  # all heads together, and one head
+        row = table.loc[unit]
+        for metric, (top, bottom) in ratios.items():
+            numerator = sums[top][:, columns].sum(1)
+            rows = np.full(blocks, float(rows_per_block * sums[top][:, columns].shape[1]))  # rows of the unit's heads
+            denominator = sums[bottom][:, columns].sum(1) if bottom else rows
+            assert row[metric] == pytest.approx(numerator.sum() / denominator.sum(), rel=1e-4), (unit, metric)
+            resampled = []
+            for draws in counts.T:  # one resample: each block as often as drawn, errors summed, then divided
+                picked = np.repeat(np.arange(blocks), draws)
+                resampled.append(numerator[picked].sum() / denominator[picked].sum())
+            low, high = np.percentile(resampled, [2.5, 97.5])
+            interval = (row[f"{metric}_low"], row[f"{metric}_high"])
+            assert interval == pytest.approx((low, high), rel=1e-4, abs=1e-12), (unit, metric)
+            assert row[f"{metric}_low"] <= row[metric] <= row[f"{metric}_high"]
+            assert row[f"{metric}_low"] < row[f"{metric}_high"], "blocks differ: the interval has a width"
+
+
+def test_held_out_intervals_of_identical_blocks_have_no_width():
+    """Every block alike: every resample gives the point estimate; blocks that differ give a
+    width, and more of them (the same ones again) a narrower one."""
+    from attnlens.analysis.evaluation import bootstrap_weights
+    from attnlens.analysis.reconstruct import _error_records
+
+    rng = np.random.default_rng(0)
+    names = ("squared_error", "squared_deviation", "squared_norm", "tv", "kl", "rows")
+
+    def records(per_block: dict[str, np.ndarray]) -> dict:  # one layer of two heads
+        totals = {0: {name: value.sum(0) for name, value in per_block.items()}}
+        weights = bootstrap_weights(len(per_block["rows"]), 1000, seed=0)
+        return _error_records(("greedy", "head", 2), totals, {0: per_block}, weights)[-1]  # all heads together
+
+    one = {name: rng.uniform(1, 2, (1, 2)) for name in names}
+    same = records({name: np.repeat(value, 8, 0) for name, value in one.items()})
+    for metric in ("rel_error", "rel_error_zero", "tv", "kl"):
+        assert same[f"{metric}_low"] == pytest.approx(same[metric]) and same[f"{metric}_high"] == pytest.approx(same[metric])
+    distinct = {name: rng.uniform(1, 2, (8, 2)) for name in names}
+    few, many = records(distinct), records({name: np.tile(value, (8, 1)) for name, value in distinct.items()})
+    for metric in ("rel_error", "rel_error_zero", "tv", "kl"):
+        assert few[f"{metric}_low"] < few[metric] < few[f"{metric}_high"]
+        assert many[f"{metric}_high"] - many[f"{metric}_low"] < 0.6 * (few[f"{metric}_high"] - few[f"{metric}_low"])
+
+
+@pytest.mark.integration  # runs a real model by name
 def test_reconstruct_cli_and_bad_inputs(capsys, tmp_path, store):
     out = ["--out", str(tmp_path / "r"), "--no-progress"]
     code, stdout, _ = run_cli(
         capsys, "reconstruct", str(store.path), "--ks", "4,16", "--select", "greedy,stride", "--scope", "layer", *out
     )
-    assert code == 0 and "wrote reconstruction result" in stdout
+    assert code == 0 and "wrote reconstruct result" in stdout
     loaded = attnlens.load_result(tmp_path / "r")
     assert set(loaded.table.strategy) == {"greedy", "stride"} and (tmp_path / "r" / "figures" / "error_vs_k.png").is_file()
     bad = ["--out", str(tmp_path / "bad"), "--no-progress"]
@@ -271,3 +351,58 @@ def test_k_ticks_are_exactly_the_k_values_each_figure_plots(with_plug_in):
         plt.close(ax.figure)
     assert 16 not in ticks["error_vs_k"] and 16 in ticks["fidelity_vs_k"], "k = n: exact, drawn only where not 0 on a log axis"
     assert 2 not in ticks["accuracy_vs_k"], "the task judged no run with k = 2"
+
+
+def _band_extents(band) -> dict[float, tuple[float, float]]:
+    """x → (lowest, highest) y of a filled band's outline."""
+    extents: dict[float, list[float]] = {}
+    for x, y in band.get_paths()[0].vertices:
+        extents.setdefault(round(float(x), 9), []).append(float(y))
+    return {x: (min(ys), max(ys)) for x, ys in extents.items()}
+
+
+def test_error_figures_draw_every_lines_interval_as_a_band(with_plug_in):
+    """Each (strategy, scope) line of error_vs_k, tv_vs_k and error_vs_flops has a band behind
+    it spanning exactly the table's 95% interval at every point drawn."""
+    import matplotlib.pyplot as plt
+    from matplotlib.collections import PolyCollection
+
+    from attnlens.figures import reconstruct as figures
+
+    overall = with_plug_in.table[with_plug_in.table.layer == -1]
+    n = with_plug_in.meta["n"]
+    plots = {
+        "error_vs_k": (figures.plot_error_vs_k, "rel_error", lambda rows: rows.k),
+        "tv_vs_k": (lambda r: figures.plot_error_vs_k(r, metric="tv"), "tv", lambda rows: rows.k),
+        "error_vs_flops": (figures.plot_error_vs_flops, "rel_error", lambda rows: 100 * (1 - rows.flops_ratio)),
+    }
+    for name, (plot, metric, x_of) in plots.items():
+        ax = plot(with_plug_in)
+        bands = [_band_extents(band) for band in ax.collections if isinstance(band, PolyCollection)]
+        groups = list(overall.groupby(["strategy", "scope"]))
+        assert len(bands) == len(groups), name
+        for (strategy, scope), rows in groups:
+            rows = rows[(rows[metric] > 1e-9 * overall[metric].max()) & ((rows.k < n) | (name == "error_vs_flops"))]
+            assert (rows[f"{metric}_low"] < rows[metric]).all() and (rows[metric] < rows[f"{metric}_high"]).all()
+            expected = {
+                round(float(x), 9): (low, high) for x, low, high in zip(x_of(rows), rows[f"{metric}_low"], rows[f"{metric}_high"])
+            }
+            assert any(band.keys() == expected.keys() and all(band[x] == pytest.approx(expected[x], rel=1e-9) for x in expected)
+                       for band in bands), (name, strategy, scope)  # fmt: skip
+        assert "95%" in ax.get_title(), name
+        plt.close(ax.figure)
+
+
+def test_k_axis_mentions_pairs_mode_only_when_it_was_run(with_plug_in):
+    import matplotlib.pyplot as plt
+
+    from attnlens.figures.reconstruct import plot_error_vs_k
+
+    table = with_plug_in.table
+    paired = pd.concat([table, table[table.strategy == "greedy"].assign(strategy="greedy-pairs")], ignore_index=True)
+    with_pairs = ReconstructResult(with_plug_in.meta, {**with_plug_in.tables, "table": paired}, with_plug_in.arrays)
+    for result, pairs in ((with_plug_in, False), (with_pairs, True)):
+        ax = plot_error_vs_k(result)
+        assert ("pairs" in ax.get_xlabel()) == pairs, ax.get_xlabel()
+        assert ("greedy-pairs" in [text.get_text().split(",")[0] for text in ax.get_legend().get_texts()]) == pairs
+        plt.close(ax.figure)

@@ -32,6 +32,8 @@ def test_round_trip_equals_direct_capture(reference_store, minilm_l6, kjv):
     store = attnlens.open_store(reference_store.path)
     blocks = kjv.blocks(minilm_l6, n=32, num_blocks=24, seed=0)
     assert np.array_equal(store.tokens, blocks.ids)
+    # Blocks 8 to 15 are the store's second batch (batch_size 8): the same forward pass, in this process with its
+    # thread count, so the same bits (another batch composition would round differently).
     with torch.no_grad(), Capture(layers=[0, 3], weights=True) as cap:
         minilm_l6.forward(torch.from_numpy(blocks.ids[8:16]))
     for layer in (0, 3):
@@ -53,6 +55,7 @@ def test_round_trip_equals_direct_capture(reference_store, minilm_l6, kjv):
 def test_float16_store_holds_rounded_scores(tmp_path, reference_store, minilm_l6, kjv):
     half = attnlens.extract(minilm_l6, tmp_path / "half", corpus=kjv, **SETTINGS)
     assert half.scores(0).dtype == np.float16
+    # Same batches in the same process as the float32 store: the same float32 scores, rounded once to float16.
     np.testing.assert_array_equal(half.scores(0), reference_store.scores(0).astype(np.float16))
     with pytest.raises(attnlens.AttnlensError, match="holds no weights"):
         half.weights(0)
@@ -91,6 +94,8 @@ def test_resume_after_kill_is_bit_identical(tmp_path, reference_store):
     with pytest.raises(attnlens.AttnlensError, match="already exists"):
         attnlens.extract("minilm-l6", out, corpus="kjv", dtype="float32", weights=True, **SETTINGS)
     resumed = attnlens.extract("minilm-l6", out, corpus="kjv", dtype="float32", weights=True, resume=True, **SETTINGS)
+    # Bit for bit: every batch (8 blocks) is the reference's, and the killed child process runs torch's default thread
+    # count as this one does (the suite never changes it), so each forward pass is the same computation.
     for layer in (0, 3):
         for kind in ("scores", "valid", "weights"):
             expected, got = getattr(reference_store, kind)(layer), getattr(resumed, kind)(layer)
@@ -120,6 +125,7 @@ def test_full_disk_mid_write_keeps_finished_batches(tmp_path, monkeypatch, refer
         attnlens.extract(minilm_l6, out, corpus=kjv, dtype="float32", weights=True, **SETTINGS)
     partial = attnlens.open_store(out, allow_partial=True)
     assert partial.complete == 16
+    # The reference's batches, in this process: the same forward passes, so the same bits.
     np.testing.assert_array_equal(partial.scores(3), reference_store.scores(3)[:16])
     monkeypatch.setattr(StoreWriter, "_write_at", original)
     finished = attnlens.extract(minilm_l6, out, corpus=kjv, dtype="float32", weights=True, resume=True, **SETTINGS)

@@ -18,8 +18,9 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.preprocessing import StandardScaler
 
 import attnlens
-from attnlens.analysis.importance import Condition, ablation_change
-from attnlens.analysis.task import Change, TaskBatch, TaskJudge, TaskSettings, pooled_features
+from attnlens.analysis.changes import Ablation
+from attnlens.analysis.changes import FunctionChange as Change
+from attnlens.analysis.task import TaskBatch, TaskJudge, TaskSettings, pooled_features
 from attnlens.data.tasks import load_task
 from attnlens.errors import BadInput
 from tiny_models import assert_one_line_error, import_or_skip, run_cli, save_tiny
@@ -203,13 +204,13 @@ def test_the_ablation_change_removes_exactly_the_class_positions_that_are_valid(
     scores = torch.zeros(4, minilm_l6.num_heads, examples.ids.shape[1], examples.ids.shape[1])
     valid = torch.from_numpy(examples.attention_mask).bool()[:, None, :].expand(-1, examples.ids.shape[1], -1)
     for name in ("self", "cls"):
-        intervene = ablation_change(minilm_l6, Condition("model", -1, -1, name, "class"), classes, 0).intervention(batch)
+        intervene = Ablation(name, classes, "class").intervention(batch.view(minilm_l6))
         removed = torch.isinf(intervene(0, scores, valid))
         i = torch.arange(examples.ids.shape[1])
         expected = (i[:, None] == i[None, :]) if name == "self" else torch.from_numpy(examples.ids == 101)[:, None, :]
         expected = expected & valid  # no row is emptied: every query has keys outside the class
         assert torch.equal(removed, expected[:, None].expand_as(removed))
-        random = ablation_change(minilm_l6, Condition("model", -1, -1, name, "random"), classes, 0).intervention(batch)
+        random = Ablation(name, classes, "random").intervention(batch.view(minilm_l6))
         removed_random = torch.isinf(random(0, scores, valid))
         assert torch.equal(removed_random.sum(-1), removed.sum(-1)) and not (removed_random & ~valid[:, None]).any()
 
@@ -260,6 +261,7 @@ def _write(path, frame):
         ("missing", ("is neither a built-in",)),
     ],
 )
+@pytest.mark.integration  # runs a real model by name
 def test_bad_task_input_gives_one_line(case, phrases, tmp_path, capsys):
     frames = {
         "no-column": pd.DataFrame({"sentence": ["a", "b"], "label": [0, 1]}),
@@ -292,7 +294,7 @@ def test_reconstruct_with_a_task_needs_the_plug_in(capsys, tmp_path):
 
 def test_task_sparsity_counts_what_a_removal_takes_from_the_examples_own_tokens(minilm_l6, rotten):
     # Removing the diagonal takes L of the L² valid positions of a text of L tokens, in every layer and head.
-    judged = rotten.judge(ablation_change(minilm_l6, Condition("model", -1, -1, "self", "class"), ("self", "other"), 0))
+    judged = rotten.judge(Ablation("self", ("self", "other")))
     lengths = rotten.held_out.lengths.astype(float)
     assert judged["task_sparsity"] == pytest.approx(lengths.sum() / (lengths**2).sum(), rel=1e-12)
     assert rotten.judge(None)["task_sparsity"] == 0.0

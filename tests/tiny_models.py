@@ -241,10 +241,3 @@ def readme_tour() -> list[list[str]]:
     lines = [shlex.split(line, comments=True) for line in block.splitlines()]
     assert all(line[0] == "attnlens" for line in lines if line), "every tour line is an attnlens command"
     return [line[1:] for line in lines if line]
-
-
-def readme_python_blocks() -> list[str]:
-    """Every ```python block of the README, in order."""
-    import re
-
-    return re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)

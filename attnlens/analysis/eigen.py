@@ -33,7 +33,7 @@ import torch
 
 from attnlens.errors import BadInput
 from attnlens.io.provenance import provenance
-from attnlens.io.results import Result
+from attnlens.io.results import Result, format_table
 from attnlens.io.store import Store, is_store
 from attnlens.models.loading import LoadedModel
 from attnlens.progress import Progress, progress_bar, split
@@ -127,6 +127,68 @@ class UnitSpectrum:
     ones_variance: float  # variance along the normalised all-ones direction (before any projection)
     total_variance: float
     keys: int
+    last: LastDirection | None = None  # the direction of least variance (None without two keys)
+
+
+# A last eigenvalue below this fraction of the one before it is a direction of (almost) no
+# variance on its own, not the end of a smooth tail: the spectra figure says what it is.
+ISOLATED_GAP = 0.05
+
+
+@dataclass(frozen=True)
+class LastDirection:
+    """The unit's direction of least variance (the last eigenvector; with ``project_ones``,
+    the last besides the projected-out all-ones direction): its eigenvalue, that over the one
+    before it (``gap``), its cos² with the all-ones direction, and the two keys it loads on most."""
+
+    eigenvalue: float
+    gap: float
+    ones: float  # cos² with the normalised all-ones direction over the unit's keys
+    key_a: int  # the two keys with the largest |loading|, a < b
+    key_b: int
+    share: float  # the fraction of the direction's squared norm on those two keys
+    sign: int  # sign of loading_a · loading_b: -1 means scores to a and b move together (their difference is the direction)
+
+    def columns(self) -> dict:
+        return {
+            "last_eigenvalue": self.eigenvalue,
+            "last_gap": self.gap,
+            "last_isolated": bool(self.gap < ISOLATED_GAP),
+            "last_ones": self.ones,
+            "last_key_a": self.key_a,
+            "last_key_b": self.key_b,
+            "last_keys_share": self.share,
+            "last_keys_sign": self.sign,
+        }
+
+
+def last_direction(
+    eigenvalues: np.ndarray, eigenvectors: np.ndarray, keys: np.ndarray, project_ones: bool
+) -> LastDirection | None:
+    """:class:`LastDirection` of a unit from its eigen-decomposition over its complete ``keys``
+    (eigenvalues ascending, as ``numpy.linalg.eigh`` gives them)."""
+    if len(keys) < 2:
+        return None
+    ones = np.full(len(keys), len(keys) ** -0.5)
+    alignment = (ones @ eigenvectors) ** 2
+    order = np.arange(len(keys))
+    if project_ones:  # the projection left the all-ones direction at eigenvalue 0: not the data's
+        order = np.delete(order, np.argmax(alignment))
+    if len(order) < 2:
+        return None
+    last, before = order[0], order[1]
+    vector = eigenvectors[:, last]
+    top = np.sort(np.argsort(-np.abs(vector))[:2])
+    gap = eigenvalues[last] / eigenvalues[before] if eigenvalues[before] > 0 else float("nan")
+    return LastDirection(
+        eigenvalue=float(eigenvalues[last]),
+        gap=float(gap),
+        ones=float(alignment[last]),
+        key_a=int(keys[top[0]]),
+        key_b=int(keys[top[1]]),
+        share=float((vector[top] ** 2).sum()),
+        sign=int(np.sign(vector[top[0]] * vector[top[1]]) or 1),
+    )
 
 
 def unit_spectrum(moment: np.ndarray, complete: np.ndarray, keep: int, project_ones: bool) -> UnitSpectrum:
@@ -149,7 +211,8 @@ def unit_spectrum(moment: np.ndarray, complete: np.ndarray, keep: int, project_o
     values[: len(keys)] = eigenvalues[order]
     kept = min(keep, len(keys))
     vectors[keys, :kept] = deterministic_sign(eigenvectors[:, order[:kept]])
-    return UnitSpectrum(values, vectors, ones_variance, float(np.trace(moment[np.ix_(keys, keys)])), len(keys))
+    last = last_direction(eigenvalues[order[::-1]], eigenvectors[:, order[::-1]], keys, project_ones)
+    return UnitSpectrum(values, vectors, ones_variance, float(np.trace(moment[np.ix_(keys, keys)])), len(keys), last)
 
 
 # ---------------------------------------------------------------------- result
@@ -166,6 +229,8 @@ class EigenResult(Result):
     """
 
     kind = "eigen"
+    figures_module = "attnlens.figures.eigen"
+    shown = {"table": ("level", "layer", "head", "query", "rows", "k90", "k95", "k99", "effective_rank", "baseline_k90")}
 
     def __init__(
         self,
@@ -207,6 +272,14 @@ class EigenResult(Result):
     def summary(self) -> str:
         settings = self.settings
         return f"n={self.n}, {settings['quantity']}, {len(self.meta['layers'])} layers x {self.meta['num_heads']} heads"
+
+    def text(self) -> str:
+        """Per layer and for the model (heads pooled; the last query analysed): components for 90, 95
+        and 99% of the energy, the effective rank, and the Gaussian baseline's k90."""
+        table = self.table
+        pooled = table[(table["level"] != "head") & (table["query"] == table["query"].max())]
+        notes = [f"{unit}: {note}" for unit, note in self.meta.get("notes", {}).items()]  # what a reader should know
+        return "\n".join([format_table(self.view(frame=pooled.drop(columns=["head", "query"]))), *self.notes_for(pooled), *notes])
 
 
 def analyse_moments(
@@ -284,6 +357,7 @@ def _table_row(level: str, index: tuple, moments: Moments, count: int, spectrum:
         "top_eigenvalue": float(spectrum.eigenvalues[0]),
         **summarise(spectrum.eigenvalues),
         **summarise(baseline, "baseline_"),
+        **(spectrum.last.columns() if spectrum.last is not None else {}),
     }
 
 
@@ -460,7 +534,55 @@ def eigen(
         "settings": {**s.to_dict(), "corpus": rows.corpus_info.get("source"), "queries": queries, "keep": min(s.keep, rows.n)},
         **provenance(command),
     }
+    positions = fixed_tokens(rows)
+    if positions:
+        meta["fixed_tokens"] = positions
+    notes = last_direction_notes(table, positions)
+    if notes:
+        meta["notes"] = notes
     return EigenResult(meta, tables, arrays, moments=halves)
+
+
+def fixed_tokens(rows) -> dict[str, str]:
+    """Key positions that hold the same token in every analysed block (the special tokens a
+    block is packed with, e.g. ``[CLS]`` at 0 and ``[SEP]`` last), keyed by position, where
+    the source can name tokens (a model; a store keeps ids only)."""
+    tokenizer = getattr(getattr(rows, "model", None), "tokenizer", None)
+    if tokenizer is None or rows.num_seqs < 2:
+        return {}
+    ids = np.asarray(rows.tokens(np.arange(rows.num_seqs)))
+    fixed = np.flatnonzero((ids == ids[:1]).all(0))
+    return {str(position): str(token) for position, token in zip(fixed, tokenizer.convert_ids_to_tokens(ids[0, fixed].tolist()))}
+
+
+def last_direction_notes(table: pd.DataFrame, positions: dict[str, str] | None = None) -> dict[str, str]:
+    """What each layer's isolated last eigenvalue (``last_isolated``) is, in words, from the
+    table's ``last_*`` columns: the keys its direction loads on, how many of the layer's heads
+    share it, and how much of it lies along the all-ones direction."""
+    if "last_isolated" not in table:
+        return {}
+    positions = positions or {}
+    name = lambda key: f"{key} ({positions[str(key)]})" if str(key) in positions else str(key)
+    notes = {}
+    last_query = table["query"].max()  # per query position: the last one (the figure's default), whose row sees every key
+    layers = table[(table["level"] == "layer") & (table["query"] == last_query) & (table["last_isolated"] == True)]  # noqa: E712
+    heads = table[(table["level"] == "head") & (table["last_isolated"] == True)]  # noqa: E712
+    for row in layers.itertuples():
+        a, b = int(row.last_key_a), int(row.last_key_b)
+        unit = (table["level"] == "head") & (table["layer"] == row.layer) & (table["query"] == row.query)
+        alike = heads[unit[heads.index] & (heads["last_key_a"] == a) & (heads["last_key_b"] == b)]
+        meaning = (
+            "with opposite signs: the scores to these two keys differ by nearly the same amount in every row"
+            if row.last_keys_sign < 0
+            else "with equal signs: the scores to these two keys nearly cancel in every row"
+        )
+        where = f"layer {row.layer}" + (f", query {row.query}" if row.query >= 0 else "")
+        notes[where] = (
+            f"last eigenvalue {row.last_eigenvalue:.2g} ({row.last_gap:.1g} of the one before it); its direction is "
+            f"{row.last_keys_share:.0%} on keys {name(a)} and {name(b)} {meaning} (so in {len(alike)} of "
+            f"{int(unit.sum())} heads); {row.last_ones:.0%} of it lies along the all-ones direction"
+        )
+    return notes
 
 
 def _queries(settings: EigenSettings, n: int) -> list[int] | None:
@@ -527,6 +649,9 @@ def _eigen_of_moments(source: str | Path, settings: EigenSettings, *, progress: 
         },
         **provenance(command),
     }
+    notes = last_direction_notes(table)
+    if notes:
+        meta["notes"] = notes
     return EigenResult(meta, {"table": table}, arrays)
 
 

@@ -27,11 +27,12 @@ import torch
 
 from attnlens.analysis.objectives import Objective, PreparedBatch
 from attnlens.data.corpus import Blocks, Corpus
-from attnlens.errors import AttnlensError
+from attnlens.errors import BadInput
 from attnlens.models.capture import Capture, Intervention
 from attnlens.models.loading import LoadedModel
 
 CONFIDENCE = 0.95
+MIN_HELD_OUT_BLOCKS = 2  # the bootstrap intervals over blocks need at least two
 
 
 def split_blocks(
@@ -42,11 +43,13 @@ def split_blocks(
     A seeded permutation of all available blocks: the first ``num_eval`` evaluate, the
     next ``num_train`` train.
     """
-    if num_eval < 2:
-        raise AttnlensError(f"`num_seqs`/`eval_seqs` {num_eval} is too few; the bootstrap intervals need at least 2 blocks")
+    if num_eval < MIN_HELD_OUT_BLOCKS:
+        raise BadInput(
+            f"`num_seqs`/`eval_seqs` {num_eval} is too few; the bootstrap intervals need at least {MIN_HELD_OUT_BLOCKS} blocks"
+        )
     every = corpus.blocks(model, n, num_blocks=None)
     if num_eval + num_train > every.available:
-        raise AttnlensError(
+        raise BadInput(
             f"corpus '{corpus.source}' gives {every.available} blocks of {n} tokens, fewer than the "
             f"{num_eval + num_train} asked for ({num_eval} held out + {num_train} for training); ask for fewer blocks or a larger corpus"
         )
@@ -115,7 +118,7 @@ def check_classes_occur(
     missing = [name for name in classes if counts[name] == 0]
     if missing and explicit:
         name = missing[0]
-        raise AttnlensError(
+        raise BadInput(
             f"class '{name}' never occurs among the valid (query, key) positions of these {num_blocks} blocks "
             f"({_absence_reason(name, model)}); drop it from `classes`"
         )
@@ -136,11 +139,36 @@ def valid_masks(model: LoadedModel, ids: np.ndarray) -> torch.Tensor:
 def prepare_batches(objective: Objective, ids: np.ndarray, batch_size: int) -> list[PreparedBatch]:
     """The objective's inputs for every batch, prepared once (references from the unmodified model)."""
     if batch_size < 1:
-        raise AttnlensError(f"`batch_size` {batch_size} must be at least 1")
+        raise BadInput(f"`batch_size` {batch_size} must be at least 1")
     return [
         objective.prepare(torch.from_numpy(ids[start : start + batch_size]), offset=start)
         for start in range(0, len(ids), batch_size)
     ]
+
+
+def class_counts(masks: dict[str, torch.Tensor], valid: torch.Tensor) -> dict[str, int]:
+    """How often each class occurs among the valid (layer, block, query, key) positions:
+    ``masks`` (blocks, n, n) per class, ``valid`` (layer, n, n).
+
+    >>> valid = torch.ones(2, 3, 3, dtype=torch.bool).tril()      # two causal layers
+    >>> class_counts({"self": torch.eye(3, dtype=torch.bool)[None], "next": torch.eye(3, dtype=torch.bool).roll(1, 1)[None]}, valid)
+    {'self': 6, 'next': 2}
+    """
+    valid = valid.to(next(iter(masks.values())).device)
+    return {name: int(sum(int((mask & layer).sum()) for layer in valid)) for name, mask in masks.items()}
+
+
+def evaluate_change(objective: Objective, inputs: list, views: list, change=None) -> dict[str, np.ndarray]:
+    """Per-sequence metrics of every batch (``inputs``: what the objective evaluates) under a
+    :class:`~attnlens.analysis.changes.Change` (``None``: unmodified), which reads each batch
+    through its view (``views``, :class:`~attnlens.analysis.changes.Batch`)."""
+    per_batch = [
+        evaluate_batch(
+            objective, batch, None if change is None else change.intervention(view), None if change is None else change.layers
+        )
+        for batch, view in zip(inputs, views)
+    ]
+    return {name: np.concatenate([metrics[name] for metrics in per_batch]) for name in per_batch[0]}
 
 
 def evaluate_batch(

@@ -51,52 +51,24 @@ import numpy as np
 import pandas as pd
 import torch
 
-from attnlens.analysis.evaluation import (
-    bootstrap_interval,
-    check_classes_occur,
-    evaluate_batch,
-    frozen,
-    guard_rows,
-    layer_groups,
-    prepare_batches,
-    removal,
-    split_blocks,
-    valid_masks,
-)
+from attnlens.analysis.changes import Ablation
+from attnlens.analysis.evaluation import bootstrap_interval, evaluate_batch, frozen, layer_groups
+from attnlens.analysis.experiment import Experiment
 from attnlens.analysis.objectives import OBJECTIVES, Objective, PreparedBatch
-from attnlens.analysis.task import Change, TaskBatch, TaskJudge, TaskSettings, paired_difference, task_columns
-from attnlens.data.corpus import Corpus, load_corpus
-from attnlens.data.positions import class_masks, parse_classes, token_roles
-from attnlens.io.provenance import provenance
-from attnlens.io.results import Result
-from attnlens.models.capture import Capture, Intervention
-from attnlens.models.loading import LoadedModel, load_model
+from attnlens.analysis.task import TaskJudge, TaskSettings, paired_difference, task_columns
+from attnlens.data.positions import parse_classes
+from attnlens.io.results import Result, format_table
+from attnlens.models.capture import Capture
+from attnlens.models.loading import LoadedModel
 from attnlens.progress import Progress, progress_bar, split
 from attnlens.settings import CorpusSettings, at_least, one_of
 
 SCOPES = ("model", "layer", "head")
 CONTROLS = ("class", "random")
-_PROJECTION_STREAM = 1  # keeps the projection's random numbers apart from other seeded draws
-_RANDOM_STREAM = 2
+_PROJECTION_STREAM = 1  # keeps the projection's random numbers apart from other seeded draws (2: the random control's)
 
 
 # ----------------------------------------------------------------------------- helpers
-
-
-def random_positions(remove: torch.Tensor, valid: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
-    """As many positions per row as ``remove`` has, chosen uniformly among the row's valid keys.
-
-    ``keys`` are uniform random numbers of the same shape; the positions with the smallest
-    keys among the valid ones are taken, so the choice never leaves the valid set.
-
-    >>> valid = torch.ones(1, 3, 3, dtype=torch.bool)
-    >>> chosen = random_positions(torch.eye(3, dtype=torch.bool)[None], valid, torch.rand(1, 3, 3))
-    >>> chosen.sum(-1).tolist()
-    [[1, 1, 1]]
-    """
-    count = remove.sum(-1, keepdim=True)
-    rank = torch.where(valid, keys, torch.full_like(keys, 2.0)).argsort(-1).argsort(-1)
-    return rank < count
 
 
 def hidden_projection(shape: tuple[int, ...], seed: int, block: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -129,31 +101,37 @@ def gradient_target(objective: Objective, batch: PreparedBatch, blocks: np.ndarr
     return (projection * hidden / reference.norm(dim=-1, keepdim=True)).sum() * scale
 
 
-@dataclass(frozen=True)
-class Condition:
-    """One ablation: ``scope`` none/model/layer/head, where, which class, class or random control."""
+def ablation_conditions(
+    classes: tuple[str, ...], per: str, num_layers: int, num_heads: int, seed: int = 0
+) -> list[Ablation | None]:
+    """The unmodified run (``None``), then the whole-model ablations, then the finer scope asked
+    for; each class beside its random control.
 
-    scope: str
-    layer: int
-    head: int
-    cls: str
-    control: str
-
-
-def ablation_conditions(classes: tuple[str, ...], per: str, num_layers: int, num_heads: int) -> list[Condition]:
-    """The unmodified run, then the whole-model ablations, then the finer scope asked for.
-
-    >>> [c.scope for c in ablation_conditions(("self",), "layer", 2, 4)]
+    >>> [c.scope if c else "none" for c in ablation_conditions(("self",), "layer", 2, 4)]
     ['none', 'model', 'model', 'layer', 'layer', 'layer', 'layer']
     """
-    units = [("model", -1, -1)]
+    units = [(-1, -1)]
     if per == "layer":
-        units += [("layer", layer, -1) for layer in range(num_layers)]
+        units += [(layer, -1) for layer in range(num_layers)]
     elif per == "head":
-        units += [("head", layer, head) for layer in range(num_layers) for head in range(num_heads)]
-    return [Condition("none", -1, -1, "none", "none")] + [
-        Condition(scope, layer, head, name, control) for scope, layer, head in units for name in classes for control in CONTROLS
+        units += [(layer, head) for layer in range(num_layers) for head in range(num_heads)]
+    ablations = [
+        Ablation(name, classes, control, layer, head, seed) for layer, head in units for name in classes for control in CONTROLS
     ]
+    return [None, *ablations]
+
+
+def condition_row(ablation: Ablation | None) -> dict[str, object]:
+    """What the ablation table says of one condition: scope, layer, head, class and control."""
+    if ablation is None:
+        return {"scope": "none", "layer": -1, "head": -1, "class": "none", "control": "none"}
+    return {
+        "scope": ablation.scope,
+        "layer": ablation.layer,
+        "head": ablation.head,
+        "class": ablation.cls,
+        "control": ablation.control,
+    }
 
 
 # ----------------------------------------------------------------------------- passes
@@ -210,18 +188,6 @@ def _mass_tables(acc: _MassAccumulator, classes: tuple[str, ...]) -> tuple[pd.Da
     return mass_table, entropy_table
 
 
-def _batch_removals(
-    masks: dict[str, torch.Tensor], group_valid: torch.Tensor, keys: torch.Tensor
-) -> dict[tuple[str, str], list[torch.Tensor]]:
-    """For every class and control, the guarded (batch, n, n) removal mask per layer group."""
-    removals = {}
-    for index, (name, mask) in enumerate(masks.items()):
-        exact = [guard_rows(mask & valid, valid) for valid in group_valid]
-        removals[(name, "class")] = exact
-        removals[(name, "random")] = [random_positions(remove, valid, keys[index]) for remove, valid in zip(exact, group_valid)]
-    return removals
-
-
 # ----------------------------------------------------------------------------- result
 
 
@@ -239,6 +205,19 @@ class ImportanceResult(Result):
     """
 
     kind = "importance"
+    figures_module = "attnlens.figures.importance"
+    shown = {
+        "summary": (
+            "class", "share", "mass", "removed", "delta", "delta_low", "delta_high", "random", "random_low", "random_high",
+            "gradient", "note",
+        )
+    }  # fmt: skip
+    column_notes = {
+        "share": "mass a query would put on the class with uniform attention over its valid keys",
+        "mass": "average attention weight a query puts on the class (mean over layers and heads)",
+        "delta": "change of the held-out objective with the class removed everywhere, 95% interval over blocks",
+        "random": "the same with as many random valid positions removed per row (the control)",
+    }
     main_table = "summary"
     classes = property(lambda self: self.tables["classes"])
     mass = property(lambda self: self.tables["mass"])
@@ -249,6 +228,15 @@ class ImportanceResult(Result):
     def summary(self) -> str:
         settings = self.settings
         return f"objective {settings['objective']!r}, classes {settings['classes']}"
+
+    def text(self) -> str:
+        """Per class that occurs: its share and mass, what removing it costs beside the random control,
+        its gradient importance; then why any class was dropped, and the task."""
+        table = self.table[self.table["occurs"].astype(bool)]
+        notes = [f"{name}: {note}" for name, note in self.meta["notes"].items()]
+        return "\n".join(
+            [format_table(self.view(frame=table.drop(columns=["note"]))), *self.notes_for(table), *notes, *self.task_lines()]
+        )
 
 
 # ----------------------------------------------------------------------------- main
@@ -308,178 +296,117 @@ def importance(
     :data:`attnlens.data.positions.DEFAULT_CLASSES` and drops those that never occur.
     """
     s = ImportanceSettings.build(settings, **changes)
-    model, corpus = source, s.corpus
-    explicit = s.classes is not None
-    classes = parse_classes(s.classes)
-    if not isinstance(corpus, Corpus):
-        corpus = load_corpus(corpus)
-    if not isinstance(model, LoadedModel):
-        model = load_model(model, device=device)
-    model.check_seq_len(s.seq_len)
-    judge = Objective(model, s.objective, seed=s.seed)
-    blocks, _ = split_blocks(corpus, model, s.seq_len, s.num_seqs, seed=s.seed)
-    ids = torch.from_numpy(blocks.ids)
-
-    valid = valid_masks(model, blocks.ids)  # (layer, n, n)
-    groups, group_valid = layer_groups(valid)
-    group_sizes = np.bincount(groups, minlength=len(group_valid))
-    roles = token_roles(ids, model)
-    all_masks = class_masks(ids, model, classes, roles=roles)
-    counts = {
-        name: int(sum(int((mask & gv).sum()) * size for gv, size in zip(group_valid, group_sizes)))
-        for name, mask in all_masks.items()
-    }
-    classes, notes = check_classes_occur(classes, counts, model, len(blocks), explicit=explicit)
-    dropped = [name for name in notes]
-    # "other" means "none of the classes measured", so recompute the masks without dropped ones.
-    all_masks = class_masks(ids, model, classes, roles=roles)
-
-    batches = prepare_batches(judge, blocks.ids, s.batch_size)
-    conditions = ablation_conditions(classes, s.per, model.num_layers, model.num_heads)
-    head_select = torch.eye(model.num_heads, dtype=torch.bool, device=model.device)[:, :, None, None]  # (H, H, 1, 1)
-    losses = np.zeros((len(conditions), len(blocks)))
-    pooled = np.zeros((len(conditions), len(blocks))) if judge.name == "hidden" else None
-    removed = np.zeros((len(conditions), 2))  # removed valid positions, valid positions
-    spared = np.zeros((len(conditions), 2))  # spared rows, rows
-    gradients = np.zeros((len(blocks), model.num_layers, model.num_heads, len(classes) + 1))
-    accumulator = _MassAccumulator(model.num_layers, model.num_heads, len(classes))
-    total = len(batches) * (len(conditions) + (1 if s.gradient else 0))
-    # The task's part (its probe, then every condition judged on its examples) took 2-3 times the
-    # blocks' passes in the reports measured (2 CPU cores).
+    experiment = Experiment.start(source, s, num_eval=s.num_seqs, device=device)
+    model, classes = experiment.model, experiment.classes
+    conditions = ablation_conditions(classes, s.per, model.num_layers, model.num_heads, s.seed)
+    # The task's part (its probe, then every condition judged on its examples) costs more than the
+    # blocks' passes: the larger share of the bar.
     passes_progress, task_progress = split(progress, 2, 5 if s.task is not None else 0)
-
-    with progress_bar(total=total, desc="importance", unit="pass", enabled=passes_progress) as bar:
-        for number, batch in enumerate(batches):
-            start = number * s.batch_size
-            rows = slice(start, start + batch.input_ids.shape[0])
-            masks = {name: mask[rows].to(model.device) for name, mask in all_masks.items()}
-            stacked = torch.stack(list(masks.values())).float()
-            keys = torch.rand(
-                (len(classes), *stacked.shape[1:]),
-                generator=torch.Generator().manual_seed(
-                    int(np.random.SeedSequence([s.seed, _RANDOM_STREAM, int(blocks.index[start])]).generate_state(1)[0])
-                ),
-            ).to(model.device)
-            removals = _batch_removals(masks, group_valid.to(model.device), keys)
-
-            for index, condition in enumerate(conditions):
-                if condition.scope == "none":
-                    accumulator.masks = stacked
-                    with torch.no_grad(), Capture(weights=True, sink=accumulator.sink):
-                        metrics = evaluate_batch(judge, batch)
-                else:
-                    per_group = removals[(condition.cls, condition.control)]
-                    heads = head_select[condition.head] if condition.head >= 0 else None
-
-                    def remove_for_layer(layer, valid_now, per_group=per_group, heads=heads):
-                        mask = per_group[groups[layer]][:, None]
-                        return mask if heads is None else mask & heads
-
-                    layers = None if condition.layer < 0 else [condition.layer]
-                    metrics = evaluate_batch(judge, batch, removal(remove_for_layer), layers=layers)
-                    affected = range(model.num_layers) if condition.layer < 0 else [condition.layer]
-                    for layer in affected:
-                        remove, valid_group = per_group[groups[layer]], group_valid[groups[layer]]
-                        removed[index] += (float(remove.sum()), float(valid_group.sum()) * remove.shape[0])
-                        if condition.control == "class":
-                            target = masks[condition.cls] & valid_group.to(model.device)
-                            spared[index] += (
-                                float((target.any(-1) & ~remove.any(-1)).sum()),
-                                float(valid_group.any(-1).sum()) * remove.shape[0],
-                            )
-                losses[index, rows] = metrics["loss"]
-                if pooled is not None:
-                    pooled[index, rows] = metrics["pooled_cosine"]
-                bar.update(1)
-
-            if s.gradient:
-                gradients[rows] = _batch_gradients(judge, batch, blocks.index[rows], stacked, s.seed)
-                bar.update(1)
-
-    task_table, task_meta = (None, None)
-    if s.task is not None:
-        task_table, task_meta = _task_table(model, TaskSettings.of(s), s, conditions, classes, task_progress)
-    mass_table, entropy_table = _mass_tables(accumulator, classes)
-    ablation_table = _ablation_table(conditions, losses, pooled, removed, spared, s.bootstrap, s.seed)
+    passes = _Passes.run(experiment, conditions, s, passes_progress)
+    task_table = _task_table(model, TaskSettings.of(s), s, conditions, task_progress) if s.task is not None else None
+    mass_table, entropy_table = _mass_tables(passes.mass, classes)
+    ablation_table = _ablation_table(conditions, passes.losses, passes.pooled, passes.removed, passes.spared, s.bootstrap, s.seed)
     gradient_table = (
-        _gradient_table(gradients, classes, s.bootstrap, s.seed) if s.gradient else pd.DataFrame(columns=GRADIENT_COLUMNS)
+        _gradient_table(passes.gradients, classes, s.bootstrap, s.seed) if s.gradient else pd.DataFrame(columns=GRADIENT_COLUMNS)
     )
-    classes_table = _classes_table(classes + tuple(dropped), counts, mass_table, roles.description, notes)
-    summary = _summary_table(classes, dropped, notes, mass_table, ablation_table, gradient_table)
-    meta = {
-        "model": model.describe(),
-        "corpus": {**corpus.describe(), "blocks_available": blocks.available, "block_index": blocks.index.tolist()},
-        "settings": {
-            **s.to_dict(),
-            "corpus": corpus.describe().get("source"),
-            "classes": list(classes),
-            "classes_dropped": dropped,
-            "objective": judge.name,
-            "n": s.seq_len,
-            "num_seqs": len(blocks),
-            "removal": "-inf before softmax; rows that would lose every valid key are spared",
-        },
-        "roles": roles.description,
-        "notes": notes,
-        "task": task_meta,
-        **provenance(command),
-    }
-    arrays = {"ablation_blocks": losses}
-    if pooled is not None:
-        arrays["ablation_pooled_cosine"] = pooled
-    if s.gradient:
-        arrays["gradient_blocks"] = gradients
+    dropped = tuple(experiment.notes)
     tables = {
-        "summary": summary,
-        "classes": classes_table,
+        "summary": _summary_table(classes, dropped, experiment.notes, mass_table, ablation_table, gradient_table),
+        "classes": _classes_table(
+            classes + dropped, experiment.counts, mass_table, experiment.roles.description, experiment.notes
+        ),
         "mass": mass_table,
         "entropy": entropy_table,
         "ablation": ablation_table,
         "gradient": gradient_table,
+        **({"task": task_table[0]} if task_table is not None else {}),
     }
-    if task_table is not None:
-        tables["task"] = task_table
+    arrays = {"ablation_blocks": passes.losses}
+    if passes.pooled is not None:
+        arrays["ablation_pooled_cosine"] = passes.pooled
+    if s.gradient:
+        arrays["gradient_blocks"] = passes.gradients
+    removal = "-inf before softmax; rows that would lose every valid key are spared"
+    run = {"num_seqs": len(experiment.held_out), "removal": removal}
+    meta = experiment.metadata(s, command, settings=run, task=task_table[1] if task_table is not None else None)
     return ImportanceResult(meta, tables, arrays)
 
 
-def ablation_change(model: LoadedModel, condition: Condition, classes: tuple[str, ...], seed: int) -> Change:
-    """The ablation ``condition`` as a task :class:`Change`: the class's positions (or as many
-    random ones per row) removed from each batch of examples, read off its tokens and its
-    valid mask (padding included), under the same row guard as the blocks' ablations."""
-    heads = None if condition.head < 0 else torch.eye(model.num_heads, dtype=torch.bool, device=model.device)[condition.head]
+@dataclass
+class _Passes:
+    """What the passes over the held-out blocks measure: the mass (unmodified pass), every
+    condition's per-block losses and what it removed and spared, and the gradients."""
 
-    def intervention(batch: TaskBatch) -> Intervention:
-        mask = class_masks(batch.ids, model, classes)[condition.cls]
-        generator = torch.Generator().manual_seed(
-            int(np.random.SeedSequence([seed, _RANDOM_STREAM, classes.index(condition.cls), batch.start]).generate_state(1)[0])
+    mass: _MassAccumulator
+    losses: np.ndarray  # (condition, block)
+    pooled: np.ndarray | None  # (condition, block) pooled cosines, hidden objective only
+    removed: np.ndarray  # (condition, 2): removed valid positions, valid positions
+    spared: np.ndarray  # (condition, 2): spared rows, rows
+    gradients: np.ndarray  # (block, layer, head, class + all)
+
+    @classmethod
+    def run(cls, experiment: Experiment, conditions: list[Ablation | None], s: ImportanceSettings, progress: Progress) -> _Passes:
+        model, classes, blocks = experiment.model, experiment.classes, experiment.held_out
+        size = (len(conditions), len(blocks))
+        passes = cls(
+            _MassAccumulator(model.num_layers, model.num_heads, len(classes)),
+            np.zeros(size),
+            np.zeros(size) if experiment.objective.name == "hidden" else None,
+            np.zeros((len(conditions), 2)),
+            np.zeros((len(conditions), 2)),
+            np.zeros((len(blocks), model.num_layers, model.num_heads, len(classes) + 1)),
         )
-        keys = torch.rand(mask.shape, generator=generator).to(mask.device)
+        held_out = experiment.split(blocks, s.batch_size)
+        groups, group_valid = layer_groups(experiment.valid.to(model.device))
+        total = len(held_out.inputs) * (len(conditions) + (1 if s.gradient else 0))
+        with progress_bar(total=total, desc="importance", unit="pass", enabled=progress) as bar:
+            start = 0
+            for batch, view in zip(held_out.inputs, held_out.views):
+                rows = slice(start, start + view.ids.shape[0])
+                stacked = torch.stack(list(view.classes(classes).values())).float()
+                for index, condition in enumerate(conditions):
+                    passes.measure(experiment, index, condition, batch, view, rows, stacked, groups, group_valid)
+                    bar.update(1)
+                if s.gradient:
+                    passes.gradients[rows] = _batch_gradients(experiment.objective, batch, blocks.index[rows], stacked, s.seed)
+                    bar.update(1)
+                start = rows.stop
+        return passes
 
-        def intervene(layer: int, scores: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-            remove = guard_rows(mask & valid, valid)
-            if condition.control == "random":
-                remove = random_positions(remove, valid, keys)
-            remove = remove[:, None] if heads is None else remove[:, None] & heads[None, :, None, None]
-            return scores.masked_fill(remove, float("-inf"))
+    def measure(self, experiment, index, condition, batch, view, rows, stacked, groups, group_valid) -> None:
+        """One condition on one batch: the unmodified pass records the mass; an ablation its losses
+        and what it removed from (and spared of) the valid positions of the layers it changes."""
+        if condition is None:
+            self.mass.masks = stacked
+            with torch.no_grad(), Capture(weights=True, sink=self.mass.sink):
+                metrics = evaluate_batch(experiment.objective, batch)
+        else:
+            metrics = evaluate_batch(experiment.objective, batch, condition.intervention(view), layers=condition.layers)
+            prepared, size = condition.prepare(view), view.ids.shape[0]
+            affected = range(experiment.model.num_layers) if condition.layer < 0 else [condition.layer]
+            for layer in affected:
+                valid = group_valid[groups[layer]]
+                remove = condition.positions(prepared, valid)
+                self.removed[index] += (float(remove.sum()), float(valid.sum()) * size)
+                if condition.control == "class":
+                    target = prepared[0] & valid
+                    self.spared[index] += (float((target.any(-1) & ~remove.any(-1)).sum()), float(valid.any(-1).sum()) * size)
+        self.losses[index, rows] = metrics["loss"]
+        if self.pooled is not None:
+            self.pooled[index, rows] = metrics["pooled_cosine"]
 
-        return intervene
 
-    key = f"ablate/{condition.scope}/{condition.layer}/{condition.head}/{condition.cls}/{condition.control}/{seed}/{','.join(classes)}"
-    return Change(key, intervention, None if condition.layer < 0 else [condition.layer])
-
-
-def _task_table(model, task_settings, s, conditions, classes, progress: Progress) -> tuple[pd.DataFrame, dict]:
+def _task_table(model, task_settings, s, conditions: list[Ablation | None], progress: Progress) -> tuple[pd.DataFrame, dict]:
     """Every ablation judged by task accuracy; class rows carry their excess over the random control."""
     judge = TaskJudge(model, task_settings, seq_len=s.seq_len, batch_size=s.batch_size, seed=s.seed)
     rows, correct = [], []
     with progress_bar(total=len(conditions), desc="importance: task", unit="condition", enabled=progress) as bar:
         for condition in conditions:
-            change = None if condition.scope == "none" else ablation_change(model, condition, classes, s.seed)
-            judged = judge.judge(change)
+            judged = judge.judge(condition)
             correct.append(judged["correct"])
-            rows.append({**vars(condition), **task_columns(judged)})
+            rows.append({**condition_row(condition), **task_columns(judged)})
             bar.update(1)
-    table = pd.DataFrame(rows).rename(columns={"cls": "class"})
+    table = pd.DataFrame(rows)
     excess = np.full((len(table), 3), np.nan)
     for index in np.flatnonzero((table["control"] == "class").to_numpy()):  # the random control follows its class
         excess[index] = paired_difference(correct[index], correct[index + 1], task_settings.bootstrap, s.seed)
@@ -513,7 +440,7 @@ def _batch_gradients(
 def _ablation_table(conditions, losses, pooled, removed, spared, bootstrap, seed) -> pd.DataFrame:
     delta = losses - losses[0]
     mean, low, high = bootstrap_interval(delta, bootstrap, seed)
-    table = pd.DataFrame([vars(c) for c in conditions]).rename(columns={"cls": "class"})
+    table = pd.DataFrame([condition_row(condition) for condition in conditions])
     table["removed"] = np.where(removed[:, 1] > 0, removed[:, 0] / np.maximum(removed[:, 1], 1), 0.0)
     table["rows_spared"] = np.where(spared[:, 1] > 0, spared[:, 0] / np.maximum(spared[:, 1], 1), np.nan)
     if pooled is None:  # hidden (the one with pooled cosines): its unmodified loss is 0, so loss would repeat delta

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from attnlens.errors import AttnlensError
+from attnlens.errors import BadInput
 from attnlens.models.capture import no_capture
 from attnlens.models.loading import LoadedModel
 
@@ -41,12 +41,12 @@ MASK_RATE = 0.15
 def resolve_objective(model: LoadedModel, objective: str = "auto") -> str:
     """The objective to use for ``model``; an error if it cannot support the one asked for."""
     if objective not in OBJECTIVES:
-        raise AttnlensError(f"`objective` {objective} is unknown; use one of {', '.join(OBJECTIVES)}")
+        raise BadInput(f"`objective` {objective} is unknown; use one of {', '.join(OBJECTIVES)}")
     if objective == "auto":
         return model.objective
     if objective in ("clm", "mlm") and model.objective != objective:
         head = {"clm": "a causal language-model head", "mlm": "a masked language-model head"}[objective]
-        raise AttnlensError(
+        raise BadInput(
             f"`objective` {objective} needs {head}, which model '{model.name}' ({model.architecture}) does not have; "
             f"use `objective` {model.objective} or auto"
         )

@@ -23,15 +23,17 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from attnlens.analysis.eigen import EigenResult
-from attnlens.errors import AttnlensError, BadInput
+from attnlens.errors import BadInput
 from attnlens.io.provenance import provenance
 from attnlens.io.results import Result
+from attnlens.progress import Progress, progress_bar
 from attnlens.settings import Settings, at_least
 
 
@@ -170,7 +172,7 @@ def _query_index(result: EigenResult, query: int | None) -> tuple[int, int]:
         return 0, -1
     chosen = queries[-1] if query is None else query
     if chosen not in queries:
-        raise AttnlensError(f"`query` {chosen} is not among the query positions of the eigen result ({queries[0]}…{queries[-1]})")
+        raise BadInput(f"`query` {chosen} is not among the query positions of the eigen result ({queries[0]}…{queries[-1]})")
     return queries.index(chosen), chosen
 
 
@@ -181,6 +183,7 @@ class OverlapResult(Result):
     determine (``pairs``)."""
 
     kind = "overlap"
+    figures_module = "attnlens.figures.overlap"
 
     @property
     def split_half(self) -> pd.DataFrame:
@@ -229,6 +232,35 @@ class OverlapResult(Result):
         """(units_a, units_b, max_dim): the overlap of matrix ``name`` at every d, entry d − 1 at d."""
         return self.arrays[f"{name}_curve"]
 
+    def text(self) -> str:
+        """The d of the matrices, every layer × layer matrix at it, and the layer pairs at the d their data determine."""
+        lines = [f"matrices at d = {self.dim} ({self.meta['dim_rule']}); chance level d/n = {self.chance:.3f}"]
+        for name in self.layer_matrices:
+            first, last = self.results_of(name)
+            models = self.meta["models"]
+            lines.append(
+                f"{models[first] if first == last else f'{models[first]} x {models[last]}'}: layer x layer overlap at d = {self.dim}"
+            )
+            lines.append(_format_matrix(self.matrix(name), self.meta["layers"][first], self.meta["layers"][last]))
+        lines.append(f"layer pairs at the largest d where both split-half overlaps stay >= {self.meta['level']:g}:")
+        lines.append(_format_pairs(self.pairs))
+        return "\n".join(lines)
+
+
+def _format_matrix(matrix: np.ndarray, rows: list[int], columns: list[int]) -> str:
+    header = "      " + " ".join(f"L{label:<4}" for label in columns)
+    lines = [f"L{label:<4} " + " ".join(f"{value:5.2f}" for value in row) for label, row in zip(rows, matrix)]
+    return "\n".join([header, *lines])
+
+
+def _format_pairs(pairs: pd.DataFrame) -> str:
+    lines = [f"{'unit a':<16} {'unit b':<16} {'d':>3} {'overlap':>7} {'split-half a':>12} {'split-half b':>12} {'chance':>6}"]
+    for _, row in pairs.iterrows():
+        a, b = (f"{row[f'model_{x}']} " + (f"L{row[f'layer_{x}']}" if row[f"layer_{x}"] >= 0 else "all") for x in "ab")
+        values = f"{row['overlap']:7.2f} {row['split_half_a']:12.2f} {row['split_half_b']:12.2f} {row['chance']:6.3f}"
+        lines.append(f"{a:<16} {b:<16} {row['d']:>3} " + (values if row["d"] else "no d the data determine for both"))
+    return "\n".join(lines)
+
 
 @dataclass(frozen=True)
 class OverlapSettings(Settings):
@@ -261,6 +293,7 @@ def overlap(
     source: list[EigenResult] | EigenResult,
     settings: OverlapSettings | None = None,
     *,
+    progress: Progress = True,
     command: str | None = None,
     **changes: Any,
 ) -> OverlapResult:
@@ -282,11 +315,13 @@ def overlap(
     n, max_dim = _check_dims(results, s)
     positions = [_query_index(result, s.query) for result in results]
     names = [result.meta["model"]["name"] for result in results]
-    halves = {
-        (i, level): paired_curves(*(_bases(result, level, max_dim, positions[i][0], half) for half in "ab"))
-        for i, result in enumerate(results)
-        for level in ("head", "layer", "model")
-    }
+    comparisons = _comparisons(len(results))
+    bar = progress_bar(total=3 * len(results) + len(comparisons), desc="overlap", unit="matrix", enabled=progress)
+    halves = {}
+    for i, result in enumerate(results):
+        for level in ("head", "layer", "model"):
+            halves[(i, level)] = paired_curves(*(_bases(result, level, max_dim, positions[i][0], half) for half in "ab"))
+            bar.update(1)
     stable = {key: np.array([stable_dim(curve, s.level) for curve in curves]) for key, curves in halves.items()}
     layer_dims = np.concatenate([stable[(i, "layer")] for i in range(len(results))])
     dim = s.dim if s.dim is not None else max(1, int(np.median(layer_dims)))
@@ -317,13 +352,10 @@ def overlap(
                 d = int(min(stable[(i, level)][x], stable[(j, level)][y]))
                 pairs.append(unit | _pair_at(d, curves[x, y], halves[(i, level)][x], halves[(j, level)][y], n))
 
-    for i in range(len(results)):
-        compare(f"layers_{i}", "layer", i, i)
-        compare(f"heads_{i}", "head", i, i)
-        for j in range(i + 1, len(results)):
-            compare(f"layers_{i}_{j}", "layer", i, j)
-            compare(f"heads_{i}_{j}", "head", i, j)
-            compare(f"model_{i}_{j}", "model", i, j)
+    for key, level, i, j in comparisons:
+        compare(key, level, i, j)
+        bar.update(1)
+    bar.close()
     split_rows, curve_rows = [], []
     for (i, level), curves in halves.items():
         arrays[f"split_half_{i}_{level}_curve"] = curves
@@ -355,27 +387,55 @@ def overlap(
     return OverlapResult(meta, tables, arrays)
 
 
+def _comparisons(count: int) -> list[tuple[str, str, int, int]]:
+    """(matrix name, level, result i, result j) of every matrix: within each result, then between each pair.
+
+    >>> [name for name, *_ in _comparisons(2)]
+    ['layers_0', 'heads_0', 'layers_0_1', 'heads_0_1', 'model_0_1', 'layers_1', 'heads_1']
+    """
+    names = []
+    for i in range(count):
+        names += [(f"layers_{i}", "layer", i, i), (f"heads_{i}", "head", i, i)]
+        for j in range(i + 1, count):
+            names += [(f"layers_{i}_{j}", "layer", i, j), (f"heads_{i}_{j}", "head", i, j), (f"model_{i}_{j}", "model", i, j)]
+    return names
+
+
 def _check_dims(results: list[EigenResult], s: OverlapSettings) -> tuple[int, int]:
-    """n of the results (all the same) and the largest d of the curves."""
+    """n of the results (all the same) and the largest d of the curves; the same result twice is refused."""
     if not results:
-        raise AttnlensError("give at least one eigen result")
+        raise BadInput("give at least one eigen result")
+    for first, second in itertools.combinations(range(len(results)), 2):
+        if _same_result(results[first], results[second]):
+            where = results[first].path or f"result {first + 1}"
+            raise BadInput(
+                f"{where} is given twice (results {first + 1} and {second + 1} are the same eigen result); "
+                "give each result once, or a second model's to compare across models"
+            )
     n = results[0].n
     for result in results[1:]:
         if result.n != n:
-            raise AttnlensError(
+            raise BadInput(
                 f"eigen results have different n ({n} for {results[0].meta['model']['name']}, {result.n} for "
                 f"{result.meta['model']['name']}); overlap compares subspaces of the same R^n: use the same `seq_len`"
             )
     keep = min(result.keep for result in results)
     for name, value in (("dim", s.dim), ("max_dim", s.max_dim)):
         if value is not None and value > n:
-            raise AttnlensError(f"`{name}` {value} is out of range; it must be between 1 and n = {n}")
+            raise BadInput(f"`{name}` {value} is out of range; it must be between 1 and n = {n}")
         if value is not None and value > keep:
-            raise AttnlensError(
+            raise BadInput(
                 f"`{name}` {value} is above the {keep} eigenvectors the eigen result keeps; rerun eigen with `keep` {value}"
             )
     max_dim = s.max_dim if s.max_dim is not None else min(max(n // 2, 1), keep)
     return n, max(max_dim, s.dim or 1)
+
+
+def _same_result(a: EigenResult, b: EigenResult) -> bool:
+    """The same directory, or the same run (made at the same moment by the same command)."""
+    if a.path is not None and b.path is not None and Path(a.path).resolve() == Path(b.path).resolve():
+        return True
+    return a is b or all(a.meta.get(key) == b.meta.get(key) for key in ("created", "command", "model", "settings"))
 
 
 def _pair_at(d: int, cross: np.ndarray, split_a: np.ndarray, split_b: np.ndarray, n: int) -> dict:

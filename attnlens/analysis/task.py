@@ -37,7 +37,7 @@ import copy
 import dataclasses
 import hashlib
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,6 +45,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from attnlens.analysis.changes import Batch, Change
 from attnlens.analysis.evaluation import bootstrap_interval
 from attnlens.data.tasks import BUILTIN_TASKS, Examples, Task, load_task
 from attnlens.errors import BadInput
@@ -110,22 +111,6 @@ class TaskSettings(Settings):
         return cls(**{field.name: getattr(settings, field.name) for field in dataclasses.fields(cls)})
 
 
-@dataclass(frozen=True)
-class Change:
-    """A change to attention for the judge: a stable ``key`` (names it in caches and
-    tables), and the intervention for a batch of examples (``None``: no change), applied in
-    ``layers`` (``None``: every layer)."""
-
-    key: str
-    intervention: Callable[[TaskBatch], Intervention | None]
-    layers: list[int] | None = None
-
-    @classmethod
-    def fixed(cls, key: str, intervene: Intervention, layers: list[int] | None = None) -> Change:
-        """A change that does not depend on the tokens (a reconstruction, a fixed mask)."""
-        return cls(key, lambda batch: intervene, layers)
-
-
 def content_key(name: str, *tensors: torch.Tensor) -> str:
     """A change's key from its name and the tensors that define it (learned logits, fitted maps),
     so that a cached fine-tune run is reused only for the very same change."""
@@ -143,6 +128,10 @@ class TaskBatch:
     attention_mask: torch.Tensor
     labels: torch.Tensor
     start: int
+
+    def view(self, model: LoadedModel) -> Batch:
+        """The batch as a change reads it: its tokens, seeded by its first example's number."""
+        return Batch(self.ids, model, self.start, keys_by_class=True)
 
 
 def batches(examples: Examples, batch_size: int, device: torch.device) -> Iterator[TaskBatch]:
@@ -327,7 +316,7 @@ class TaskJudge:
         parts = []
         with torch.no_grad():
             for batch in batches(examples, self.batch_size, self.model.device):
-                with _changed(change, batch, counts):
+                with _changed(change, batch, self.model, counts):
                     parts.append(pooled_features(self.model.model, self.pooling, batch).double().cpu().numpy())
         return np.concatenate(parts)
 
@@ -380,7 +369,7 @@ class TaskJudge:
         module.eval()
         with torch.no_grad():
             for batch in batches(self.held_out, self.batch_size, self.model.device):
-                with _changed(change, batch, self._removed):
+                with _changed(change, batch, self.model, self._removed):
                     logits.append(head(pooled_features(module, self.pooling, batch)).double().cpu().numpy())
         return _scored(np.concatenate(logits), self.held_out.labels)
 
@@ -439,7 +428,7 @@ class TaskJudge:
                 order.extend(rng.permutation(len(self.train)).tolist())
             chosen, order = np.sort(order[: self.batch_size]), order[self.batch_size :]
             batch = next(batches(self.train.take(chosen), self.batch_size, self.model.device))
-            with torch.enable_grad(), _changed(change, batch):
+            with torch.enable_grad(), _changed(change, batch, self.model):
                 loss = nn.functional.cross_entropy(head(pooled_features(module, self.pooling, batch)), batch.labels)
             optimiser.zero_grad(set_to_none=True)
             loss.backward()
@@ -512,10 +501,12 @@ def _scored(logits: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndar
     return (logits.argmax(1) == labels).astype(np.float64), -log_probability[np.arange(len(labels)), labels]
 
 
-def _changed(change: Change | None, batch: TaskBatch, counts: np.ndarray | None = None) -> Capture | contextlib.nullcontext:
+def _changed(
+    change: Change | None, batch: TaskBatch, model: LoadedModel, counts: np.ndarray | None = None
+) -> Capture | contextlib.nullcontext:
     """The capture that applies ``change`` to one batch (nothing for no change), counting the
     valid (query, key) positions it removes (sets to -inf) among the examples' own tokens."""
-    intervene = None if change is None else change.intervention(batch)
+    intervene = None if change is None else change.intervention(batch.view(model))
     if intervene is None:
         return contextlib.nullcontext()
     if counts is not None:

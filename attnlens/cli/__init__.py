@@ -3,7 +3,8 @@
 One module per pipeline step registers its commands on the shared app.
 """
 
-from . import dam, eigen, extract, figures, importance, overlap, reconstruct, report, scale  # noqa: F401  (each registers its commands)
+# each registers its commands; --help lists them in this order, the pipeline's
+from . import report, extract, eigen, scale, overlap, reconstruct, importance, dam, figures  # noqa: F401, I001
 from .app import app, main
 
 __all__ = ["app", "main"]

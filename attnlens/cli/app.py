@@ -9,13 +9,16 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Annotated, TypeVar
+from typing import TYPE_CHECKING, Annotated, TypeVar
 
 import typer
 
-from attnlens.errors import AttnlensError
+from attnlens.errors import AttnlensError, BadInput
+
+if TYPE_CHECKING:
+    from attnlens.io.results import Result
 
 S = TypeVar("S")
 
@@ -25,61 +28,111 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
-    rich_markup_mode=None,
+    rich_markup_mode="markdown",  # option groups (help panels) and whole command summaries; brackets stay literal
 )
 
+# The groups of options in `--help`, the same on every command.
+SOURCE, MASK, TRAINING, STOPPING, TASK, OUTPUT = "Model and corpus", "Mask", "Training", "Stopping rule", "Task", "Output"
+ANALYSIS = "Analysis"
+
 # ------------------------------------------------------------------ shared options
-ModelOption = Annotated[str, typer.Option("--model", "-m", help="Alias (see 'attnlens models'), local directory or Hub id.")]
-CorpusOption = Annotated[str, typer.Option("--corpus", "-c", help="Built-in name (kjv, wordnet), .txt/.jsonl file, or folder.")]
-OutOption = Annotated[Path, typer.Option("--out", "-o", help="Directory to write the result to.")]
-SeqLenOption = Annotated[int, typer.Option("--seq-len", "-n", help="Tokens per block, special tokens included.")]
-NumSeqsOption = Annotated[int, typer.Option("--num-seqs", help="Number of blocks (chosen by --seed when the corpus has more).")]
-BatchSizeOption = Annotated[int, typer.Option("--batch-size", help="Blocks per forward pass.")]
-LayersOption = Annotated[str | None, typer.Option("--layers", help="Comma-separated layer numbers; default all.")]
-DeviceOption = Annotated[str, typer.Option("--device", help="cpu, cuda, cuda:1, ...")]
-SeedOption = Annotated[int, typer.Option("--seed", help="Seed for every random choice.")]
-ProgressOption = Annotated[bool, typer.Option("--progress/--no-progress", help="Show a progress bar.")]
-OverwriteOption = Annotated[bool, typer.Option("--overwrite", help="Replace an existing result in --out.")]
+ModelOption = Annotated[
+    str, typer.Option("--model", "-m", help="Alias (see 'attnlens models'), local directory or Hub id.", rich_help_panel=SOURCE)
+]
+CorpusOption = Annotated[
+    str, typer.Option("--corpus", "-c", help="Built-in name (kjv, wordnet), .txt/.jsonl file, or folder.", rich_help_panel=SOURCE)
+]
+SeqLenOption = Annotated[
+    int, typer.Option("--seq-len", "-n", help="Tokens per block, special tokens included.", rich_help_panel=SOURCE)
+]
+NumSeqsOption = Annotated[
+    int, typer.Option("--num-seqs", help="Number of blocks (chosen by --seed when the corpus has more).", rich_help_panel=SOURCE)
+]
+BatchSizeOption = Annotated[int, typer.Option("--batch-size", help="Blocks per forward pass.", rich_help_panel=SOURCE)]
+SeedOption = Annotated[int, typer.Option("--seed", help="Seed for every random choice.", rich_help_panel=SOURCE)]
+LayersOption = Annotated[
+    str | None, typer.Option("--layers", help="Comma-separated layer numbers; default all.", rich_help_panel=ANALYSIS)
+]
+OutOption = Annotated[Path, typer.Option("--out", "-o", help="Directory to write the result to.", rich_help_panel=OUTPUT)]
+DeviceOption = Annotated[str, typer.Option("--device", help="cpu, cuda, cuda:1, ...", rich_help_panel=OUTPUT)]
+ProgressOption = Annotated[bool, typer.Option("--progress/--no-progress", help="Show a progress bar.", rich_help_panel=OUTPUT)]
+OverwriteOption = Annotated[
+    bool, typer.Option("--overwrite", help="Replace an existing result in --out.", rich_help_panel=OUTPUT)
+]
 FiguresOption = Annotated[
-    bool, typer.Option("--figures/--no-figures", help="Also draw the figures (PNG and PDF) into OUT/figures.")
+    bool,
+    typer.Option("--figures/--no-figures", help="Also draw the figures (PNG and PDF) into OUT/figures.", rich_help_panel=OUTPUT),
+]
+
+ClassesOption = Annotated[
+    str | None,
+    typer.Option(
+        "--classes",
+        help="Comma-separated position classes: self, prev, next, band(w), cls, sep, punct, other "
+        "[default: all but band; classes that never occur are dropped].",
+        rich_help_panel=MASK,
+    ),
+]
+ObjectiveOption = Annotated[
+    str,
+    typer.Option(
+        "--objective",
+        help="auto, clm (next-token loss), mlm (masked-token loss) or hidden (cosine to the unmodified model).",
+        rich_help_panel=ANALYSIS,
+    ),
 ]
 
 # Task accuracy (attnlens.analysis.task): the same options on every command that judges a change.
 TaskOption = Annotated[
     str | None,
     typer.Option(
-        "--task", help="Also judge by accuracy on a labelled task: imdb, rotten-tomatoes, or a .csv/.jsonl file or folder."
+        "--task",
+        help="Also judge by accuracy on a labelled task: imdb, rotten-tomatoes, or a .csv/.jsonl file or folder.",
+        rich_help_panel=TASK,
     ),
 ]
 ProtocolOption = Annotated[
-    str, typer.Option("--protocol", help="probe (frozen readout), refit (readout refitted per change) or finetune.")
+    str,
+    typer.Option(
+        "--protocol", help="probe (frozen readout), refit (readout refitted per change) or finetune.", rich_help_panel=TASK
+    ),
 ]
-TaskTrainOption = Annotated[int, typer.Option("--task-train", help="Task examples to fit the probe (or fine-tune) on.")]
-TaskEvalOption = Annotated[int, typer.Option("--task-eval", help="Held-out task examples to judge on.")]
-TextColumnOption = Annotated[str, typer.Option("--text-column", help="Text column of a task file.")]
-LabelColumnOption = Annotated[str, typer.Option("--label-column", help="Label column of a task file.")]
+TaskTrainOption = Annotated[
+    int, typer.Option("--task-train", help="Task examples to fit the probe (or fine-tune) on.", rich_help_panel=TASK)
+]
+TaskEvalOption = Annotated[int, typer.Option("--task-eval", help="Held-out task examples to judge on.", rich_help_panel=TASK)]
+TextColumnOption = Annotated[str, typer.Option("--text-column", help="Text column of a task file.", rich_help_panel=TASK)]
+LabelColumnOption = Annotated[str, typer.Option("--label-column", help="Label column of a task file.", rich_help_panel=TASK)]
 ProbeCOption = Annotated[
     float | None,
-    typer.Option("--probe-c", help="The probe's inverse L2 strength [default: chosen by 5-fold CV on the training examples]."),
+    typer.Option(
+        "--probe-c",
+        help="The probe's inverse L2 strength [default: chosen by 5-fold CV on the training examples].",
+        rich_help_panel=TASK,
+    ),
 ]
-FinetuneStepsOption = Annotated[int, typer.Option("--finetune-steps", help="AdamW steps of the finetune protocol.")]
+FinetuneStepsOption = Annotated[
+    int, typer.Option("--finetune-steps", help="AdamW steps of the finetune protocol.", rich_help_panel=TASK)
+]
 FinetuneLrOption = Annotated[
-    float, typer.Option("--finetune-lr", help="Encoder learning rate of the finetune protocol (head: 100x).")
+    float,
+    typer.Option("--finetune-lr", help="Encoder learning rate of the finetune protocol (head: 100x).", rich_help_panel=TASK),
+]
+BootstrapOption = Annotated[
+    int, typer.Option("--bootstrap", help="Bootstrap resamples for the 95% intervals.", rich_help_panel=ANALYSIS)
 ]
 
 
-def echo_task(result) -> None:
-    """The task table of a result (accuracy with intervals, beside the unmodified model and the majority class)."""
-    table = result.tables.get("task")
-    if table is None:
-        return
-    task = result.meta["task"]
-    typer.echo(
-        f"task {task['task']} ({task['protocol']}, {len(task['held_out_rows'])} held out): unmodified accuracy "
-        f"{task['unmodified_accuracy']:.4f}, majority class {task['majority_accuracy']:.4f}"
-    )
-    shown = [c for c in table.columns if c not in ("protocol", "unmodified_accuracy", "majority_accuracy", "task_loss")]
-    typer.echo(table[shown].to_string(index=False, float_format=lambda v: f"{v:.4f}"))
+# Help texts read from a registry (the mask layouts), written when the command line is built rather
+# than when its module is imported, so that what registers later shows in --help too.
+LIVE_HELP: dict[tuple[str, str], Callable[[], str]] = {}
+
+
+def _fill_live_help(group) -> None:
+    for (command, parameter), text in LIVE_HELP.items():
+        for option in group.commands[command].params:
+            if option.name == parameter:
+                option.help = text()
 
 
 # Library parameters whose command-line option is not simply --parameter-name (errors name parameters).
@@ -113,7 +166,7 @@ def _launch(
             f"'attnlens {context.invoked_subcommand}' runs in one process; launch it without torchrun "
             f"(commands that split work over ranks: {', '.join(DISTRIBUTED_COMMANDS)})"
         )
-        raise (AttnlensError if os.environ.get("RANK", "0") == "0" else ReportedError)(message)
+        raise (BadInput if os.environ.get("RANK", "0") == "0" else ReportedError)(message)
 
 
 def parse_int_list(text: str | None, option: str) -> list[int] | None:
@@ -127,7 +180,7 @@ def parse_int_list(text: str | None, option: str) -> list[int] | None:
     try:
         return [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
-        raise AttnlensError(f"{option} '{text}' is not a comma-separated list of integers, e.g. {option} 0,1,2") from None
+        raise BadInput(f"{option} '{text}' is not a comma-separated list of integers, e.g. {option} 0,1,2") from None
 
 
 def settings_from(cls: type[S], options: Mapping[str, object], **parsed: object) -> S:
@@ -143,11 +196,34 @@ def settings_from(cls: type[S], options: Mapping[str, object], **parsed: object)
     return cls(**{**{name: value for name, value in options.items() if name in fields}, **parsed})
 
 
-def save_result(result, out: Path, *, overwrite: bool, figures: bool) -> None:
-    """Write a result directory, then (``figures``) its figures into ``out/figures``."""
+def run_and_save(out: Path, *, overwrite: bool, figures: bool, work: Callable[[], Result]) -> Result:
+    """The sequence every analysis command shares, once its settings are made (and so checked):
+    check that ``out`` can take a result, run ``work``, save the result (and its figures), print
+    it as text, and say where it went."""
+    from attnlens.io.results import check_out
+
+    check_out(out, overwrite)
+    result = work()
     result.save(out, overwrite=overwrite)
     if figures:
         result.save_figures(Path(out) / "figures")
+    typer.echo(result.text())
+    typer.echo(f"wrote {result.kind} result to {out}")
+    return result
+
+
+def parse_float_list(text: str | None, option: str) -> list[float] | None:
+    """``"1e-3, 0.01"`` -> ``[0.001, 0.01]``; ``None`` stays ``None``.
+
+    >>> parse_float_list("0, 1e-3,0.1", "--lambdas")
+    [0.0, 0.001, 0.1]
+    """
+    if text is None:
+        return None
+    try:
+        return [float(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise BadInput(f"{option} '{text}' is not a comma-separated list of numbers, e.g. {option} 0.01,0.1") from None
 
 
 # ------------------------------------------------------------------ entry point
@@ -157,6 +233,7 @@ def main(argv: list[str] | None = None) -> None:
 
     set_cli_command(sys.argv[1:] if argv is None else list(argv))
     command = typer.main.get_command(app)
+    _fill_live_help(command)
     try:
         status = command.main(args=argv, prog_name="attnlens", standalone_mode=False)
     except AttnlensError as error:

@@ -22,7 +22,7 @@ from .app import (
     SeqLenOption,
     app,
     parse_int_list,
-    save_result,
+    run_and_save,
     settings_from,
 )
 
@@ -68,7 +68,6 @@ def eigen(
 ) -> None:
     """Eigen analysis of attention rows per head, layer and model, against a Gaussian baseline."""
     from attnlens.analysis.eigen import eigen as run
-    from attnlens.io.results import check_out
 
     settings = settings_from(
         EigenSettings,
@@ -77,9 +76,4 @@ def eigen(
         queries=parse_int_list(queries, "--queries"),
         layers=parse_int_list(layers, "--layers"),
     )  # checked before any model loads
-    check_out(out, overwrite)
-    result = run(source, settings, device=device, progress=progress)
-    save_result(result, out, overwrite=overwrite, figures=figures)
-    summary = result.table.query("level != 'head' and query == query.max()")
-    typer.echo(summary[["level", "layer", "rows", "k90", "k95", "k99", "effective_rank", "baseline_k90"]].to_string(index=False))
-    typer.echo(f"wrote eigen result to {out}")
+    run_and_save(out, overwrite=overwrite, figures=figures, work=lambda: run(source, settings, device=device, progress=progress))

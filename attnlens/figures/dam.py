@@ -28,20 +28,6 @@ def _lambda_label(value: float) -> str:
     return f"λ = {value:g}"
 
 
-def run_labels(result) -> dict[float, str]:
-    """Each run's name, keyed by its λ: "λ = 0.1", or "target 90%" for a run aimed at a sparsity."""
-    table = result.table
-    targets = table["target_sparsity"] if "target_sparsity" in table else [float("nan")] * len(table)
-    return {
-        lam: _lambda_label(lam) if np.isnan(target) else f"target {target:.0%}" for lam, target in zip(table["lambda"], targets)
-    }
-
-
-def nearest_lambda(result, target: float = 0.85) -> int:
-    """Index of the λ whose sparsity is nearest ``target`` (the mask images show that one)."""
-    return int((result.table["sparsity"] - target).abs().argmin())
-
-
 def plot_keep(result, ax: plt.Axes | None = None) -> plt.Axes:
     """Keep-probability σ(α) per position class, one bar per λ (dashed: the hard mask's kept fraction is in the table)."""
     ax = new_axes(ax, (7.6, 4.2))
@@ -53,7 +39,7 @@ def plot_keep(result, ax: plt.Axes | None = None) -> plt.Axes:
         shown, also = table, {}
     classes = list(dict.fromkeys(shown["class"]))
     names = [" = ".join([name, *also.get(name, [])]) for name in classes]
-    labels = run_labels(result)
+    labels = result.run_labels()
     table = shown
     lambdas = list(dict.fromkeys(table["lambda"]))
     palette = sns.color_palette("flare", len(lambdas))
@@ -80,33 +66,47 @@ def plot_keep(result, ax: plt.Axes | None = None) -> plt.Axes:
 
 
 def plot_loss_vs_sparsity(result, ax: plt.Axes | None = None) -> plt.Axes:
-    """Change of the held-out objective against sparsity: DAM's λ sweep (with paired 95%
-    intervals) and every fixed pattern, each against the unmodified model at 0."""
+    """Change of the held-out objective against sparsity: DAM's λ sweep and every fixed
+    pattern, each with its paired 95% interval, against the unmodified model at 0."""
     ax = new_axes(ax, (7.6, 4.6))
     objective = result.meta["settings"]["objective"]
-    palette = dict(zip(PATTERN_MARKERS, sns.color_palette("deep", len(PATTERN_MARKERS))))
-    for name, points in result.patterns.groupby("pattern", sort=False):
-        points = points.sort_values("sparsity")
-        ax.plot(points["sparsity"], points["delta"], marker=PATTERN_MARKERS.get(name, "o"), color=palette.get(name),
-                lw=1, ms=5, alpha=0.85, label=name)  # fmt: skip
+    _pattern_lines(ax, result.patterns, "sparsity", "delta")
     table = result.table
     error = np.stack([table["delta"] - table["delta_low"], table["delta_high"] - table["delta"]])
     ax.errorbar(table["sparsity"], table["delta"], yerr=error, fmt="o-", color="black", lw=1.8, ms=6, capsize=3,
                 label=f"DAM {result.meta['settings']['variant']}", zorder=5)  # fmt: skip
     adapted = result.tables.get("patterns_adapted")
     if adapted is not None and len(adapted):  # the patterns given the same weight training, at each mask's sparsity
+        palette = _pattern_colours()
         for name, points in adapted.groupby("pattern", sort=False):
             ax.plot(points["sparsity"], points["delta"], ls="none", marker=PATTERN_MARKERS.get(name, "o"), ms=9,
                     mec="black", color=palette.get(name), label=f"{name}, weights trained alike", zorder=6)  # fmt: skip
-    labels = run_labels(result)
+    labels = result.run_labels()
     label_points(ax, table["sparsity"], table["delta"], [labels[value] for value in table["lambda"]])
     ax.axhline(0, color="grey", ls="--", lw=1, label=_unmodified(result.meta))
     ax.set_xlabel("sparsity (fraction of valid attention positions removed)")
     ax.set_ylabel(LOSS_LABELS[objective])  # held-out: the title says so
     ax.set_xlim(-0.02, 1.02)
-    ax.set_title(f"Loss against sparsity: learned masks and fixed patterns\n{describe(result.meta)}", fontsize=10)
+    ax.set_title(f"Loss against sparsity: learned masks and fixed patterns (95% intervals)\n{describe(result.meta)}", fontsize=10)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     return ax
+
+
+def _pattern_colours() -> dict[str, tuple]:
+    return dict(zip(PATTERN_MARKERS, sns.color_palette("deep", len(PATTERN_MARKERS))))
+
+
+def _pattern_lines(ax: plt.Axes, table, x: str, y: str) -> None:
+    """One line per fixed pattern (colour and marker by pattern), its points against ``x``
+    with thin error bars from the table's ``{y}_low`` and ``{y}_high`` (when it has them)."""
+    palette = _pattern_colours()
+    for name, points in table.groupby("pattern", sort=False):
+        points = points.sort_values(x)
+        error = None
+        if f"{y}_low" in points:
+            error = np.stack([points[y] - points[f"{y}_low"], points[f"{y}_high"] - points[y]])
+        ax.errorbar(points[x], points[y], yerr=error, marker=PATTERN_MARKERS.get(name, "o"), color=palette.get(name), lw=1,
+                    ms=5, alpha=0.85, elinewidth=0.8, capsize=2, label=name)  # fmt: skip
 
 
 def _unmodified(meta: dict) -> str:
@@ -120,19 +120,15 @@ def _unmodified(meta: dict) -> str:
 def plot_accuracy_vs_sparsity(result, ax: plt.Axes | None = None) -> plt.Axes:
     """Task accuracy against the sparsity on the task's own examples (valid positions removed,
     padding aside: short texts lose less to a window than full blocks): the learned masks
-    (95% intervals) and every fixed pattern."""
+    and every fixed pattern, each with its 95% interval."""
     ax = new_axes(ax, (7.6, 4.6))
     task, table = result.meta["task"], result.tables["task"]
-    palette = dict(zip(PATTERN_MARKERS, sns.color_palette("deep", len(PATTERN_MARKERS))))
-    for name, points in table[table["kind"] == "pattern"].groupby("pattern", sort=False):
-        points = points.sort_values("task_sparsity")
-        ax.plot(points["task_sparsity"], points["accuracy"], marker=PATTERN_MARKERS.get(name, "o"), color=palette.get(name),
-                lw=1, ms=5, alpha=0.85, label=name)  # fmt: skip
+    _pattern_lines(ax, table[table["kind"] == "pattern"], "task_sparsity", "accuracy")
     masks = table[table["kind"] == "dam"].sort_values("task_sparsity")
     error = np.stack([masks["accuracy"] - masks["accuracy_low"], masks["accuracy_high"] - masks["accuracy"]])
     ax.errorbar(masks["task_sparsity"], masks["accuracy"], yerr=error, fmt="o-", color="black", lw=1.8, ms=6, capsize=3,
                 label=f"DAM {result.meta['settings']['variant']}", zorder=5)  # fmt: skip
-    labels = run_labels(result)
+    labels = result.run_labels()
     label_points(
         ax, masks["task_sparsity"], masks["accuracy"], [labels.get(value, _lambda_label(value)) for value in masks["lambda"]]
     )
@@ -141,7 +137,9 @@ def plot_accuracy_vs_sparsity(result, ax: plt.Axes | None = None) -> plt.Axes:
     ax.set_ylabel("held-out accuracy")
     ax.set_xlim(-0.02, 1.02)
     trained = result.meta["settings"].get("trained_on", result.meta["settings"]["objective"])
-    ax.set_title(f"Task accuracy against sparsity (masks trained on: {trained})\n{task_describe(result.meta)}", fontsize=10)
+    ax.set_title(
+        f"Task accuracy against sparsity (masks trained on: {trained}; 95% intervals)\n{task_describe(result.meta)}", fontsize=10
+    )
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     return ax
 
@@ -154,7 +152,7 @@ def plot_training(result) -> plt.Figure:
     apply_style()
     figure, axes = plt.subplots(1, 3, figsize=(12, 3.6), layout="constrained")
     lambdas = list(dict.fromkeys(result.training["lambda"]))
-    labels = run_labels(result)
+    labels = result.run_labels()
     table = result.table.set_index("lambda")
     for lam, colour in zip(lambdas, sns.color_palette("flare", len(lambdas))):
         curve = result.training[result.training["lambda"] == lam]
@@ -181,7 +179,8 @@ def plot_training(result) -> plt.Figure:
         axes[1].plot([], [], "x", color="grey", mew=2, label="judged, after the threshold shift")
     axes[1].legend(fontsize=7)
     axes[1].set_ylim(0, 1.02)
-    axes[2].set_ylabel("undecided (0.1 < σ(α/s) < 0.9, s: noise scale)")
+    axes[2].set_ylabel("undecided logits (fraction)")
+    axes[2].set_title("undecided: 0.1 < σ(α/s) < 0.9, s the step's noise scale", fontsize=8)
     axes[2].set_ylim(0, 1.02)
     for ax in axes:
         ax.set_xlabel("training step")
@@ -199,9 +198,9 @@ def plot_masks(result, index: int | None = None) -> plt.Figure:
     the structured variant is the same in every layer, so one row shows it.
     """
     apply_style()
-    index = nearest_lambda(result) if index is None else index
+    index = result.nearest() if index is None else index
     images = result.arrays["keep_images"][index].astype(np.float32)  # (layer, head, n, n)
-    shared = result.meta["settings"]["variant"] == "structured"
+    shared = result.layout["shared_by_layers"]
     heads = images.shape[1]
     # one image per head (shared by layers, wrapped six to a row), or a layer x head grid
     cells = (

@@ -46,12 +46,48 @@ def plot_spectra(result, ax: plt.Axes | None = None, *, query: int | None = None
         ax.plot(components[positive], spectrum[positive], color=colour, lw=1.6, label=f"layer {layer}")
         ax.plot(components[base > 0], base[base > 0], color=colour, lw=1, ls="--", alpha=0.7)
     ax.plot([], [], color="grey", ls="--", label="baseline (Gaussian,\nmatched variances)")
+    _note_isolated_last(ax, result, q)
     ax.set_yscale("log")
     ax.set_xlabel("component (descending eigenvalue)")
     ax.set_ylabel("eigenvalue (variance, score²)" if result.meta["settings"]["quantity"] == "scores" else "eigenvalue (variance)")
     ax.set_title(f"Spectra of {QUANTITY_LABELS[result.meta['settings']['quantity']]}\n({_describe(result)})", fontsize=10)
     ax.legend(fontsize=8, ncol=2 if len(values) > 6 else 1)
     return ax
+
+
+def _note_isolated_last(ax: plt.Axes, result, q: int) -> None:
+    """Say what a layer's last eigenvalue is when it falls far below the one before it (the
+    table's ``last_*`` columns): the keys its direction loads on, with opposite signs (−, the
+    scores to the two keys differ by a near-constant in every row) or equal (+), and its
+    share along the all-ones direction; an arrow points at each such eigenvalue."""
+    table = result.table
+    if "last_isolated" not in table:
+        return
+    queries = result.meta["settings"]["queries"]
+    query = -1 if queries is None else queries[q]
+    rows = table[(table["level"] == "layer") & (table["query"] == query) & (table["last_isolated"] == True)]  # noqa: E712
+    if rows.empty:
+        return
+    names = result.meta.get("fixed_tokens", {})
+    key = lambda position: f"{position} {names[str(position)]}" if str(position) in names else str(position)
+    lines = [
+        f"L{row.layer}: last eigenvalue {row.last_eigenvalue:.1e}, {row.last_gap:.0e} × the one before:\n"
+        f"   {row.last_keys_share:.0%} on keys {key(row.last_key_a)} {'−' if row.last_keys_sign < 0 else '+'} "
+        f"{key(row.last_key_b)}, {row.last_ones:.0%} on all-ones"
+        for row in rows.itertuples()
+    ]
+    if (rows["last_keys_sign"] < 0).any():
+        lines.append("a − b: the scores to keys a and b differ\nby a near-constant in every row")
+    box = ax.annotate("\n".join(lines), (0.97, 0.2), xycoords="axes fraction", ha="right", va="bottom", ma="left", fontsize=6.5,
+                      bbox={"boxstyle": "round", "fc": "white", "ec": "0.7", "alpha": 0.9})  # fmt: skip
+    values = result.arrays["layer_eigenvalues"][:, 0, q]
+    for row in rows.itertuples():
+        if row.last_eigenvalue <= 0:  # not on the log axis
+            continue
+        spectrum = values[result.meta["layers"].index(row.layer)]
+        component = int(np.abs(spectrum - row.last_eigenvalue).argmin())  # where the table's eigenvalue is drawn
+        ax.annotate("", (component + 1, spectrum[component]), xytext=(0.97, 0.0), textcoords=box,
+                    arrowprops={"arrowstyle": "->", "lw": 0.7, "color": "0.3"})  # fmt: skip
 
 
 def plot_energy(result, ax: plt.Axes | None = None, *, query: int | None = None) -> plt.Axes:

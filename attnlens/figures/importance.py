@@ -210,14 +210,34 @@ def plot_gradient(result, ax: plt.Axes | None = None) -> plt.Axes:
     return ax
 
 
+# Up to this many heads, every cell of the head importance map has its 95% interval written in it.
+WRITTEN_CELLS = 200
+_SUPERSCRIPTS = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
+
+
 def plot_head_importance(result, ax: plt.Axes | None = None) -> plt.Axes:
-    """Michel et al. head importance (a gate on all of a head's attention), layer × head."""
-    ax = new_axes(ax, (6.4, 3.8))
+    """Michel et al. head importance (a gate on all of a head's attention), layer × head; each
+    cell has its value and 95% interval written in it (up to :data:`WRITTEN_CELLS` heads), in
+    units of a power of ten that the colour bar names."""
     table = result.gradient[(result.gradient["level"] == "head") & (result.gradient["class"] == "all")]
     matrix = table.pivot(index="layer", columns="head", values="importance")
-    sns.heatmap(matrix, ax=ax, cmap="rocket_r", vmin=0, cbar_kws={"label": GRADIENT_LABEL})
+    written = matrix.size <= WRITTEN_CELLS and "importance_low" in table
+    layers, heads = matrix.shape
+    ax = new_axes(ax, (max(6.4, 1.8 + 0.62 * heads), max(3.8, 2.2 + 0.42 * layers)) if written else (6.4, 3.8))
+    largest = float(np.nanmax(matrix.to_numpy())) if matrix.size else 0.0
+    exponent = int(np.floor(np.log10(largest))) if largest > 0 else 0  # the largest value reads 1.00 to 9.99
+    scale, unit = 10.0**exponent, f" (×10{str(exponent).translate(_SUPERSCRIPTS)})" if exponent else ""
+    annot = False
+    if written:
+        low = table.pivot(index="layer", columns="head", values="importance_low") / scale
+        high = table.pivot(index="layer", columns="head", values="importance_high") / scale
+        annot = (matrix / scale).map("{:.2f}".format) + "\n" + low.map("{:.2f}".format) + "–" + high.map("{:.2f}".format)
+        annot = annot.to_numpy()
+    sns.heatmap(matrix / scale, ax=ax, cmap="rocket_r", vmin=0, annot=annot, fmt="", annot_kws={"fontsize": 6},
+                cbar_kws={"label": GRADIENT_LABEL + unit})  # fmt: skip
     subtitle = gradient_subtitle(result.meta, "all of one head's attention weights")
-    ax.set_title(f"Head importance at g = 1\n{subtitle}\n{describe(result.meta)}", fontsize=8)
+    intervals = "in each cell: value, 95% interval" if written else "95% intervals: importance_low/high in the gradient table"
+    ax.set_title(f"Head importance at g = 1 ({intervals})\n{subtitle}\n{describe(result.meta)}", fontsize=8)
     ax.set_xlabel("head")
     ax.set_ylabel("layer")
     return ax

@@ -36,12 +36,25 @@ def _matrix_labels(overlap_result, name: str) -> tuple[list[str], list[str], str
     return labels(first), labels(last), meta["models"][first], meta["models"][last]
 
 
+def overlap_figure_size(rows: int, columns: int) -> tuple[float, float]:
+    """A figure (inches) that fits a heat map of ``rows`` × ``columns`` square cells, its
+    colour bar and labels, without blank margins: cells as large as a 5 × 6 inch area allows
+    (at most 3/4 inch), plus room for the tick labels, title and colour bar (and the
+    chance level written beside it).
+
+    >>> overlap_figure_size(6, 3)
+    (4.85, 5.8)
+    """
+    cell = min(5.0 / rows, 6.0 / columns, 0.75)
+    return round(max(columns * cell + 2.6, 4.6), 2), round(max(rows * cell, 2.2) + 1.3, 2)  # room for the title
+
+
 def plot_overlap(overlap_result, name: str = "layers_0", ax: plt.Axes | None = None) -> plt.Axes:
     """Heatmap of one overlap matrix (0 = orthogonal, 1 = same subspace) with the chance level d/n marked."""
     matrix = overlap_result.matrix(name)
     rows, columns, model_a, model_b = _matrix_labels(overlap_result, name)
     big = max(matrix.shape) > 16
-    ax = new_axes(ax, size=(7.5, 6.2) if big else (6.4, 5.2))
+    ax = new_axes(ax, size=overlap_figure_size(*matrix.shape))
     chance = overlap_result.chance
     sns.heatmap(
         matrix,

@@ -37,6 +37,22 @@ def _strategy_line(ax, x, y, colour, strategy: str, scope: str) -> None:
     ax.plot(x, y, marker="o", ms=3, color=colour, ls=SCOPE_STYLES.get(scope, "-"), label=f"{strategy}, {scope}")
 
 
+def _band(ax, x, group, metric: str, colour) -> bool:
+    """The 95% interval of ``metric`` (columns ``metric_low``, ``metric_high``) as a light band
+    behind its line; returns whether the table has intervals (results made before them have none)."""
+    if f"{metric}_low" not in group:
+        return False
+    ax.fill_between(x, group[f"{metric}_low"], group[f"{metric}_high"], color=colour, alpha=0.15, lw=0)
+    return True
+
+
+def _k_label(overall) -> str:
+    """The k axis' label; pairs mode's meaning of k only where pairs mode was run."""
+    if (overall.strategy == "greedy-pairs").any():
+        return "k (exact scores per row; greedy-pairs: k·n pairs per matrix)"
+    return "k (exact scores per row)"
+
+
 def _k_axis(ax: plt.Axes, ks) -> None:
     """Log-2 k axis labelled with the k values themselves (1, 2, 4, ...), not powers; ``ks``
     are the k values plotted, so that every tick has points above it."""
@@ -53,44 +69,51 @@ def _title(result, what: str) -> str:
 
 def plot_error_vs_k(result, ax: plt.Axes | None = None, *, metric: str = "rel_error") -> plt.Axes:
     """Held-out error (all evaluated heads together) against k, per strategy (colour) and
-    scope (line style). Exact reconstructions (error 0, e.g. k = n) have no place on a
-    log scale and are left out; the title says so."""
+    scope (line style), with its 95% interval over held-out blocks as a band. Exact
+    reconstructions (error 0, e.g. k = n) have no place on a log scale and are left out;
+    the title says so."""
     ax = new_axes(ax)
     overall = result.table[result.table.layer == -1]
     colours = _strategy_colours(list(dict.fromkeys(overall.strategy)))
     floor = 1e-9 * max(float(overall[metric].max()), 1e-300)
-    drawn = []
+    drawn, banded = [], False
     for (strategy, scope), group in overall.groupby(["strategy", "scope"], sort=False):
         # k = n is exact: its TV is float rounding (~1e-7), which would squash the log scale.
         group = group[(group[metric] > floor) & (group.k < result.meta["n"])].sort_values("k")
         _strategy_line(ax, group.k, group[metric], colours[strategy], strategy, scope)
+        banded |= _band(ax, group.k, group, metric, colours[strategy])
         drawn.extend(group.k)
     _k_axis(ax, drawn)  # ticks at the k values drawn: a left-out k = n would be an empty tick
     ax.set_yscale("log")
-    ax.set_xlabel("k (exact scores per row; pairs mode: k·n pairs per matrix)")
+    ax.set_xlabel(_k_label(overall))
     ax.set_ylabel(METRIC_LABELS[metric])
     what = (
         "Total variation after softmax" if metric == "tv" else ("KL after softmax" if metric == "kl" else "Reconstruction error")
     )
-    ax.set_title(_title(result, f"{what} against k (exact points, e.g. k = n, not drawn)"), fontsize=10)
+    bands = ", 95% bootstrap intervals over blocks" if banded else ""
+    ax.set_title(_title(result, f"{what} against k{bands}") + "\nexact points (error 0, e.g. k = n) not drawn", fontsize=10)
     ax.legend(fontsize=7, ncol=2, handlelength=3.5)  # long enough to show the dashes
     return ax
 
 
 def plot_error_vs_flops(result, ax: plt.Axes | None = None, *, metric: str = "rel_error") -> plt.Axes:
-    """Held-out error against the attention FLOPs saved (1 − partial / full), per strategy and scope."""
+    """Held-out error against the attention FLOPs saved (1 − partial / full), per strategy and scope, with 95% bands."""
     ax = new_axes(ax)
     overall = result.table[result.table.layer == -1]
     colours = _strategy_colours(list(dict.fromkeys(overall.strategy)))
+    banded = False
     for (strategy, scope), group in overall.groupby(["strategy", "scope"], sort=False):
         group = group.sort_values("k")
         group = group[group[metric] > 1e-9 * max(float(overall[metric].max()), 1e-300)]
-        _strategy_line(ax, 100 * (1 - group.flops_ratio), group[metric], colours[strategy], strategy, scope)
+        saved = 100 * (1 - group.flops_ratio)
+        _strategy_line(ax, saved, group[metric], colours[strategy], strategy, scope)
+        banded |= _band(ax, saved, group, metric, colours[strategy])
     ax.axvline(0, color="black", lw=0.8)
     ax.set_yscale("log")
     ax.set_xlabel("attention FLOPs saved (%; negative = more than full attention)")
     ax.set_ylabel(METRIC_LABELS[metric])
-    ax.set_title(_title(result, "Error against compute saved"), fontsize=10)
+    bands = ", 95% bootstrap intervals over blocks" if banded else ""
+    ax.set_title(_title(result, f"Error against compute saved{bands}"), fontsize=10)
     ax.legend(fontsize=7, ncol=2, handlelength=3.5)  # long enough to show the dashes
     return ax
 

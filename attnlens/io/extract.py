@@ -23,13 +23,13 @@ import numpy as np
 import torch
 
 from attnlens.data.corpus import Corpus, load_corpus
-from attnlens.errors import AttnlensError
+from attnlens.errors import BadInput
 from attnlens.io.provenance import provenance
 from attnlens.io.ranks import init_world, shard_range
 from attnlens.io.results import check_resumable_out
 from attnlens.io.store import DTYPES, Store, StoreWriter, is_store, open_store
 from attnlens.models.capture import Capture
-from attnlens.models.loading import LoadedModel, load_model
+from attnlens.models.loading import LoadedModel, load_model, locate_model
 from attnlens.progress import Progress, progress_bar
 from attnlens.settings import CorpusSettings, at_least, numbered_from_zero
 
@@ -70,13 +70,7 @@ def extract(
     _check_options(seq_len, num_seqs, batch_size, dtype, layers)
     world = init_world(device)
     world.run_on_main(lambda: prepare_out(out, resume=resume, overwrite=overwrite))
-    if not isinstance(corpus, Corpus):
-        corpus = load_corpus(corpus)
-    model = source if isinstance(source, LoadedModel) else load_model(source, device=world.device(device))
-    model.check_seq_len(seq_len)
-    layers = model.check_layers(layers)
-    blocks = corpus.blocks(model, seq_len, num_seqs, seed)
-
+    corpus, model, layers, blocks = _prepare(source, corpus, seq_len, num_seqs, seed, layers, world, device, progress)
     manifest = {
         "model": model.describe(),
         "corpus": {**corpus.describe(), "blocks_available": blocks.available, "block_index": blocks.index.tolist(), "seed": seed},
@@ -126,12 +120,32 @@ def extract(
             if pending is not None:
                 pending.result()
         except OSError as error:
-            raise AttnlensError(
+            raise BadInput(
                 f"could not write to {out} ({error.strerror or error}) after {writer.complete - writer.start} finished sequences, "
                 "which are safe; fix the cause (e.g. free disk space) and rerun with `resume`"
             ) from None
     world.barrier()  # every rank's shard is on disk
     return open_store(out) if world.is_main else None
+
+
+def _prepare(source, corpus, seq_len: int, num_seqs: int | None, seed: int, layers, world, device: str, progress: bool):
+    """The corpus, the model, the layers to keep and the blocks. Loading the model and cutting the
+    corpus into blocks take most of a small run, so a bar says so; names that are no model or corpus
+    fail first, in a second, before any bar is drawn."""
+    if not isinstance(corpus, Corpus):
+        corpus = load_corpus(corpus)
+    if not isinstance(source, LoadedModel):
+        locate_model(source)
+    with progress_bar(total=2, desc="extract: preparing", unit="step", enabled=progress if world.is_main else False) as bar:
+        bar.set_postfix_str("model")
+        model = source if isinstance(source, LoadedModel) else load_model(source, device=world.device(device))
+        model.check_seq_len(seq_len)
+        layers = model.check_layers(layers)
+        bar.update(1)
+        bar.set_postfix_str("blocks")
+        blocks = corpus.blocks(model, seq_len, num_seqs, seed)
+        bar.update(1)
+    return corpus, model, layers, blocks
 
 
 def _check_options(seq_len: int, num_seqs: int | None, batch_size: int, dtype: str, layers: list[int] | None) -> None:
@@ -140,7 +154,7 @@ def _check_options(seq_len: int, num_seqs: int | None, batch_size: int, dtype: s
     if num_seqs is not None:
         at_least("num_seqs", num_seqs, 1)
     if dtype not in DTYPES:
-        raise AttnlensError(f"`dtype` {dtype} is not supported; use one of {', '.join(DTYPES)}")
+        raise BadInput(f"`dtype` {dtype} is not supported; use one of {', '.join(DTYPES)}")
     numbered_from_zero("layers", layers)
 
 

@@ -53,3 +53,21 @@ def provenance(command: str | None = None) -> dict[str, object]:
         "command": command or command_line(),
         "versions": versions(),
     }
+
+
+def result_meta(*, model: dict, corpus: dict, settings: dict, command: str | None = None, **extra: object) -> dict[str, object]:
+    """The ``meta`` of a result made from one model and one corpus: the model and corpus as they
+    describe themselves, the settings (with the corpus by name), what else the analysis records
+    (``extra``), and :func:`provenance`.
+
+    >>> meta = result_meta(model={"name": "m"}, corpus={"source": "kjv"}, settings={"seed": 0}, n=16)
+    >>> meta["settings"], meta["n"], sorted(meta)[:3]
+    ({'seed': 0, 'corpus': 'kjv'}, 16, ['attnlens_version', 'command', 'corpus'])
+    """
+    return {
+        "model": model,
+        "corpus": corpus,
+        "settings": {**settings, "corpus": corpus.get("source")},
+        **extra,
+        **provenance(command),
+    }

@@ -33,7 +33,7 @@ from typing import TypeVar
 
 import torch
 
-from attnlens.errors import AttnlensError
+from attnlens.errors import AttnlensError, BadInput
 
 T = TypeVar("T")
 
@@ -45,7 +45,12 @@ COLLECTIVE_TIMEOUT = datetime.timedelta(hours=24)
 
 
 class ReportedError(AttnlensError):
-    """An error that rank 0 has already reported; other ranks exit with it silently."""
+    """An error that rank 0 has already reported; other ranks exit with it silently.
+
+    It subclasses :class:`AttnlensError` directly, not one of its kinds: it is a transport
+    that carries whatever rank 0 raised (a :class:`BadInput`, a :class:`BadFile`, ...) to the
+    ranks that did not, so that the CLI exits on them too without printing it again.
+    """
 
     reported = True
 
@@ -59,7 +64,7 @@ def environment_world_size() -> int:
     try:
         return max(int(os.environ.get("WORLD_SIZE", "1")), 1)
     except ValueError:
-        raise AttnlensError(f"WORLD_SIZE={os.environ['WORLD_SIZE']!r} is not a number; launch attnlens with torchrun") from None
+        raise BadInput(f"WORLD_SIZE={os.environ['WORLD_SIZE']!r} is not a number; launch attnlens with torchrun") from None
 
 
 def shard_range(total: int, rank: int, size: int) -> tuple[int, int]:
@@ -121,24 +126,25 @@ class World:
     def run_on_main(self, function: Callable[[], T]) -> T | None:
         """Run ``function`` on rank 0 only (e.g. create a directory), then tell every rank
         how it went: its result on rank 0, ``None`` elsewhere. If it raised an
-        :class:`AttnlensError` on rank 0, every rank raises it (the others silently, as a
-        :class:`ReportedError`), so no rank is left waiting for a rank that gave up."""
+        :class:`AttnlensError` on rank 0, every rank raises it (rank 0 the error itself, the
+        others silently, as a :class:`ReportedError`), so no rank is left waiting for a rank
+        that gave up."""
         if not self.distributed:
             return function()
-        result, message = None, None
+        result, message, failure = None, None, None
         if self.is_main:
             try:
                 result = function()
             except AttnlensError as error:
-                message = str(error)
+                message, failure = (str(error.args[0]) if error.args else ""), error
             except BaseException as error:  # a bug: let the others stop too, keep the traceback here
                 torch.distributed.broadcast_object_list([f"rank 0 failed with {type(error).__name__}: {error}"], src=0)
                 raise
         box = [message]
         torch.distributed.broadcast_object_list(box, src=0)
         if box[0] is not None:
-            if self.is_main:
-                raise AttnlensError(box[0])
+            if failure is not None:
+                raise failure  # rank 0: the error as raised, of its kind (BadInput, BadFile, ...)
             raise ReportedError(box[0])
         return result
 
@@ -165,7 +171,7 @@ def init_world(device: str = "cpu", *, spread: bool = False) -> World:
     local_size = int(os.environ.get("LOCAL_WORLD_SIZE", str(size)))
     cuda = device.startswith("cuda")
     if cuda and not torch.cuda.is_available():
-        raise AttnlensError(f"`device` {device} asks for a GPU, but torch sees none here; use `device` cpu")
+        raise BadInput(f"`device` {device} asks for a GPU, but torch sees none here; use `device` cpu")
     if cuda:  # before the first collective: NCCL binds each rank to its current device
         if spread:
             torch.cuda.set_device(local_gpus(local_rank, local_size)[0])
@@ -174,7 +180,7 @@ def init_world(device: str = "cpu", *, spread: bool = False) -> World:
     backend = "nccl" if cuda and torch.distributed.is_nccl_available() else "gloo"
     if not torch.distributed.is_initialized():
         if not all(name in os.environ for name in ("MASTER_ADDR", "MASTER_PORT")):
-            raise AttnlensError(
+            raise BadInput(
                 f"WORLD_SIZE is {size} but MASTER_ADDR / MASTER_PORT are not set; launch with "
                 "'torchrun --nproc-per-node N -m attnlens ...' rather than setting WORLD_SIZE by hand"
             )
@@ -198,7 +204,7 @@ def local_gpus(local_rank: int, local_size: int, count: int | None = None) -> li
     """
     count = torch.cuda.device_count() if count is None else count
     if count < local_size:
-        raise AttnlensError(
+        raise BadInput(
             f"{local_size} ranks on this machine but {count} GPUs; with `device_map` auto start at most one rank per GPU"
         )
     per_rank = count // local_size

@@ -8,10 +8,12 @@ and an existing result is replaced only when the caller says ``overwrite``. Savi
 not draw; figures are drawn on demand (:meth:`Result.figures`,
 :meth:`Result.save_figures`, ``attnlens figures``) from the saved numbers alone.
 
-:data:`REGISTRY` is the one list of result kinds: for each, the class that loads it and
-the figures module that draws it (a module with ``draw(result)``, yielding
-``(name, figure)`` pairs, the main figure first). It names them by import path, so this
-storage layer imports neither the analyses nor matplotlib.
+:data:`REGISTRY` is the one list of result kinds, filled by the result classes
+themselves: each names its ``kind`` and the figures module that draws it (a module with
+``draw(result)``, yielding ``(name, figure)`` pairs, the main figure first) by import path,
+so this storage layer imports neither the analyses nor matplotlib. Each kind also says
+which columns a reader sees and how it reads as text (:meth:`Result.view`,
+:meth:`Result.text`): the command line, the report and notebooks all show that.
 
 >>> import tempfile, numpy as np, pandas as pd
 >>> out = tempfile.mkdtemp() + "/r"
@@ -32,7 +34,6 @@ import json
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Self
 
@@ -48,23 +49,9 @@ FORMAT_VERSION = 1
 # ---------------------------------------------------------------------- the registry
 
 
-@dataclass(frozen=True)
-class Kind:
-    """How to load and draw one kind of result: ``"module:Class"`` and a figures module (or None)."""
-
-    result: str
-    figures: str | None = None
-
-
-REGISTRY: dict[str, Kind] = {
-    "eigen": Kind("attnlens.analysis.eigen:EigenResult", "attnlens.figures.eigen"),
-    "overlap": Kind("attnlens.analysis.overlap:OverlapResult", "attnlens.figures.overlap"),
-    "reconstruct": Kind("attnlens.analysis.reconstruct:ReconstructResult", "attnlens.figures.reconstruct"),
-    "importance": Kind("attnlens.analysis.importance:ImportanceResult", "attnlens.figures.importance"),
-    "dam": Kind("attnlens.analysis.dam:DamResult", "attnlens.figures.dam"),
-    "moments": Kind("attnlens.rows.partials:MomentsResult"),
-    "report": Kind("attnlens.report:Report"),
-}
+REGISTRY: dict[str, type[Result]] = {}
+"""Every kind of result, by kind: a subclass of :class:`Result` that names its ``kind`` registers
+itself when its module is imported (importing :mod:`attnlens` imports every analysis)."""
 
 
 def _imported(path: str) -> Any:
@@ -77,7 +64,7 @@ def result_class(kind: str) -> type[Result]:
     """The class of results of ``kind``."""
     if kind not in REGISTRY:
         raise BadFile(f"results of kind '{kind}' cannot be read by this attnlens (it reads {', '.join(REGISTRY)})")
-    return _imported(REGISTRY[kind].result)
+    return REGISTRY[kind]
 
 
 def load_result(path: str | Path) -> Result:
@@ -91,13 +78,25 @@ def load_result(path: str | Path) -> Result:
 class Result:
     """A result: ``meta``, named ``tables`` and ``arrays``, and where it was saved (``path``).
 
-    Subclasses set ``kind`` (a key of :data:`REGISTRY`) and may name their ``main_table``;
-    they add properties that read their tables and arrays, and override :meth:`_save_extra`
-    / :meth:`_from_disk` only when they keep something other than tables and arrays.
+    Subclasses set ``kind`` (which registers them in :data:`REGISTRY`), the module that draws
+    them (``figures_module``, a module with ``draw(result)``), and may name their
+    ``main_table``; ``shown`` names the columns of each table a reader sees first, in order
+    (the CLI, the report and notebooks show the same), and ``column_notes`` what columns mean.
+    They add properties that read their tables and arrays, override :meth:`text` to say more
+    than the main table, and :meth:`_save_extra` / :meth:`_from_disk` only when they keep
+    something other than tables and arrays.
     """
 
     kind: ClassVar[str] = ""
     main_table: ClassVar[str] = "table"
+    figures_module: ClassVar[str | None] = None
+    shown: ClassVar[dict[str, tuple[str, ...]]] = {}
+    column_notes: ClassVar[dict[str, str]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.kind:
+            REGISTRY[cls.kind] = cls
 
     def __init__(
         self,
@@ -133,6 +132,38 @@ class Result:
         parts = [f"{len(table)} rows in {name}" for name, table in self.tables.items()]
         return ", ".join(parts) if parts else f"{len(self.arrays)} arrays"
 
+    def view(self, name: str | None = None, frame: pd.DataFrame | None = None) -> pd.DataFrame:
+        """Table ``name`` (default: the main table), or ``frame`` shown as that table, with the
+        columns a reader sees first (:attr:`shown`, those present; every column if none are named)."""
+        name = name or self.main_table
+        frame = self.tables[name] if frame is None else frame
+        columns = [column for column in self.shown.get(name, ()) if column in frame]
+        return frame[columns] if columns else frame
+
+    def notes_for(self, frame: pd.DataFrame) -> list[str]:
+        """What the columns of ``frame`` that need saying mean (:attr:`column_notes`), one line each."""
+        return [f"{column}: {note}" for column, note in self.column_notes.items() if column in frame]
+
+    def text(self) -> str:
+        """The result as the command line prints it: the main table (its shown columns), what its
+        columns mean, and the task judgement when there is one."""
+        if self.table is None:  # a kind without tables (moments) says what it holds
+            return self.summary()
+        shown = self.view()
+        return "\n".join([format_table(shown), *self.notes_for(shown), *self.task_lines()])
+
+    def task_lines(self) -> list[str]:
+        """The task table (accuracy with intervals, beside the unmodified model and the majority class), if any."""
+        table, task = self.tables.get("task"), self.meta.get("task")
+        if table is None or not task:
+            return []
+        said = (
+            f"task {task['task']} ({task['protocol']}, {len(task['held_out_rows'])} held out): unmodified accuracy "
+            f"{task['unmodified_accuracy']:.4f}, majority class {task['majority_accuracy']:.4f}"
+        )
+        hidden = ("protocol", "unmodified_accuracy", "majority_accuracy", "task_loss")
+        return [said, format_table(table[[column for column in table.columns if column not in hidden]])]
+
     # ------------------------------------------------------------------ disk
     def save(self, out: str | Path, *, overwrite: bool = False) -> Path:
         """Write the result directory atomically (tables as CSV, arrays as .npy); no figures."""
@@ -159,9 +190,10 @@ class Result:
         """Every figure of this result, drawn now: ``{name: matplotlib Figure}``."""
         return dict(draw(self))
 
-    def save_figures(self, directory: str | Path) -> list[Path]:
-        """Draw every figure and write it as PNG and PDF into ``directory`` (replaced atomically)."""
-        return save_figures(self, directory)
+    def save_figures(self, directory: str | Path, on_figure: Callable[[str], None] | None = None) -> list[Path]:
+        """Draw every figure and write it as PNG and PDF into ``directory`` (replaced atomically);
+        ``on_figure(name)`` is called as each is written (a progress bar)."""
+        return save_figures(self, directory, on_figure)
 
     # ------------------------------------------------------------------ display
     def __repr__(self) -> str:
@@ -174,7 +206,8 @@ class Result:
         parts = [f"<h4>{html.escape(type(self).__name__)}</h4>", _provenance_html(self.meta)]
         if self.table is not None:
             parts.append(f"<p>{html.escape(self.main_table)} ({len(self.table)} rows), first 10:</p>")
-            parts.append(self.table.head(10).to_html(index=False, float_format=lambda v: f"{v:.4g}", border=0))
+            table = self.view().head(10).to_html(index=False, float_format=lambda v: f"{v:.4g}", border=0)
+            parts.append(f'<div style="overflow-x:auto">{table}</div>')  # a wide table scrolls in its box, not the page
         figure = first_figure(self)
         if figure is not None:
             parts.append(f'<img src="data:image/png;base64,{figure}" style="max-width:640px">')
@@ -226,10 +259,22 @@ def _provenance_html(meta: dict) -> str:
 
 def draw(result: Result) -> Iterator[tuple[str, Any]]:
     """``(name, figure)`` for every figure of ``result``, main figure first (none for kinds without figures)."""
-    kind = REGISTRY.get(result.kind)
-    if kind is None or kind.figures is None:
+    if result.figures_module is None:
         return iter(())
-    return _imported(kind.figures).draw(result)
+    return _imported(result.figures_module).draw(result)
+
+
+def format_table(frame: pd.DataFrame) -> str:
+    """A table as plain text: no index, numbers to 4 significant digits.
+
+    >>> print(format_table(pd.DataFrame({"k": [1, 16], "error": [0.123456, 1e-5]})))
+     k  error
+     1 0.1235
+    16  1e-05
+    """
+    if frame.empty:
+        return "(no rows)"
+    return frame.to_string(index=False, float_format=lambda value: f"{value:.4g}")
 
 
 def first_figure(result: Result) -> str | None:
@@ -248,7 +293,7 @@ def first_figure(result: Result) -> str | None:
     return base64.b64encode(buffer.getvalue()).decode()
 
 
-def save_figures(result: Result, directory: str | Path) -> list[Path]:
+def save_figures(result: Result, directory: str | Path, on_figure: Callable[[str], None] | None = None) -> list[Path]:
     """Every figure of ``result`` as ``NAME.png`` and ``NAME.pdf`` in ``directory``, which is
     written into a staging directory and swapped into place (a crash leaves the old figures)."""
     from attnlens.figures.style import save_figure
@@ -257,7 +302,11 @@ def save_figures(result: Result, directory: str | Path) -> list[Path]:
     directory.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
     try:
-        written = [path.name for name, figure in draw(result) for path in save_figure(figure, staging / name)]
+        written = []
+        for name, figure in draw(result):
+            written += [path.name for path in save_figure(figure, staging / name)]
+            if on_figure is not None:
+                on_figure(name)
         swap_into_place(staging, directory)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)

@@ -52,7 +52,7 @@ from pathlib import Path
 
 import numpy as np
 
-from attnlens.errors import AttnlensError
+from attnlens.errors import BadFile, BadInput
 from attnlens.io.files import flatten, pwrite_all, short, write_json_atomic
 
 FORMAT = "attnlens-store"
@@ -208,7 +208,7 @@ class StoreWriter:
             free = shutil.disk_usage(path).free
             needed = store_bytes(manifest) + tokens.nbytes
             if needed > free:
-                raise AttnlensError(
+                raise BadInput(
                     f"not enough disk space for the store in {path}: it needs {needed / 1e6:.0f} MB and "
                     f"{free / 1e6:.0f} MB are free; free space, choose another `out`, or ask for fewer `num_seqs` or `layers`"
                 )
@@ -236,13 +236,11 @@ class StoreWriter:
                 write_json_atomic(path / "progress.json", {"complete": 0})
             write_json_atomic(path / "manifest.json", manifest)
         except PermissionError:
-            raise AttnlensError(f"cannot write to {path}: permission denied; choose a writable `out`") from None
+            raise BadInput(f"cannot write to {path}: permission denied; choose a writable `out`") from None
         except OSError as error:
             if error.errno == errno.ENOSPC:
-                raise AttnlensError(f"disk full while creating the store in {path}; free space or choose another `out`") from None
-            raise AttnlensError(
-                f"cannot create the store in {path}: {error.strerror or error}; choose a writable `out`"
-            ) from None
+                raise BadInput(f"disk full while creating the store in {path}; free space or choose another `out`") from None
+            raise BadInput(f"cannot create the store in {path}: {error.strerror or error}; choose a writable `out`") from None
         return cls.open_shard(path, shard) if shards else cls(path, manifest, complete=0)
 
     @classmethod
@@ -267,7 +265,7 @@ class StoreWriter:
                 if made_ranks == 1
                 else f"with torchrun --nproc-per-node {made_ranks} (or as many ranks in all)"
             )
-            raise AttnlensError(
+            raise BadInput(
                 f"cannot resume {path}: it was extracted by {made_ranks} rank(s), this run has {asked_ranks}; resume it {how}, "
                 "or use `overwrite` to start again"
             )
@@ -280,12 +278,12 @@ class StoreWriter:
         differing = sorted((key for key in asked if made.get(key) != asked[key]), key=lambda key: ("." in key, key))
         if differing:
             key = differing[0]
-            raise AttnlensError(
+            raise BadInput(
                 f"cannot resume {path}: it was made with {key} = {short(made.get(key))}, this run has "
                 f"{short(asked[key])}; rerun with the original settings, or use `overwrite` to start again"
             )
         if not np.array_equal(np.load(store.path / "tokens.npy", mmap_mode="r"), tokens):
-            raise AttnlensError(f"cannot resume {path}: its token blocks differ from this run's; use `overwrite` to start again")
+            raise BadInput(f"cannot resume {path}: its token blocks differ from this run's; use `overwrite` to start again")
         if shards:
             return cls.open_shard(path, shard)
         return cls(Path(path), store.manifest, complete=store.complete)
@@ -304,7 +302,9 @@ class StoreWriter:
         ``layers[layer] = (scores, valid, weights)``. Batches must arrive in order.
         """
         if start != self.complete:
-            raise ValueError(f"batch starts at {start}, but {self.complete} sequences are finished")
+            raise BadInput(
+                f"a batch starts at sequence {start}, but the next unwritten one is {self.complete}; write batches in order"
+            )
         count = None
         for layer, arrays in layers.items():
             for kind, array in zip(KINDS, arrays):
@@ -313,7 +313,9 @@ class StoreWriter:
                 spec = self._files[layer_file(kind, layer)]
                 array = np.ascontiguousarray(array, dtype=spec.dtype)  # no copy for arrays from batch_buffers
                 if array.shape[1:] != spec.shape[1:]:
-                    raise ValueError(f"{spec.relative}: got rows of shape {array.shape[1:]}, expected {spec.shape[1:]}")
+                    raise BadInput(
+                        f"{spec.relative}: got rows of shape {array.shape[1:]}, the store holds rows of shape {spec.shape[1:]}"
+                    )
                 count = array.shape[0]
                 descriptor, _ = self._descriptors[spec.relative]
                 self._write_at(descriptor, memoryview(array).cast("B"), self.offset(spec.relative, start))
@@ -409,9 +411,9 @@ class Store:
 
     def _layer_array(self, kind: str, layer: int) -> np.ndarray:
         if layer not in self.manifest["layers"]:
-            raise AttnlensError(f"layer {layer} is not in the store {self.path}; it holds layers {self.layers}")
+            raise BadInput(f"layer {layer} is not in the store {self.path}; it holds layers {self.layers}")
         if kind == "weights" and not self.manifest["weights"]:
-            raise AttnlensError(f"the store {self.path} holds no weights; extract again with `weights`")
+            raise BadFile(f"the store {self.path} holds no weights; extract it again with `weights`")
         return np.load(self.path / layer_file(kind, layer), mmap_mode="r")[: self.complete]
 
     def read(self, kind: str, layer: int, start: int, stop: int) -> np.ndarray:
@@ -449,14 +451,33 @@ class Store:
         return f"Store({str(self.path)!r}, model={model!r}, n={self.n}, seqs={self.complete}/{self.manifest['num_seqs']})"
 
 
+# What a damaged store's message says to do. Extraction preallocates every array and writes the
+# manifest last, so an interrupted extraction leaves an unfinished store (resume finishes it), never
+# a damaged one: a damaged store is extracted again.
+REEXTRACT = (
+    "extract it again by rerunning the extract command with `overwrite` "
+    "(`resume` finishes only an interrupted extraction, in an undamaged store)"
+)
+
+
 def open_store(path: str | Path, *, allow_partial: bool = False) -> Store:
-    """Open and validate a store; raise :class:`AttnlensError` if it is foreign, newer, truncated or unfinished."""
+    """Open and validate a store; raise :class:`BadFile` if it is missing, foreign, newer, damaged or unfinished.
+
+    A damaged store's message says to extract it again with ``overwrite``; an unfinished one's,
+    to finish it with ``resume``.
+    """
     path = Path(path)
     manifest_path = path / "manifest.json"
     if not path.is_dir():
-        raise AttnlensError(f"store '{path}' does not exist; make one with 'attnlens extract --out {path}'")
+        raise BadFile(f"store '{path}' does not exist; make one with 'attnlens extract --out {path}'")
     if not manifest_path.is_file():
-        raise AttnlensError(f"'{path}' is not an attnlens store (no manifest.json); give a directory made by 'attnlens extract'")
+        if (path / "tokens.npy").is_file() or (path / "scores").is_dir():
+            # The manifest is written last: an extraction stopped while it created the store.
+            raise BadFile(
+                f"'{path}' is not an attnlens store (no manifest.json): an extraction stopped while it created the store; "
+                "delete the directory and extract again"
+            )
+        raise BadFile(f"'{path}' is not an attnlens store (no manifest.json); give a directory made by 'attnlens extract'")
     try:
         manifest = json.loads(manifest_path.read_text())
         shards = manifest.get("shards") if isinstance(manifest, dict) else None
@@ -466,29 +487,36 @@ def open_store(path: str | Path, *, allow_partial: bool = False) -> Store:
             else [json.loads((path / "progress.json").read_text())]
         )
     except (OSError, json.JSONDecodeError) as error:
-        raise AttnlensError(f"store '{path}' is damaged ({type(error).__name__} reading its manifest or progress)") from None
+        raise BadFile(
+            f"store '{path}' is damaged ({type(error).__name__} reading its manifest or progress); {REEXTRACT}"
+        ) from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise AttnlensError(f"'{path}' is not an attnlens store (its manifest.json is of another format)")
-    if int(manifest.get("format_version", 0)) > FORMAT_VERSION:
-        raise AttnlensError(
-            f"store '{path}' has format version {manifest['format_version']}, newer than this attnlens reads "
-            f"({FORMAT_VERSION}); upgrade attnlens"
-        )
-    complete, unfinished = _completion(progress, shards, manifest["num_seqs"])
-    expected_files = [ArrayFile("tokens.npy", "int32", (manifest["num_seqs"], manifest["n"])), *_array_files(manifest)]
+        raise BadFile(f"'{path}' is not an attnlens store (its manifest.json is of another format)")
+    try:
+        if int(manifest.get("format_version", 0)) > FORMAT_VERSION:
+            raise BadFile(
+                f"store '{path}' has format version {manifest['format_version']}, newer than this attnlens reads "
+                f"({FORMAT_VERSION}); upgrade attnlens"
+            )
+        complete, unfinished = _completion(progress, shards, manifest["num_seqs"])
+        expected_files = [ArrayFile("tokens.npy", "int32", (manifest["num_seqs"], manifest["n"])), *_array_files(manifest)]
+    except (KeyError, TypeError, ValueError, AttributeError) as error:  # a manifest or progress file that lacks a field
+        what = f"no {error}" if isinstance(error, KeyError) else type(error).__name__
+        raise BadFile(f"store '{path}' is damaged ({what} in its manifest or progress); {REEXTRACT}") from None
     for spec in expected_files:
         try:
             array = np.load(path / spec.relative, mmap_mode="r")
         except (OSError, ValueError) as error:
-            raise AttnlensError(f"store '{path}' is damaged: {spec.relative} is missing or truncated ({error})") from None
+            reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            raise BadFile(f"store '{path}' is damaged: {spec.relative} is missing or truncated ({reason}); {REEXTRACT}") from None
         if array.shape != spec.shape or array.dtype != np.dtype(spec.dtype):
-            raise AttnlensError(
+            raise BadFile(
                 f"store '{path}' is damaged: {spec.relative} holds {array.dtype}{list(array.shape)}, "
-                f"the manifest says {spec.dtype}{list(spec.shape)}"
+                f"the manifest says {spec.dtype}{list(spec.shape)}; {REEXTRACT}"
             )
     if unfinished and not allow_partial:
         ranks = f", with torchrun and {len(shards)} ranks" if shards else ""
-        raise AttnlensError(
+        raise BadFile(
             f"store '{path}' is unfinished ({unfinished}); finish it by rerunning the same extract command with `resume`{ranks}"
         )
     return Store(path, manifest, complete)

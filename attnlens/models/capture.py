@@ -170,7 +170,7 @@ def layer_index(module: nn.Module) -> int:
     if index is None:
         index = getattr(module, "layer_idx", None)
     if index is None:
-        raise RuntimeError(f"{type(module).__name__} has no layer index; load the model with attnlens.load_model")
+        raise UnsupportedModel(f"{type(module).__name__} has no layer index; load the model with attnlens.load_model")
     return int(index)
 
 

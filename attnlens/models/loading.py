@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from attnlens.errors import AttnlensError, BadInput, UnsupportedModel
+from attnlens.errors import BadInput, UnsupportedModel
 from attnlens.models import capture
 from attnlens.models.cache import cache_dir
 from attnlens.settings import MIN_SEQ_LEN
@@ -387,37 +387,54 @@ def _quiet_transformers() -> Iterator[None]:
             hf_logging.enable_progress_bar()
 
 
+class ModelNotFound(BadInput):
+    """A model name that names nothing here: no local directory, no alias, no Hub id that can be
+    downloaded. ``reason`` says so of the name (``"does not exist"``), so that a caller whose
+    source may be something else too (a store, moments: :func:`attnlens.rows.sources.open_rows`)
+    can say what it was given and name everything it takes."""
+
+    def __init__(self, message: str, reason: str = "names no model") -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
 def locate_model(name: str) -> str:
-    """Where the model ``name`` (alias, local directory or Hub id) loads from, without loading it;
-    :class:`AttnlensError` with the fix when it cannot be found (an alias's package missing, a path
-    that does not exist, a Hub id neither cached nor reachable).
+    """Where the model ``name`` (alias, local directory or Hub id) loads from, without loading it.
+
+    Raises :class:`ModelNotFound` (a :class:`BadInput`) when the name names nothing here (a path
+    that does not exist, a Hub id neither cached nor reachable), :class:`BadInput` for a path
+    that is not a model directory, and :class:`UnsupportedModel` for an alias whose package is
+    not installed; each message says what to do.
 
     >>> locate_model("./no/such/model")
     Traceback (most recent call last):
         ...
-    attnlens.errors.AttnlensError: model path './no/such/model' does not exist; give an existing directory, a Hub id, or an alias (minilm-l6, minilm-l3, gemma3-270m)
+    attnlens.models.loading.ModelNotFound: model path './no/such/model' does not exist; give an existing directory, a Hub id, or an alias (minilm-l6, minilm-l3, gemma3-270m)
     """
     if name in ALIASES:
         alias = ALIASES[name]
         missing = missing_distributions(alias)
         if missing:
-            raise AttnlensError(
+            raise UnsupportedModel(
                 f"model '{name}' needs {', '.join(missing)}, which is not installed; install it with: {_install_hint(alias)}"
             )
         return str(alias.locate())
     path = Path(name).expanduser()
     if path.exists():
         if not (path / "config.json").is_file():
-            raise AttnlensError(f"'{name}' is a path but not a Hugging Face model directory (no config.json in it)")
+            raise BadInput(f"'{name}' is a path but not a Hugging Face model directory (no config.json in it)")
         return str(path)
     if name.count("/") > 1 or name.startswith((".", "~")) or name.endswith("/"):
-        raise AttnlensError(
-            f"model path '{name}' does not exist; give an existing directory, a Hub id, or an alias ({', '.join(ALIASES)})"
+        raise ModelNotFound(
+            f"model path '{name}' does not exist; give an existing directory, a Hub id, or an alias ({', '.join(ALIASES)})",
+            reason="does not exist",
         )
     if not _in_hub_cache(name) and not _hub_reachable():
-        raise AttnlensError(
+        raise ModelNotFound(
             f"cannot load model '{name}': it is not an alias ({', '.join(ALIASES)}) or a local model directory, "
-            "and the Hugging Face Hub cannot be reached from here to download it"
+            "and the Hugging Face Hub cannot be reached from here to download it",
+            reason="is neither a local directory nor a model alias, and the Hugging Face Hub cannot be reached from here "
+            "to download it",
         )
     return name
 
@@ -553,10 +570,10 @@ def load_model(
     spreads its layers over the GPUs (``device_memory``, e.g. ``{0: "70GiB", 1:
     "70GiB"}``, limits which and how much) and then the CPU; ``device`` is ignored then.
 
-    Raises :class:`AttnlensError` with a one-line fix for an unknown name, a missing
-    optional package, or a model whose attention attnlens cannot reach;
-    :class:`UnsupportedModel` (one of them) for attention it cannot reproduce, such as
-    attention sinks (``s_aux``, e.g. gpt-oss).
+    Raises, with a one-line fix, :class:`ModelNotFound` (a :class:`BadInput`) for a name that
+    names no model here, :class:`BadInput` for a bad ``device``, and :class:`UnsupportedModel`
+    for a model that cannot be loaded here (a missing optional package) or whose attention
+    attnlens cannot reach or reproduce, such as attention sinks (``s_aux``, e.g. gpt-oss).
     """
     import transformers
 
@@ -569,9 +586,15 @@ def load_model(
             config = transformers.AutoConfig.from_pretrained(source)
         except (OSError, ValueError) as error:
             reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-            raise AttnlensError(
+            message = (
                 f"cannot load model '{name}': it is not an alias ({', '.join(ALIASES)}), a local model directory, "
                 f"or a Hub id that can be downloaded here ({reason[:160]})"
+            )
+            if name in ALIASES or Path(name).expanduser().exists():  # it is there, but its config cannot be read
+                raise UnsupportedModel(message) from None
+            raise ModelNotFound(
+                message,
+                reason=f"is neither a local directory nor a model alias, nor a Hub id that can be downloaded here ({reason[:160]})",
             ) from None
         _refuse_unsupported_attention(name, config)  # before the weights load: they may be large
         auto_class, objective = _head_for(config)
@@ -582,7 +605,7 @@ def load_model(
             )
         except ValueError as error:
             if "attn_implementation" in str(error) or "attention" in str(error).lower():
-                raise AttnlensError(
+                raise UnsupportedModel(
                     f"model '{name}' ({config.model_type}) does not route attention through transformers' "
                     "AttentionInterface, so attnlens cannot capture its scores; use a model that does "
                     "(BERT, Llama, Gemma, Qwen, Mistral, ...)"
@@ -601,7 +624,7 @@ def load_model(
         raise UnsupportedModel(f"model '{name}' ({config.model_type}) cannot be captured: {error}; {_SUPPORTED_HINT}") from None
     num_layers = text_config.num_hidden_layers
     if len(modules) != num_layers:
-        raise AttnlensError(
+        raise UnsupportedModel(
             f"model '{name}' ({config.model_type}) calls transformers' attention interface in {len(modules)} of its "
             f"{num_layers} layers, so attnlens cannot capture all of them; this architecture is not supported"
         )

@@ -8,7 +8,7 @@ directory, then ``report.html`` with every saved figure embedded, the tables, th
 numbers that answer each research question of the two papers next to what the papers
 report (also saved as the report's ``claims`` table), and the exact command and versions.
 
-Default settings take about 10 minutes on 2 idle CPU cores; ``quick`` about 2.
+``quick`` runs every stage on small settings: a first look in a few minutes.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
+from importlib import resources
 from pathlib import Path
 from typing import TypeVar
 
@@ -90,28 +91,12 @@ def companion_for(model: LoadedModel) -> str | None:
     return name if name is not None and not missing_distributions(ALIASES[name]) else None
 
 
-# Relative cost of each stage, in the order they run, as measured on 2 CPU cores (default settings; quick
-# settings: typical of three runs on a shared machine, whose times varied up to 5x, the task's caches empty).
-STAGE_WEIGHTS = {
-    False: {  # seconds, idle 2-core machine (2026-12-02)
-        "eigen": 7.5,
-        "eigen (second model)": 3.5,
-        "overlap": 0.5,
-        "reconstruct": 146,
-        "importance": 44,
-        "dam": 317,
-        "figures": 29,
-    },
-    True: {
-        "eigen": 5,
-        "eigen (second model)": 3,
-        "overlap": 1,
-        "reconstruct": 70,
-        "importance": 55,
-        "dam": 45,
-        "figures": 27,
-    },
-}
+def stage_weights(quick: bool) -> dict[str, float]:
+    """How long each stage takes, relative to the others, in the order they run: the seconds of a
+    saved report (``stage_weights.json``, written by ``scripts/stage_weights.py``). They set how
+    wide each stage's stretch of the one progress bar is, nothing else."""
+    weights = json.loads(resources.files("attnlens.report").joinpath("stage_weights.json").read_text())
+    return weights["quick" if quick else "default"]
 
 
 class _Stages:
@@ -166,12 +151,6 @@ def report(
     (``"default"``: the preset's, rotten-tomatoes; ``None``: proxies only). Everything is written into a staging directory and
     moved into place at the end, so an interrupted report leaves nothing half-written.
     """
-    from attnlens.analysis.dam import dam
-    from attnlens.analysis.eigen import eigen
-    from attnlens.analysis.importance import importance
-    from attnlens.analysis.overlap import overlap
-    from attnlens.analysis.reconstruct import reconstruct
-
     out = check_out(out, overwrite)
     settings = QUICK if quick else DEFAULT
     settings = replace(settings, ks=tuple(k for k in settings.ks if k <= settings.seq_len))
@@ -180,58 +159,11 @@ def report(
     _check_inputs(settings, corpus, compare, device)
     loaded = model if isinstance(model, LoadedModel) else load_model(model, device=device)
     second = companion_for(loaded) if compare == "auto" else compare
-    weights = {name: w for name, w in STAGE_WEIGHTS[quick].items() if second or name != "eigen (second model)"}
+    weights = {name: w for name, w in stage_weights(quick).items() if second or name != "eigen (second model)"}
     stages = _Stages(weights, progress)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent if out.parent.exists() else None))
     try:
-        common = dict(corpus=corpus, seq_len=settings.seq_len, seed=seed)
-        task = dict(task=settings.task, task_train=settings.task_train, task_eval=settings.task_eval) if settings.task else {}
-        results: dict[str, object] = {}
-        results["eigen"] = stages.run(
-            "eigen", lambda stage: eigen(loaded, num_seqs=settings.eigen_seqs, progress=stage, **common)
-        )
-        eigens = [results["eigen"]]
-        if second:
-            results["eigen_second"] = stages.run(
-                "eigen (second model)",
-                lambda stage: eigen(second, num_seqs=settings.eigen_seqs, device=device, progress=stage, **common),
-            )
-            eigens.append(results["eigen_second"])
-        results["overlap"] = stages.run("overlap", lambda stage: overlap(eigens, dim=settings.dim))
-        results["reconstruct"] = stages.run(
-            "reconstruct",
-            lambda stage: reconstruct(
-                loaded,
-                num_seqs=settings.reconstruct_seqs,
-                ks=settings.ks,
-                strategies=settings.strategies,
-                scopes=settings.scopes,
-                plug_in=True,
-                plug_in_scopes=settings.plug_in_scopes,
-                batch_size=settings.batch_size,
-                **task,
-                **({"task_strategies": settings.task_strategies} if task else {}),
-                progress=stage,
-                **common,
-            ),
-        )
-        judged = dict(batch_size=settings.batch_size, **task, **common)
-        results["importance"] = stages.run(
-            "importance", lambda stage: importance(loaded, num_seqs=settings.importance_seqs, progress=stage, **judged)
-        )
-        results["dam"] = stages.run(
-            "dam",
-            lambda stage: dam(
-                loaded,
-                sparsity=settings.dam_sparsity,
-                steps=settings.dam_steps,
-                stop_window=settings.dam_stop_window,
-                train_seqs=settings.dam_train_seqs,
-                eval_seqs=settings.importance_seqs,
-                progress=stage,
-                **{**judged, "seq_len": settings.dam_seq_len},
-            ),
-        )
+        results = _analyses(loaded, second, settings, corpus=corpus, seed=seed, device=device, stages=stages)
         names = {key: _directory_name(key, result) for key, result in results.items()}
         page, claims = stages.run("figures", lambda stage: write_page(staging, results, names, command, progress=stage))
     except BaseException:
@@ -257,6 +189,65 @@ def report(
     return out / page.name
 
 
+def _analyses(
+    loaded: LoadedModel, second: str | None, settings: ReportSettings, *, corpus: str, seed: int, device: str, stages: _Stages
+) -> dict[str, Result]:
+    """Every analysis of the report, one stage each, on the report's settings."""
+    from attnlens.analysis.dam import dam
+    from attnlens.analysis.eigen import eigen
+    from attnlens.analysis.importance import importance
+    from attnlens.analysis.overlap import overlap
+    from attnlens.analysis.reconstruct import reconstruct
+
+    common = dict(corpus=corpus, seq_len=settings.seq_len, seed=seed)
+    task = dict(task=settings.task, task_train=settings.task_train, task_eval=settings.task_eval) if settings.task else {}
+    results: dict[str, object] = {}
+    results["eigen"] = stages.run("eigen", lambda stage: eigen(loaded, num_seqs=settings.eigen_seqs, progress=stage, **common))
+    eigens = [results["eigen"]]
+    if second:
+        results["eigen_second"] = stages.run(
+            "eigen (second model)",
+            lambda stage: eigen(second, num_seqs=settings.eigen_seqs, device=device, progress=stage, **common),
+        )
+        eigens.append(results["eigen_second"])
+    results["overlap"] = stages.run("overlap", lambda stage: overlap(eigens, dim=settings.dim, progress=stage))
+    results["reconstruct"] = stages.run(
+        "reconstruct",
+        lambda stage: reconstruct(
+            loaded,
+            num_seqs=settings.reconstruct_seqs,
+            ks=settings.ks,
+            strategies=settings.strategies,
+            scopes=settings.scopes,
+            plug_in=True,
+            plug_in_scopes=settings.plug_in_scopes,
+            batch_size=settings.batch_size,
+            **task,
+            **({"task_strategies": settings.task_strategies} if task else {}),
+            progress=stage,
+            **common,
+        ),
+    )
+    judged = dict(batch_size=settings.batch_size, **task, **common)
+    results["importance"] = stages.run(
+        "importance", lambda stage: importance(loaded, num_seqs=settings.importance_seqs, progress=stage, **judged)
+    )
+    results["dam"] = stages.run(
+        "dam",
+        lambda stage: dam(
+            loaded,
+            sparsity=settings.dam_sparsity,
+            steps=settings.dam_steps,
+            stop_window=settings.dam_stop_window,
+            train_seqs=settings.dam_train_seqs,
+            eval_seqs=settings.importance_seqs,
+            progress=stage,
+            **{**judged, "seq_len": settings.dam_seq_len},
+        ),
+    )
+    return results
+
+
 def _check_inputs(settings: ReportSettings, corpus: str, compare: str | None, device: str) -> None:
     """What the user chose, checked before the model loads: a bad name fails in seconds, not stages later."""
     from attnlens.analysis.task import TaskSettings
@@ -269,8 +260,8 @@ def _check_inputs(settings: ReportSettings, corpus: str, compare: str | None, de
     if compare not in (None, "auto"):
         try:
             locate_model(compare)
-        except AttnlensError as error:  # the model's own message, said of the option that named it
-            raise BadInput(f"`compare`: {error.args[0]}") from None
+        except AttnlensError as error:  # the model's own message and kind, said of the option that named it
+            raise type(error)(f"`compare`: {error.args[0]}") from None
 
 
 def _directory_name(key: str, result: object) -> str:
@@ -282,6 +273,7 @@ class Report(Result):
     """A written report: its settings and the result directories it holds."""
 
     kind = "report"
+    main_table = "claims"
 
     def result(self, key: str) -> Result:
         """One of the report's results (``eigen``, ``overlap``, ``reconstruct``, ...), loaded."""
@@ -296,3 +288,10 @@ class Report(Result):
 
     def summary(self) -> str:
         return f"results {', '.join(self.meta['results'])}"
+
+    def text(self) -> str:
+        """The claims, one block per claim, and the results the report holds."""
+        lines = []
+        for _, row in self.claims.iterrows():
+            lines += [f"{row['claim']}", *[f"  {column}: {row[column]}" for column in self.claims.columns[1:] if row[column]]]
+        return "\n".join([*lines, f"results: {', '.join(self.meta['results'].values())}"])

@@ -10,7 +10,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from attnlens.figures.dam import nearest_lambda
 from attnlens.io.provenance import provenance
 from attnlens.progress import Progress, progress_bar
 
@@ -104,11 +103,6 @@ def _layer_summary(eigen_result) -> pd.DataFrame:
     pooled = table[(table["level"] == "layer") & (table["query"] == table["query"].max())]
     layers = pooled.set_index("layer")[["k90", "k95", "k99"]].add_prefix("pooled_")
     return per_layer.join(layers).reset_index()
-
-
-def _off_diagonal_mean(matrix: np.ndarray) -> float:
-    mask = ~np.eye(len(matrix), dtype=bool)
-    return float(matrix[mask].mean()) if mask.any() else float("nan")
 
 
 CLAIM_COLUMNS = ["claim", "papers report", "measured here (proxy)", "task accuracy here"]
@@ -299,9 +293,7 @@ def _reconstruct_section(results: dict, names: dict[str, str], figures: Figures)
     recon = results["reconstruct"]
     shown = figures.directory / names["reconstruct"] / "figures"
     overall = recon.table[recon.table.layer == -1]
-    chosen = overall[overall.k.isin([8, 16, 32])][
-        ["strategy", "scope", "k", "rel_error", "rel_error_zero", "tv", "kl", "flops_ratio"]
-    ]
+    chosen = recon.view(frame=overall[overall.k.isin([8, 16, 32])].drop(columns=["layer", "head"]))
     body = [
         figures.embed(shown / "error_vs_k.png", "Held-out reconstruction error against k"),
         figures.embed(shown / "tv_vs_k.png", "Total variation after softmax against k"),
@@ -394,7 +386,7 @@ def _dam_claims(dam_result, unit: str) -> list[tuple[str, ...]]:
         f"rows rescued {number(row['rows_rescued'], 1, percent=True)}): {_interval(row)} {unit}, {_steps(row)}"
         for _, row in dam_result.table.iterrows()
     )
-    sparse = dam_result.table.iloc[nearest_lambda(dam_result, 0.9)]
+    sparse = dam_result.table.iloc[dam_result.nearest(0.9)]
     keep = dam_result.keep_summary
     keep = keep[(keep["lambda"] == sparse["lambda"]) & (keep["same_as"] == keep["class"])]
     same = dam_result.meta.get("equal_by_construction", {})
@@ -464,29 +456,11 @@ def _patterns_task(dam_result, matched: pd.DataFrame) -> str:
 def _importance_section(results: dict, names: dict[str, str], figures: Figures) -> str:
     result = results["importance"]
     shown = figures.directory / names["importance"] / "figures"
-    columns = [
-        name
-        for name in (
-            "class",
-            "share",
-            "mass",
-            "removed",
-            "delta",
-            "delta_low",
-            "delta_high",
-            "random",
-            "random_low",
-            "random_high",
-            "gradient",
-            "note",
-        )
-        if name in result.table
-    ]
     body = [
         figures.embed(shown / "mass.png", "Attention mass per query on each class, per layer and head"),
         figures.embed(shown / "ablation.png", "Removing one class everywhere, with the random control"),
         figures.embed_if_saved(shown / "gradient.png", "Gradient importance of each class (gate on attention weights)"),
-        _table(result.table[columns]),
+        _table(result.view()),
     ]
     return _section(
         "4. Which positions of the attention matrix matter?",
@@ -502,30 +476,12 @@ def _importance_section(results: dict, names: dict[str, str], figures: Figures) 
 def _dam_section(results: dict, names: dict[str, str], figures: Figures) -> str:
     result = results["dam"]
     shown = figures.directory / names["dam"] / "figures"
-    columns = [
-        name
-        for name in (
-            "target_sparsity",
-            "lambda",
-            "trained_sparsity",
-            "sparsity",
-            "expected_sparsity",
-            "rows_rescued",
-            "delta",
-            "delta_low",
-            "delta_high",
-            "steps",
-            "converged",
-            "threshold_shift",
-        )
-        if name in result.table
-    ]
     body = [
         figures.embed(shown / "loss_vs_sparsity.png", "Objective against sparsity: DAM and fixed patterns"),
         figures.embed(shown / "training.png", "Training curves: objective, density, undecided logits"),
         figures.embed(shown / "keep_per_class.png", "Keep-probability of each class per target"),
         figures.embed(shown / "masks.png", "Learned masks"),
-        _table(result.table[columns]),
+        _table(result.view(frame=result.table.dropna(axis=1, how="all"))),
     ]
     if len(result.patterns):
         compared = result.compared()
@@ -533,25 +489,7 @@ def _dam_section(results: dict, names: dict[str, str], figures: Figures) -> str:
             "<p>Each mask against the best fixed pattern its layout can express (own family) and the best of all, at the "
             "pattern point nearest its sparsity (within 3 points): the difference of held-out losses, paired over blocks.</p>"
         )
-        body.append(
-            _table(
-                compared[
-                    [
-                        "dam_sparsity",
-                        "scope",
-                        "pattern",
-                        "value",
-                        "sparsity",
-                        "dam_delta",
-                        "delta",
-                        "difference",
-                        "difference_low",
-                        "difference_high",
-                        "verdict",
-                    ]
-                ]
-            )  # fmt: skip
-        )
+        body.append(_table(result.view("compared", compared)))
     settings = result.meta["settings"]
     steps = ", ".join(_steps(row) for _, row in result.table.iterrows())
     return _section(

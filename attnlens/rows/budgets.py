@@ -29,7 +29,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from attnlens.errors import AttnlensError
+from attnlens.errors import BadInput
 from attnlens.io.ranks import shard_range
 
 _ITEMSIZE = {"float64": 8, "float32": 4}  # bytes per element of the sums, by `accumulate`
@@ -67,7 +67,7 @@ def parse_bytes(text: str) -> int:
     """
     match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
     if not match or match.group(2).lower() not in _UNITS or float(match.group(1)) <= 0:
-        raise AttnlensError(
+        raise BadInput(
             f"`max_memory` '{text}' is not a memory size; write a positive number with a unit, e.g. 8GB, 512MB or 16GiB"
         )
     return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
@@ -115,7 +115,7 @@ class MomentsCost:
 
     def __post_init__(self) -> None:
         if self.accumulate not in ACCUMULATE:
-            raise AttnlensError(f"`accumulate` {self.accumulate} is unknown; use one of {', '.join(ACCUMULATE)}")
+            raise BadInput(f"`accumulate` {self.accumulate} is unknown; use one of {', '.join(ACCUMULATE)}")
 
     @property
     def query_units(self) -> int:
@@ -221,7 +221,7 @@ def plan_units(
 ) -> Plan:
     """Split ``units`` into groups that fit ``budget`` bytes per process (see the module docstring).
 
-    Raises :class:`AttnlensError`, saying what one unit needs, when not even one fits.
+    Raises :class:`BadInput`, saying what one unit needs, when not even one fits.
     """
     heads_per_layer = heads_per_layer or max(sum(1 for other, _ in units if other == layer) for layer, _ in units)
     chunk = cost.head_chunk(heads_per_layer, budget)
@@ -232,7 +232,7 @@ def plan_units(
         capacity = (budget - working) // cost.unit_bytes
         if capacity < 1:
             need = cost.unit_bytes + cost.working_bytes(1)
-            raise AttnlensError(
+            raise BadInput(
                 f"`max_memory` {format_bytes(budget)} is too small: one (layer, head) unit needs {format_bytes(need)} "
                 f"({format_bytes(cost.unit_bytes)} of {cost.accumulate} sums for n = {cost.n}, both halves, "
                 f"{cost.query_units} query unit(s), plus {format_bytes(cost.working_bytes(1))} working memory per batch of "

@@ -41,13 +41,13 @@ import numpy as np
 import torch
 
 from attnlens.data.corpus import Corpus, load_corpus
-from attnlens.errors import AttnlensError
+from attnlens.errors import BadFile, BadInput
 from attnlens.io.files import write_json_atomic
 from attnlens.io.provenance import provenance
 from attnlens.io.ranks import World, init_world, local_gpus
 from attnlens.io.results import check_resumable_out, write_result
 from attnlens.io.store import Store, is_store
-from attnlens.models.loading import LoadedModel, load_model
+from attnlens.models.loading import LoadedModel
 from attnlens.progress import progress_bar
 from attnlens.rows.budgets import ACCUMULATE, MomentsCost, Plan, format_bytes, format_option, parse_bytes, plan_units
 from attnlens.rows.moments import ARRAYS, QUANTITIES, UnitSums, accumulate_rows, check_rows_for_per_query, split_halves
@@ -62,7 +62,7 @@ from attnlens.rows.partials import (
     save_partial,
     values_at,
 )
-from attnlens.rows.sources import ModelRows, StoreRows, open_rows
+from attnlens.rows.sources import ModelRows, StoreRows, check_source_path, load_source_model, open_rows
 from attnlens.settings import CorpusSettings, at_least, numbered_from_zero, one_of
 
 JOB_FILE = "job.json"
@@ -162,15 +162,15 @@ def run_moments(
 
 def _check_options(batch_size: int, checkpoint_every: int, quantity: str, model_dtype: str, device_map: str | None) -> None:
     if batch_size < 1:
-        raise AttnlensError(f"`batch_size` {batch_size} must be at least 1")
+        raise BadInput(f"`batch_size` {batch_size} must be at least 1")
     if checkpoint_every < 1:
-        raise AttnlensError(f"`checkpoint_every` {checkpoint_every} must be at least 1 (batches between checkpoints)")
+        raise BadInput(f"`checkpoint_every` {checkpoint_every} must be at least 1 (batches between checkpoints)")
     if quantity not in QUANTITIES:
-        raise AttnlensError(f"`quantity` {quantity} is unknown; use one of {', '.join(QUANTITIES)}")
+        raise BadInput(f"`quantity` {quantity} is unknown; use one of {', '.join(QUANTITIES)}")
     if model_dtype not in MODEL_DTYPES:
-        raise AttnlensError(f"`model_dtype` {model_dtype} is unknown; use one of {', '.join(MODEL_DTYPES)}")
+        raise BadInput(f"`model_dtype` {model_dtype} is unknown; use one of {', '.join(MODEL_DTYPES)}")
     if device_map not in (None, "auto"):
-        raise AttnlensError(f"`device_map` {device_map} is not supported; use `device_map` auto, or leave it out")
+        raise BadInput(f"`device_map` {device_map} is not supported; use `device_map` auto, or leave it out")
 
 
 def _check_sizes(seq_len: int, num_seqs: int, accumulate: str, layers: list[int] | None, queries: list[int] | None) -> None:
@@ -188,7 +188,7 @@ def _check_queries(n: int, queries: list[int] | None, per_query: bool) -> list[i
     if queries is not None:
         bad = [q for q in queries if not 0 <= q < n]
         if bad:
-            raise AttnlensError(f"`queries` {bad[0]} is out of range; query positions run from 0 to {n - 1}")
+            raise BadInput(f"`queries` {bad[0]} is out of range; query positions run from 0 to {n - 1}")
         return sorted(set(queries))
     return None
 
@@ -213,7 +213,7 @@ def _check_fits(plan: Plan, world: World, device: torch.device) -> None:
     """Without `max_memory`, refuse up front sums that cannot fit, rather than fail halfway."""
     available = device_memory(device, world)
     if plan.peak_bytes > available:
-        raise AttnlensError(
+        raise BadInput(
             f"the moments need {format_bytes(plan.peak_bytes)} per process ({len(plan.units)} units of "
             f"{format_bytes(plan.unit_bytes)} plus working memory), more than the {format_bytes(available)} a rank has here; "
             f"give `max_memory` (e.g. {format_option(available // 2)}) to split the units into passes"
@@ -224,12 +224,18 @@ def _prepare(out: Path, job: dict, *, resume: bool, overwrite: bool) -> None:
     """Rank 0: create the work directory, or check that the job to resume is this one."""
     _check_out(out, resume=resume, overwrite=overwrite)
     if resume:
-        made = json.loads((out / JOB_FILE).read_text())
-        for part in ("settings", "run"):
-            key = first_difference(made[part], job[part])
+        try:
+            made = json.loads((out / JOB_FILE).read_text())
+            parts = {part: made[part] for part in ("settings", "run")}
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            raise BadFile(
+                f"cannot resume {out}: its {JOB_FILE} is damaged ({type(error).__name__}); use `overwrite` to start the job again"
+            ) from None
+        for part, then_settings in parts.items():
+            key = first_difference(then_settings, job[part])
             if key is not None:
-                then, now = values_at(key, made[part], job[part])
-                raise AttnlensError(
+                then, now = values_at(key, then_settings, job[part])
+                raise BadInput(
                     f"cannot resume {out}: it was started with {key} = {then}, this run has {now}; rerun with the original "
                     "settings (and number of ranks), or use `overwrite` to start again"
                 )
@@ -259,6 +265,7 @@ def _open_rows(
     """Rows of a store, or of a model loaded in ``model_dtype`` on this rank's device(s)."""
     if isinstance(source, (Store, LoadedModel)) or is_store(Path(str(source))):
         return open_rows(source, corpus=corpus, seq_len=seq_len, num_seqs=num_seqs, seed=seed, device=world.device(device))
+    check_source_path(source, moments=False)  # a moments job reads rows: a store or a model
     placement: dict = {}
     if device_map is not None:
         memory = None
@@ -267,7 +274,7 @@ def _open_rows(
             memory = {gpu: torch.cuda.mem_get_info(gpu)[0] for gpu in local_gpus(world.local_rank, world.local_size)}
         placement = {"device_map": device_map, "device_memory": memory}
     corpus = corpus if isinstance(corpus, Corpus) else load_corpus(corpus)  # before the model: a bad corpus fails fast
-    model = load_model(str(source), device=world.device(device), dtype=MODEL_DTYPES[model_dtype], **placement)
+    model = load_source_model(source, moments=False, device=world.device(device), dtype=MODEL_DTYPES[model_dtype], **placement)
     return open_rows(model, corpus=corpus, seq_len=seq_len, num_seqs=num_seqs, seed=seed)
 
 
@@ -366,11 +373,15 @@ def _restore(path: Path, meta: dict, sums: UnitSums) -> int:
     saved, arrays = load_partial(path)
     for key in ("settings", "run", "rank", "pass", "units", "sequences"):
         if saved.get(key) != meta[key]:
-            raise AttnlensError(
+            raise BadFile(
                 f"partial file {path} does not belong to this job (its {key} differs); use `overwrite` to start the job again"
             )
-    sums.load_state(arrays)
-    return int(saved["done"])
+    try:
+        sums.load_state(arrays)
+        return int(saved["done"])
+    except (BadFile, KeyError, TypeError, ValueError) as error:
+        detail = f"no {error}" if isinstance(error, KeyError) else str(error)
+        raise BadFile(f"partial file {path} is damaged ({detail}); use `overwrite` to start the job again") from None
 
 
 # ---------------------------------------------------------------------- combination

@@ -42,7 +42,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from attnlens.errors import AttnlensError
+from attnlens.errors import BadFile, BadInput
 from attnlens.progress import Progress, progress_bar
 from attnlens.rows.sources import ModelRows, StoreRows
 
@@ -65,7 +65,7 @@ def row_values(scores: torch.Tensor, valid: torch.Tensor, quantity: str, dtype: 
     elif quantity == "log-weights":
         x = torch.log_softmax(x.masked_fill(~mask, float("-inf")), dim=-1)
     elif quantity != "scores":
-        raise AttnlensError(f"`quantity` {quantity} is unknown; use one of {', '.join(QUANTITIES)}")
+        raise BadInput(f"`quantity` {quantity} is unknown; use one of {', '.join(QUANTITIES)}")
     return x.masked_fill(~mask, 0.0)
 
 
@@ -95,7 +95,7 @@ class Moments:
     @classmethod
     def empty(cls, quantity: str, n: int, layers: Iterable[int], num_heads: int, queries: Iterable[int] | None = None) -> Moments:
         if quantity not in QUANTITIES:
-            raise AttnlensError(f"`quantity` {quantity} is unknown; use one of {', '.join(QUANTITIES)}")
+            raise BadInput(f"`quantity` {quantity} is unknown; use one of {', '.join(QUANTITIES)}")
         layers = tuple(layers)
         queries = None if queries is None else tuple(queries)
         units = (len(layers), num_heads, 1 if queries is None else len(queries))
@@ -127,7 +127,7 @@ class Moments:
     # ------------------------------------------------------------------ combination
     def _check_compatible(self, other: Moments) -> None:
         if self.settings() != other.settings():
-            raise AttnlensError(f"cannot add moments with different settings: {self.settings()} and {other.settings()}")
+            raise BadInput(f"cannot add moments with different settings: {self.settings()} and {other.settings()}")
 
     def __add__(self, other: Moments) -> Moments:
         self._check_compatible(other)
@@ -149,7 +149,7 @@ class Moments:
             return self
         axes = (1,) if level == "layer" else (0, 1)
         if level not in LEVELS:
-            raise AttnlensError(f"level {level} is unknown; use one of {', '.join(LEVELS)}")
+            raise BadInput(f"level {level} is unknown; use one of {', '.join(LEVELS)}")
         pooled = lambda array: array.sum(axis=axes, keepdims=True)
         return Moments(
             self.quantity,
@@ -209,7 +209,7 @@ class Moments:
                 sum_outer=data["sum_outer"],
             )
         except (OSError, KeyError, ValueError) as error:
-            raise AttnlensError(f"cannot read moments from {path} ({error})") from None
+            raise BadFile(f"cannot read moments from {path} ({error})") from None
 
 
 def _complete_keys(count: np.ndarray, key_count: np.ndarray) -> np.ndarray:
@@ -281,7 +281,7 @@ def unit_sums(parts: Sequence[Moments], level: str, index: tuple[int, int, int])
     elif level == "model":
         members = [(position, h) for position in range(len(first.layers)) for h in range(first.num_heads)]
     else:
-        raise AttnlensError(f"level {level} is unknown; use one of {', '.join(LEVELS)}")
+        raise BadInput(f"level {level} is unknown; use one of {', '.join(LEVELS)}")
     total: UnitMoments | None = None
     for position, h in members:
         piece: UnitMoments | None = None
@@ -361,9 +361,9 @@ class UnitSums:
         head_chunk: int | None = None,
     ) -> None:
         if quantity not in QUANTITIES:
-            raise AttnlensError(f"`quantity` {quantity} is unknown; use one of {', '.join(QUANTITIES)}")
+            raise BadInput(f"`quantity` {quantity} is unknown; use one of {', '.join(QUANTITIES)}")
         if accumulate not in ACCUMULATE:
-            raise AttnlensError(f"`accumulate` {accumulate} is unknown; use one of {', '.join(ACCUMULATE)}")
+            raise BadInput(f"`accumulate` {accumulate} is unknown; use one of {', '.join(ACCUMULATE)}")
         self.units = [(int(layer), int(head)) for layer, head in units]
         self.n, self.num_heads, self.quantity, self.accumulate = n, num_heads, quantity, accumulate
         self.queries = None if queries is None else tuple(int(q) for q in queries)
@@ -398,7 +398,9 @@ class UnitSums:
         if layer not in self._layers:
             return
         if scores.shape[-1] != self.n or scores.shape[1] != self.num_heads:
-            raise ValueError(f"scores of shape {tuple(scores.shape)} do not fit n={self.n}, heads={self.num_heads}")
+            raise BadInput(
+                f"scores of shape {tuple(scores.shape)} do not fit these sums' n = {self.n} and {self.num_heads} heads"
+            )
         first, last, position = self._layers[layer]
         source = scores.device
         for which in (0, 1):
@@ -453,7 +455,7 @@ class UnitSums:
         for name in ARRAYS:
             target = getattr(self, name)
             if tuple(arrays[name].shape) != tuple(target.shape):
-                raise ValueError(f"{name}: saved shape {arrays[name].shape}, expected {tuple(target.shape)}")
+                raise BadFile(f"the saved {name} has shape {tuple(arrays[name].shape)}, these sums {tuple(target.shape)}")
             target.copy_(torch.from_numpy(np.asarray(arrays[name])))
 
     def halves(self, layers: Iterable[int]) -> HalfMoments:
@@ -482,7 +484,8 @@ def _layer_ranges(units: list[tuple[int, int]]) -> dict[int, tuple[int, int, int
         else:
             first, last, start = ranges[layer]
             if head != last or position != start + last - first:
-                raise ValueError(
+                # A bug, not bad input: units come from attnlens.rows.budgets.plan_units, which keeps each layer's heads together.
+                raise AssertionError(
                     f"units must hold contiguous heads of each layer; got layer {layer} head {head} after {last - 1}"
                 )
             ranges[layer] = (first, last + 1, start)
@@ -495,7 +498,7 @@ def _layer_ranges(units: list[tuple[int, int]]) -> dict[int, tuple[int, int, int
 def check_rows_for_per_query(num_seqs: int, n: int, queries: Iterable[int] | None) -> None:
     """Per-query moments have one row per sequence: a full-rank n×n estimate needs n + 1 of them."""
     if queries is not None and num_seqs < n + 1:
-        raise AttnlensError(
+        raise BadInput(
             f"per-query moments from {num_seqs} sequences cannot estimate a {n}x{n} covariance; they need at least "
             f"{n + 1} sequences (one row per sequence and query position): extract more, or use pooled rows"
         )

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from attnlens.errors import AttnlensError, BadFile
+from attnlens.errors import BadFile, BadInput
 from attnlens.io.files import flatten, fsync_directory, pwrite_all, short
 from attnlens.io.provenance import provenance
 from attnlens.io.results import Result, write_result
@@ -85,19 +85,25 @@ def load_partial_meta(path: Path) -> dict:
         with np.load(path) as data:
             meta = json.loads(str(data["meta"]))
     except (OSError, ValueError, KeyError, json.JSONDecodeError) as error:
-        raise AttnlensError(f"'{path}' is not a readable attnlens partial moments file ({type(error).__name__})") from None
+        raise BadFile(f"'{path}' is not a readable attnlens partial moments file ({type(error).__name__})") from None
     if not isinstance(meta, dict) or meta.get("format") != PARTIAL_FORMAT:
-        raise AttnlensError(f"'{path}' is not an attnlens partial moments file; give the .npz files of a moments job's partials/")
+        raise BadFile(f"'{path}' is not an attnlens partial moments file; give the .npz files of a moments job's partials/")
     if int(meta.get("format_version", 0)) > PARTIAL_FORMAT_VERSION:
-        raise AttnlensError(f"partial file '{path}' was written by a newer attnlens; upgrade attnlens")
+        raise BadFile(f"partial file '{path}' was written by a newer attnlens; upgrade attnlens")
     return meta
 
 
 def load_partial(path: Path) -> tuple[dict, dict[str, np.ndarray]]:
     """(meta, arrays) of a partial file; the arrays are read into memory."""
     meta = load_partial_meta(path)
-    with np.load(path) as data:
-        return meta, {name: data[name] for name in ARRAYS}
+    try:
+        with np.load(path) as data:
+            missing = [name for name in ARRAYS if name not in data.files]
+            if missing:
+                raise BadFile(f"partial file '{path}' is damaged (it has no {missing[0]} array)")
+            return meta, {name: data[name] for name in ARRAYS}
+    except (OSError, ValueError) as error:
+        raise BadFile(f"partial file '{path}' is damaged ({type(error).__name__} reading its arrays)") from None
 
 
 def first_difference(made: dict, asked: dict) -> str | None:
@@ -213,7 +219,7 @@ def load_moments(path: str | Path) -> MomentsResult:
     path = Path(path)
     if (path / "job.json").is_file():
         if not (path / "moments" / "result.json").is_file():
-            raise AttnlensError(
+            raise BadFile(
                 f"the moments job in {path} has not finished (no merged moments in {path / 'moments'}); "
                 "rerun the same moments job with `resume`"
             )
@@ -264,13 +270,13 @@ def merge_partials(
     """
     paths = sorted({Path(path) for path in paths})
     if not paths:
-        raise AttnlensError("give at least one partial file (the .npz files in a moments job's partials/ directory)")
+        raise BadInput("give at least one partial file (the .npz files in a moments job's partials/ directory)")
     metas = {path: load_partial_meta(path) for path in paths}
     settings = _common_settings(metas)
     for path, meta in metas.items():
         total = meta["sequences"][1] - meta["sequences"][0]
         if meta["done"] < total:
-            raise AttnlensError(
+            raise BadFile(
                 f"partial file {path.name} is unfinished ({meta['done']} of {total} sequences); finish the job by rerunning "
                 "the same moments job with `resume`, then merge"
             )
@@ -308,7 +314,7 @@ def _common_settings(metas: dict[Path, dict]) -> dict:
         key = first_difference(reference["settings"], meta["settings"])
         if key is not None:
             mine, theirs = values_at(key, reference["settings"], meta["settings"])
-            raise AttnlensError(
+            raise BadInput(
                 f"partial files come from different settings: {first.name} has {key} = {mine}, {path.name} has {theirs}; "
                 "merge the partials of one moments job"
             )
@@ -332,7 +338,7 @@ def _groups(metas: dict[Path, dict], settings: dict) -> list[tuple[list[tuple[in
         overlap = seen & set(units)
         if overlap:
             layer, head = min(overlap)
-            raise AttnlensError(
+            raise BadInput(
                 f"unit layer {layer} head {head} is in partial files of two different splits; merge the partials of one moments job"
             )
         seen |= set(units)
@@ -343,13 +349,13 @@ def _groups(metas: dict[Path, dict], settings: dict) -> list[tuple[list[tuple[in
             if start != position:
                 what = "missing" if start > position else "in more than one partial file"
                 low, high = (position, start) if start > position else (start, position)
-                raise AttnlensError(
+                raise BadInput(
                     f"sequences {low} to {high - 1} of units from layer {units[0][0]} head {units[0][1]} are {what}; "
                     "give the partial files of every rank of the job, once each"
                 )
             position = stop
         if position != settings["num_seqs"]:
-            raise AttnlensError(
+            raise BadInput(
                 f"sequences {position} to {settings['num_seqs'] - 1} of units from layer {units[0][0]} head {units[0][1]} are missing; "
                 "give the partial files of every rank of the job"
             )
@@ -357,7 +363,7 @@ def _groups(metas: dict[Path, dict], settings: dict) -> list[tuple[list[tuple[in
     missing = expected - seen
     if missing:
         layer, head = min(missing)
-        raise AttnlensError(
+        raise BadInput(
             f"no partial file holds layer {layer} head {head} ({len(missing)} units missing); give the partial files of every pass and rank"
         )
     return groups

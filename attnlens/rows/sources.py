@@ -28,10 +28,10 @@ import numpy as np
 import torch
 
 from attnlens.data.corpus import Blocks, Corpus, load_corpus
-from attnlens.errors import AttnlensError
+from attnlens.errors import BadInput
 from attnlens.io.store import Store, is_store, open_store
 from attnlens.models.capture import Capture
-from attnlens.models.loading import LoadedModel, load_model
+from attnlens.models.loading import ALIASES, LoadedModel, ModelNotFound, load_model
 from attnlens.progress import progress_bar
 
 Consumer = Callable[[int, torch.Tensor, torch.Tensor, np.ndarray], None]
@@ -55,7 +55,7 @@ class StoreRows:
         layers = self.layers if layers is None else sorted(set(layers))
         missing = [layer for layer in layers if layer not in self.layers]
         if missing:
-            raise AttnlensError(f"layer {missing[0]} is not in the store {self.store.path}; it holds layers {self.layers}")
+            raise BadInput(f"layer {missing[0]} is not in the store {self.store.path}; it holds layers {self.layers}")
         return layers
 
     def for_each_batch(
@@ -124,6 +124,53 @@ def _chunks(sequences: np.ndarray, size: int) -> list[np.ndarray]:
     return [sequences[start : start + size] for start in range(0, len(sequences), size)]
 
 
+def source_kinds(*, moments: bool = True) -> str:
+    """What a SOURCE may be, for messages about one that is none of them.
+
+    >>> source_kinds(moments=False)
+    'a store directory (attnlens extract), or a model alias (minilm-l6, minilm-l3, gemma3-270m), local directory or Hub id'
+    """
+    kinds = ["a store directory (attnlens extract)"]
+    if moments:
+        kinds.append("a moments directory (attnlens moments / merge)")
+    kinds.append(f"or a model alias ({', '.join(ALIASES)}), local directory or Hub id")
+    return ", ".join(kinds)
+
+
+def check_source_path(source: str | Path, *, moments: bool = True) -> None:
+    """Refuse a SOURCE that is an existing file or directory but neither a store nor a model
+    directory (nor, with ``moments``, merged moments), naming what SOURCE may be. A moments
+    directory given where only rows will do is refused too.
+
+    ``moments`` says whether the caller also takes moments (:func:`attnlens.analysis.eigen`
+    does, and reads them before it asks for rows); it changes only the messages.
+    """
+    from attnlens.rows.partials import is_moments_source  # partials imports this module's neighbours; import late
+
+    path = Path(str(source)).expanduser()
+    if not path.exists() or is_store(path) or (path / "config.json").is_file():
+        return
+    if is_moments_source(path):
+        raise BadInput(f"`source` '{source}' holds moments, and this analysis reads rows; give {source_kinds(moments=False)}")
+    what = (
+        "an attnlens store (no manifest.json), moments (no result.json or job.json)"
+        if moments
+        else "an attnlens store (no manifest.json)"
+    )
+    raise BadInput(
+        f"`source` '{source}' is neither {what} nor a model directory (no config.json); give {source_kinds(moments=moments)}"
+    )
+
+
+def load_source_model(source: str | Path, *, moments: bool = True, **options: object) -> LoadedModel:
+    """:func:`attnlens.load_model` of a SOURCE that is not a store: a name that names no model
+    here is refused with a message that says what SOURCE was given and everything it may be."""
+    try:
+        return load_model(str(source), **options)
+    except ModelNotFound as error:
+        raise BadInput(f"`source` '{source}' {error.reason}; give {source_kinds(moments=moments)}") from None
+
+
 def open_rows(
     source: str | Path | Store | LoadedModel,
     *,
@@ -132,20 +179,23 @@ def open_rows(
     num_seqs: int = 256,
     seed: int = 0,
     device: str = "cpu",
+    moments: bool = True,
 ) -> StoreRows | ModelRows:
-    """A store path / :class:`Store`, or a model (alias, path, Hub id, :class:`LoadedModel`) with corpus blocks."""
+    """A store path / :class:`Store`, or a model (alias, path, Hub id, :class:`LoadedModel`) with corpus blocks.
+
+    A source that is none of these raises :class:`BadInput` naming what it was given and what
+    SOURCE may be: also a moments directory, unless ``moments=False`` (for callers that read
+    only rows; :func:`attnlens.analysis.eigen`, which reads moments before it calls this, keeps
+    the default).
+    """
     if isinstance(source, Store):
         return StoreRows(source)
     if not isinstance(source, LoadedModel):
         if is_store(Path(source)):
             return StoreRows(open_store(source))
-        path = Path(source)
-        if path.is_dir() and not (path / "config.json").is_file():
-            raise AttnlensError(
-                f"'{source}' is neither an attnlens store (no manifest.json) nor a model directory (no config.json)"
-            )
+        check_source_path(source, moments=moments)
     corpus = corpus if isinstance(corpus, Corpus) else load_corpus(corpus)  # before the model: a bad corpus fails fast
     if not isinstance(source, LoadedModel):
-        source = load_model(str(source), device=device)
+        source = load_source_model(source, moments=moments, device=device)
     source.check_seq_len(seq_len)
     return ModelRows(source, corpus.blocks(source, seq_len, num_seqs, seed), corpus, seed)

@@ -13,6 +13,9 @@ corpus and measures, on held-out blocks and for every k:
   means no better than predicting the training mean row), and against zero
   ``‖s − ŝ‖² / ‖s‖²`` (looks far better, as the mean row carries much of the energy);
 - the error after softmax: total-variation distance and KL(w ‖ ŵ) per row;
+- for each of these four, a 95% percentile-bootstrap interval over the held-out blocks
+  (``rel_error_low``/``rel_error_high``, ...): each resample's error is the ratio of its
+  resampled sums, as the error itself is a ratio of sums over all held-out rows;
 - attention FLOPs against full attention (:func:`attention_flops`);
 - with ``plug_in``, what the model's own outputs lose with the reconstruction inside
   attention (:mod:`attnlens.analysis.objectives`), and with ``learn_r`` the gain of fine-tuning
@@ -42,7 +45,15 @@ import numpy as np
 import pandas as pd
 import torch
 
-from attnlens.analysis.evaluation import bootstrap_interval, evaluate_batch, frozen, prepare_batches
+from attnlens.analysis.changes import FixedChange
+from attnlens.analysis.evaluation import (
+    CONFIDENCE,
+    bootstrap_interval,
+    bootstrap_weights,
+    evaluate_change,
+    frozen,
+    prepare_batches,
+)
 from attnlens.analysis.objectives import OBJECTIVES, Objective, PreparedBatch
 from attnlens.analysis.reconstruct.selection import (
     QUERY_DEPENDENT,
@@ -54,12 +65,12 @@ from attnlens.analysis.reconstruct.selection import (
     random_order,
     stride_positions,
 )
-from attnlens.analysis.task import Change, TaskJudge, TaskSettings, content_key, task_columns
-from attnlens.errors import AttnlensError, BadInput
-from attnlens.io.provenance import provenance
-from attnlens.io.results import Result
+from attnlens.analysis.task import TaskJudge, TaskSettings, content_key, task_columns
+from attnlens.errors import BadInput
+from attnlens.io.provenance import result_meta
+from attnlens.io.results import Result, format_table
 from attnlens.io.store import Store
-from attnlens.models.capture import Capture, Intervention
+from attnlens.models.capture import Capture
 from attnlens.models.loading import LoadedModel, load_model
 from attnlens.progress import Progress, progress_bar, split
 from attnlens.rows.moments import Moments, compute_moments
@@ -254,31 +265,40 @@ class HeldOutBatch:
     has_keys: torch.Tensor  # (B, H, q) rows with at least one valid key
     entropy_term: torch.Tensor  # (B, H, q): Σ w log w, the half of KL(w ‖ ŵ) that no map changes
     sums: dict[str, np.ndarray]  # per head: squared deviation from the mean row, squared norm, rows
+    block_sums: dict[str, np.ndarray]  # the same per block (sequence) and head, (B, H): what the bootstrap resamples
 
     @classmethod
     def of(cls, scores: torch.Tensor, valid: torch.Tensor, mean: torch.Tensor) -> HeldOutBatch:
         mask = None if bool(valid.all()) else valid[:, None].expand_as(scores)
         has_keys = valid.any(-1)[:, None].expand(scores.shape[:-1])
         weights = torch.softmax(_masked(scores, mask, float("-inf")), -1)
-        sums = {
-            "squared_deviation": _per_head(_masked(scores - mean, mask, 0.0) ** 2),
-            "squared_norm": _per_head(_masked(scores, mask, 0.0) ** 2),
-            "rows": _per_head(has_keys),
+        shared = {
+            "squared_deviation": _sums(_masked(scores - mean, mask, 0.0) ** 2),
+            "squared_norm": _sums(_masked(scores, mask, 0.0) ** 2),
+            "rows": _sums(has_keys),
         }
         entropy_term = torch.special.xlogy(weights, weights).sum(-1)
-        return cls(scores, mask, weights, has_keys, entropy_term, sums)
+        sums = {name: per_head for name, (per_head, _) in shared.items()}
+        block_sums = {name: per_block for name, (_, per_block) in shared.items()}
+        return cls(scores, mask, weights, has_keys, entropy_term, sums, block_sums)
 
     def errors(self, reconstructed: torch.Tensor) -> dict[str, np.ndarray]:
         """Per-head sums: squared error, total variation and KL(w ‖ ŵ) after softmax, with the shared sums."""
+        return self.measure(reconstructed)[0]
+
+    def measure(self, reconstructed: torch.Tensor) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """The sums of :meth:`errors` per head, and the same per block and head (B, H)."""
         log_estimate = _masked(torch.log_softmax(_masked(reconstructed, self.mask, float("-inf")), -1), self.mask, 0.0)
         tv = 0.5 * (self.weights - _masked(log_estimate.exp(), self.mask, 0.0)).abs().sum(-1)
         kl = self.entropy_term - (self.weights * log_estimate).sum(-1)
-        return {
-            **self.sums,
-            "squared_error": _per_head(_masked(self.scores - reconstructed, self.mask, 0.0) ** 2),
-            "tv": _per_head((tv * self.has_keys).nan_to_num()),
-            "kl": _per_head((kl * self.has_keys).nan_to_num()),
+        own = {
+            "squared_error": _sums(_masked(self.scores - reconstructed, self.mask, 0.0) ** 2),
+            "tv": _sums((tv * self.has_keys).nan_to_num()),
+            "kl": _sums((kl * self.has_keys).nan_to_num()),
         }
+        per_head = {**self.sums, **{name: head for name, (head, _) in own.items()}}
+        per_block = {**self.block_sums, **{name: block for name, (_, block) in own.items()}}
+        return per_head, per_block
 
 
 def _masked(tensor: torch.Tensor, mask: torch.Tensor | None, value: float) -> torch.Tensor:
@@ -288,6 +308,12 @@ def _masked(tensor: torch.Tensor, mask: torch.Tensor | None, value: float) -> to
 
 def _per_head(tensor: torch.Tensor) -> np.ndarray:
     return tensor.sum(dim=tuple(d for d in range(tensor.ndim) if d != 1), dtype=torch.float64).numpy()
+
+
+def _sums(tensor: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """Sums per head (H,), as :func:`_per_head`, and per block and head (B, H)."""
+    per_block = tensor.sum(dim=tuple(range(2, tensor.ndim)), dtype=torch.float64) if tensor.ndim > 2 else tensor.double()
+    return _per_head(tensor), per_block.numpy()
 
 
 def layer_errors(
@@ -323,6 +349,23 @@ class ReconstructResult(Result):
     ``selections``: the chosen keys of every map, keyed ``strategy/scope/k``."""
 
     kind = "reconstruct"
+    figures_module = "attnlens.figures.reconstruct"
+    shown = {
+        "table": (
+            "strategy", "scope", "k", "layer", "head", "rel_error", "rel_error_low", "rel_error_high", "rel_error_zero", "tv",
+            "kl", "flops_ratio",
+        ),
+        "plug_in": (
+            "strategy", "scope", "k", "loss", "loss_increase", "token_cosine", "pooled_cosine", "accuracy", "accuracy_low",
+            "accuracy_high", "delta_accuracy",
+        ),
+    }  # fmt: skip
+    column_notes = {
+        "rel_error": "held-out ‖s − ŝ‖² / ‖s − μ‖², μ the training mean row (1: no better than the mean row)",
+        "rel_error_zero": "held-out ‖s − ŝ‖² / ‖s‖²",
+        "tv": "total variation between the weights and the rebuilt rows' weights, mean over rows",
+        "flops_ratio": "attention FLOPs with k exact scores per row, against full attention",
+    }
 
     def __init__(
         self,
@@ -353,21 +396,31 @@ class ReconstructResult(Result):
         settings = self.settings
         return f"ks {settings.get('ks')}, strategies {settings.get('strategies')}, scopes {settings.get('scopes')}"
 
+    def text(self) -> str:
+        """Held-out errors over all heads per strategy, scope and k; the plug-in runs and learned maps when there are any."""
+        overall = self.table[self.table["layer"] == -1].drop(columns=["layer", "head"])
+        lines = [format_table(self.view(frame=overall)), *self.notes_for(overall)]
+        if self.plug_in is not None:
+            lines += ["the model with the reconstruction inside attention (held-out blocks):", format_table(self.view("plug_in"))]
+        if self.learned is not None:
+            lines += ["maps learned on the objective against the closed form:", format_table(self.learned)]
+        return "\n".join(lines)
+
 
 # ---------------------------------------------------------------------- plug-in and learned R
+
+
+def reconstruction(maps: dict[int, LayerMaps], key: str = "reconstruct") -> FixedChange:
+    """The maps inside attention in their layers, as a change (it reads no tokens): the same
+    object judges corpus blocks by the objective and task examples by accuracy."""
+    return FixedChange(key, lambda layer, scores, valid: maps[layer].apply(scores), list(maps))
 
 
 def evaluate_objective(
     objective: Objective, batches: list[PreparedBatch], maps: dict[int, LayerMaps] | None
 ) -> dict[str, np.ndarray]:
     """Per-block objective metrics with the reconstruction in ``maps``' layers (None: unmodified)."""
-    intervene = None if maps is None else _maps_intervention(maps)
-    per_batch = [evaluate_batch(objective, batch, intervene, None if maps is None else list(maps)) for batch in batches]
-    return {name: np.concatenate([metrics[name] for metrics in per_batch]) for name in per_batch[0]}
-
-
-def _maps_intervention(maps: dict[int, LayerMaps]) -> Intervention:
-    return lambda layer, scores, valid: maps[layer].apply(scores)
+    return evaluate_change(objective, batches, [None] * len(batches), None if maps is None else reconstruction(maps))
 
 
 def learn_maps(
@@ -552,7 +605,9 @@ def reconstruct(
     overshoots on held-out matrices.
     """
     s = ReconstructSettings.build(settings, **changes)
-    source_rows = open_rows(source, corpus=s.corpus, seq_len=s.seq_len, num_seqs=s.num_seqs, seed=s.seed, device=device)
+    source_rows = open_rows(
+        source, corpus=s.corpus, seq_len=s.seq_len, num_seqs=s.num_seqs, seed=s.seed, device=device, moments=False
+    )
     plan = _Plan.of(source_rows, s)  # every check that needs the source, before any work
     judged_by_model = s.plug_in or s.learn_r
     objective = Objective(_model_for_plug_in(source_rows, model, device), s.objective, seed=s.seed) if judged_by_model else None
@@ -572,29 +627,15 @@ def reconstruct(
     ).total
     fitter = MapFitter(moments, ridge=s.ridge, seed=s.seed, global_positions=(0,))
 
-    plug = None
-    if judged_by_model:
-        plug_layers = plan.layers if s.plug_in_layers is None else source_rows.check_layers(s.plug_in_layers)
-        plug_scopes = set(plan.scopes if s.plug_in_scopes is None else s.plug_in_scopes) if s.plug_in else set()
-        task = None
-        if s.task is not None and s.plug_in:  # examples padded to the maps' width n
-            task = TaskJudge(
-                objective.model, TaskSettings.of(s), seq_len=plan.n, batch_size=s.batch_size, seed=s.seed, pad_to=plan.n
-            )
-        plug = _PlugIn(
-            objective,
-            [layer for layer in plug_layers if layer in plan.layers],
-            source_rows.tokens(evaluated),
-            s.batch_size,
-            s.seed,
-            plug_scopes,
-            task,
-            set(plan.strategies if s.task_strategies is None else s.task_strategies),
-        )
+    plug = _plug_in(objective, source_rows, plan, evaluated, s) if judged_by_model else None
     configs = [(strategy, scope, k) for strategy in plan.strategies for scope in plan.scopes for k in plan.ks]
-    table, selections = _evaluate(source_rows, fitter, configs, evaluated, plan.layers, s.batch_size, plug, maps_progress)
+    table, selections = _evaluate(
+        source_rows, fitter, configs, evaluated, plan.layers, s.batch_size, plug, maps_progress, seed=s.seed
+    )
     if s.pairs:
-        pairs = _evaluate_pairs(source_rows, fitter, plan.ks, fitted, evaluated, s.pairs_ridge, plan.head_dim, pairs_progress)
+        pairs = _evaluate_pairs(
+            source_rows, fitter, plan.ks, fitted, evaluated, s.pairs_ridge, plan.head_dim, pairs_progress, seed=s.seed
+        )
         table = pd.concat([table, pairs], ignore_index=True)
     tables = {"table": plan.with_flops(table)}
     if s.plug_in:
@@ -615,34 +656,55 @@ def reconstruct(
             s.seed,
             learn_progress,
         )
-    meta = {
-        "model": source_rows.model_info,
-        "corpus": source_rows.corpus_info,
-        "n": plan.n,
-        "layers": plan.layers,
-        "num_heads": source_rows.num_heads,
-        "settings": {
-            **s.to_dict(),
-            "corpus": source_rows.corpus_info.get("source"),
-            "ks": plan.ks,
-            "strategies": plan.strategies,
-            "rows": "per-query" if plan.per_query else "pooled",
-            "layers": plan.layers,
-            "fit_sequences": len(fitted),
-            "eval_sequences": len(evaluated),
-            "objective": objective.name if objective is not None else None,
-        },
-        "task": plug.task.describe() if plug is not None and plug.task is not None else None,
-        # Rows of the source (store rows, or blocks of the corpus) the maps were fitted and judged on.
-        "splits": {
-            "fit": fitted.tolist(),
-            "eval": evaluated.tolist(),
-            "fit_block_index": source_rows.block_index[fitted].tolist(),
-            "eval_block_index": source_rows.block_index[evaluated].tolist(),
-        },
-        **provenance(command),
-    }
+    meta = _metadata(source_rows, plan, s, fitted, evaluated, objective, plug, command)
     return ReconstructResult(meta, tables, selections=selections)
+
+
+def _plug_in(
+    objective: Objective, rows: StoreRows | ModelRows, plan: _Plan, evaluated: np.ndarray, s: ReconstructSettings
+) -> _PlugIn:
+    """The model run with each config's maps inside attention on the held-out blocks (and, with a
+    task, its examples padded to the maps' width n); with ``learn_r`` alone, the layers and batches it needs."""
+    layers = plan.layers if s.plug_in_layers is None else rows.check_layers(s.plug_in_layers)
+    scopes = set(plan.scopes if s.plug_in_scopes is None else s.plug_in_scopes) if s.plug_in else set()
+    task = None
+    if s.task is not None and s.plug_in:
+        task = TaskJudge(objective.model, TaskSettings.of(s), seq_len=plan.n, batch_size=s.batch_size, seed=s.seed, pad_to=plan.n)
+    strategies = set(plan.strategies if s.task_strategies is None else s.task_strategies)
+    used = [layer for layer in layers if layer in plan.layers]
+    return _PlugIn(objective, used, rows.tokens(evaluated), s.batch_size, s.seed, scopes, task, strategies)
+
+
+def _metadata(rows, plan: _Plan, s: ReconstructSettings, fitted, evaluated, objective, plug, command) -> dict:
+    """The result's meta: the source's model and corpus, the settings as run, the task, and the split."""
+    settings = {
+        **s.to_dict(),
+        "ks": plan.ks,
+        "strategies": plan.strategies,
+        "rows": "per-query" if plan.per_query else "pooled",
+        "layers": plan.layers,
+        "fit_sequences": len(fitted),
+        "eval_sequences": len(evaluated),
+        "objective": objective.name if objective is not None else None,
+    }
+    # Rows of the source (store rows, or blocks of the corpus) the maps were fitted and judged on.
+    splits = {
+        "fit": fitted.tolist(),
+        "eval": evaluated.tolist(),
+        "fit_block_index": rows.block_index[fitted].tolist(),
+        "eval_block_index": rows.block_index[evaluated].tolist(),
+    }
+    return result_meta(
+        model=rows.model_info,
+        corpus=rows.corpus_info,
+        settings=settings,
+        command=command,
+        n=plan.n,
+        layers=plan.layers,
+        num_heads=rows.num_heads,
+        task=plug.task.describe() if plug is not None and plug.task is not None else None,
+        splits=splits,
+    )
 
 
 def held_out_split(num_seqs: int, eval_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -704,10 +766,10 @@ def _model_for_plug_in(rows: StoreRows | ModelRows, model: str | LoadedModel | N
     if isinstance(rows, ModelRows):
         return rows.model
     if model is None:
-        raise AttnlensError("plug-in evaluation runs the model: give `model` (the model the store was made with)")
+        raise BadInput("plug-in evaluation runs the model: give `model` (the model the store was made with)")
     loaded = model if isinstance(model, LoadedModel) else load_model(model, device=device)
     if loaded.weights_sha256() != rows.model_info["weights_sha256"]:
-        raise AttnlensError(
+        raise BadInput(
             f"the store was made with model '{rows.model_info['name']}' (weights {rows.model_info['weights_sha256'][:12]}), "
             f"not '{loaded.name}' (weights {loaded.weights_sha256()[:12]}); give the same `model`"
         )
@@ -762,8 +824,14 @@ class _PlugIn:
         return scope in self.scopes
 
     def run(self, config: tuple[str, str, int], maps: dict[int, LayerMaps]) -> None:
-        metrics = evaluate_objective(self.objective, self.batches, {layer: maps[layer] for layer in self.layers})
         strategy, scope, k = config
+        used = {layer: maps[layer] for layer in self.layers}
+        judged_by_task = self.task is not None and strategy in self.task_strategies
+        key = "reconstruct/" + "/".join(map(str, config))
+        if judged_by_task:  # a cached fine-tune run is reused only for the very same maps
+            key = content_key(key, *[t for m in used.values() for t in (m.positions, m.weights, m.offset)])
+        change = reconstruction(used, key)
+        metrics = evaluate_change(self.objective, self.batches, [None] * len(self.batches), change)
         record = {
             "strategy": strategy,
             "scope": scope,
@@ -778,13 +846,8 @@ class _PlugIn:
             mean, low, high = bootstrap_interval(values[None], seed=self.seed)
             record.update({name: float(mean[0]), f"{name}_low": float(low[0]), f"{name}_high": float(high[0])})
         record["baseline_loss"] = float(self.baseline.mean())
-        if self.task is not None and strategy in self.task_strategies:
-            used = [maps[layer] for layer in self.layers]
-            key = content_key(
-                "reconstruct/" + "/".join(map(str, config)), *[t for m in used for t in (m.positions, m.weights, m.offset)]
-            )
-            intervene = _maps_intervention(dict(zip(self.layers, used)))
-            record.update(task_columns(self.task.judge(Change.fixed(key, intervene, self.layers))))
+        if judged_by_task:
+            record.update(task_columns(self.task.judge(change)))
         self.records.append(record)
 
 
@@ -797,30 +860,43 @@ def _evaluate(
     batch_size: int,
     plug: _PlugIn | None,
     progress: Progress,
+    seed: int = 0,
 ) -> tuple[pd.DataFrame, dict[str, np.ndarray]]:
     """Held-out errors of every config (and its plug-in run), one config at a time: each
-    config's maps are fitted once and serve both."""
+    config's maps are fitted once and serve both. Beside each error, its 95% interval from
+    a bootstrap over the held-out blocks (the same resamples, drawn with ``seed``, for every config)."""
     held = _held_out(rows, evaluated, layers, fitter, batch_size)
+    weights = bootstrap_weights(len(evaluated), BOOTSTRAP_RESAMPLES, seed)
     records, selections = [], {}
     with progress_bar(total=len(configs), desc="reconstruct", unit="config", enabled=progress) as bar:
         for config in configs:
             fitted = {layer: fitter.layer_maps(*config, layer) for layer in layers}
             selections["/".join(map(str, config))] = np.stack([chosen for _, chosen in fitted.values()])
-            totals = {}
+            totals, blocks = {}, {}
             for layer, (maps, _) in fitted.items():
-                totals[layer] = {}
+                totals[layer], parts = {}, []
                 for batch in held[layer]:
-                    for name, value in batch.errors(maps.apply(batch.scores)).items():
+                    per_head, per_block = batch.measure(maps.apply(batch.scores))
+                    for name, value in per_head.items():
                         totals[layer][name] = totals[layer].get(name, 0) + value
-            records += _error_records(config, totals)
+                    parts.append(per_block)
+                blocks[layer] = {name: np.concatenate([part[name] for part in parts]) for name in parts[0]}  # (E, H)
+            records += _error_records(config, totals, blocks, weights)
             if plug is not None and plug.wants(config[1]):
                 plug.run(config, {layer: maps for layer, (maps, _) in fitted.items()})
             bar.update(1)
     return pd.DataFrame(records), selections
 
 
-def _error_records(config: tuple[str, str, int], totals: dict[int, dict[str, np.ndarray]]) -> list[dict]:
-    """One row per (layer, head), and one (layer = head = -1) for all of them together."""
+def _error_records(
+    config: tuple[str, str, int],
+    totals: dict[int, dict[str, np.ndarray]],
+    blocks: dict[int, dict[str, np.ndarray]] | None = None,
+    weights: np.ndarray | None = None,
+) -> list[dict]:
+    """One row per (layer, head), and one (layer = head = -1) for all of them together; with
+    the per-block sums ``blocks`` ((E, H) per layer and name) and bootstrap ``weights``
+    (:func:`~attnlens.analysis.evaluation.bootstrap_weights`), each error's 95% interval beside it."""
     base = dict(zip(("strategy", "scope", "k"), config))
     records = [
         {**base, "layer": layer, "head": head, **_summarise({name: value[head] for name, value in total.items()})}
@@ -828,7 +904,39 @@ def _error_records(config: tuple[str, str, int], totals: dict[int, dict[str, np.
         for head in range(len(total["rows"]))
     ]
     overall = {name: sum(total[name].sum() for total in totals.values()) for name in next(iter(totals.values()))}
-    return [*records, {**base, "layer": -1, "head": -1, **_summarise(overall)}]
+    records.append({**base, "layer": -1, "head": -1, **_summarise(overall)})
+    if blocks is not None:
+        # Units as columns: every (layer, head) in the order of the records, then all of them together.
+        per_unit = {name: np.concatenate([blocks[layer][name] for layer in totals], axis=1) for name in overall}
+        per_unit = {name: np.column_stack([value, value.sum(1)]) for name, value in per_unit.items()}
+        for name, (low, high) in _intervals(per_unit, weights).items():
+            for record, low_value, high_value in zip(records, low, high):
+                record[f"{name}_low"], record[f"{name}_high"] = float(low_value), float(high_value)
+    return records
+
+
+# What each error is a ratio of: sums over rows, so that a resample's error is the ratio of its resampled sums.
+_RATIOS = {
+    "rel_error": ("squared_error", "squared_deviation"),
+    "rel_error_zero": ("squared_error", "squared_norm"),
+    "tv": ("tv", "rows"),
+    "kl": ("kl", "rows"),
+}
+BOOTSTRAP_RESAMPLES = 1000
+
+
+def _intervals(sums: dict[str, np.ndarray], weights: np.ndarray) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Percentile-bootstrap intervals of the errors of :func:`_summarise` over blocks: ``sums``
+    per block and unit (E, U), ``weights`` (E, R) how often each block is drawn in each
+    resample (divided by E, which the ratios cancel). Returns (low, high), each (U,), per error."""
+    tail = (1 - CONFIDENCE) / 2 * 100
+    intervals = {}
+    for name, (numerator, denominator) in _RATIOS.items():
+        top, bottom = sums[numerator].T @ weights, sums[denominator].T @ weights  # (U, R) resampled sums
+        # A resample without rows (or deviation) in a unit has no error: the unit gets no interval (NaN).
+        ratio = np.divide(top, bottom, out=np.full_like(top, np.nan), where=bottom > 0)
+        intervals[name] = tuple(np.percentile(ratio, [tail, 100 - tail], axis=-1))
+    return intervals
 
 
 def _evaluate_pairs(
@@ -840,16 +948,19 @@ def _evaluate_pairs(
     ridge: float,
     head_dim: int,
     progress: Progress,
+    seed: int = 0,
 ) -> pd.DataFrame:
     """Pairs mode, per head: greedy pairs in the low-rank factor of the fit matrices, error on held-out ones.
 
-    ``rel_error`` uses the same mean-row baseline as rows mode, so the two are comparable.
+    ``rel_error`` uses the same mean-row baseline as rows mode, so the two are comparable;
+    its intervals are from the same bootstrap over held-out blocks.
     """
     from attnlens.analysis.eigen import matrix_spectrum
     from attnlens.analysis.reconstruct.pairs import fit_pairs, greedy_pairs
 
     store, n, layers = rows.store, rows.n, list(fitter.moments.layers)
-    records, totals = [], {k: {} for k in ks}
+    records, totals, block_totals = [], {k: {} for k in ks}, {k: {} for k in ks}
+    weights = bootstrap_weights(len(evaluated), BOOTSTRAP_RESAMPLES, seed)
     with progress_bar(total=len(layers) * rows.num_heads, desc="pairs", unit="head", enabled=progress) as bar:
         for position, layer in enumerate(layers):
             scores = store.read("scores", layer, 0, store.num_seqs).astype(np.float64)
@@ -868,8 +979,9 @@ def _evaluate_pairs(
                 for k in ks:
                     selected = np.sort(order[: min(k * n, len(mean))])
                     rebuilt = _as_matrices(fit_pairs(factor, mean, selected, ridge).apply(flat[evaluated]), entries, n)
-                    part = layer_errors(truth, eval_valid, rebuilt, baseline)
+                    part, part_blocks = HeldOutBatch.of(truth, eval_valid, baseline).measure(rebuilt)  # as layer_errors
                     totals[k] = {name: totals[k].get(name, 0) + value for name, value in part.items()}
+                    block_totals[k] = {name: block_totals[k].get(name, 0) + value for name, value in part_blocks.items()}
                     flops = pairs_attention_flops(n, head_dim, len(selected), int(kept.sum()))["ratio"]
                     records.append(
                         {
@@ -880,6 +992,7 @@ def _evaluate_pairs(
                             "head": head,
                             **_summarise({name: value[0] for name, value in part.items()}),
                             "flops_ratio": flops,
+                            **_interval_columns(part_blocks, weights),
                         }
                     )
                 bar.update(1)
@@ -895,9 +1008,16 @@ def _evaluate_pairs(
                 "head": -1,
                 **_summarise({name: value.sum() for name, value in totals[k].items()}),
                 "flops_ratio": flops,
+                **_interval_columns(block_totals[k], weights),
             }
         )
     return pd.DataFrame(records)
+
+
+def _interval_columns(sums: dict[str, np.ndarray], weights: np.ndarray) -> dict[str, float]:
+    """``{error}_low`` and ``{error}_high`` of one unit, from its per-block sums ((E,) or (E, 1) per name)."""
+    intervals = _intervals({name: value.reshape(len(value), 1) for name, value in sums.items()}, weights)
+    return {f"{name}_{end}": float(bound[0]) for name, bounds in intervals.items() for end, bound in zip(("low", "high"), bounds)}
 
 
 def _as_matrices(flat: np.ndarray, entries: np.ndarray, n: int) -> torch.Tensor:

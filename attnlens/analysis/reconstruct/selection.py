@@ -21,7 +21,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from attnlens.errors import AttnlensError
+from attnlens.errors import BadInput
 
 STRATEGIES = ("greedy", "random", "stride", "local+global", "eigen")
 QUERY_DEPENDENT = ("local+global",)
@@ -130,13 +130,11 @@ def leverage_positions(covariance: np.ndarray, k: int, candidates: np.ndarray | 
 def check_ks(ks: Iterable[int], n: int) -> list[int]:
     ks = sorted(set(int(k) for k in ks))
     if not ks:
-        raise AttnlensError("`ks` is empty; give at least one k, e.g. `ks` 16,32")
+        raise BadInput("`ks` is empty; give at least one k, e.g. `ks` 16,32")
     if ks[0] < 1:
-        raise AttnlensError(
-            f"k = {ks[0]} selects nothing; every k must be at least 1 (an empty selection cannot reconstruct a row)"
-        )
+        raise BadInput(f"k = {ks[0]} selects nothing; every k must be at least 1 (an empty selection cannot reconstruct a row)")
     if ks[-1] > n:
-        raise AttnlensError(f"k = {ks[-1]} is larger than the {n} valid keys of a row; use k <= {n}")
+        raise BadInput(f"k = {ks[-1]} is larger than the {n} valid keys of a row; use k <= {n}")
     return ks
 
 
@@ -144,7 +142,7 @@ def check_strategies(strategies: Iterable[str]) -> list[str]:
     strategies = list(strategies)
     unknown = [s for s in strategies if s not in STRATEGIES]
     if unknown:
-        raise AttnlensError(f"`strategies` {unknown[0]} is unknown; use some of {', '.join(STRATEGIES)}")
+        raise BadInput(f"`strategies` {unknown[0]} is unknown; use some of {', '.join(STRATEGIES)}")
     if not strategies:
-        raise AttnlensError("`strategies` is empty; name at least one strategy, e.g. `strategies` greedy")
+        raise BadInput("`strategies` is empty; name at least one strategy, e.g. `strategies` greedy")
     return strategies

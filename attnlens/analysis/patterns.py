@@ -43,7 +43,7 @@ from dataclasses import dataclass
 import torch
 
 from attnlens.analysis.evaluation import guard_rows
-from attnlens.errors import AttnlensError
+from attnlens.errors import BadInput
 
 
 def _positions(n: int, device: torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -128,7 +128,7 @@ PATTERNS: dict[str, Pattern] = {
 def build(name: str, n: int, parameter: int, cls: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
     """The (batch, n, n) keep mask of pattern ``name``; ``cls`` (batch, n) marks the global keys."""
     if name not in PATTERNS:
-        raise AttnlensError(f"unknown pattern '{name}'; use one of {', '.join(PATTERNS)}")
+        raise BadInput(f"unknown pattern '{name}'; use one of {', '.join(PATTERNS)}")
     return PATTERNS[name].build(n, parameter, cls, generator)
 
 

@@ -1,0 +1,296 @@
+"""Changes to attention, each one object, built once and applied alike to corpus blocks and task batches.
+
+A :class:`Change` has a stable ``key`` (it names the change in caches and tables), the
+``layers`` it applies to (``None``: every layer) and :meth:`Change.intervention`, which
+gives the capture intervention (:data:`attnlens.models.capture.Intervention`) for one
+:class:`Batch`. A batch is what a change may read of the sequences it changes: their
+token ids (roles and position classes follow from them) and an ``index`` that seeds the
+batch's random draws. Whether the batch holds corpus blocks judged by a proxy objective
+or task examples judged by accuracy, the same change removes the same positions of the
+same ids (tested for every change kind).
+
+The kinds:
+
+- :class:`Ablation`: one position class removed (``control="class"``), or as many valid
+  positions per row chosen at random (``control="random"``), in every layer or one layer,
+  every head or one head;
+- :class:`MaskChange`: the hard mask ``α > 0`` of a learned mask in any layout
+  (:mod:`attnlens.analysis.dam.layouts`);
+- :class:`PatternChange`: a fixed sparse pattern (:mod:`attnlens.analysis.patterns`);
+- :class:`FixedChange`: an intervention that reads no tokens (a reconstruction map);
+- :class:`FunctionChange`: any function of the batch (a user's own change).
+
+Removals follow the one row guard (:func:`attnlens.analysis.evaluation.guard_rows`): a
+row that would lose every valid key loses none.
+
+>>> import torch
+>>> from attnlens import load_model
+>>> model = load_model("minilm-l6")
+>>> batch = Batch(torch.tensor([[101, 1999, 1996, 2927, 102]]), model, index=0)
+>>> valid = torch.ones(1, 5, 5, dtype=torch.bool)
+>>> Ablation("self", ("self", "other")).removed(batch, 0, valid)[0, 0].int().tolist()[:2]
+[[1, 0, 0, 0, 0], [0, 1, 0, 0, 0]]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from attnlens.analysis.evaluation import guard_rows
+from attnlens.analysis.patterns import build, removed_mask
+from attnlens.data.positions import TokenRoles, class_masks, token_roles
+from attnlens.models.capture import Intervention
+from attnlens.models.loading import LoadedModel
+
+RANDOM_STREAM = 2  # the random control's keys (importance)
+PATTERN_STREAM = 13  # BigBird's random keys (fixed patterns)
+
+
+def seeded(seed: int, *stream: int) -> int:
+    """A seed for one stream of random draws, independent of every other stream of ``seed``.
+
+    >>> seeded(0, 2, 5) == seeded(0, 2, 5) != seeded(0, 2, 6)
+    True
+    """
+    return int(np.random.SeedSequence([seed, *stream]).generate_state(1)[0])
+
+
+@dataclass
+class Batch:
+    """One batch of sequences as a change sees it.
+
+    ``ids`` (batch, n) are the tokens as read (before an objective masks any), ``index``
+    seeds the batch's random draws so that a sequence is changed the same way wherever it
+    is batched: for corpus blocks the corpus index of the batch's first block, for task
+    examples the number of the batch's first example. Task batches draw each class's random
+    keys from a stream of its own (``keys_by_class``); corpus batches draw every class's
+    keys from one stream. Roles, class masks and keys are computed once per batch.
+    """
+
+    ids: torch.Tensor
+    model: LoadedModel
+    index: int
+    keys_by_class: bool = False
+    _cache: dict = field(default_factory=dict, repr=False)
+
+    def roles(self) -> TokenRoles:
+        if "roles" not in self._cache:
+            self._cache["roles"] = token_roles(self.ids, self.model)
+        return self._cache["roles"]
+
+    def classes(self, names: tuple[str, ...]) -> dict[str, torch.Tensor]:
+        """(batch, n, n) masks of position classes ``names`` (``other``: what the others leave)."""
+        key = ("classes", names)
+        if key not in self._cache:
+            self._cache[key] = class_masks(self.ids, self.model, names, roles=self.roles())
+        return self._cache[key]
+
+    def random_keys(self, seed: int, classes: tuple[str, ...], name: str) -> torch.Tensor:
+        """(batch, n, n) uniform numbers that choose class ``name``'s random control."""
+        shape = (*self.ids.shape, self.ids.shape[-1])
+        if self.keys_by_class:
+            generator = torch.Generator().manual_seed(seeded(seed, RANDOM_STREAM, classes.index(name), self.index))
+            return torch.rand(shape, generator=generator).to(self.ids.device)
+        key = ("keys", seed, classes)
+        if key not in self._cache:
+            generator = torch.Generator().manual_seed(seeded(seed, RANDOM_STREAM, self.index))
+            self._cache[key] = torch.rand((len(classes), *shape), generator=generator).to(self.ids.device)
+        return self._cache[key][classes.index(name)]
+
+    def generator(self, seed: int, stream: int) -> torch.Generator:
+        """A generator for this batch's draws of one stream."""
+        return torch.Generator().manual_seed(seeded(seed, stream, self.index))
+
+
+class Change:
+    """A change to attention: ``key``, ``layers`` and the intervention for one :class:`Batch`."""
+
+    key: str  # every change names itself
+    layers: list[int] | None = None
+
+    def intervention(self, batch: Batch) -> Intervention | None:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class FixedChange(Change):
+    """A change that reads no tokens (a reconstruction map, a fixed score edit)."""
+
+    key: str
+    intervene: Intervention
+    layers: list[int] | None = None
+
+    def intervention(self, batch: Batch) -> Intervention:
+        return self.intervene
+
+
+@dataclass(frozen=True)
+class FunctionChange(Change):
+    """A change written as a function of the batch (``make(batch) -> intervention``): a user's own."""
+
+    key: str
+    make: Callable[[Batch], Intervention | None]
+    layers: list[int] | None = None
+
+    def intervention(self, batch: Batch) -> Intervention | None:
+        return self.make(batch)
+
+
+class Removal(Change):
+    """A change that removes positions: their scores are set to -inf before softmax.
+
+    Subclasses say what one batch needs (:meth:`prepare`, once per batch) and which
+    positions go in one layer (:meth:`remove`, broadcastable to (batch, head, n, n)).
+    Layers with equal valid masks share the result.
+    """
+
+    shared_by_layers = True  # the positions removed depend on the layer only through its valid mask
+
+    def prepare(self, batch: Batch) -> object:
+        return batch
+
+    def remove(self, prepared: object, layer: int, valid: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def removed(self, batch: Batch, layer: int, valid: torch.Tensor) -> torch.Tensor:
+        """The positions removed in ``layer`` of ``batch`` whose valid mask is ``valid`` (batch or 1, n, n)."""
+        return self.remove(self.prepare(batch), layer, valid)
+
+    def intervention(self, batch: Batch) -> Intervention:
+        prepared, seen = self.prepare(batch), []
+
+        def intervene(layer: int, scores: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+            hit = next((remove for v, remove in seen if v.shape == valid.shape and torch.equal(v, valid)), None)
+            if hit is None or not self.shared_by_layers:
+                hit = self.remove(prepared, layer, valid)
+                seen.append((valid, hit))
+            return scores.masked_fill(hit, float("-inf"))
+
+        return intervene
+
+
+@dataclass(frozen=True)
+class Ablation(Removal):
+    """Position class ``cls`` removed (``control="class"``), or as many valid positions per row
+    at random (``"random"``, seeded by ``seed`` and the batch), in ``layer`` (-1: every layer)
+    and ``head`` (-1: every head). ``classes`` is the partition the class belongs to (``other``
+    is what the rest leave), and keys the random draws.
+    """
+
+    cls: str
+    classes: tuple[str, ...]
+    control: str = "class"
+    layer: int = -1
+    head: int = -1
+    seed: int = 0
+
+    @property
+    def scope(self) -> str:
+        return "model" if self.layer < 0 else "layer" if self.head < 0 else "head"
+
+    @property
+    def key(self) -> str:
+        where = f"{self.scope}/{self.layer}/{self.head}"
+        return f"ablate/{where}/{self.cls}/{self.control}/{self.seed}/{','.join(self.classes)}"
+
+    @property
+    def layers(self) -> list[int] | None:
+        return None if self.layer < 0 else [self.layer]
+
+    def prepare(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        keys = batch.random_keys(self.seed, self.classes, self.cls) if self.control == "random" else None
+        heads = None
+        if self.head >= 0:  # (head, 1, 1): this head only
+            heads = torch.eye(batch.model.num_heads, dtype=torch.bool, device=batch.ids.device)[self.head][:, None, None]
+        return batch.classes(self.classes)[self.cls], keys, heads
+
+    def positions(self, prepared, valid: torch.Tensor) -> torch.Tensor:
+        """(batch, n, n): the positions removed, in every head the ablation applies to."""
+        mask, keys, _ = prepared
+        remove = guard_rows(mask & valid, valid)
+        return remove if keys is None else random_positions(remove, valid, keys)
+
+    def remove(self, prepared, layer: int, valid: torch.Tensor) -> torch.Tensor:
+        remove = self.positions(prepared, valid)[:, None]
+        heads = prepared[2]
+        return remove if heads is None else remove & heads
+
+
+def random_positions(remove: torch.Tensor, valid: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """As many positions per row as ``remove`` has, chosen uniformly among the row's valid keys.
+
+    ``keys`` are uniform random numbers of the same shape; the positions with the smallest
+    keys among the valid ones are taken, so the choice never leaves the valid set.
+
+    >>> valid = torch.ones(1, 3, 3, dtype=torch.bool)
+    >>> chosen = random_positions(torch.eye(3, dtype=torch.bool)[None], valid, torch.rand(1, 3, 3))
+    >>> chosen.sum(-1).tolist()
+    [[1, 1, 1]]
+    """
+    count = remove.sum(-1, keepdim=True)
+    rank = torch.where(valid, keys, torch.full_like(keys, 2.0)).argsort(-1).argsort(-1)
+    return rank < count
+
+
+@dataclass(frozen=True)
+class PatternChange(Removal):
+    """Fixed pattern ``name`` at ``value`` on blocks of ``n`` tokens, under the row guard;
+    BigBird's random keys are seeded by ``seed`` and the batch."""
+
+    name: str
+    value: int
+    n: int
+    seed: int = 0
+
+    @property
+    def key(self) -> str:
+        return f"pattern/{self.name}/{self.value}/{self.seed}"
+
+    def prepare(self, batch: Batch) -> torch.Tensor:
+        return build(self.name, self.n, self.value, batch.roles().cls, batch.generator(self.seed, PATTERN_STREAM))
+
+    def remove(self, keep: torch.Tensor, layer: int, valid: torch.Tensor) -> torch.Tensor:
+        return removed_mask(keep, valid)[:, None]
+
+
+def rescue_rows(values: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """The keep mask ``values > 0`` among valid keys; a row that would keep no valid key keeps
+    the valid keys of largest value (a query must attend somewhere).
+
+    >>> valid = torch.ones(2, 3, dtype=torch.bool)
+    >>> rescue_rows(torch.tensor([[1.0, -1.0, 2.0], [-3.0, -1.0, -2.0]]), valid).tolist()
+    [[True, False, True], [False, True, False]]
+    """
+    masked = values.masked_fill(~valid, float("-inf"))
+    keep = masked > 0
+    empty = ~keep.any(-1, keepdim=True) & valid.any(-1, keepdim=True)
+    best = masked == masked.amax(-1, keepdim=True)
+    return keep | (empty & best & valid)
+
+
+@dataclass(frozen=True, eq=False)
+class MaskChange(Removal):
+    """The hard mask ``α > 0`` of ``logits`` in ``layout`` (a learned DAM mask): what it drops is
+    removed, except that a row it would leave with no valid key keeps its keys of largest logit
+    (:func:`rescue_rows`). The layout reads what it needs of each batch (its context: the
+    tokens' classes or roles), so a mask removes the same positions of the same ids on corpus
+    blocks and on task examples."""
+
+    layout: object  # a MaskLayout
+    logits: torch.Tensor
+    key: str
+
+    @property
+    def shared_by_layers(self) -> bool:
+        return self.layout.shared_by_layers
+
+    def prepare(self, batch: Batch) -> torch.Tensor:
+        return self.layout.context(batch)
+
+    def remove(self, context: torch.Tensor, layer: int, valid: torch.Tensor) -> torch.Tensor:
+        valid = valid[:, None]
+        return valid & ~rescue_rows(self.layout.expand(self.logits, layer, context), valid)

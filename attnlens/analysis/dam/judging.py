@@ -1,0 +1,176 @@
+"""Judging masks and fixed patterns on held-out data, on corpus blocks and on task batches alike.
+
+A learned mask is judged by its hard mask ``α > 0``
+(:class:`~attnlens.analysis.changes.MaskChange`): the objective with it inside attention,
+the sparsity it achieves on the valid positions, the rows it would have emptied (rescued:
+they keep their keys of largest logit), and the keep-probability ``σ(α/s)`` per layer,
+head and position class. Fixed patterns (:class:`~attnlens.analysis.changes.PatternChange`)
+are judged on the same batches; with ``train_weights`` the patterns nearest a mask's
+sparsity get the same weight training (:func:`adapt_to_pattern`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import torch
+
+from attnlens.analysis.changes import Change, MaskChange, PatternChange
+from attnlens.analysis.dam.layouts import MaskLayout, hard_removals
+from attnlens.analysis.dam.settings import DamSettings
+from attnlens.analysis.dam.training import cosine
+from attnlens.analysis.evaluation import evaluate_change, layer_groups
+from attnlens.analysis.experiment import Split
+from attnlens.analysis.objectives import Objective
+from attnlens.analysis.patterns import PATTERNS
+from attnlens.analysis.task import TaskJudge, task_columns
+from attnlens.models.capture import Capture
+from attnlens.models.loading import LoadedModel
+
+
+@dataclass
+class MaskSplit:
+    """A split as masks are trained and judged on it: its batches, each batch's layout context,
+    and each batch's masks of the position classes reported (``classes``)."""
+
+    split: Split
+    contexts: list[torch.Tensor]
+    masks: list[dict[str, torch.Tensor]]
+
+    @classmethod
+    def of(cls, split: Split, layout: MaskLayout, classes: tuple[str, ...]) -> MaskSplit:
+        device = layout.valid.device
+        contexts = [layout.context(view) for view in split.views]
+        masks = [{name: mask.to(device) for name, mask in view.classes(classes).items()} for view in split.views]
+        return cls(split, contexts, masks)
+
+
+def evaluate_mask(
+    layout: MaskLayout, logits: torch.Tensor, objective: Objective, data: MaskSplit, noise: float = 1.0
+) -> dict[str, np.ndarray]:
+    """Losses on ``data`` under the hard mask (:class:`MaskChange`), sparsity, and keep statistics
+    per (layer, head, class): the keep-probability of a sample at noise scale ``noise``,
+    σ(α / noise), and the fraction the hard mask keeps."""
+    logits = logits.detach()
+    losses = evaluate_change(objective, data.split.inputs, data.split.views, MaskChange(layout, logits, ""))["loss"]
+    statistics = _mask_statistics(layout, logits, data, noise)
+    return {"losses": losses, **statistics}
+
+
+def _mask_statistics(layout: MaskLayout, logits: torch.Tensor, data: MaskSplit, noise: float) -> dict[str, np.ndarray]:
+    """What the hard mask removes and keeps on ``data``, per (layer, head, class) and in all."""
+    probability = torch.sigmoid(logits / max(noise, 1e-6))
+    num_classes = len(data.masks[0])
+    keep_sum = np.zeros((layout.num_layers, layout.num_heads, num_classes))
+    kept_sum = np.zeros_like(keep_sum)
+    positions = np.zeros((layout.num_layers, num_classes))
+    removed = total = rescued = rows = expected = counted = 0.0
+    for context, batch_masks in zip(data.contexts, data.masks):
+        removals, batch_rescued, batch_rows = hard_removals(layout, logits, context)
+        rescued, rows = rescued + batch_rescued, rows + batch_rows
+        counts = layout.counts(context)
+        expected += float((probability * counts).sum())
+        counted += float(counts.sum())
+        stacked = torch.stack(list(batch_masks.values())).to(torch.float32)  # (class, batch, n, n)
+        size = context.shape[0]
+        for layer in range(layout.num_layers):
+            in_class = stacked * layout.valid[layer].to(torch.float32)
+            p = layout.expand(probability, layer, context).expand(size, -1, -1, -1)
+            kept = 1.0 - removals[layer].to(torch.float32).expand(size, layout.num_heads, -1, -1)
+            keep_sum[layer] += torch.einsum("bhqk,cbqk->hc", p, in_class).double().cpu().numpy()
+            kept_sum[layer] += torch.einsum("bhqk,cbqk->hc", kept, in_class).double().cpu().numpy()
+            positions[layer] += in_class.sum((1, 2, 3)).double().cpu().numpy()
+            removed += float(removals[layer].expand(size, layout.num_heads, -1, -1).sum())
+            total += float(layout.valid[layer].sum()) * size * layout.num_heads
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return {
+            "sparsity": np.array(removed / total),
+            "expected_sparsity": np.array(1 - expected / counted),
+            "rows_rescued": np.array(rescued / rows),
+            "keep_probability": keep_sum / positions[:, None, :],
+            "kept": kept_sum / positions[:, None, :],
+            "positions": positions,
+        }
+
+
+def removed_fraction(change: PatternChange, split: Split, valid: torch.Tensor) -> float:
+    """The fraction of valid (layer, query, key) positions of ``split`` that ``change`` removes."""
+    groups, group_valid = layer_groups(valid)
+    sizes = np.bincount(groups, minlength=len(group_valid))
+    removed = total = 0.0
+    for view in split.views:
+        prepared = change.prepare(view)
+        for layer_valid, size in zip(group_valid, sizes):
+            removed += float(change.remove(prepared, 0, layer_valid[None]).sum()) * size
+            total += float(layer_valid.sum()) * view.ids.shape[0] * size
+    return removed / total
+
+
+def pattern_points(n: int) -> list[tuple[str, int]]:
+    """Every fixed pattern at every value of its parameter, for blocks of ``n`` tokens."""
+    return [(pattern.name, value) for pattern in PATTERNS.values() for value in pattern.values(n)]
+
+
+def judge_patterns(
+    objective: Objective, split: Split, valid: torch.Tensor, points: list[tuple[str, int]], seed: int, bar=None
+) -> tuple[pd.DataFrame, np.ndarray]:
+    """Fixed patterns at the parameter values ``points`` (:func:`pattern_points`) on ``split``:
+    per-block losses and the fraction of valid positions removed."""
+    rows, losses, n = [], [], split.ids.shape[1]
+    for name, value in points:
+        change = PatternChange(name, value, n, seed)
+        losses.append(evaluate_change(objective, split.inputs, split.views, change)["loss"])
+        pattern = PATTERNS[name]
+        fraction = removed_fraction(change, split, valid)
+        rows.append(
+            {"pattern": name, "family": pattern.family, "parameter": pattern.parameter, "value": value, "sparsity": fraction}
+        )
+        if bar is not None:
+            bar.update(1)
+    if not rows:
+        return pd.DataFrame(columns=["pattern", "family", "parameter", "value", "sparsity"]), np.zeros((0, len(split.ids)))
+    return pd.DataFrame(rows), np.stack(losses)
+
+
+def adapt_to_pattern(
+    model: LoadedModel,
+    objective: Objective,
+    split: Split,
+    change: Change,
+    order: np.ndarray,
+    steps: int,
+    s: DamSettings,
+    bar=None,
+) -> list[float]:
+    """Fine-tune the weights under a fixed pattern as :class:`DamTrainer` does under a learned mask
+    (``train_weights``): Adam at ``weights_lr`` on the same cosine schedule over the cap of
+    ``s.steps``, the same batches in the same ``order``, for ``steps`` steps. Returns the training
+    losses; the caller restores the weights."""
+    parameters = [parameter for parameter in model.model.parameters() if parameter.requires_grad]
+    optimizer = torch.optim.Adam(parameters, lr=s.weights_lr)
+    losses = []
+    with torch.enable_grad():
+        for step in range(steps):
+            optimizer.param_groups[0]["lr"] = s.weights_lr * cosine(step, s.steps, s.lr_end)
+            index = int(order[step])
+            with Capture(record=False, intervene=change.intervention(split.views[index])):
+                loss = objective.evaluate(split.inputs[index])["loss"].mean()
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
+            if bar is not None:
+                bar.update(1)
+    return losses
+
+
+def judge_patterns_on_task(task: TaskJudge, points: pd.DataFrame, n: int, seed: int, bar=None) -> pd.DataFrame:
+    """Every pattern point of ``points`` judged by the task: its columns beside the point's."""
+    judged = []
+    for row in points.itertuples():
+        judged.append(task_columns(task.judge(PatternChange(row.pattern, int(row.value), n, seed))))
+        if bar is not None:
+            bar.update(1)
+    return points[["pattern", "value", "sparsity"]].join(pd.DataFrame(judged)).assign(kind="pattern")

@@ -1,0 +1,332 @@
+"""``dam()``: learn masks on training blocks and judge them, beside fixed patterns, on held-out blocks.
+
+The run reads as its steps: the shared prologue (:class:`~attnlens.analysis.experiment.Experiment`),
+the :class:`Setup` (layout, batches, warm start, batch order, task), the fixed patterns,
+one training and judgement per run (:func:`train_and_judge`), the task's view of the
+patterns, and the result's tables (:func:`assemble`).
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+
+from attnlens.analysis.changes import PATTERN_STREAM, MaskChange, PatternChange, seeded
+from attnlens.analysis.dam.judging import (
+    MaskSplit,
+    adapt_to_pattern,
+    evaluate_mask,
+    judge_patterns,
+    judge_patterns_on_task,
+    pattern_points,
+    removed_fraction,
+)
+from attnlens.analysis.dam.layouts import LAYOUTS, MaskLayout, equal_by_construction, pattern_logits
+from attnlens.analysis.dam.result import (
+    MATCH_WITHIN,
+    DamResult,
+    keep_rows,
+    keep_summary_rows,
+    loss_columns,
+    summary_row,
+    without_absolute_loss,
+)
+from attnlens.analysis.dam.settings import DamSettings, parse_init
+from attnlens.analysis.dam.training import DamTrainer, batch_order
+from attnlens.analysis.evaluation import bootstrap_interval, evaluate_change
+from attnlens.analysis.experiment import Experiment, Split
+from attnlens.analysis.objectives import Objective
+from attnlens.analysis.patterns import PATTERNS, build
+from attnlens.analysis.task import TaskJudge, TaskLoss, TaskSettings, content_key, task_columns
+from attnlens.models.loading import LoadedModel
+from attnlens.progress import Progress, progress_bar
+
+ADAPTED_PATTERNS = ("band", "local", "bigbird")  # the patterns given the same weight training as a mask (train_weights)
+
+
+def dam(
+    source: str | LoadedModel = "minilm-l6",
+    settings: DamSettings | None = None,
+    *,
+    device: str = "cpu",
+    progress: Progress = True,
+    command: str | None = None,
+    **changes: Any,
+) -> DamResult:
+    """Learn attention masks for each target sparsity (or λ) on training blocks and judge them on held-out blocks.
+
+    ``source`` is a model (alias, path, Hub id or :class:`LoadedModel`); ``settings``
+    (:class:`DamSettings`) with keyword ``changes`` applied. Every run starts from the same
+    logits (``init_keep`` keep-probability, or the pattern ``init``) and sees the same batches
+    and noise (``seed``). With ``train_weights`` the model is fine-tuned alongside (learning
+    rate ``weights_lr``) and restored after each run.
+
+    >>> from attnlens import dam
+    >>> result = dam("minilm-l6", lambdas=[0.0, 1.0], steps=3, stop_window=2, seq_len=16, train_seqs=4, eval_seqs=4,
+    ...              batch_size=2, patterns=False, bootstrap=50, progress=False)
+    >>> result.table[["lambda", "steps"]].values.tolist()   # steps used: at most the cap
+    [[0.0, 3.0], [1.0, 3.0]]
+    >>> result.logits.shape                          # (run, head, offset) for the structured variant
+    (2, 12, 16)
+    """
+    s = DamSettings.build(settings, **changes)
+    experiment = Experiment.start(source, s, num_eval=s.eval_seqs, num_train=s.train_seqs, device=device)
+    setup = Setup.of(experiment, s)
+    with progress_bar(total=setup.total_steps(), desc="dam", unit="step", enabled=progress) as bar:
+        # the patterns first (on the unmodified model): weight training under a pattern needs their sparsity
+        points = pattern_points(s.seq_len) if s.patterns else []
+        patterns, pattern_losses = judge_patterns(setup.judge, setup.held_out.split, setup.layout.valid, points, s.seed, bar)
+        runs = [train_and_judge(setup, lam, target, patterns, bar) for lam, target in s.runs()]
+        task_patterns = judge_patterns_on_task(setup.task, patterns, s.seq_len, s.seed, bar) if setup.task and points else None
+    return assemble(setup, patterns, pattern_losses, runs, task_patterns, command)
+
+
+@dataclass
+class Setup:
+    """What every run of one :func:`dam` call shares: the experiment, the layout, the held-out and
+    training data (task examples when the task's examples are full blocks), the objective each is
+    judged and trained by, the warm start, the batch order and the task judge."""
+
+    experiment: Experiment
+    settings: DamSettings
+    layout: MaskLayout
+    layout_classes: tuple[str, ...]
+    held_out: MaskSplit
+    train: MaskSplit
+    trained_on: str
+    train_objective: Objective | TaskLoss
+    task: TaskJudge | None
+    init_logits: torch.Tensor | None
+    start: dict[str, float]  # the warm start's pattern on the training blocks (NaN without one)
+    order: np.ndarray
+    baseline: np.ndarray
+    same: dict[str, str]
+
+    @property
+    def judge(self) -> Objective:
+        return self.experiment.objective
+
+    @classmethod
+    def of(cls, experiment: Experiment, s: DamSettings) -> Setup:
+        model, classes = experiment.model, experiment.classes
+        # The class layout needs a partition: "other" takes what the listed classes leave.
+        layout_classes = classes if "other" in classes else (*classes, "other")
+        valid = experiment.valid.to(model.device)
+        layout = LAYOUTS[s.variant](model.num_layers, model.num_heads, s.seq_len, valid, layout_classes)
+        # Batches are prepared before any training: the hidden objective's references come
+        # from the unmodified model even when its weights are fine-tuned.
+        held_out = MaskSplit.of(experiment.split(experiment.held_out, s.batch_size), layout, classes)
+        train = MaskSplit.of(experiment.split(experiment.train, s.batch_size), layout, classes)
+        init_logits = warm_start(layout, train, s) if s.init is not None else None
+        task = None
+        if s.task is not None:  # examples padded to n, the width of the layouts and patterns
+            task = TaskJudge(model, TaskSettings.of(s), seq_len=s.seq_len, batch_size=s.batch_size, seed=s.seed, pad_to=s.seq_len)
+        trained_on, train_objective = experiment.objective.name, experiment.objective
+        if task is not None and not (task.train.padded or task.held_out.padded):  # full blocks: train on the task itself
+            trained_on, train_objective = "task", TaskLoss(task)
+            train = MaskSplit.of(Split.of_examples(task.train, model, s.batch_size), layout, classes)
+        start = {"init_train_loss": float("nan"), "init_train_sparsity": float("nan")}
+        if init_logits is not None:  # what training begins from, judged as the masks will be
+            seen = evaluate_mask(layout, init_logits, train_objective, train)
+            start = {"init_train_loss": float(seen["losses"].mean()), "init_train_sparsity": float(seen["sparsity"])}
+        order = batch_order(s.seed, len(train.split.inputs), s.steps)
+        baseline = evaluate_change(experiment.objective, held_out.split.inputs, held_out.split.views)["loss"]
+        same = equal_by_construction(layout, held_out.contexts, held_out.masks)
+        return cls(
+            experiment, s, layout, layout_classes, held_out, train, trained_on, train_objective, task, init_logits, start, order,
+            baseline, same,
+        )  # fmt: skip
+
+    def total_steps(self) -> int:
+        """The progress bar's total: every run's steps (and its judgement), every pattern point
+        (twice with a task), and the adapted patterns' steps with ``train_weights``."""
+        s, runs = self.settings, len(self.settings.runs())
+        points = len(pattern_points(s.seq_len)) * (2 if self.task is not None else 1) if s.patterns else 0
+        adapted = runs * len(ADAPTED_PATTERNS) * s.steps if s.train_weights and s.patterns else 0
+        return runs * (s.steps + 1) + points + adapted
+
+
+def warm_start(layout: MaskLayout, train: MaskSplit, s: DamSettings) -> torch.Tensor:
+    """The logits that start every run at pattern ``s.init``: the pattern on the corpus's training
+    blocks, averaged into each logit (:func:`pattern_logits`)."""
+    name, value = parse_init(s.init, s.seq_len)
+    generator = torch.Generator().manual_seed(seeded(s.seed, PATTERN_STREAM))
+    keeps = [
+        (context, build(name, s.seq_len, value, view.roles().cls.to(context.device), generator))
+        for context, view in zip(train.contexts, train.split.views)
+    ]
+    return pattern_logits(layout, keeps)
+
+
+@dataclass
+class Run:
+    """One trained and judged mask: its λ, the held-out judgement, the training curve and what goes in the tables."""
+
+    lam: float
+    judged: dict
+    curve: pd.DataFrame
+    summary: dict
+    logits: np.ndarray
+    image: np.ndarray
+    task: dict | None = None
+    adapted: list[tuple[dict, np.ndarray]] = field(default_factory=list)
+
+
+def train_and_judge(setup: Setup, lam: float | None, target: float | None, patterns: pd.DataFrame, bar) -> Run:
+    """Train one mask, judge it on the held-out blocks (and the task), then give the patterns
+    nearest its sparsity the same weight training when the weights train alongside."""
+    s, model = setup.settings, setup.experiment.model
+    original = copy.deepcopy(model.model.state_dict()) if s.train_weights else None
+    began = time.perf_counter()
+    trainer = DamTrainer(
+        setup.layout, s, lam=lam, target_density=None if target is None else 1.0 - target, init_logits=setup.init_logits
+    )
+    curve = trainer.fit(model, setup.train_objective, setup.train.split.inputs, setup.train.contexts, setup.order, bar)
+    trained = evaluate_mask(setup.layout, trainer.logits_, setup.train_objective, setup.train)
+    seconds = time.perf_counter() - began
+    lam, logits = trainer.lam, trainer.logits_.detach()  # a target's run ends at the λ dual ascent found: its key in every table
+    noise = trainer.noise(trainer.steps_used_ - 1)  # the sampler's at the end: keep-probabilities are σ(α / noise)
+    judged = evaluate_mask(setup.layout, logits, setup.judge, setup.held_out, noise)
+    task = None
+    if setup.task is not None:  # before the weights are restored: a mask trained with them is judged with them
+        change = MaskChange(setup.layout, logits, content_key(f"dam/{s.variant}/{lam}", logits))
+        task = {"lambda": lam, "sparsity": float(judged["sparsity"]), **task_columns(setup.task.judge(change))}
+    bar.update(1)
+    if original is not None:
+        model.model.load_state_dict(original)
+    adapted = []
+    if original is not None:
+        adapted = adapt_patterns(setup, lam, float(judged["sparsity"]), trainer.steps_used_, patterns, original, bar)
+    summary = {
+        **summary_row(lam, s.variant, judged, setup.baseline, curve, trainer, s.bootstrap, s.seed),
+        "seconds": seconds,
+        "train_loss": float(trained["losses"].mean()),
+        **setup.start,
+    }
+    image = _keep_image(setup, logits, noise)
+    return Run(lam, judged, curve.assign(**{"lambda": lam}), summary, logits.cpu().numpy(), image, task, adapted)
+
+
+def _keep_image(setup: Setup, logits: torch.Tensor, noise: float) -> np.ndarray:
+    """(layer, head, n, n) keep-probabilities on the first held-out block."""
+    probability = torch.sigmoid(logits / max(noise, 1e-6))
+    context = setup.held_out.contexts[0][:1]
+    layers = range(setup.layout.num_layers)
+    return torch.stack([setup.layout.expand(probability, layer, context)[0] for layer in layers]).cpu().numpy().astype(np.float16)
+
+
+def adapt_patterns(
+    setup: Setup, lam: float, sparsity: float, steps: int, patterns: pd.DataFrame, original: dict, bar
+) -> list[tuple[dict, np.ndarray]]:
+    """The band, local and bigbird points nearest a mask's ``sparsity`` (within 3 points), each
+    given the mask's weight training and judged on the held-out blocks; the weights are
+    restored after each. Returns (row of ``patterns_adapted``, per-block losses)."""
+    s, model, adapted = setup.settings, setup.experiment.model, []
+    if not s.patterns:
+        return adapted
+    for name in ADAPTED_PATTERNS:
+        points = patterns[patterns["pattern"] == name]
+        nearest = points.iloc[(points["sparsity"] - sparsity).abs().argmin()]
+        if abs(nearest["sparsity"] - sparsity) > MATCH_WITHIN:
+            bar.update(s.steps)
+            continue
+        change = PatternChange(name, int(nearest["value"]), s.seq_len, s.seed)
+        losses = adapt_to_pattern(model, setup.train_objective, setup.train.split, change, setup.order, steps, s, bar)
+        bar.update(s.steps - steps)
+        held_out = setup.held_out.split
+        judged = evaluate_change(setup.judge, held_out.inputs, held_out.views, change)["loss"]
+        removed = removed_fraction(change, held_out, setup.layout.valid)
+        model.model.load_state_dict(original)
+        row = {
+            "lambda": lam,
+            "pattern": name,
+            "family": PATTERNS[name].family,
+            "value": int(nearest["value"]),
+            "sparsity": removed,
+        }
+        row |= {"steps": steps, "train_objective": float(np.mean(losses[-max(1, len(losses) // 10) :]))}
+        adapted.append((row, judged))
+    return adapted
+
+
+def assemble(
+    setup: Setup, patterns: pd.DataFrame, pattern_losses: np.ndarray, runs: list[Run], task_patterns: pd.DataFrame | None, command
+) -> DamResult:
+    """The result: every run's rows, the patterns with their change against the unmodified model
+    (intervals over the same blocks), the task's table, the arrays and the metadata."""
+    s, experiment, baseline, judge = setup.settings, setup.experiment, setup.baseline, setup.judge.name
+    patterns = _with_deltas(patterns, pattern_losses, baseline, s)
+    adapted_rows = [row for run in runs for row, _ in run.adapted]
+    adapted_losses = (
+        np.stack([losses for run in runs for _, losses in run.adapted]) if adapted_rows else np.zeros((0, len(baseline)))
+    )
+    columns = ["lambda", "pattern", "family", "value", "sparsity", "steps", "train_objective"]
+    adapted = _with_deltas(pd.DataFrame(adapted_rows, columns=columns), adapted_losses, baseline, s)
+    tables = {
+        # columns of settings not used (no target, no warm start) are left out rather than all NaN
+        "summary": without_absolute_loss(pd.DataFrame([run.summary for run in runs]), judge).dropna(axis=1, how="all"),
+        "keep": pd.DataFrame([row for run in runs for row in keep_rows(run.lam, experiment.classes, run.judged)]),
+        "keep_summary": pd.DataFrame(
+            [row for run in runs for row in keep_summary_rows(run.lam, experiment.classes, run.judged, setup.same)]
+        ),
+        "patterns": without_absolute_loss(patterns, judge),
+        "training": pd.concat([run.curve for run in runs], ignore_index=True),
+    }
+    if setup.task is not None:
+        task_table = pd.DataFrame([run.task for run in runs]).assign(kind="dam", variant=s.variant)
+        tables["task"] = task_table if task_patterns is None else pd.concat([task_table, task_patterns], ignore_index=True)
+    adapting = s.train_weights and s.patterns
+    if adapting:
+        tables["patterns_adapted"] = without_absolute_loss(adapted, judge)
+    arrays = {
+        "logits": np.stack([run.logits for run in runs]),
+        "keep_images": np.stack([run.image for run in runs]),
+        "eval_losses": np.stack([run.judged["losses"] for run in runs]),
+        "baseline_losses": baseline,
+        "pattern_losses": pattern_losses,
+        **({"adapted_pattern_losses": adapted_losses} if adapting else {}),
+    }
+    return DamResult(_metadata(setup, command), tables, arrays)
+
+
+def _with_deltas(table: pd.DataFrame, losses: np.ndarray, baseline: np.ndarray, s: DamSettings) -> pd.DataFrame:
+    """``table`` with each row's held-out loss and its change against the unmodified model (interval over blocks)."""
+    if not len(table):
+        return table.reindex(columns=[*table.columns, "loss", "delta", "delta_low", "delta_high"])
+    table = table.assign(loss=losses.mean(1))
+    table["delta"], table["delta_low"], table["delta_high"] = bootstrap_interval(losses - baseline, s.bootstrap, s.seed)
+    return table
+
+
+def _metadata(setup: Setup, command: str | None) -> dict:
+    """The result's meta: the experiment's, what this run's settings came to, the layout, the baseline and the task."""
+    s, experiment = setup.settings, setup.experiment
+    mean, low, high = bootstrap_interval(setup.baseline[None], s.bootstrap, s.seed)
+    runs = {
+        "sparsity": None if s.lambdas is not None else [target for _, target in s.runs()],  # the targets run
+        "tau": list(s.temperature),
+        "weights_lr": s.weights_lr if s.train_weights else None,
+        "layout_classes": list(setup.layout_classes),
+        "trained_on": setup.trained_on,
+        "train_seqs": len(experiment.train),
+        "eval_seqs": len(experiment.held_out),
+        "logits_shape": list(setup.layout.shape),
+        "optimiser": "Adam",
+        "penalty": "lambda * mean of the hard mask over valid (layer, head, query, key) positions",
+    }
+    return experiment.metadata(
+        s,
+        command,
+        settings=runs,
+        layout=setup.layout.describe(),
+        baseline={"loss": float(mean[0]), "loss_low": float(low[0]), "loss_high": float(high[0])},
+        columns=loss_columns(setup.judge.name),
+        equal_by_construction=setup.same,
+        task=setup.task.describe() if setup.task is not None else None,
+    )

@@ -1,0 +1,196 @@
+"""The settings of a DAM run: one frozen object, checked before any model loads; its defaults are the recipe.
+
+>>> DamSettings(lambdas=[0.1, -1])
+Traceback (most recent call last):
+    ...
+attnlens.errors.BadInput: lambdas -1: λ must be 0 or more (a finite number), e.g. lambdas 0.01,0.1
+>>> DamSettings(sparsity=[0.9]).runs()               # (the λ a run starts from, its target sparsity)
+[(0.1, 0.9)]
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from attnlens.analysis.dam.layouts import LAYOUTS
+from attnlens.analysis.evaluation import MIN_HELD_OUT_BLOCKS
+from attnlens.analysis.objectives import OBJECTIVES
+from attnlens.analysis.patterns import PATTERNS
+from attnlens.analysis.task import TaskSettings
+from attnlens.data.positions import parse_classes
+from attnlens.errors import BadInput
+from attnlens.settings import CorpusSettings, at_least, one_of, positive, probability
+
+REMOVALS = ("1e4", "inf", "renormalise")
+DEFAULT_SPARSITY = (0.8, 0.9, 0.95)  # the targets when neither `lambdas` nor `sparsity` is given
+# The λ a target's run from the dense cold start begins at (dual ascent moves it), where every logit
+# must fall and the logits crossing 0 together set the path; from a warm start (`init`) it starts where
+# the gradients balance instead (DamTrainer.balancing_lambda), so a pattern already near the target is
+# held there rather than first undone by a λ too small.
+DUAL_START = 0.1
+
+
+@dataclass(frozen=True)
+class DamSettings(CorpusSettings, TaskSettings):
+    """Settings of :func:`~attnlens.analysis.dam.dam`, in groups.
+
+    - The mask: ``variant`` (a layout of :data:`~attnlens.analysis.dam.layouts.LAYOUTS`),
+      target ``sparsity`` (λ found by dual ascent from ``dual_start`` at step ``dual_lr``) or
+      fixed sparsity weights ``lambdas``; how removed positions are removed (``removal``);
+      the position ``classes`` reported (and learned by the ``class`` variant).
+    - Training: Adam at ``lr`` on a cosine schedule to ``lr_end`` (a fraction of ``lr``) at the
+      step cap ``steps``; the Gumbel noise's scale on the same schedule down to ``noise_end``;
+      temperature ``tau`` (fixed, or ``"start:end"``); every logit starting at keep-probability
+      ``init_keep``, or at a fixed pattern ``init``; ``train_weights`` fine-tunes the model
+      alongside at ``weights_lr``; the ``objective``.
+    - The stopping rule: ``stop_window``, ``stop_flips``, ``stop_plateau``, ``stop_margin``
+      (:class:`~attnlens.analysis.dam.training.StoppingRule`).
+    - Data: ``train_seqs`` and ``eval_seqs`` disjoint blocks, the fixed ``patterns`` judged
+      beside, ``bootstrap`` resamples; corpus settings as :class:`CorpusSettings`; with
+      ``task`` (:class:`~attnlens.analysis.task.TaskSettings`) every mask and pattern is also
+      judged by task accuracy, and the masks train against the task's probe loss when its
+      examples are full blocks of ``seq_len`` tokens (else against ``objective``).
+    """
+
+    variant: str = "structured"
+    lambdas: tuple[float, ...] | None = None  # fixed sparsity weights, instead of target sparsities
+    sparsity: tuple[float, ...] | None = None  # target sparsities (None and no lambdas: DEFAULT_SPARSITY)
+    dual_lr: float = 0.2
+    dual_start: float | None = None  # the λ a target's run starts from; None: DUAL_START, or with `init` where gradients balance
+    steps: int = 300  # the cap: the stopping rule usually ends a run earlier
+    tau: str | float | tuple[float, float] = 1.0
+    lr: float = 0.1
+    lr_end: float = 0.01  # the learning rate at the step cap, as a fraction of `lr` (cosine schedule)
+    noise_end: float = 0.05  # the logistic noise's scale at the step cap (cosine schedule)
+    init_keep: float = 0.9
+    init: str | None = None  # a fixed pattern to start the logits at, e.g. "local(6)"
+    removal: str = "renormalise"
+    train_weights: bool = False
+    weights_lr: float = 1e-5
+    classes: str | tuple[str, ...] | None = None
+    objective: str = "auto"
+    train_seqs: int = 256
+    eval_seqs: int = 64
+    batch_size: int = 16
+    patterns: bool = True
+    bootstrap: int = 1000
+    stop_window: int = 20
+    stop_flips: float = 0.001
+    stop_plateau: float = 0.01
+    stop_margin: float = 0.05  # a decision changes when its logit crosses the threshold by more than this
+
+    def validate(self) -> None:
+        super().validate()
+        one_of("variant", self.variant, LAYOUTS)
+        self._validate_runs()
+        self._validate_recipe()
+        parse_classes(self.classes)
+        one_of("objective", self.objective, OBJECTIVES)
+        at_least("train_seqs", self.train_seqs, 1)
+        at_least("eval_seqs", self.eval_seqs, MIN_HELD_OUT_BLOCKS, " held-out blocks for a bootstrap interval")
+        at_least("bootstrap", self.bootstrap, 10, " resamples for an interval (1000 is usual)")
+
+    def _validate_runs(self) -> None:
+        if self.lambdas is not None and self.sparsity is not None:
+            raise BadInput("give `lambdas` or `sparsity`, not both: a target sparsity finds its own λ")
+        for value in self.sparsity or ():
+            probability("sparsity", value, ": a target sparsity is strictly between 0 and 1, e.g. `sparsity` 0.8,0.9")
+        positive("dual_lr", self.dual_lr)
+        if self.dual_start is not None:
+            positive("dual_start", self.dual_start, " (λ moves in log space), e.g. `dual_start` 1")
+        if self.lambdas is not None and not self.lambdas:
+            raise BadInput("`lambdas` is empty; give at least one λ, e.g. `lambdas` 0.01,0.1")
+        for value in self.lambdas or ():
+            if not (isinstance(value, (int, float)) and value >= 0 and math.isfinite(value)):
+                shown = f"{value:g}" if isinstance(value, (int, float)) else repr(value)
+                raise BadInput(f"`lambdas` {shown}: λ must be 0 or more (a finite number), e.g. `lambdas` 0.01,0.1")
+
+    def _validate_recipe(self) -> None:
+        at_least("stop_window", self.stop_window, 2, " steps (the stopping rule compares two halves of it)")
+        at_least(
+            "steps", self.steps, self.stop_window, f": the stopping rule needs `stop_window` ({self.stop_window}) steps to judge"
+        )
+        probability("stop_flips", self.stop_flips, ", e.g. 0.001")
+        positive("stop_plateau", self.stop_plateau, ", e.g. 0.01")
+        if not (self.stop_margin >= 0 and math.isfinite(self.stop_margin)):
+            raise BadInput(f"`stop_margin` {self.stop_margin:g}: a distance of logits, 0 or more, e.g. `stop_margin` 0.05")
+        positive("lr", self.lr, ", e.g. `lr` 0.05")
+        if not 0 < self.lr_end <= 1:
+            raise BadInput(
+                f"`lr_end` {self.lr_end:g}: the final learning rate is a fraction of `lr` in (0, 1], e.g. `lr_end` 0.01"
+            )
+        if not 0 <= self.noise_end <= 1:
+            raise BadInput(f"`noise_end` {self.noise_end:g}: the final noise scale is in [0, 1], e.g. `noise_end` 0.05")
+        probability("init_keep", self.init_keep, ", e.g. 0.9")
+        parse_init(self.init, self.seq_len)
+        if self.removal not in REMOVALS:
+            raise BadInput(
+                f"`removal` {self.removal} is unknown; use 1e4 (add -10^4 to removed scores), inf, or renormalise "
+                "(zero the removed weights and renormalise the kept ones)"
+            )
+        if self.train_weights:
+            positive("weights_lr", self.weights_lr)
+        parse_tau(self.tau)
+
+    def runs(self) -> list[tuple[float | None, float | None]]:
+        """(the λ a run starts from, its target sparsity or None) for every run. A target's run from
+        a warm start (``init``) starts at ``None``: where the gradients balance."""
+        if self.lambdas is not None:
+            return [(float(value), None) for value in self.lambdas]
+        start = self.dual_start or (None if self.init is not None else DUAL_START)
+        return [(start, float(target)) for target in (self.sparsity or DEFAULT_SPARSITY)]
+
+    @property
+    def temperature(self) -> tuple[float, float]:
+        """``tau`` as (start, end)."""
+        return parse_tau(self.tau)
+
+
+def parse_tau(tau: str | float | tuple[float, float]) -> tuple[float, float]:
+    """``1.0`` (fixed) or ``"2:0.1"`` (annealed geometrically from 2 to 0.1) -> (start, end).
+
+    >>> parse_tau("2:0.5"), parse_tau(1)
+    ((2.0, 0.5), (1.0, 1.0))
+    """
+    if isinstance(tau, tuple):
+        start, end = tau
+    else:
+        text = str(tau)
+        try:
+            parts = [float(part) for part in text.split(":")]
+        except ValueError:
+            raise BadInput(f"`tau` '{text}' is not a number or start:end pair, e.g. `tau` 1.0 or `tau` 2:0.2") from None
+        if len(parts) not in (1, 2):
+            raise BadInput(f"`tau` '{text}' is not a number or start:end pair, e.g. `tau` 1.0 or `tau` 2:0.2")
+        start, end = parts[0], parts[-1]
+    for value in (start, end):
+        if not value > 0 or not math.isfinite(value):
+            raise BadInput(f"`tau` {value:g}: the temperature τ must be greater than 0, e.g. `tau` 1.0")
+    return float(start), float(end)
+
+
+def parse_init(text: str | None, n: int) -> tuple[str, int] | None:
+    """``"local(6)"`` -> ("local", 6); a pattern without a parameter by its name alone.
+
+    >>> parse_init("band(4)", 32), parse_init("no-diagonal", 32), parse_init(None, 32)
+    (('band', 4), ('no-diagonal', 0), None)
+    """
+    if text is None:
+        return None
+    name, _, rest = text.partition("(")
+    if name not in PATTERNS:
+        raise BadInput(f"`init` {text}: unknown pattern {name}; use one of {', '.join(PATTERNS)}, e.g. `init` local(6)")
+    if PATTERNS[name].parameter == "none":
+        if rest:
+            raise BadInput(f"`init` {text}: {name} takes no parameter")
+        return name, 0
+    try:
+        value = int(rest.removesuffix(")")) if rest.endswith(")") else None
+    except ValueError:
+        value = None
+    if value is None or not 1 <= value < n:
+        raise BadInput(
+            f"`init` {text}: give {name}'s {PATTERNS[name].parameter} between 1 and n - 1 = {n - 1}, e.g. `init` {name}(4)"
+        )
+    return name, value

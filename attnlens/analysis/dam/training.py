@@ -1,0 +1,392 @@
+"""Training one mask: the trainer, its schedules, dual ascent on λ and the stopping rule.
+
+:class:`DamTrainer` is built from a layout and the run's :class:`DamSettings` alone (it has
+no defaults of its own, so what a benchmark measures is what :func:`dam` runs). Each step
+draws a Gumbel-sigmoid sample ``M_soft = σ((α + s·(g₁ - g₂))/τ)``, uses the hard mask
+``M = [α + s·(g₁ - g₂) > 0]`` in the forward pass with the straight-through gradient of
+``M_soft``, and minimises ``objective + λ·mean(M)`` (the mean over valid positions, so
+``mean(M)`` is the density). With a target sparsity, λ moves by dual ascent and the logits
+are shifted at the end so the hard mask meets the target (:meth:`DamTrainer.calibrate`);
+:class:`StoppingRule` ends a run whose hard mask has stopped changing.
+
+>>> cosine(0, 11, 0.1), round(cosine(5, 11, 0.1), 3), cosine(10, 11, 0.1)
+(1.0, 0.55, 0.1)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import torch
+
+from attnlens.analysis.changes import rescue_rows, seeded
+from attnlens.analysis.dam.layouts import MaskLayout, hard_sparsity
+from attnlens.analysis.dam.settings import DamSettings
+from attnlens.analysis.evaluation import frozen
+from attnlens.analysis.objectives import Objective, PreparedBatch
+from attnlens.models.capture import Capture
+from attnlens.models.loading import LoadedModel
+
+NOISE_STREAM, ORDER_STREAM, PROBE_STREAM = 11, 12, 14  # seeded streams of a run's draws (13: the patterns')
+DUAL_PROBES = 4  # batches whose gradients set the λ a warm start's run starts from (DamTrainer.balancing_lambda)
+LAMBDA_FLOOR = 1e-3  # the least λ a run starts from (dual ascent moves λ in log space)
+_BIG = 1e4  # the straight-through gradient scale of both additive removals: ∂scores/∂M
+
+
+def cosine(step: int, steps: int, end: float) -> float:
+    """A cosine schedule's factor: 1 at step 0, ``end`` at step ``steps - 1``."""
+    progress = step / max(steps - 1, 1)
+    return end + (1 - end) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def batch_order(seed: int, num_batches: int, steps: int) -> np.ndarray:
+    """Which training batch each step takes: seeded epochs of permutations, cut at ``steps``.
+
+    >>> sorted(batch_order(0, 4, 8)[:4].tolist())
+    [0, 1, 2, 3]
+    """
+    rng = np.random.default_rng(seeded(seed, ORDER_STREAM))
+    epochs = math.ceil(steps / num_batches)
+    return np.concatenate([rng.permutation(num_batches) for _ in range(epochs)])[:steps]
+
+
+def balancing_lambda(ratio: torch.Tensor, weights: torch.Tensor, keep: float) -> float:
+    """The λ that leaves the share ``keep`` of ``weights`` on logits whose ``ratio`` exceeds it:
+    the weighted (1 - keep) quantile of ``ratio``. With ``ratio`` the loss's pull on each logit
+    over the density's (:meth:`DamTrainer.balancing_lambda`), those are the logits that rise.
+
+    >>> balancing_lambda(torch.tensor([4.0, 1.0, 3.0, 2.0]), torch.tensor([1.0, 1.0, 2.0, 1.0]), 0.6)
+    3.0
+    """
+    ratio, weights = ratio.flatten(), weights.flatten()
+    order = torch.argsort(ratio, descending=True)
+    kept = torch.cumsum(weights[order], 0) / weights.sum()  # the share kept when the cut passes each logit
+    index = min(int(torch.searchsorted(kept, torch.tensor(keep, dtype=kept.dtype))), len(order) - 1)
+    return float(ratio[order[index]])
+
+
+@dataclass(frozen=True)
+class StoppingRule:
+    """When DAM training has converged: over the last ``window`` steps, fewer than ``flips``
+    of the hard mask's positions (each logit weighted by the positions it decides) changed,
+    and the training loss (objective + λ·sampled density, so logits still drifting towards the
+    threshold count as change) has a mean over the window's second half within ``plateau``
+    (relative) of its first half. ``steps`` is then only a cap.
+
+    A decision changes when its logit crosses the threshold by more than ``margin`` (a
+    hysteresis: it stays as it was while |α| <= margin). A position whose worth balances λ
+    sits at the threshold and, as a kept position's gradient pushes it out and a removed one's
+    pulls it back, crosses it every few steps by less than the learning rate however small that
+    gets; counted as change, a few such logits would hold every run to the cap.
+
+    >>> rule = StoppingRule(window=4, flips=0.001, plateau=0.01, margin=0.05)
+    >>> rule.plateaued([1.0, 1.0, 1.001, 0.999]), rule.plateaued([1.0, 1.0, 0.8, 0.8])
+    (True, False)
+    """
+
+    window: int
+    flips: float
+    plateau: float
+    margin: float
+
+    @classmethod
+    def of(cls, settings: DamSettings) -> StoppingRule:
+        return cls(settings.stop_window, settings.stop_flips, settings.stop_plateau, settings.stop_margin)
+
+    def decisions(self, logits: torch.Tensor, before: torch.Tensor) -> torch.Tensor:
+        """The hard decisions after a step: α > margin keeps, α < -margin removes, and in between
+        each keeps its decision ``before``.
+
+        >>> rule = StoppingRule(window=4, flips=0.001, plateau=0.01, margin=0.1)
+        >>> rule.decisions(torch.tensor([0.5, 0.05, -0.05, -0.5]), torch.tensor([False, False, True, True])).tolist()
+        [True, False, True, False]
+        """
+        return torch.where(logits.abs() > self.margin, logits > 0, before)
+
+    def plateaued(self, objectives: list[float]) -> bool:
+        """The last ``window`` losses: the second half's mean within ``plateau`` of the first's."""
+        recent = np.asarray(objectives[-self.window :], dtype=np.float64)
+        first, second = recent[: len(recent) // 2].mean(), recent[len(recent) // 2 :].mean()
+        return bool(abs(second - first) <= self.plateau * max(abs(first), 1e-12))
+
+
+class DamTrainer:
+    """Learns the mask logits of one layout for one λ (or one target density).
+
+    ``__init__`` stores what it is given only; :meth:`start` creates ``logits_`` (and the
+    optimiser and noise generator), :meth:`step` takes one training step, :meth:`fit` runs
+    them until the stopping rule holds or the cap. ``lam`` is the starting λ (``None`` with a
+    target: where the gradients balance), ``init_logits`` a warm start.
+
+    With an additive removal (``"1e4"``, ``"inf"``) the straight-through gradient treats the
+    mask as ``s' = s + gradient_scale·(M - 1)`` near the hard value: with ``gradient_scale =
+    1`` ``∂L/∂M`` is the first-order change of the loss when a position's ``exp(s)`` is gated,
+    so λ trades loss against density in the loss's own units. Differentiating
+    ``s + (1 - M)·(-10⁴)`` literally, as SparseBERT does, is ``gradient_scale = 10⁴``; with
+    Adam, which ignores the gradient's overall scale, that equals 1 with λ divided by 10⁴.
+    """
+
+    gradient_scale = 1.0
+
+    def __init__(
+        self,
+        layout: MaskLayout,
+        settings: DamSettings,
+        *,
+        lam: float | None,
+        target_density: float | None = None,
+        init_logits: torch.Tensor | None = None,
+    ) -> None:
+        self.layout, self.settings = layout, settings
+        self.lam, self.target_density, self.init_logits = lam, target_density, init_logits
+        self.steps = settings.steps
+        self.tau = settings.temperature
+        self.stopping = StoppingRule.of(settings)
+
+    def start(self, model: LoadedModel) -> DamTrainer:
+        s = self.settings
+        self.model_ = model
+        if self.init_logits is not None:  # a warm start (e.g. at a fixed pattern: pattern_logits)
+            self.logits_ = self.init_logits.detach().clone().to(model.device).requires_grad_(True)
+        else:
+            init = math.log(s.init_keep / (1 - s.init_keep))
+            self.logits_ = torch.full(self.layout.shape, init, device=model.device, requires_grad=True)
+        groups = [{"params": [self.logits_], "lr": s.lr}]
+        if s.train_weights:
+            groups.append({"params": [p for p in model.model.parameters() if p.requires_grad], "lr": s.weights_lr})
+        self.optimizer_ = torch.optim.Adam(groups)
+        self.generator_ = torch.Generator().manual_seed(seeded(s.seed, NOISE_STREAM))
+        self.step_ = 0
+        return self
+
+    # -- schedules
+
+    def temperature(self, step: int) -> float:
+        start, end = self.tau
+        return start * (end / start) ** (step / max(self.steps - 1, 1))
+
+    def rate(self, step: int) -> float:
+        """The learning rates' factor at ``step``: a cosine from 1 down to ``lr_end`` at the step cap.
+        It scales the logits' and the weights' rates."""
+        return cosine(step, self.steps, self.settings.lr_end)
+
+    def noise(self, step: int) -> float:
+        """The scale of the logistic noise at ``step``: a cosine from 1 down to ``noise_end``, so that
+        late samples approach the hard mask α > 0 that is judged."""
+        return cosine(step, self.steps, self.settings.noise_end)
+
+    # -- one step
+
+    def sample(self, tau: float, noise: float = 1.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """A hard 0/1 mask with straight-through gradients of its Gumbel-sigmoid relaxation.
+
+        Returns the mask for the penalty (gradient of ``M_soft``), the mask for the scores,
+        whose gradient is scaled by ``gradient_scale / 10⁴`` so that the scores see
+        ``∂s'/∂M = gradient_scale`` (see :class:`DamTrainer`), both equal to the hard mask,
+        and the noisy logits ``α + g₁ - g₂`` the hard mask thresholds.
+        """
+        uniform = torch.rand(self.layout.shape, generator=self.generator_).clamp_(1e-6, 1 - 1e-6).to(self.logits_.device)
+        noisy = self.logits_ + noise * (torch.log(uniform) - torch.log1p(-uniform))  # α + g₁ - g₂ (logistic noise)
+        soft = torch.sigmoid(noisy / tau)
+        hard = (noisy.detach() > 0).to(soft.dtype)
+        relaxation = soft - soft.detach()  # zero, with the gradient of soft
+        return hard + relaxation, hard + relaxation * (self.gradient_scale / _BIG), noisy.detach()
+
+    def intervention(self, mask: torch.Tensor, context: torch.Tensor, noisy: torch.Tensor):
+        """The score intervention that applies ``mask`` (logits' shape) in every layer.
+
+        ``removal="1e4"`` adds ``(M - 1)·10⁴`` (a row with every key removed is then
+        shifted as a whole, i.e. unmasked, as in SparseBERT); ``"inf"`` sets removed scores
+        to ``-inf`` and lets a row with nothing left keep its keys of largest noisy logit.
+        """
+        layout, infinite = self.layout, self.settings.removal == "inf"
+        cache: dict[int, torch.Tensor] = {}  # a layout shared by layers is expanded once per step
+
+        def intervene(layer: int, scores: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+            key = 0 if layout.shared_by_layers else layer
+            if key not in cache:
+                expanded = layout.expand(mask, layer, context)
+                cache[key] = expanded if infinite else (expanded - 1) * _BIG
+            if not infinite:
+                return scores + cache[key]
+            expanded = cache[key]
+            keep = rescue_rows(layout.expand(noisy, layer, context), valid[:, None])
+            return scores.masked_fill(~keep, float("-inf")) + (expanded - expanded.detach()) * _BIG
+
+        return intervene
+
+    def gate(self, mask: torch.Tensor, context: torch.Tensor, noisy: torch.Tensor):
+        """The weights intervention of ``removal="renormalise"``: the hard mask (rows it would
+        empty keep their keys of largest noisy logit) multiplies the weights, which are then
+        renormalised over what is kept. The forward pass equals removing the scores by -inf; the
+        backward pass treats the mask as a gate on each weight, so a removed position still gets
+        the gradient of bringing it back (weight w_ij / Σ kept, times its effect), which an
+        additive -10⁴ on the scores zeroes (softmax's Jacobian carries the factor w_ij = 0)."""
+        layout = self.layout
+
+        def intervene(layer: int, weights: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+            soft = layout.expand(mask, layer, context)
+            keep = rescue_rows(layout.expand(noisy, layer, context), valid[:, None]).to(weights.dtype)
+            gated = weights * (keep + (soft - soft.detach()))
+            return gated / gated.sum(-1, keepdim=True).clamp_min(1e-30)
+
+        return intervene
+
+    def sampled_loss(
+        self, objective: Objective, batch: PreparedBatch, context: torch.Tensor, tau: float, noise: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The objective on ``batch`` under one sampled hard mask, and the mask's density (its
+        straight-through relaxation carries the gradients to the logits)."""
+        mask, score_mask, noisy = self.sample(tau, noise)
+        counts = self.layout.counts(context)
+        density = (mask * counts).sum() / counts.sum()
+        if self.settings.removal == "renormalise":
+            capture = Capture(record=False, intervene_weights=self.gate(mask, context, noisy))
+        else:
+            capture = Capture(record=False, intervene=self.intervention(score_mask, context, noisy))
+        with capture:
+            task = objective.evaluate(batch)["loss"].mean()
+        return task, density
+
+    def balancing_lambda(self, objective: Objective, batches: list[PreparedBatch], contexts: list[torch.Tensor]) -> float:
+        """The λ a run aimed at ``target_density`` starts from: at the starting logits, the λ at
+        which the objective's gradient outweighs λ times the density's on exactly the target's share
+        of positions, so the first steps move the mask towards the target instead of away from it
+        (from a warm start at a pattern as sparse as the target, a λ too small would first undo the
+        pattern). Averaged over ``batches`` and their sampled masks, drawn from a noise stream of
+        their own; at least :data:`LAMBDA_FLOOR`."""
+        saved, self.generator_ = self.generator_, torch.Generator().manual_seed(seeded(self.settings.seed, PROBE_STREAM))
+        pull, push, weights = (torch.zeros_like(self.logits_) for _ in range(3))
+        for batch, context in zip(batches, contexts):
+            task, density = self.sampled_loss(objective, batch, context, self.tau[0], self.noise(0))
+            pull -= torch.autograd.grad(task, self.logits_, retain_graph=True)[0]  # > 0 where keeping more lowers the objective
+            push += torch.autograd.grad(density, self.logits_)[0]
+            counts = self.layout.counts(context)
+            weights += (counts / counts.sum()).detach()
+        self.generator_ = saved
+        decided = weights > 0
+        ratio = pull[decided] / push[decided].clamp_min(1e-30)
+        return max(balancing_lambda(ratio, weights[decided], self.target_density), LAMBDA_FLOOR)
+
+    def step(self, objective: Objective, batch: PreparedBatch, context: torch.Tensor) -> dict[str, float]:
+        """One step on one batch: sample, forward with the mask, loss + λ·density, backward, update."""
+        tau, rate = self.temperature(self.step_), self.rate(self.step_)
+        for group, base in zip(self.optimizer_.param_groups, (self.settings.lr, self.settings.weights_lr)):
+            group["lr"] = base * rate
+        task, density = self.sampled_loss(objective, batch, context, tau, self.noise(self.step_))
+        loss = task + self.lam * density
+        self.optimizer_.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optimizer_.step()
+        self.step_ += 1
+        with torch.no_grad():
+            counts = self.layout.counts(context)
+            weights = counts / counts.sum()
+            keep = self.keep_probability(self.step_ - 1)
+            hard_density = float((weights * (self.logits_ > 0)).sum())
+            undecided = float((weights * ((keep > 0.1) & (keep < 0.9))).sum())
+        if self.target_density is not None:  # dual ascent: λ rises while the hard mask keeps more than the target
+            # in log space (λ's scale depends on the removal and the objective), on the logits' schedule
+            self.lam = self.lam * math.exp(self.settings.dual_lr * rate * (hard_density - self.target_density))
+        return {
+            "loss": loss.item(),
+            "objective": task.item(),
+            "density": density.item(),
+            "hard_density": hard_density,
+            "undecided": undecided,
+            "tau": tau,
+            "lr": self.settings.lr * rate,
+            **({"lambda_now": self.lam} if self.target_density is not None else {}),  # the λ dual ascent is at
+        }
+
+    def keep_probability(self, step: int) -> torch.Tensor:
+        """σ(α / s): the probability that a sample at ``step`` keeps each position, where s is the
+        noise scale then (α + s·logistic noise > 0); σ(α) without noise annealing."""
+        return torch.sigmoid(self.logits_.detach() / max(self.noise(step), 1e-6))
+
+    # -- the end of a run
+
+    def calibrate(self, contexts: list[torch.Tensor]) -> float:
+        """Shift every logit by one constant so that the hard mask α > 0, rows left empty rescued as
+        when it is judged, keeps ``target_density`` of the valid positions of ``contexts``, as near
+        as the logits' granularity allows: dual ascent leaves the density a few points off, and a
+        comparison at matched sparsity needs it within one. The ranking of positions is unchanged.
+        Returns the shift (subtracted)."""
+        logits = self.logits_.detach()
+        values = torch.unique(logits)  # ascending; a cut between two keeps the logits above it
+        cuts = torch.cat([values[:1] - 1, (values[1:] + values[:-1]) / 2, values[-1:] + 1])
+        density = {}
+
+        def kept(index: int) -> float:
+            if index not in density:
+                density[index] = 1.0 - hard_sparsity(self.layout, logits - cuts[index], contexts)
+            return density[index]
+
+        low, high = 0, len(cuts) - 1  # the density falls as the cut rises
+        while high - low > 1:
+            middle = (low + high) // 2
+            low, high = (middle, high) if kept(middle) > self.target_density else (low, middle)
+        best = min((low, high), key=lambda index: abs(kept(index) - self.target_density))
+        shift = float(cuts[best])
+        with torch.no_grad():
+            self.logits_ -= shift
+        return shift
+
+    def flipped(self, before: torch.Tensor, now: torch.Tensor, context: torch.Tensor) -> float:
+        """The fraction of positions (each logit weighted by the positions it decides) whose
+        hard decision ``now`` differs from ``before``."""
+        counts = self.layout.counts(context)
+        return float((counts * (before != now)).sum() / counts.sum())
+
+    def fit(
+        self,
+        model: LoadedModel,
+        objective: Objective,
+        batches: list[PreparedBatch],
+        contexts: list[torch.Tensor],
+        order: np.ndarray,
+        bar=None,
+    ) -> pd.DataFrame:
+        """Steps on batches taken in ``order`` until the stopping rule says the mask has converged
+        (or ``steps``, the cap); returns the training curve, with the fraction of the hard mask
+        that flipped over the last window (``flipped``). ``converged_`` and ``steps_used_`` say how it ended."""
+        self.start(model)
+        weights = contextlib.nullcontext() if self.settings.train_weights else frozen(model.model)
+        if self.lam is None:  # a target's run from a warm start: λ starts where the gradients balance
+            with weights, torch.enable_grad():
+                probes = [int(index) for index in order[:DUAL_PROBES]]
+                self.lam = self.balancing_lambda(objective, [batches[i] for i in probes], [contexts[i] for i in probes])
+        self.lambda_start_ = self.lam
+        weights = contextlib.nullcontext() if self.settings.train_weights else frozen(model.model)
+        with weights, torch.enable_grad():
+            history = self._steps(objective, batches, contexts, order, bar)
+        self.steps_used_ = len(history)
+        self.shift_ = self.calibrate(contexts) if self.target_density is not None else float("nan")  # no target, no shift
+        if bar is not None:
+            bar.update(self.steps - self.steps_used_)  # the steps a converged run did not need
+        return pd.DataFrame(history)
+
+    def _steps(self, objective, batches, contexts, order, bar) -> list[dict]:
+        """The training steps, until the stopping rule holds (``converged_``) or the cap."""
+        rule, history = self.stopping, []
+        hard = [self.logits_.detach() > 0]  # the decisions of the last `window` + 1 steps
+        self.converged_ = False
+        for step in range(self.steps):
+            index = int(order[step])
+            row = {"step": step, **self.step(objective, batches[index], contexts[index])}
+            hard.append(rule.decisions(self.logits_.detach(), hard[-1]))
+            if len(hard) > rule.window + 1:
+                hard.pop(0)
+            if len(hard) == rule.window + 1:  # hard[0]: the decisions `window` steps ago
+                row["flipped"] = self.flipped(hard[0], hard[-1], contexts[index])
+            history.append(row)
+            if bar is not None:
+                bar.update(1)
+            if "flipped" in row and row["flipped"] < rule.flips and rule.plateaued([entry["loss"] for entry in history]):
+                self.converged_ = True
+                break
+        return history

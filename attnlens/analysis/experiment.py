@@ -1,0 +1,129 @@
+"""The skeleton shared by the analyses that change attention and judge the change on held-out blocks.
+
+:meth:`Experiment.start` is the prologue of :func:`~attnlens.analysis.importance.importance`
+and :func:`~attnlens.analysis.dam.dam`: the corpus and the model (loaded unless given),
+the checks that need them, the objective, disjoint held-out and training blocks
+(:func:`~attnlens.analysis.evaluation.split_blocks`), the valid masks, the tokens' roles,
+and the position classes that occur (a class that never occurs is an error when named,
+else dropped with a note). :meth:`Experiment.split` gives a set of blocks as judging needs
+them (:class:`Split`), and :meth:`Experiment.metadata` the result's ``meta``.
+
+>>> from attnlens.analysis.importance import ImportanceSettings
+>>> experiment = Experiment.start("minilm-l6", ImportanceSettings(seq_len=16, classes="self,cls,other"), num_eval=4)
+>>> experiment.classes, experiment.valid.shape
+(('self', 'cls', 'other'), torch.Size([6, 16, 16]))
+>>> held_out = experiment.split(experiment.held_out, batch_size=3)
+>>> [batch.input_ids.shape[0] for batch in held_out.inputs]
+[3, 1]
+>>> [view.index for view in held_out.views] == experiment.held_out.index[[0, 3]].tolist()   # each batch's first block
+True
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from attnlens.analysis.changes import Batch
+from attnlens.analysis.evaluation import check_classes_occur, class_counts, prepare_batches, split_blocks, valid_masks
+from attnlens.analysis.objectives import Objective
+from attnlens.data.corpus import Blocks, Corpus, load_corpus
+from attnlens.data.positions import TokenRoles, class_masks, parse_classes, token_roles
+from attnlens.data.tasks import Examples
+from attnlens.io.provenance import result_meta
+from attnlens.models.loading import LoadedModel, load_model
+from attnlens.settings import CorpusSettings
+
+
+@dataclass
+class Split:
+    """A set of sequences as judging needs them, one entry per batch: what the objective
+    evaluates (``inputs``: :class:`~attnlens.analysis.objectives.PreparedBatch` of corpus
+    blocks, or :class:`~attnlens.analysis.task.TaskBatch` of task examples) and what a change
+    reads (``views``); ``ids`` (sequences, n) are the tokens as read."""
+
+    inputs: list
+    views: list[Batch]
+    ids: torch.Tensor
+
+    @property
+    def sizes(self) -> list[int]:
+        return [view.ids.shape[0] for view in self.views]
+
+    @classmethod
+    def of_examples(cls, examples: Examples, model: LoadedModel, batch_size: int) -> Split:
+        """Task examples in batches (their first example's number seeds their draws)."""
+        from attnlens.analysis.task import batches
+
+        inputs = list(batches(examples, batch_size, model.device))
+        return cls(inputs, [batch.view(model) for batch in inputs], torch.from_numpy(examples.ids))
+
+
+@dataclass
+class Experiment:
+    """What importance and DAM share before their own work; see the module docstring."""
+
+    model: LoadedModel
+    corpus: Corpus
+    objective: Objective
+    held_out: Blocks
+    train: Blocks | None
+    valid: torch.Tensor  # (layer, n, n) of unpadded blocks, on the CPU
+    roles: TokenRoles  # of the held-out blocks
+    classes: tuple[str, ...]  # the classes that occur
+    counts: dict[str, int]  # valid (layer, block, query, key) positions of every class asked for
+    notes: dict[str, str]  # class -> why it was dropped
+
+    @classmethod
+    def start(
+        cls, source: str | LoadedModel, s: CorpusSettings, *, num_eval: int, num_train: int = 0, device: str = "cpu"
+    ) -> Experiment:
+        """The prologue, for settings ``s`` with ``classes`` and ``objective`` (and corpus settings)."""
+        classes = parse_classes(s.classes)
+        corpus = s.corpus if isinstance(s.corpus, Corpus) else load_corpus(s.corpus)
+        model = source if isinstance(source, LoadedModel) else load_model(source, device=device)
+        model.check_seq_len(s.seq_len)
+        objective = Objective(model, s.objective, seed=s.seed)
+        held_out, train = split_blocks(corpus, model, s.seq_len, num_eval, num_train, seed=s.seed)
+        valid = valid_masks(model, held_out.ids)
+        ids = torch.from_numpy(held_out.ids)
+        roles = token_roles(ids, model)
+        counts = class_counts(class_masks(ids, model, classes, roles=roles), valid)
+        occurring, notes = check_classes_occur(classes, counts, model, len(held_out), explicit=s.classes is not None)
+        return cls(model, corpus, objective, held_out, train, valid, roles, occurring, counts, notes)
+
+    def split(self, blocks: Blocks, batch_size: int) -> Split:
+        """Corpus ``blocks`` in batches: the objective's inputs (its references from the unmodified
+        model, prepared once) and the views, seeded by each batch's first block in the corpus."""
+        inputs = prepare_batches(self.objective, blocks.ids, batch_size)
+        ids = torch.from_numpy(blocks.ids)
+        starts = range(0, len(blocks), batch_size)
+        views = [
+            Batch(ids[start : start + batch_size].to(self.model.device), self.model, int(blocks.index[start])) for start in starts
+        ]
+        return Split(inputs, views, ids)
+
+    def metadata(self, s: CorpusSettings, command: str | None, *, settings: dict, **extra: object) -> dict[str, object]:
+        """The result's ``meta``: the model, the corpus with the blocks it gave, the settings as
+        run (``settings`` adds to ``s``), the roles and notes, ``extra`` and provenance."""
+        corpus = {
+            **self.corpus.describe(),
+            "blocks_available": self.held_out.available,
+            **(
+                {"block_index": self.held_out.index.tolist()}
+                if self.train is None
+                else {"eval_block_index": self.held_out.index.tolist(), "train_block_index": self.train.index.tolist()}
+            ),
+        }
+        dropped = [name for name in self.notes]
+        run = {"classes": list(self.classes), "classes_dropped": dropped, "objective": self.objective.name, "n": s.seq_len}
+        return result_meta(
+            model=self.model.describe(),
+            corpus=corpus,
+            settings={**s.to_dict(), **run, **settings},
+            command=command,
+            roles=self.roles.description,
+            notes=self.notes,
+            **extra,
+        )
