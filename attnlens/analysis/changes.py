@@ -68,13 +68,18 @@ class Batch:
     is batched: for corpus blocks the corpus index of the batch's first block, for task
     examples the number of the batch's first example. Task batches draw each class's random
     keys from a stream of its own (``keys_by_class``); corpus batches draw every class's
-    keys from one stream. Roles, class masks and keys are computed once per batch.
+    keys from one stream. Where ``sequences`` (one number per sequence) is given, each
+    sequence's keys are its own draws, seeded by its number, drawn at ``draw_width`` and cut to
+    the batch's width: then neither the batch a sequence lands in nor its padding changes
+    them (length-bucketed task batches). Roles, class masks and keys are computed once per batch.
     """
 
     ids: torch.Tensor
     model: LoadedModel
     index: int
     keys_by_class: bool = False
+    sequences: list[int] | None = None
+    draw_width: int | None = None
     _cache: dict = field(default_factory=dict, repr=False)
 
     def roles(self) -> TokenRoles:
@@ -92,6 +97,8 @@ class Batch:
     def random_keys(self, seed: int, classes: tuple[str, ...], name: str) -> torch.Tensor:
         """(batch, n, n) uniform numbers that choose class ``name``'s random control."""
         shape = (*self.ids.shape, self.ids.shape[-1])
+        if self.sequences is not None:
+            return self._own_keys(seed, classes.index(name))
         if self.keys_by_class:
             generator = torch.Generator().manual_seed(seeded(seed, RANDOM_STREAM, classes.index(name), self.index))
             return torch.rand(shape, generator=generator).to(self.ids.device)
@@ -100,6 +107,15 @@ class Batch:
             generator = torch.Generator().manual_seed(seeded(seed, RANDOM_STREAM, self.index))
             self._cache[key] = torch.rand((len(classes), *shape), generator=generator).to(self.ids.device)
         return self._cache[key][classes.index(name)]
+
+    def _own_keys(self, seed: int, number: int) -> torch.Tensor:
+        """(batch, n, n) keys of class ``number``: each sequence's own draws at ``draw_width``, cut to n."""
+        n, width = self.ids.shape[-1], self.draw_width or self.ids.shape[-1]
+        keys = [
+            torch.rand((width, width), generator=torch.Generator().manual_seed(seeded(seed, RANDOM_STREAM, number, sequence)))
+            for sequence in self.sequences
+        ]
+        return torch.stack(keys)[:, :n, :n].to(self.ids.device)
 
     def generator(self, seed: int, stream: int) -> torch.Generator:
         """A generator for this batch's draws of one stream."""

@@ -399,6 +399,7 @@ class _Passes:
 def _task_table(model, task_settings, s, conditions: list[Ablation | None], progress: Progress) -> tuple[pd.DataFrame, dict]:
     """Every ablation judged by task accuracy; class rows carry their excess over the random control."""
     judge = TaskJudge(model, task_settings, seq_len=s.seq_len, batch_size=s.batch_size, seed=s.seed)
+    judge.calibrate([condition for condition in conditions if condition is not None and condition.scope == "model"])
     rows, correct = [], []
     with progress_bar(total=len(conditions), desc="importance: task", unit="condition", enabled=progress) as bar:
         for condition in conditions:

@@ -37,9 +37,9 @@ import copy
 import dataclasses
 import hashlib
 import json
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -47,9 +47,9 @@ from torch import nn
 
 from attnlens.analysis.changes import Batch, Change
 from attnlens.analysis.evaluation import bootstrap_interval
-from attnlens.data.tasks import BUILTIN_TASKS, Examples, Task, load_task
+from attnlens.data.tasks import Examples, Task, check_task, load_task
 from attnlens.errors import BadInput
-from attnlens.models.cache import cache_dir
+from attnlens.models.cache import cache_dir, cached_array
 from attnlens.models.capture import Capture, Intervention
 from attnlens.models.loading import LoadedModel
 from attnlens.settings import Settings, at_least, one_of, positive
@@ -57,17 +57,25 @@ from attnlens.settings import Settings, at_least, one_of, positive
 PROTOCOLS = ("probe", "refit", "finetune")
 POOLING: dict[bool, str] = {False: "mean", True: "last"}  # by LoadedModel.causal: what each family pools
 MIN_HELD_OUT = 20  # fewer held-out examples give percentile intervals that mean little
+AUTO = "auto"  # task_eval: as many held-out examples as the headline changes need (TaskJudge.calibrate)
+AUTO_PILOT = 500  # auto's first count; it grows from there
+AUTO_POOL = 4000  # auto's cap, beside the number of examples the task has left
+Z_INTERVAL = 1.959964  # two-sided 95%
+Z_POWER = 0.841621  # 80% power
+FEATURES_VERSION = 1  # part of the features cache key: bump when pooling or batching changes
 CONSTANT_SPREAD = 1e-6  # a feature spread below this fraction of the median spread is rounding, not signal
 PROBE_CS = (1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0)  # the grid :func:`choose_c` searches
-FINETUNE_VERSION = 2  # part of the cache key: bump when the training recipe changes
+FINETUNE_VERSION = 3  # part of the cache key: bump when the training recipe changes
 
 
 @dataclass(frozen=True)
 class TaskSettings(Settings):
     """Which task judges a change, and how: ``task`` (``None``: no task; a built-in name or
     a file), its ``text_column``/``label_column``, ``task_train`` and ``task_eval`` examples
-    (disjoint, seeded), the ``protocol``, the probe's inverse L2 strength ``probe_c`` (``None``:
-    chosen by cross-validation on the training examples, :func:`choose_c`), and
+    (disjoint, seeded; ``task_eval="auto"``: as many as the headline changes need for a paired
+    Δ half-width of ``task_target``, :meth:`TaskJudge.calibrate`), the ``protocol``, the
+    probe's inverse L2 strength ``probe_c`` (``None``: chosen by cross-validation on the
+    training examples, :func:`choose_c`), and
     the fine-tune recipe (``finetune_steps``, ``finetune_lr`` for the encoder; the head
     takes 100× that). ``bootstrap`` resamples give the intervals.
 
@@ -82,7 +90,8 @@ class TaskSettings(Settings):
     text_column: str = "text"
     label_column: str = "label"
     task_train: int = 1024
-    task_eval: int = 512
+    task_eval: int | str = 512
+    task_target: float = 0.015
     probe_c: float | None = None
     finetune_steps: int = 200
     finetune_lr: float = 2e-5
@@ -93,11 +102,13 @@ class TaskSettings(Settings):
         one_of("protocol", self.protocol, PROTOCOLS)
         if self.task is None and self.protocol != "probe":
             raise BadInput(f"`protocol` {self.protocol} needs `task`; name a task (imdb, rotten-tomatoes or a file)")
-        if self.task is not None and self.task not in BUILTIN_TASKS and not Path(self.task).expanduser().exists():
-            raise BadInput(
-                f"`task` {self.task} is neither a built-in ({', '.join(BUILTIN_TASKS)}) nor an existing file or folder"
-            )
-        at_least("task_eval", self.task_eval, MIN_HELD_OUT, " held-out examples for a bootstrap interval")
+        if self.task is not None:  # its file is read now: a missing column or a broken line fails before any model loads
+            check_task(self.task, text_column=self.text_column, label_column=self.label_column)
+        if self.task_eval != AUTO:
+            if not isinstance(self.task_eval, int) or isinstance(self.task_eval, bool):
+                raise BadInput(f"`task_eval` {self.task_eval!r} must be a number of held-out examples or 'auto'")
+            at_least("task_eval", self.task_eval, MIN_HELD_OUT, " held-out examples for a bootstrap interval")
+        positive("task_target", self.task_target)
         at_least("task_train", self.task_train, 2)
         if self.probe_c is not None:
             positive("probe_c", self.probe_c)
@@ -122,27 +133,54 @@ def content_key(name: str, *tensors: torch.Tensor) -> str:
 
 @dataclass(frozen=True)
 class TaskBatch:
-    """One batch of examples on the model's device; ``start`` is its first example's index."""
+    """One batch of examples on the model's device; ``start`` is its first example's index.
+
+    ``rows`` are the batch's examples' numbers in their :class:`Examples` (length-bucketed
+    batches hold examples out of order), and seed each example's random draws, drawn at
+    ``draw_width`` and cut to the batch's width, so that an example is changed the same way
+    whichever batch, and whatever padding, it is judged in. Without ``rows`` the batch's draws
+    are seeded by ``start``.
+    """
 
     ids: torch.Tensor
     attention_mask: torch.Tensor
     labels: torch.Tensor
     start: int
+    rows: np.ndarray | None = None
+    draw_width: int | None = None
 
     def view(self, model: LoadedModel) -> Batch:
-        """The batch as a change reads it: its tokens, seeded by its first example's number."""
-        return Batch(self.ids, model, self.start, keys_by_class=True)
+        """The batch as a change reads it: its tokens and what seeds its draws."""
+        sequences = None if self.rows is None else self.rows.tolist()
+        return Batch(self.ids, model, self.start, keys_by_class=True, sequences=sequences, draw_width=self.draw_width)
 
 
 def batches(examples: Examples, batch_size: int, device: torch.device) -> Iterator[TaskBatch]:
+    """``examples`` in batches of ``batch_size``, bucketed by length: sorted by length (stably),
+    each batch cut to its own longest example, so short texts do not pay for the longest one.
+    Examples padded to a fixed width (``Examples.fixed_width``: a change whose shape is fixed,
+    such as a reconstruction map of width n) keep it and their order. A batch's ``rows`` say
+    where its examples belong (:func:`in_order` puts per-example results back)."""
+    order = np.arange(len(examples)) if examples.fixed_width else np.argsort(examples.lengths, kind="stable")
     for start in range(0, len(examples), batch_size):
-        part = slice(start, start + batch_size)
+        rows = order[start : start + batch_size]
+        width = examples.ids.shape[1] if examples.fixed_width else int(examples.lengths[rows].max())
         yield TaskBatch(
-            torch.from_numpy(examples.ids[part]).to(device),
-            torch.from_numpy(examples.attention_mask[part]).to(device),
-            torch.from_numpy(examples.labels[part]).to(device),
+            torch.from_numpy(examples.ids[rows, :width]).to(device),
+            torch.from_numpy(examples.attention_mask[rows, :width]).to(device),
+            torch.from_numpy(examples.labels[rows]).to(device),
             start,
+            rows,
+            examples.ids.shape[1],
         )
+
+
+def in_order(parts: list[np.ndarray], batched: list[TaskBatch]) -> np.ndarray:
+    """Per-example results of ``batched`` (one array per batch) in the examples' own order."""
+    values = np.concatenate(parts)
+    ordered = np.empty_like(values)
+    ordered[np.concatenate([batch.rows for batch in batched])] = values
+    return ordered
 
 
 def pooled_features(module: nn.Module, pooling: str, batch: TaskBatch) -> torch.Tensor:
@@ -294,31 +332,106 @@ class TaskJudge:
         self.batch_size, self.seed = batch_size, seed
         self.task: Task = load_task(settings.task, text_column=settings.text_column, label_column=settings.label_column)
         model.check_seq_len(seq_len)
-        self.train, self.held_out = self.task.split(
-            model, seq_len, settings.task_train, settings.task_eval, seed=seed, pad_to=pad_to
+        auto = settings.task_eval == AUTO
+        # auto: every example the task has left, up to AUTO_POOL; calibrate() chooses how many of them judge
+        self.train, self.pool = self.task.split(
+            model, seq_len, settings.task_train, AUTO_POOL if auto else settings.task_eval, seed=seed, pad_to=pad_to, at_most=auto
         )
         self.pooling = POOLING[model.causal]
-        majority, _ = self.task.majority(self.train.labels)
-        self.majority_accuracy = float((self.held_out.labels == majority).mean())
-        features = self.features(self.train, None)
-        self.c = settings.probe_c if settings.probe_c is not None else choose_c(features, self.train.labels, seed)
+        self.majority_label, _ = self.task.majority(self.train.labels)
+        features = self.unmodified_features(self.train)
+        self.c = settings.probe_c if settings.probe_c is not None else self._chosen_c(features)
         self.probe = fit_probe(features, self.train.labels, self.c)
         self.finetune_runs: list[dict] = []  # every fine-tune run: change, cache file, training curve
+        self.calibration: dict[str, object] | None = None
+        self._judged: dict[tuple[str, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        self._hold_out(min(len(self.pool), AUTO_PILOT) if auto else len(self.pool))
+
+    def _hold_out(self, count: int) -> None:
+        """Judge on the first ``count`` examples of the pool (all of them unless ``task_eval`` is auto)."""
+        self.held_out = self.pool.take(slice(0, count))
+        self.majority_accuracy = float((self.held_out.labels == self.majority_label).mean())
         self._unmodified = None
         self._unmodified = self._correct(None)
         self.unmodified_accuracy = float(self._unmodified[0].mean())
+
+    # -- the one-off costs, cached
+
+    def unmodified_features(self, examples: Examples, *, as_judged: bool = False) -> np.ndarray:
+        """The unmodified model's features of ``examples``, computed once per model, examples' tokens,
+        pooling and batch size, and kept in the attnlens cache (a probe's training features are a
+        one-off cost). Padding is not part of the key: padding at the end changes no valid
+        token's state beyond float rounding, so analyses that pad to a fixed width share the
+        training features, and so the probe, of those that do not. Held-out features
+        (``as_judged``) are the baseline every change is paired with, so they are computed in
+        the changes' own arithmetic: their width is part of the key where it is fixed."""
+        tokens = hashlib.sha256(examples.lengths.astype(np.int64).tobytes())
+        tokens.update(examples.ids[examples.attention_mask.astype(bool)].astype(np.int64).tobytes())
+        parts = {
+            "version": FEATURES_VERSION,
+            "model": self.model.weights_sha256(),
+            "tokens": tokens.hexdigest(),
+            "pooling": self.pooling,
+            "width": int(examples.ids.shape[1]) if as_judged and examples.fixed_width else None,
+            "batch_size": self.batch_size,
+            "device": str(self.model.device),
+            "torch": torch.__version__,
+        }
+        key = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
+        return cached_array("task-features", key, lambda: self.features(examples, None))
+
+    def _chosen_c(self, features: np.ndarray) -> float:
+        key = hashlib.sha256(features.tobytes() + self.train.labels.tobytes() + str(self.seed).encode()).hexdigest()[:32]
+        return float(cached_array("task-probe-c", key, lambda: np.array(choose_c(features, self.train.labels, self.seed)))[()])
+
+    # -- how many held-out examples
+
+    def calibrate(self, changes: list[Change]) -> dict[str, object] | None:
+        """With ``task_eval="auto"``: the smallest number of held-out examples (from a pilot of
+        :data:`AUTO_PILOT`, growing) at which every change of ``changes`` (the headline ones)
+        has a paired Δ half-width of at most ``task_target``, capped by the examples the task
+        has; later judgements use that many. Once per judge; ``None`` when ``task_eval`` is a number.
+
+        The half-width needed is read off the paired differences' spread, as the normal
+        approximation of the bootstrap interval gives it (1.96 sd / sqrt(N)); the result
+        records the half-width reached, which may miss the target when the data run out.
+        """
+        if self.settings.task_eval != AUTO or self.calibration is not None:
+            return self.calibration
+        count, target = len(self.held_out), self.settings.task_target
+        while True:
+            spread = max([self._paired_spread(change) for change in changes] + [0.0])
+            needed = math.ceil((Z_INTERVAL * spread / target) ** 2)
+            if needed <= count or count == len(self.pool):
+                break
+            count = min(len(self.pool), math.ceil(1.1 * needed))
+            self._hold_out(count)
+        reached = Z_INTERVAL * spread / math.sqrt(count)
+        self.calibration = {
+            "target_halfwidth": target,
+            "held_out": count,
+            "halfwidth_reached": reached,
+            "examples_available": len(self.pool),
+            "reached_target": bool(reached <= target),
+            "headline_changes": [change.key for change in changes],
+        }
+        return self.calibration
+
+    def _paired_spread(self, change: Change) -> float:
+        correct = self._correct(change)[0]
+        return float(np.std(correct - self._unmodified[0], ddof=1))
 
     # -- features under a change
 
     def features(self, examples: Examples, change: Change | None, counts: np.ndarray | None = None) -> np.ndarray:
         """(examples, hidden) float64 pooled features of the model, with ``change`` inside attention
         (adding to ``counts`` the positions it removes and the valid ones, when given)."""
-        parts = []
+        parts, batched = [], list(batches(examples, self.batch_size, self.model.device))
         with torch.no_grad():
-            for batch in batches(examples, self.batch_size, self.model.device):
+            for batch in batched:
                 with _changed(change, batch, self.model, counts):
                     parts.append(pooled_features(self.model.model, self.pooling, batch).double().cpu().numpy())
-        return np.concatenate(parts)
+        return in_order(parts, batched)
 
     def loss(self, batch: TaskBatch) -> torch.Tensor:
         """Per-example cross-entropy of the unmodified probe, differentiable (runs inside any active capture)."""
@@ -330,9 +443,12 @@ class TaskJudge:
     def judge(self, change: Change | None) -> dict[str, object]:
         """Accuracy of the protocol's classifier under ``change`` (``None``: unmodified), with intervals;
         ``"correct"`` holds the per-example 0/1 array (for paired comparisons between changes)."""
+        if self.settings.task_eval == AUTO and self.calibration is None and change is not None:
+            self.calibrate([change])  # nothing named the headline changes: the first one judged sets the count
         correct, losses = self._correct(change)
         mean, low, high = bootstrap_interval(correct[None], self.settings.bootstrap, self.seed)
-        delta = bootstrap_interval((correct - self._unmodified[0])[None], self.settings.bootstrap, self.seed)
+        paired = correct - self._unmodified[0]
+        delta = bootstrap_interval(paired[None], self.settings.bootstrap, self.seed)
         return {
             "protocol": self.settings.protocol,
             "accuracy": float(mean[0]),
@@ -341,6 +457,10 @@ class TaskJudge:
             "delta_accuracy": float(delta[0][0]),
             "delta_accuracy_low": float(delta[1][0]),
             "delta_accuracy_high": float(delta[2][0]),
+            "delta_halfwidth": float(delta[2][0] - delta[1][0]) / 2,
+            # the smallest true Δ this many examples would detect 80% of the time at the 5% level
+            "detectable_delta": float((Z_INTERVAL + Z_POWER) * paired.std(ddof=1) / math.sqrt(len(paired))),
+            "held_out": len(paired),
             "task_loss": float(losses.mean()),
             # what a removal takes from these examples (padding aside): short texts lose less than full blocks
             "task_sparsity": float(self._removed[0] / self._removed[1]) if change is not None and self._removed[1] else 0.0,
@@ -350,28 +470,43 @@ class TaskJudge:
         }
 
     def _correct(self, change: Change | None) -> tuple[np.ndarray, np.ndarray]:
-        """Per held-out example: 1.0 if classified right, and the classifier's cross-entropy."""
+        """Per held-out example: 1.0 if classified right, and the classifier's cross-entropy
+        (each change judged once per number of held-out examples)."""
         if change is None and self._unmodified is not None:
             return self._unmodified
+        memo = None if change is None else (change.key, len(self.held_out))
+        if memo in self._judged:
+            correct, losses, self._removed = self._judged[memo]
+            return correct, losses
         self._removed = np.zeros(2)  # (removed, valid) positions on the held-out examples
+        correct, losses = self._classified(change)
+        if memo is not None:
+            self._judged[memo] = (correct, losses, self._removed)
+        return correct, losses
+
+    def _classified(self, change: Change | None) -> tuple[np.ndarray, np.ndarray]:
         if self.settings.protocol == "finetune":
             return self._finetuned(change)
         probe = self.probe
         if self.settings.protocol == "refit" and change is not None:
             probe = fit_probe(self.features(self.train, change), self.train.labels, self.c)
-        return _scored(probe.logits(self.features(self.held_out, change, self._removed)), self.held_out.labels)
+        if change is None:
+            features = self.unmodified_features(self.held_out, as_judged=True)
+        else:
+            features = self.features(self.held_out, change, self._removed)
+        return _scored(probe.logits(features), self.held_out.labels)
 
     # -- fine-tuning
 
     def _finetuned(self, change: Change | None) -> tuple[np.ndarray, np.ndarray]:
         module, head = self._finetune(change)
-        logits = []
+        logits, batched = [], list(batches(self.held_out, self.batch_size, self.model.device))
         module.eval()
         with torch.no_grad():
-            for batch in batches(self.held_out, self.batch_size, self.model.device):
+            for batch in batched:
                 with _changed(change, batch, self.model, self._removed):
                     logits.append(head(pooled_features(module, self.pooling, batch)).double().cpu().numpy())
-        return _scored(np.concatenate(logits), self.held_out.labels)
+        return _scored(in_order(logits, batched), self.held_out.labels)
 
     def finetune_key(self, change: Change | None) -> str:
         """The cache key of a fine-tune run: everything that decides its weights."""
@@ -449,6 +584,11 @@ class TaskJudge:
             "train_rows": self.train.rows.tolist(),
             "held_out_rows": self.held_out.rows.tolist(),
             "width": int(self.held_out.ids.shape[1]),
+            "batches": "bucketed by length, each padded to its own longest example"
+            if not self.held_out.fixed_width
+            else "padded to a fixed width",
+            "held_out": len(self.held_out),
+            "calibration": self.calibration,
             "padded": self.held_out.padded or self.train.padded,
             "probe": {
                 "iterations": self.probe.iterations,

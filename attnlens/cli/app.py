@@ -100,7 +100,31 @@ ProtocolOption = Annotated[
 TaskTrainOption = Annotated[
     int, typer.Option("--task-train", help="Task examples to fit the probe (or fine-tune) on.", rich_help_panel=TASK)
 ]
-TaskEvalOption = Annotated[int, typer.Option("--task-eval", help="Held-out task examples to judge on.", rich_help_panel=TASK)]
+
+
+def _task_eval(value: str | int) -> int | str:
+    """``--task-eval``: a number, or ``auto``."""
+    if value == "auto" or isinstance(value, int):
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        raise BadInput(f"--task-eval '{value}' is neither a number of held-out examples nor 'auto'") from None
+
+
+TaskEvalOption = Annotated[
+    str,
+    typer.Option(
+        "--task-eval",
+        help="Held-out task examples to judge on, or auto: as many as the headline changes need for --task-target.",
+        callback=_task_eval,
+        rich_help_panel=TASK,
+    ),
+]
+TaskTargetOption = Annotated[
+    float,
+    typer.Option("--task-target", help="The paired Δ accuracy half-width that --task-eval auto aims for.", rich_help_panel=TASK),
+]
 TextColumnOption = Annotated[str, typer.Option("--text-column", help="Text column of a task file.", rich_help_panel=TASK)]
 LabelColumnOption = Annotated[str, typer.Option("--label-column", help="Label column of a task file.", rich_help_panel=TASK)]
 ProbeCOption = Annotated[

@@ -11,8 +11,9 @@ the text and label columns named by ``text_column`` and ``label_column``.
 
 Examples are tokenised in the model's layout (``[CLS] … [SEP]``, ``<bos> …``) and cut
 to ``n`` tokens. :meth:`Task.split` draws a seeded permutation of the rows; the first
-``num_eval`` usable rows are held out, the next ``num_train`` train. The row indices are
-recorded in every result, so a split can be rebuilt.
+``num_train`` usable rows train, the next ``num_eval`` are held out (so more held-out
+examples never change the training ones). The row indices are recorded in every result,
+so a split can be rebuilt.
 
 >>> from attnlens import load_model
 >>> task = load_task("rotten-tomatoes")
@@ -27,8 +28,10 @@ True
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.metadata
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,12 +66,14 @@ _BUILTIN_LABELS = ("negative", "positive")
 @dataclass(frozen=True)
 class Examples:
     """Tokenised examples: ``ids`` and ``attention_mask`` (num, width) int64, padded at the end
-    to the longest; ``labels`` (num,) int64; ``rows`` the examples' indices in the task."""
+    to the longest; ``labels`` (num,) int64; ``rows`` the examples' indices in the task.
+    ``fixed_width``: padded to a width a change needs (``pad_to``), which batches keep."""
 
     ids: np.ndarray
     attention_mask: np.ndarray
     labels: np.ndarray
     rows: np.ndarray
+    fixed_width: bool = False
 
     @property
     def lengths(self) -> np.ndarray:
@@ -83,7 +88,7 @@ class Examples:
 
     def take(self, index: np.ndarray | slice) -> Examples:
         """A subset (the padding width is kept)."""
-        return Examples(self.ids[index], self.attention_mask[index], self.labels[index], self.rows[index])
+        return Examples(self.ids[index], self.attention_mask[index], self.labels[index], self.rows[index], self.fixed_width)
 
 
 @dataclass(frozen=True)
@@ -119,10 +124,18 @@ class Task:
         return int(counts.argmax()), float(counts.max() / counts.sum())
 
     def split(
-        self, model: object, n: int, num_train: int, num_eval: int, seed: int = 0, pad_to: int | None = None
+        self,
+        model: object,
+        n: int,
+        num_train: int,
+        num_eval: int,
+        seed: int = 0,
+        pad_to: int | None = None,
+        at_most: bool = False,
     ) -> tuple[Examples, Examples]:
         """Disjoint training and held-out examples of at most ``n`` tokens for ``model``, chosen by ``seed``,
-        padded to the longest of each (or to ``pad_to``).
+        padded to the longest of each (or to ``pad_to``). With ``at_most``, ``num_eval`` is a
+        cap: as many held-out examples as the task has left, up to it.
 
         Rows are tokenised in the permutation's order until enough usable ones are found
         (all rows are usable unless the task takes full blocks only), so a small split of a
@@ -152,18 +165,21 @@ class Task:
                     break
             if len(chosen) == wanted:
                 break
+        if at_most and len(chosen) >= num_train + 2:  # num_eval is a cap: as many as the task has left
+            num_eval = min(num_eval, len(chosen) - num_train)
+            wanted = num_train + num_eval
         if len(chosen) < wanted:
             usable = f" fill {n} tokens" if self.full_blocks else " are usable"
             raise BadInput(
                 f"task '{self.name}' has {len(chosen)} examples that{usable}, fewer than the {wanted} asked for "
                 f"({num_eval} held out + {num_train} for training); ask for fewer (`task_eval`, `task_train`) or a smaller `seq_len`"
             )
-        held_out = self._examples(chosen[:num_eval], model.special.pad, pad_to)
+        held_out = self._examples(chosen[num_train : num_train + num_eval], model.special.pad, pad_to)
         if len(np.unique(held_out.labels)) < 2:
             raise BadInput(
                 f"the {num_eval} held-out examples of task '{self.name}' hold one class only; ask for more (`task_eval`) or another `seed`"
             )
-        return self._examples(chosen[num_eval:], model.special.pad, pad_to), held_out
+        return self._examples(chosen[:num_train], model.special.pad, pad_to), held_out
 
     def _examples(self, chosen: list[tuple[int, list[int]]], pad: int | None, pad_to: int | None) -> Examples:
         width = max([len(ids) for _, ids in chosen] + [pad_to or 1])
@@ -173,7 +189,7 @@ class Task:
             ids[index, : len(tokens)] = tokens
             mask[index, : len(tokens)] = 1
         rows = np.asarray([row for row, _ in chosen], dtype=np.int64)
-        return Examples(ids, mask, self.labels[rows], rows)
+        return Examples(ids, mask, self.labels[rows], rows, fixed_width=pad_to is not None)
 
 
 # --------------------------------------------------------------------------- loading
@@ -195,6 +211,23 @@ def load_task(source: str | Path, *, text_column: str = "text", label_column: st
     frame = _read_table(path)
     texts, labels = _checked(frame, text_column, label_column, name)
     return _task(name, texts, labels, full_blocks=False)
+
+
+def check_task(source: str | Path, *, text_column: str = "text", label_column: str = "label") -> None:
+    """Raise :class:`BadInput` or :class:`BadFile` for a task that cannot be used (no such file,
+    a missing column, one class only, a broken line), before any model loads. A file is read
+    once per path, modification time and columns."""
+    if str(source) in BUILTIN_TASKS:
+        return
+    path = Path(source).expanduser()
+    if not path.exists():
+        raise BadInput(f"task '{source}' is neither a built-in ({', '.join(BUILTIN_TASKS)}) nor an existing file or folder")
+    _checked_file(str(path.resolve()), path.stat().st_mtime_ns, text_column, label_column)
+
+
+@functools.lru_cache(maxsize=16)
+def _checked_file(path: str, mtime: int, text_column: str, label_column: str) -> None:
+    load_task(path, text_column=text_column, label_column=label_column)
 
 
 def _movie_reviews() -> pd.DataFrame:
@@ -219,16 +252,31 @@ def _read_table(path: Path) -> pd.DataFrame:
     frames = []
     for file in files:
         try:
-            frames.append(
-                pd.read_json(file, lines=True, dtype=False)
-                if file.suffix == ".jsonl"
-                else pd.read_csv(file, keep_default_na=False)
-            )
+            frames.append(_read_jsonl(file) if file.suffix == ".jsonl" else pd.read_csv(file, keep_default_na=False))
         except ValueError as error:
             raise BadFile(
                 f"task file '{file}' cannot be read as {file.suffix[1:].upper()}: {str(error).splitlines()[0]}"
             ) from None
     return pd.concat(frames, ignore_index=True)
+
+
+def _read_jsonl(file: Path) -> pd.DataFrame:
+    """One JSON object per line (blank lines skipped); a bad line is named by its number."""
+    records = []
+    with open(file, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise BadFile(f"task file '{file}' line {number} is not JSON ({error.msg}); fix or remove that line") from None
+            if not isinstance(record, dict):
+                raise BadFile(
+                    f"task file '{file}' line {number} is not a JSON object with named fields; write one object per line"
+                )
+            records.append(record)
+    return pd.DataFrame.from_records(records)
 
 
 def _read_saved_dataset(path: Path) -> pd.DataFrame:

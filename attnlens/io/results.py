@@ -161,8 +161,22 @@ class Result:
             f"task {task['task']} ({task['protocol']}, {len(task['held_out_rows'])} held out): unmodified accuracy "
             f"{task['unmodified_accuracy']:.4f}, majority class {task['majority_accuracy']:.4f}"
         )
-        hidden = ("protocol", "unmodified_accuracy", "majority_accuracy", "task_loss")
-        return [said, format_table(table[[column for column in table.columns if column not in hidden]])]
+        lines = [said]
+        calibration = task.get("calibration")
+        if calibration:
+            lines.append(
+                f"--task-eval auto: {calibration['held_out']} of {calibration['examples_available']} examples held out, "
+                f"paired Δ half-width {calibration['halfwidth_reached']:.4f} on the headline changes (target "
+                f"{calibration['target_halfwidth']:g}{'' if calibration['reached_target'] else ', not reached: too few examples'})"
+            )
+        hidden = ("protocol", "unmodified_accuracy", "majority_accuracy", "task_loss", "held_out")
+        lines.append(format_table(table[[column for column in table.columns if column not in hidden]]))
+        if "detectable_delta" in table:
+            lines.append(
+                "delta_halfwidth: half the paired Δ accuracy interval; detectable_delta: the smallest Δ these examples "
+                "detect 80% of the time at the 5% level"
+            )
+        return lines
 
     # ------------------------------------------------------------------ disk
     def save(self, out: str | Path, *, overwrite: bool = False) -> Path:
@@ -206,7 +220,7 @@ class Result:
         parts = [f"<h4>{html.escape(type(self).__name__)}</h4>", _provenance_html(self.meta)]
         if self.table is not None:
             parts.append(f"<p>{html.escape(self.main_table)} ({len(self.table)} rows), first 10:</p>")
-            table = self.view().head(10).to_html(index=False, float_format=lambda v: f"{v:.4g}", border=0)
+            table = self.view().head(10).to_html(index=False, float_format=lambda v: f"{v:.4g}", border=0, na_rep="")
             parts.append(f'<div style="overflow-x:auto">{table}</div>')  # a wide table scrolls in its box, not the page
         figure = first_figure(self)
         if figure is not None:
@@ -265,16 +279,17 @@ def draw(result: Result) -> Iterator[tuple[str, Any]]:
 
 
 def format_table(frame: pd.DataFrame) -> str:
-    """A table as plain text: no index, numbers to 4 significant digits.
+    """A table as plain text: no index, numbers to 4 significant digits, missing values empty
+    (a cell that does not apply to its row, such as a control's excess over itself).
 
-    >>> print(format_table(pd.DataFrame({"k": [1, 16], "error": [0.123456, 1e-5]})))
-     k  error
-     1 0.1235
-    16  1e-05
+    >>> print(format_table(pd.DataFrame({"k": [1, 16], "error": [0.123456, None], "n": [2, 3]})))
+     k  error  n
+     1 0.1235  2
+    16         3
     """
     if frame.empty:
         return "(no rows)"
-    return frame.to_string(index=False, float_format=lambda value: f"{value:.4g}")
+    return frame.to_string(index=False, float_format=lambda value: f"{value:.4g}", na_rep="")
 
 
 def first_figure(result: Result) -> str | None:

@@ -80,7 +80,11 @@ class Figures:
 def _table(frame: pd.DataFrame, digits: int = 3, text: bool = False) -> str:
     """An HTML table in a scrolling box; ``text`` tables are left-aligned prose."""
     table = frame.to_html(
-        index=False, float_format=lambda value: f"{value:.{digits}g}", border=0, classes="data text" if text else "data"
+        index=False,
+        float_format=lambda value: f"{value:.{digits}g}",
+        border=0,
+        na_rep="",
+        classes="data text" if text else "data",
     )
     return f"<div class='table'>{table}</div>"
 

