@@ -1,7 +1,8 @@
 """Task accuracy: judge a change to attention by what a classifier on the model gets right.
 
 The papers judge attention by a downstream task (MNLI, GLUE); so can attnlens, on a
-labelled task (:mod:`attnlens.data.tasks`), under one of three protocols:
+labelled task (:mod:`attnlens.data.tasks`), under one of four protocols (``auto``, the
+default: ``head`` for a model with a sequence-classification head, ``probe`` otherwise):
 
 - ``probe``: the frozen model's pooled features (:data:`POOLING`: the mean of the valid
   tokens' final hidden states for encoders, the last valid token's for decoders), a
@@ -17,6 +18,9 @@ labelled task (:mod:`attnlens.data.tasks`), under one of three protocols:
   the training examples, dropout on (the fixed budget is the stopping rule; the curve is
   recorded). Each run's weights are cached under the attnlens cache, keyed by model, task,
   split, probe, settings, change and seed, so a rerun loads them instead of training.
+- ``head``: the model's own classification head (a local ``…ForSequenceClassification``
+  directory, such as a model fine-tuned on the task), its classes matched to the task's
+  by name through its ``id2label``; no probe.
 
 Every judgement carries the accuracy with a percentile-bootstrap interval over held-out
 examples, the change in accuracy paired over examples, the probe's cross-entropy, the
@@ -54,7 +58,7 @@ from attnlens.models.capture import Capture, Intervention
 from attnlens.models.loading import LoadedModel
 from attnlens.settings import Settings, at_least, one_of, positive
 
-PROTOCOLS = ("probe", "refit", "finetune")
+PROTOCOLS = ("auto", "probe", "refit", "finetune", "head")
 POOLING: dict[bool, str] = {False: "mean", True: "last"}  # by LoadedModel.causal: what each family pools
 MIN_HELD_OUT = 20  # fewer held-out examples give percentile intervals that mean little
 AUTO = "auto"  # task_eval: as many held-out examples as the headline changes need (TaskJudge.calibrate)
@@ -86,7 +90,7 @@ class TaskSettings(Settings):
     """
 
     task: str | None = None
-    protocol: str = "probe"
+    protocol: str = "auto"
     text_column: str = "text"
     label_column: str = "label"
     task_train: int = 1024
@@ -100,7 +104,7 @@ class TaskSettings(Settings):
     def validate(self) -> None:
         super().validate()
         one_of("protocol", self.protocol, PROTOCOLS)
-        if self.task is None and self.protocol != "probe":
+        if self.task is None and self.protocol not in ("auto", "probe"):
             raise BadInput(f"`protocol` {self.protocol} needs `task`; name a task (imdb, rotten-tomatoes or a file)")
         if self.task is not None:  # its file is read now: a missing column or a broken line fails before any model loads
             check_task(self.task, text_column=self.text_column, label_column=self.label_column)
@@ -337,11 +341,15 @@ class TaskJudge:
         self.train, self.pool = self.task.split(
             model, seq_len, settings.task_train, AUTO_POOL if auto else settings.task_eval, seed=seed, pad_to=pad_to, at_most=auto
         )
+        self.protocol = settings.protocol if settings.protocol != "auto" else "head" if model.class_names else "probe"
         self.pooling = POOLING[model.causal]
         self.majority_label, _ = self.task.majority(self.train.labels)
-        features = self.unmodified_features(self.train)
-        self.c = settings.probe_c if settings.probe_c is not None else self._chosen_c(features)
-        self.probe = fit_probe(features, self.train.labels, self.c)
+        if self.protocol == "head":  # the model's own classifier: no probe to fit
+            self.head_columns, self.c, self.probe = head_columns(model, self.task.label_names), None, None
+        else:
+            features = self.unmodified_features(self.train)
+            self.c = settings.probe_c if settings.probe_c is not None else self._chosen_c(features)
+            self.probe = fit_probe(features, self.train.labels, self.c)
         self.finetune_runs: list[dict] = []  # every fine-tune run: change, cache file, training curve
         self.calibration: dict[str, object] | None = None
         self._judged: dict[tuple[str, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
@@ -434,9 +442,18 @@ class TaskJudge:
         return in_order(parts, batched)
 
     def loss(self, batch: TaskBatch) -> torch.Tensor:
-        """Per-example cross-entropy of the unmodified probe, differentiable (runs inside any active capture)."""
-        logits = self.probe.torch_logits(pooled_features(self.model.model, self.pooling, batch))
+        """Per-example cross-entropy of the unmodified probe (or the model's own head), differentiable
+        (runs inside any active capture)."""
+        if self.protocol == "head":
+            logits = self.head_logits(batch)
+        else:
+            logits = self.probe.torch_logits(pooled_features(self.model.model, self.pooling, batch))
         return nn.functional.cross_entropy(logits, batch.labels, reduction="none")
+
+    def head_logits(self, batch: TaskBatch) -> torch.Tensor:
+        """The classification head's logits, one column per task class (in the task's order)."""
+        logits = self.model.model(input_ids=batch.ids, attention_mask=batch.attention_mask).logits
+        return logits[:, self.head_columns].float()
 
     # -- judging
 
@@ -450,7 +467,7 @@ class TaskJudge:
         paired = correct - self._unmodified[0]
         delta = bootstrap_interval(paired[None], self.settings.bootstrap, self.seed)
         return {
-            "protocol": self.settings.protocol,
+            "protocol": self.protocol,
             "accuracy": float(mean[0]),
             "accuracy_low": float(low[0]),
             "accuracy_high": float(high[0]),
@@ -485,16 +502,26 @@ class TaskJudge:
         return correct, losses
 
     def _classified(self, change: Change | None) -> tuple[np.ndarray, np.ndarray]:
-        if self.settings.protocol == "finetune":
+        if self.protocol == "finetune":
             return self._finetuned(change)
+        if self.protocol == "head":
+            return self._by_head(change)
         probe = self.probe
-        if self.settings.protocol == "refit" and change is not None:
+        if self.protocol == "refit" and change is not None:
             probe = fit_probe(self.features(self.train, change), self.train.labels, self.c)
         if change is None:
             features = self.unmodified_features(self.held_out, as_judged=True)
         else:
             features = self.features(self.held_out, change, self._removed)
         return _scored(probe.logits(features), self.held_out.labels)
+
+    def _by_head(self, change: Change | None) -> tuple[np.ndarray, np.ndarray]:
+        logits, batched = [], list(batches(self.held_out, self.batch_size, self.model.device))
+        with torch.no_grad():
+            for batch in batched:
+                with _changed(change, batch, self.model, self._removed):
+                    logits.append(self.head_logits(batch).double().cpu().numpy())
+        return _scored(in_order(logits, batched), self.held_out.labels)
 
     # -- fine-tuning
 
@@ -578,8 +605,8 @@ class TaskJudge:
         """What a result records about the task, the split and the probe."""
         return {
             **self.task.describe(),
-            "protocol": self.settings.protocol,
-            "pooling": self.pooling,
+            "protocol": self.protocol,
+            "pooling": self.pooling if self.protocol != "head" else "the model's own classification head",
             "settings": self.settings.to_dict(),
             "train_rows": self.train.rows.tolist(),
             "held_out_rows": self.held_out.rows.tolist(),
@@ -590,7 +617,10 @@ class TaskJudge:
             "held_out": len(self.held_out),
             "calibration": self.calibration,
             "padded": self.held_out.padded or self.train.padded,
-            "probe": {
+            "head": None if self.protocol != "head" else {"classes": list(self.model.class_names), "columns": self.head_columns},
+            "probe": None
+            if self.probe is None
+            else {
                 "iterations": self.probe.iterations,
                 "converged": self.probe.converged,
                 "C": self.c,
@@ -601,7 +631,7 @@ class TaskJudge:
             "unmodified_accuracy": self.unmodified_accuracy,
             "majority_accuracy": self.majority_accuracy,
             "finetune": None
-            if self.settings.protocol != "finetune"
+            if self.protocol != "finetune"
             else {
                 "recipe": f"AdamW, {self.settings.finetune_steps} steps of {self.batch_size} examples, encoder lr "
                 f"{self.settings.finetune_lr:g}, head lr {100 * self.settings.finetune_lr:g}, head started from the probe; "
@@ -609,6 +639,28 @@ class TaskJudge:
                 "runs": self.finetune_runs,
             },
         }
+
+
+def head_columns(model: LoadedModel, label_names: tuple[str, ...]) -> list[int]:
+    """For each of the task's classes, in order, the column of the model's classification head
+    that predicts it, matched by name (case and spaces aside) through the head's ``id2label``.
+
+    Raises :class:`BadInput` for a model without a head, or names that do not match one to one.
+    """
+    names = model.class_names
+    if names is None:
+        raise BadInput(
+            f"`protocol` head needs a model with a sequence-classification head; '{model.name}' is a "
+            f"{model.architecture}; use `protocol` probe, or a model saved with AutoModelForSequenceClassification"
+        )
+    key = lambda name: str(name).strip().lower()
+    columns = {key(name): index for index, name in enumerate(names)}
+    if len(columns) != len(names) or sorted(columns) != sorted(map(key, label_names)):
+        raise BadInput(
+            f"the task's classes ({', '.join(label_names)}) do not match the head's id2label ({', '.join(names)}); "
+            "name the task's labels as the head does, or set the model's config id2label"
+        )
+    return [columns[key(name)] for name in label_names]
 
 
 class TaskLoss:

@@ -94,7 +94,10 @@ TaskOption = Annotated[
 ProtocolOption = Annotated[
     str,
     typer.Option(
-        "--protocol", help="probe (frozen readout), refit (readout refitted per change) or finetune.", rich_help_panel=TASK
+        "--protocol",
+        help="auto (head if the model has a classification head, else probe), probe (frozen readout), refit (readout "
+        "refitted per change), finetune, or head (the model's own classifier).",
+        rich_help_panel=TASK,
     ),
 ]
 TaskTrainOption = Annotated[

@@ -19,9 +19,9 @@ so a split can be rebuilt.
 >>> task = load_task("rotten-tomatoes")
 >>> task.label_names, len(task)
 (('negative', 'positive'), 8530)
->>> train, held_out = task.split(load_model("minilm-l6"), n=64, num_train=8, num_eval=4, seed=0)
+>>> train, held_out = task.split(load_model("minilm-l6"), n=64, num_train=8, num_eval=6, seed=0)
 >>> held_out.ids.shape[0], bool(set(train.rows).isdisjoint(held_out.rows))
-(4, True)
+(6, True)
 >>> bool((held_out.attention_mask.sum(1) == held_out.lengths).all())
 True
 """
@@ -221,7 +221,7 @@ def check_task(source: str | Path, *, text_column: str = "text", label_column: s
         return
     path = Path(source).expanduser()
     if not path.exists():
-        raise BadInput(f"task '{source}' is neither a built-in ({', '.join(BUILTIN_TASKS)}) nor an existing file or folder")
+        raise BadInput(f"`task` {source} is neither a built-in ({', '.join(BUILTIN_TASKS)}) nor an existing file or folder")
     _checked_file(str(path.resolve()), path.stat().st_mtime_ns, text_column, label_column)
 
 

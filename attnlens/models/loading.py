@@ -226,6 +226,8 @@ _HEADS: tuple[tuple[str, str, str], ...] = (
     ("LMHeadModel", "AutoModelForCausalLM", "clm"),
     ("ForMaskedLM", "AutoModelForMaskedLM", "mlm"),
     ("ForPreTraining", "AutoModelForMaskedLM", "mlm"),
+    # a classifier keeps its head (the task's head protocol reads it); its proxy objective is the hidden states
+    ("ForSequenceClassification", "AutoModelForSequenceClassification", "hidden"),
 )
 
 
@@ -297,6 +299,15 @@ class LoadedModel:
     @property
     def architecture(self) -> str:
         return type(self.model).__name__
+
+    @property
+    def class_names(self) -> tuple[str, ...] | None:
+        """The names of a sequence classifier's classes, by id (its ``id2label``); ``None`` for a
+        model without a classification head."""
+        if not self.architecture.endswith("ForSequenceClassification"):
+            return None
+        id2label = self.model.config.id2label
+        return tuple(str(id2label[index]) for index in range(self.model.config.num_labels))
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, **kwargs: object):
         """Run the model on token ids (batch, n); returns the transformers output object."""

@@ -548,12 +548,17 @@ def _task_section(results: dict, names: dict[str, str], figures: Figures) -> str
             )
         )
     probe = task["probe"]
+    reader = (
+        "the model's own classification head, its classes matched to the task's by name. "
+        if probe is None
+        else f"a logistic regression on the model's pooled final hidden states ({task['pooling']} pooling; C = {probe['C']:g}, "
+        f"{probe['C_chosen_by']}) fitted on the unmodified model and applied unchanged to the changed one. "
+    )
     return _section(
         "6. What does the task say?",
         f"Every change above judged by accuracy on {task['task']} ({task['examples']}; {len(task['train_rows'])} training and "
         f"{len(task['held_out_rows'])} held-out examples, seeded and disjoint), under the {task['protocol']} protocol: "
-        f"a logistic regression on the model's pooled final hidden states ({task['pooling']} pooling; C = {probe['C']:g}, "
-        f"{probe['C_chosen_by']}) fitted on the unmodified model and applied unchanged to the changed one. "
+        f"{reader}"
         f"Unmodified accuracy {number(task['unmodified_accuracy'], 3)}, majority class {number(task['majority_accuracy'], 3)}; "
         "intervals are 95% bootstrap intervals over held-out examples, Δ paired over examples. `sparsity` is measured "
         "on the corpus blocks, `task_sparsity` on the task's examples (their own tokens, padding aside).",
