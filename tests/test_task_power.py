@@ -9,6 +9,7 @@ the longest of the split; the power figures against numpy on the per-example out
 
 from __future__ import annotations
 
+import copy
 import json
 
 import numpy as np
@@ -19,7 +20,7 @@ import torch
 import attnlens
 import attnlens.analysis.task as task_module
 from attnlens.analysis.changes import Ablation
-from attnlens.analysis.task import TaskJudge, TaskSettings, batches
+from attnlens.analysis.task import ProbeHead, TaskJudge, TaskSettings, batches
 from attnlens.data.tasks import load_task
 from attnlens.errors import BadFile, BadInput
 from tiny_models import assert_one_line_error, run_cli
@@ -209,3 +210,69 @@ def test_task_eval_auto_is_recorded_with_what_it_reached(minilm_l6, tmp_path, mo
     assert "--task-eval auto:" in result.text()
     assert json.loads(json.dumps(result.meta))  # provenance stays JSON
     assert "nan" not in result.text().lower()
+
+
+# ----------------------------------------------------------------------------- fine-tune seeds
+
+
+def _plain_finetune(judge: TaskJudge, seed: int):
+    """The fine-tune recipe written out by hand, with nothing inside attention: AdamW (head at
+    100× the encoder's rate, started from the probe), dropout and batch order drawn with ``seed``."""
+    module, head = copy.deepcopy(judge.model.model), ProbeHead(judge.probe)
+    settings, size = judge.settings, judge.batch_size
+    torch.manual_seed(seed)
+    optimiser = torch.optim.AdamW(
+        [
+            {"params": module.parameters(), "lr": settings.finetune_lr},
+            {"params": head.parameters(), "lr": 100 * settings.finetune_lr},
+        ]
+    )
+    rng, order = np.random.default_rng(seed), []
+    module.train()
+    for _ in range(settings.finetune_steps):
+        if len(order) < size:
+            order.extend(rng.permutation(len(judge.train)).tolist())
+        chosen, order = np.sort(order[:size]), order[size:]
+        ids = torch.from_numpy(judge.train.ids[chosen])  # imdb: full blocks, no padding, so no bucketing either
+        hidden = module.base_model(input_ids=ids, attention_mask=torch.ones_like(ids)).last_hidden_state.float()
+        loss = torch.nn.functional.cross_entropy(head(hidden.mean(1)), torch.from_numpy(judge.train.labels[chosen]))
+        optimiser.zero_grad(set_to_none=True)
+        loss.backward()
+        optimiser.step()
+    return module, head
+
+
+def test_with_no_change_each_finetune_seed_is_the_plain_finetune_bit_for_bit(minilm_l6, tmp_path, monkeypatch):
+    monkeypatch.setenv("ATTNLENS_CACHE", str(tmp_path / "cache"))
+    settings = TaskSettings(task="imdb", protocol="finetune", task_train=16, task_eval=20, finetune_steps=3, seeds=2)
+    judge = TaskJudge(minilm_l6, settings, seq_len=32, batch_size=8, seed=4)
+    assert [run["seed"] for run in judge.finetune_runs] == [4, 5]
+    for seed in (4, 5):
+        module, head = judge._finetune(None, seed)  # from the cache the judge wrote
+        plain_module, plain_head = _plain_finetune(judge, seed)
+        for name, value in {**module.state_dict(), **head.state_dict()}.items():
+            plain = {**plain_module.state_dict(), **plain_head.state_dict()}[name]
+            assert torch.equal(value, plain), name
+
+
+def test_finetune_seeds_give_each_seed_and_an_interval_across_seeds(minilm_l6, tmp_path, monkeypatch):
+    from scipy import stats
+
+    monkeypatch.setenv("ATTNLENS_CACHE", str(tmp_path / "cache"))
+    settings = TaskSettings(task="imdb", protocol="finetune", task_train=16, task_eval=20, finetune_steps=2, seeds=3)
+    judge = TaskJudge(minilm_l6, settings, seq_len=32, batch_size=8)
+    judged = judge.judge(Ablation("cls", CLASSES))
+    per_seed = np.array([float(value) for value in judged["seed_accuracies"].split()])
+    unmodified = judge._seed_correct[(None, 20)].mean(1)
+    assert len(per_seed) == 3 and judged["accuracy"] == pytest.approx(per_seed.mean(), abs=1e-4)
+    delta = per_seed - unmodified
+    half = stats.t.ppf(0.975, 2) * delta.std(ddof=1) / np.sqrt(3)
+    assert judged["delta_seeds_low"] == pytest.approx(delta.mean() - half, abs=2e-4)
+    assert judged["delta_seeds_high"] == pytest.approx(delta.mean() + half, abs=2e-4)
+
+
+def test_seeds_are_checked(tmp_path, capsys):
+    with pytest.raises(BadInput, match="needs protocol finetune"):
+        TaskSettings(task="imdb", seeds=2)
+    code, _, err = run_cli(capsys, "importance", "-o", str(tmp_path / "out"), "--task", "imdb", "--seeds", "0")
+    assert_one_line_error(code, err, "--seeds 0 must be at least 1")

@@ -81,7 +81,8 @@ class TaskSettings(Settings):
     probe's inverse L2 strength ``probe_c`` (``None``: chosen by cross-validation on the
     training examples, :func:`choose_c`), and
     the fine-tune recipe (``finetune_steps``, ``finetune_lr`` for the encoder; the head
-    takes 100× that). ``bootstrap`` resamples give the intervals.
+    takes 100× that; ``seeds`` runs per change, seeds ``seed``, ``seed + 1``, …, whose
+    spread gives an interval across seeds). ``bootstrap`` resamples give the intervals.
 
     >>> TaskSettings(protocol="finetune")
     Traceback (most recent call last):
@@ -99,6 +100,7 @@ class TaskSettings(Settings):
     probe_c: float | None = None
     finetune_steps: int = 200
     finetune_lr: float = 2e-5
+    seeds: int = 1
     bootstrap: int = 1000
 
     def validate(self) -> None:
@@ -117,6 +119,9 @@ class TaskSettings(Settings):
         if self.probe_c is not None:
             positive("probe_c", self.probe_c)
         at_least("finetune_steps", self.finetune_steps, 1)
+        at_least("seeds", self.seeds, 1, " fine-tune runs per change")
+        if self.seeds > 1 and self.protocol != "finetune":
+            raise BadInput(f"`seeds` {self.seeds} needs `protocol` finetune: only fine-tuning varies from seed to seed")
         positive("finetune_lr", self.finetune_lr)
         at_least("bootstrap", self.bootstrap, 10, " resamples for an interval (1000 is usual)")
 
@@ -352,7 +357,8 @@ class TaskJudge:
             self.probe = fit_probe(features, self.train.labels, self.c)
         self.finetune_runs: list[dict] = []  # every fine-tune run: change, cache file, training curve
         self.calibration: dict[str, object] | None = None
-        self._judged: dict[tuple[str, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        self._judged: dict[tuple[str | None, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        self._seed_correct: dict[tuple[str | None, int], np.ndarray] = {}  # (seed, example) outcomes of fine-tuning
         self._hold_out(min(len(self.pool), AUTO_PILOT) if auto else len(self.pool))
 
     def _hold_out(self, count: int) -> None:
@@ -483,15 +489,29 @@ class TaskJudge:
             "task_sparsity": float(self._removed[0] / self._removed[1]) if change is not None and self._removed[1] else 0.0,
             "unmodified_accuracy": self.unmodified_accuracy,
             "majority_accuracy": self.majority_accuracy,
+            **self._across_seeds(change),
             "correct": correct,
         }
+
+    def _across_seeds(self, change: Change | None) -> dict[str, object]:
+        """With two or more fine-tune seeds: each seed's accuracy, and t intervals across seeds of
+        the accuracy and of Δ (paired by seed), so a verdict counts seed-to-seed variance."""
+        if self.protocol != "finetune" or self.settings.seeds < 2:
+            return {}
+        own = self._seed_correct[_memo(change, len(self.held_out))].mean(1)
+        delta = own - self._seed_correct[_memo(None, len(self.held_out))].mean(1)
+        columns = {"seed_accuracies": " ".join(f"{value:.4f}" for value in own)}
+        for name, values in (("accuracy_seeds", own), ("delta_seeds", delta)):
+            mean, half = float(values.mean()), float(t_halfwidth(values))
+            columns.update({name: mean, f"{name}_low": mean - half, f"{name}_high": mean + half})
+        return columns
 
     def _correct(self, change: Change | None) -> tuple[np.ndarray, np.ndarray]:
         """Per held-out example: 1.0 if classified right, and the classifier's cross-entropy
         (each change judged once per number of held-out examples)."""
         if change is None and self._unmodified is not None:
             return self._unmodified
-        memo = None if change is None else (change.key, len(self.held_out))
+        memo = None if change is None else _memo(change, len(self.held_out))
         if memo in self._judged:
             correct, losses, self._removed = self._judged[memo]
             return correct, losses
@@ -526,7 +546,15 @@ class TaskJudge:
     # -- fine-tuning
 
     def _finetuned(self, change: Change | None) -> tuple[np.ndarray, np.ndarray]:
-        module, head = self._finetune(change)
+        """Per held-out example, over the fine-tune seeds: the fraction of seeds that classify it
+        right, and the mean cross-entropy (each seed's outcomes kept for :meth:`_across_seeds`)."""
+        outcomes = [self._finetuned_once(change, self.seed + number) for number in range(self.settings.seeds)]
+        correct, losses = (np.stack(arrays) for arrays in zip(*outcomes))
+        self._seed_correct[_memo(change, len(self.held_out))] = correct
+        return correct.mean(0), losses.mean(0)
+
+    def _finetuned_once(self, change: Change | None, seed: int) -> tuple[np.ndarray, np.ndarray]:
+        module, head = self._finetune(change, seed)
         logits, batched = [], list(batches(self.held_out, self.batch_size, self.model.device))
         module.eval()
         with torch.no_grad():
@@ -535,7 +563,7 @@ class TaskJudge:
                     logits.append(head(pooled_features(module, self.pooling, batch)).double().cpu().numpy())
         return _scored(in_order(logits, batched), self.held_out.labels)
 
-    def finetune_key(self, change: Change | None) -> str:
+    def finetune_key(self, change: Change | None, seed: int | None = None) -> str:
         """The cache key of a fine-tune run: everything that decides its weights."""
         parts = {
             "version": FINETUNE_VERSION,
@@ -549,24 +577,30 @@ class TaskJudge:
                 "probe", *(torch.as_tensor(a) for a in (self.probe.mean, self.probe.scale, self.probe.coef, self.probe.intercept))
             ),
             "batch_size": self.batch_size,
-            "seed": self.seed,
+            "seed": self.seed if seed is None else seed,
             "change": None if change is None else change.key,
         }
         return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
 
-    def _finetune(self, change: Change | None) -> tuple[nn.Module, ProbeHead]:
-        """The encoder and head trained with ``change`` in the loop, from the cache when it holds them."""
+    def _finetune(self, change: Change | None, seed: int) -> tuple[nn.Module, ProbeHead]:
+        """The encoder and head trained with ``change`` in the loop (dropout and batch order drawn
+        with ``seed``), from the cache when it holds them."""
         module = copy.deepcopy(self.model.model)
         head = ProbeHead(self.probe).to(self.model.device)
-        path = cache_dir() / "finetune" / f"{self.finetune_key(change)}.pt"
-        self.last_finetune = {"change": None if change is None else change.key, "cache": str(path), "from_cache": path.is_file()}
+        path = cache_dir() / "finetune" / f"{self.finetune_key(change, seed)}.pt"
+        self.last_finetune = {
+            "change": None if change is None else change.key,
+            "seed": seed,
+            "cache": str(path),
+            "from_cache": path.is_file(),
+        }
         if path.is_file():
             state = torch.load(path, map_location=self.model.device, weights_only=True)
             module.load_state_dict(state["encoder"])
             head.load_state_dict(state["head"])
             self.last_finetune["curve"] = state["curve"].tolist()
         else:
-            curve = self._train(module, head, change)
+            curve = self._train(module, head, change, seed)
             self.last_finetune["curve"] = curve
             path.parent.mkdir(parents=True, exist_ok=True)
             temporary = path.with_suffix(".tmp")  # written whole, then renamed: a killed run leaves no half file
@@ -575,13 +609,13 @@ class TaskJudge:
         self.finetune_runs.append(self.last_finetune)
         return module, head
 
-    def _train(self, module: nn.Module, head: ProbeHead, change: Change | None) -> list[float]:
+    def _train(self, module: nn.Module, head: ProbeHead, change: Change | None, seed: int) -> list[float]:
         s = self.settings
-        torch.manual_seed(self.seed)  # dropout
+        torch.manual_seed(seed)  # dropout
         optimiser = torch.optim.AdamW(
             [{"params": module.parameters(), "lr": s.finetune_lr}, {"params": head.parameters(), "lr": 100 * s.finetune_lr}]
         )
-        rng = np.random.default_rng(self.seed)
+        rng = np.random.default_rng(seed)
         order: list[int] = []
         curve = []
         module.train()
@@ -685,6 +719,22 @@ def paired_difference(first: np.ndarray, second: np.ndarray, bootstrap: int, see
     """Mean of ``first - second`` (per-example 0/1 arrays) and its bootstrap interval, paired over examples."""
     mean, low, high = bootstrap_interval((np.asarray(first) - np.asarray(second))[None], bootstrap, seed)
     return float(mean[0]), float(low[0]), float(high[0])
+
+
+def _memo(change: Change | None, held_out: int) -> tuple[str | None, int]:
+    """What a judgement is remembered by: the change's key and the number of held-out examples."""
+    return (None if change is None else change.key, held_out)
+
+
+def t_halfwidth(values: np.ndarray, level: float = 0.95) -> float:
+    """Half the width of the t interval of the mean of ``values`` (a few seeds' results).
+
+    >>> round(t_halfwidth(np.array([0.70, 0.72, 0.74])), 4)   # t(0.975, 2) = 4.303, sd 0.02, sqrt(3)
+    0.0497
+    """
+    from scipy import stats
+
+    return float(stats.t.ppf(0.5 + level / 2, len(values) - 1) * np.std(values, ddof=1) / np.sqrt(len(values)))
 
 
 def _scored(logits: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -124,6 +124,12 @@ TaskEvalOption = Annotated[
         rich_help_panel=TASK,
     ),
 ]
+SeedsOption = Annotated[
+    int,
+    typer.Option(
+        "--seeds", help="Fine-tune runs per change (finetune protocol), seeds --seed, --seed + 1, ...", rich_help_panel=TASK
+    ),
+]
 TaskTargetOption = Annotated[
     float,
     typer.Option("--task-target", help="The paired Δ accuracy half-width that --task-eval auto aims for.", rich_help_panel=TASK),
