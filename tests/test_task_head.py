@@ -63,12 +63,17 @@ def test_a_classifier_is_judged_through_its_own_head_and_agrees_with_transformer
     reference = transformers.AutoModelForSequenceClassification.from_pretrained(classifier_dir).eval()
     names = load_task("rotten-tomatoes").label_names
     held = judge.held_out
+    compared = 0
     for index in range(len(held)):
         ids = torch.from_numpy(held.ids[index, : held.lengths[index]])[None]  # one example, no padding
         with torch.no_grad():
-            predicted = reference(input_ids=ids, attention_mask=torch.ones_like(ids)).logits.argmax(-1).item()
-        right = names.index(reference.config.id2label[predicted]) == held.labels[index]
+            logits = reference(input_ids=ids, attention_mask=torch.ones_like(ids)).logits[0]
+        if (logits.max() - logits.min()).item() < 1e-4:  # a near-tie: float32 rounding of batched vs single forwards may flip it
+            continue
+        right = names.index(reference.config.id2label[logits.argmax().item()]) == held.labels[index]
         assert correct[index] == float(right), index
+        compared += 1
+    assert compared >= len(held) - 2
     assert 0.5 < correct.mean(), "the fine-tuned head reads the task"
 
 

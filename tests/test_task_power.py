@@ -234,8 +234,10 @@ def _plain_finetune(judge: TaskJudge, seed: int):
             order.extend(rng.permutation(len(judge.train)).tolist())
         chosen, order = np.sort(order[:size]), order[size:]
         ids = torch.from_numpy(judge.train.ids[chosen])  # imdb: full blocks, no padding, so no bucketing either
-        hidden = module.base_model(input_ids=ids, attention_mask=torch.ones_like(ids)).last_hidden_state.float()
-        loss = torch.nn.functional.cross_entropy(head(hidden.mean(1)), torch.from_numpy(judge.train.labels[chosen]))
+        mask = torch.ones_like(ids)
+        hidden = module.base_model(input_ids=ids, attention_mask=mask).last_hidden_state.float()
+        pooled = (hidden * mask[..., None]).sum(1) / mask.sum(1, keepdim=True)  # mean pooling over the valid tokens
+        loss = torch.nn.functional.cross_entropy(head(pooled), torch.from_numpy(judge.train.labels[chosen]))
         optimiser.zero_grad(set_to_none=True)
         loss.backward()
         optimiser.step()
