@@ -96,9 +96,9 @@ class Batch:
 
     def random_keys(self, seed: int, classes: tuple[str, ...], name: str) -> torch.Tensor:
         """(batch, n, n) uniform numbers that choose class ``name``'s random control."""
-        shape = (*self.ids.shape, self.ids.shape[-1])
         if self.sequences is not None:
             return self._own_keys(seed, classes.index(name))
+        shape = (*self.ids.shape, self.ids.shape[-1])
         if self.keys_by_class:
             generator = torch.Generator().manual_seed(seeded(seed, RANDOM_STREAM, classes.index(name), self.index))
             return torch.rand(shape, generator=generator).to(self.ids.device)

@@ -42,7 +42,7 @@ import dataclasses
 import hashlib
 import json
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -440,11 +440,18 @@ class TaskJudge:
     def features(self, examples: Examples, change: Change | None, counts: np.ndarray | None = None) -> np.ndarray:
         """(examples, hidden) float64 pooled features of the model, with ``change`` inside attention
         (adding to ``counts`` the positions it removes and the valid ones, when given)."""
+        return self._per_example(examples, change, lambda batch: pooled_features(self.model.model, self.pooling, batch), counts)
+
+    def _per_example(
+        self, examples: Examples, change: Change | None, compute: Callable[[TaskBatch], torch.Tensor], counts=None
+    ) -> np.ndarray:
+        """``compute(batch)`` (one row per example) over length-bucketed batches with ``change``
+        inside attention, as float64 in the examples' own order."""
         parts, batched = [], list(batches(examples, self.batch_size, self.model.device))
         with torch.no_grad():
             for batch in batched:
                 with _changed(change, batch, self.model, counts):
-                    parts.append(pooled_features(self.model.model, self.pooling, batch).double().cpu().numpy())
+                    parts.append(compute(batch).double().cpu().numpy())
         return in_order(parts, batched)
 
     def loss(self, batch: TaskBatch) -> torch.Tensor:
@@ -536,12 +543,8 @@ class TaskJudge:
         return _scored(probe.logits(features), self.held_out.labels)
 
     def _by_head(self, change: Change | None) -> tuple[np.ndarray, np.ndarray]:
-        logits, batched = [], list(batches(self.held_out, self.batch_size, self.model.device))
-        with torch.no_grad():
-            for batch in batched:
-                with _changed(change, batch, self.model, self._removed):
-                    logits.append(self.head_logits(batch).double().cpu().numpy())
-        return _scored(in_order(logits, batched), self.held_out.labels)
+        logits = self._per_example(self.held_out, change, self.head_logits, self._removed)
+        return _scored(logits, self.held_out.labels)
 
     # -- fine-tuning
 
@@ -555,13 +558,9 @@ class TaskJudge:
 
     def _finetuned_once(self, change: Change | None, seed: int) -> tuple[np.ndarray, np.ndarray]:
         module, head = self._finetune(change, seed)
-        logits, batched = [], list(batches(self.held_out, self.batch_size, self.model.device))
         module.eval()
-        with torch.no_grad():
-            for batch in batched:
-                with _changed(change, batch, self.model, self._removed):
-                    logits.append(head(pooled_features(module, self.pooling, batch)).double().cpu().numpy())
-        return _scored(in_order(logits, batched), self.held_out.labels)
+        compute = lambda batch: head(pooled_features(module, self.pooling, batch))
+        return _scored(self._per_example(self.held_out, change, compute, self._removed), self.held_out.labels)
 
     def finetune_key(self, change: Change | None, seed: int | None = None) -> str:
         """The cache key of a fine-tune run: everything that decides its weights."""
