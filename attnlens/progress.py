@@ -56,6 +56,11 @@ class Stage:
         self.free = self.end
         return [Stage(self.parent, self.label, low, high) for low, high in zip(bounds, bounds[1:])]
 
+    def here(self) -> Stage:
+        """A stage of no width where the parent is now: its bars name what they count without moving
+        the parent (work inside one step of another bar, such as a fine-tune inside one judgement)."""
+        return Stage(self.parent, self.label, self.parent.n, self.parent.n)
+
     def claim(self) -> tuple[float, float]:
         """The rest of the stage, for one bar: (start, end) in the parent's units."""
         start, self.free = self.free, self.end

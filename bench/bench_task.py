@@ -64,7 +64,7 @@ def main() -> None:
                 )
 
     def judge_pass() -> None:
-        judge._judged.clear()  # a change is judged once per judge: forget it, to time the judgement itself
+        judge._judged.pop(change.key, None)  # a change is judged once per judge: forget it, to time the judgement itself
         judge.judge(change)
 
     modes = {"plain": plain_pass, "judge": judge_pass, "padded": padded_pass}

@@ -46,8 +46,9 @@ def digest(table: str) -> str:
     return hashlib.sha256(table.encode()).hexdigest()[:16]
 
 
-def claims_section(claims: pd.DataFrame, meta: dict) -> str:
-    """The README's claims section (markers included) from a report's claims table and meta."""
+def claims_section(claims: pd.DataFrame, meta: dict, power: str = "") -> str:
+    """The README's claims section (markers included) from a report's claims table and meta
+    (``power``: what each stage's task judgements reached, :func:`task_power`)."""
     settings = meta.get("settings", {})
     model = meta.get("model", {}).get("name", "?")
     task = settings.get("task")
@@ -60,8 +61,14 @@ def claims_section(claims: pd.DataFrame, meta: dict) -> str:
         f"{', '.join(f'{value:.0%}' for value in settings.get('dam_sparsity', []))}, at most {settings.get('dam_steps')} steps)",
     ]
     if task:
+        held_out = (
+            f"{settings.get('task_eval')} held-out examples"
+            if settings.get("task_eval") != "auto"
+            else "as many held-out examples as a paired Δ half-width of "
+            f"{settings.get('task_target')} on the headline changes needs, stage by stage" + (f": {power}" if power else "")
+        )
         said.append(
-            f"task `{task}` under the probe protocol ({settings.get('task_train')} training, {settings.get('task_eval')} held-out examples)"
+            f"task `{task}` under the {settings.get('protocol', 'probe')} protocol ({settings.get('task_train')} training; {held_out})"
         )
     table = markdown_table(claims)
     return "\n".join(
@@ -84,6 +91,17 @@ def claims_section(claims: pd.DataFrame, meta: dict) -> str:
     )
 
 
+def task_power(report) -> str:
+    """Each stage's held-out count and the paired half-width its headline changes reached."""
+    parts = []
+    for stage in ("reconstruct", "importance", "dam"):
+        task = report.result(stage).meta.get("task") or {}
+        calibration = task.get("calibration")
+        if calibration:
+            parts.append(f"{stage} {calibration['held_out']} (half-width {calibration['halfwidth_reached']:.3f})")
+    return ", ".join(parts)
+
+
 def replace_section(readme: str, section: str) -> str:
     """``readme`` with the text from its begin marker to its end marker replaced by ``section``."""
     if readme.count(BEGIN) != 1 or readme.count(END) != 1 or readme.index(BEGIN) > readme.index(END):
@@ -97,7 +115,7 @@ def update(report_dir: Path, readme: Path = ROOT / "README.md", figure: Path | N
     from attnlens.io.files import write_bytes_atomic
 
     report = attnlens.load_result(report_dir)
-    section = claims_section(report.claims, report.meta)
+    section = claims_section(report.claims, report.meta, task_power(report))
     write_bytes_atomic(readme, replace_section(readme.read_text(), section).encode())
     if figure is not None:
         write_bytes_atomic(figure, report_dir.joinpath(*FIGURE).read_bytes())

@@ -67,6 +67,20 @@ def test_a_stage_bar_moves_the_parent_through_its_stretch_and_no_further():
     assert parent.n == 60 and max(parent.seen) == 60
 
 
+def test_a_bar_inside_another_bars_step_names_its_count_and_leaves_the_parent_where_it_is():
+    # a fine-tune inside one judgement: its steps show on the report's bar, which neither moves nor jumps ahead
+    parent = RecordingBar(total=100)
+    stage = Stage(parent, "report: importance", 20, 60)
+    with progress_bar(total=4, desc="importance: task", unit="condition", enabled=stage) as outer:
+        outer.update(1)
+        where = parent.n
+        with progress_bar(total=200, desc="fine-tune, seed 0", unit="step", enabled=stage.here()) as inner:
+            inner.update(120)
+            assert parent.n == where and "fine-tune, seed 0 120/200 step" in parent.desc
+        outer.update(1)
+    assert parent.n > where and parent.seen == sorted(parent.seen)
+
+
 def test_bars_one_after_another_share_the_stage_by_their_weights():
     parent = RecordingBar(total=100)
     first, second = split(Stage(parent, "report: eigen", 0, 40), 3, 1)

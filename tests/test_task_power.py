@@ -151,6 +151,49 @@ def test_task_eval_auto_grows_the_held_out_set_until_the_headline_changes_reach_
     assert judge.calibrate([Ablation("self", CLASSES)]) is calibration, "calibrated once"
 
 
+def test_growing_the_held_out_set_computes_only_the_added_examples(minilm_l6, tmp_path, monkeypatch):
+    # calibration adds the pool's next examples: a change judged on the first ones is judged only
+    # on the new ones, and its outcomes then match one judgement of them all (bucketing differs, so
+    # the probe's losses agree to float32 rounding, not bit for bit)
+    monkeypatch.setenv("ATTNLENS_CACHE", str(tmp_path / "cache"))
+    settings = TaskSettings(task="rotten-tomatoes", task_train=64, task_eval=80)
+    judge = TaskJudge(minilm_l6, settings, seq_len=48, batch_size=16)
+    whole = judge.judge(Ablation("cls", CLASSES))
+    grown = TaskJudge(minilm_l6, settings, seq_len=48, batch_size=16)
+    grown._hold_out(30)
+    grown.judge(Ablation("cls", CLASSES))
+    judged, features = [], grown.features
+
+    def counted(examples, change, *rest):
+        judged.append((len(examples), change is not None))
+        return features(examples, change, *rest)
+
+    monkeypatch.setattr(grown, "features", counted)
+    grown._hold_out(80)
+    again = grown.judge(Ablation("cls", CLASSES))
+    assert judged == [(50, True)], "only the 50 added examples were run under the change"
+    assert (
+        np.abs(grown._judged[Ablation("cls", CLASSES).key].losses - judge._judged[Ablation("cls", CLASSES).key].losses).max()
+        < 1e-5
+    )
+    assert again["held_out"] == whole["held_out"] == 80
+    assert again["task_sparsity"] == pytest.approx(whole["task_sparsity"])
+
+
+@pytest.mark.parametrize("change", [("pattern", "band", 2), ("pattern", "bigbird", 3), ("ablation", "cls")])
+def test_removal_share_is_the_task_sparsity_a_judgement_counts(minilm_l6, change):
+    # counted from the removal masks alone, against the count the judgement makes inside the forward
+    from attnlens.analysis.changes import PatternChange
+
+    judge = TaskJudge(
+        minilm_l6, TaskSettings(task="rotten-tomatoes", task_train=32, task_eval=40), seq_len=48, batch_size=16, pad_to=48
+    )
+    made = PatternChange(change[1], change[2], 48) if change[0] == "pattern" else Ablation(change[1], CLASSES)
+    counted = judge.judge(made)["task_sparsity"]
+    assert 0 < counted < 1
+    assert judge.removal_share(made) == pytest.approx(counted, rel=1e-12)
+
+
 def test_task_eval_auto_on_a_task_too_small_uses_every_example_and_says_so(minilm_l6, tmp_path):
     task = load_task("rotten-tomatoes")
     chosen = np.random.default_rng(0).permutation(len(task))[:90]  # the CSV is sorted by label: draw from both
@@ -250,7 +293,7 @@ def test_with_no_change_each_finetune_seed_is_the_plain_finetune_bit_for_bit(min
     judge = TaskJudge(minilm_l6, settings, seq_len=32, batch_size=8, seed=4)
     assert [run["seed"] for run in judge.finetune_runs] == [4, 5]
     for seed in (4, 5):
-        module, head = judge._finetune(None, seed)  # from the cache the judge wrote
+        module, head, _ = judge._finetune(None, seed)  # from the cache the judge wrote
         plain_module, plain_head = _plain_finetune(judge, seed)
         for name, value in {**module.state_dict(), **head.state_dict()}.items():
             plain = {**plain_module.state_dict(), **plain_head.state_dict()}[name]
@@ -265,7 +308,7 @@ def test_finetune_seeds_give_each_seed_and_an_interval_across_seeds(minilm_l6, t
     judge = TaskJudge(minilm_l6, settings, seq_len=32, batch_size=8)
     judged = judge.judge(Ablation("cls", CLASSES))
     per_seed = np.array([float(value) for value in judged["seed_accuracies"].split()])
-    unmodified = judge._seed_correct[(None, 20)].mean(1)
+    unmodified = judge._judged[None].seeds.mean(1)
     assert len(per_seed) == 3 and judged["accuracy"] == pytest.approx(per_seed.mean(), abs=1e-4)
     delta = per_seed - unmodified
     half = stats.t.ppf(0.975, 2) * delta.std(ddof=1) / np.sqrt(3)

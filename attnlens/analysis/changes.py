@@ -131,6 +131,11 @@ class Change:
     def intervention(self, batch: Batch) -> Intervention | None:
         raise NotImplementedError
 
+    def trainable(self) -> tuple[Change, list[dict]]:
+        """The change as a fine-tune trains it (with the model's weights): a copy with fresh tensors,
+        and their optimiser parameter groups. Most changes have nothing to train."""
+        return self, []
+
 
 @dataclass(frozen=True)
 class FixedChange(Change):

@@ -252,7 +252,8 @@ class ImportanceSettings(CorpusSettings, TaskSettings):
     (``per``), ``num_seqs`` held-out blocks, ``bootstrap`` resamples for the intervals,
     and whether to compute ``gradient`` importance; corpus settings as :class:`CorpusSettings`;
     with ``task`` (:class:`~attnlens.analysis.task.TaskSettings`) every ablation is also
-    judged by task accuracy under ``protocol``.
+    judged by task accuracy under ``protocol`` (only those of ``task_classes`` and their random
+    controls when it is given: each judgement is a forward of every held-out example).
 
     >>> ImportanceSettings(per="row")
     Traceback (most recent call last):
@@ -267,10 +268,13 @@ class ImportanceSettings(CorpusSettings, TaskSettings):
     batch_size: int = 16
     bootstrap: int = 1000
     gradient: bool = True
+    task_classes: str | tuple[str, ...] | None = None
 
     def validate(self) -> None:
         super().validate()
         parse_classes(self.classes)
+        if self.task_classes is not None:
+            parse_classes(self.task_classes)
         one_of("per", self.per, SCOPES)
         one_of("objective", self.objective, OBJECTIVES)
         at_least("num_seqs", self.num_seqs, 1)
@@ -398,7 +402,10 @@ class _Passes:
 
 def _task_table(model, task_settings, s, conditions: list[Ablation | None], progress: Progress) -> tuple[pd.DataFrame, dict]:
     """Every ablation judged by task accuracy; class rows carry their excess over the random control."""
-    judge = TaskJudge(model, task_settings, seq_len=s.seq_len, batch_size=s.batch_size, seed=s.seed)
+    judge = TaskJudge(model, task_settings, seq_len=s.seq_len, batch_size=s.batch_size, seed=s.seed, progress=progress)
+    if s.task_classes is not None:  # the unmodified run, then the chosen classes, each beside its random control
+        chosen = parse_classes(s.task_classes)
+        conditions = [condition for condition in conditions if condition is None or condition.cls in chosen]
     judge.calibrate([condition for condition in conditions if condition is not None and condition.scope == "model"])
     rows, correct = [], []
     with progress_bar(total=len(conditions), desc="importance: task", unit="condition", enabled=progress) as bar:

@@ -49,13 +49,14 @@ import numpy as np
 import torch
 from torch import nn
 
-from attnlens.analysis.changes import Batch, Change
-from attnlens.analysis.evaluation import bootstrap_interval
+from attnlens.analysis.changes import Batch, Change, Removal
+from attnlens.analysis.evaluation import bootstrap_interval, layer_groups, valid_masks
 from attnlens.data.tasks import Examples, Task, check_task, load_task
 from attnlens.errors import BadInput
 from attnlens.models.cache import cache_dir, cached_array
 from attnlens.models.capture import Capture, Intervention
 from attnlens.models.loading import LoadedModel
+from attnlens.progress import Progress, Stage, progress_bar
 from attnlens.settings import Settings, at_least, one_of, positive
 
 PROTOCOLS = ("auto", "probe", "refit", "finetune", "head")
@@ -69,7 +70,7 @@ Z_POWER = 0.841621  # 80% power
 FEATURES_VERSION = 1  # part of the features cache key: bump when pooling or batching changes
 CONSTANT_SPREAD = 1e-6  # a feature spread below this fraction of the median spread is rounding, not signal
 PROBE_CS = (1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0)  # the grid :func:`choose_c` searches
-FINETUNE_VERSION = 3  # part of the cache key: bump when the training recipe changes
+FINETUNE_VERSION = 4  # part of the cache key: bump when the training recipe changes
 
 
 @dataclass(frozen=True)
@@ -334,10 +335,11 @@ class TaskJudge:
         batch_size: int,
         seed: int = 0,
         pad_to: int | None = None,
+        progress: Progress = False,
     ) -> None:
         if settings.task is None:
             raise BadInput("judging by a task needs `task`; name a task (imdb, rotten-tomatoes or a file)")
-        self.model, self.settings = model, settings
+        self.model, self.settings, self.progress = model, settings, progress
         self.batch_size, self.seed = batch_size, seed
         self.task: Task = load_task(settings.task, text_column=settings.text_column, label_column=settings.label_column)
         model.check_seq_len(seq_len)
@@ -357,15 +359,13 @@ class TaskJudge:
             self.probe = fit_probe(features, self.train.labels, self.c)
         self.finetune_runs: list[dict] = []  # every fine-tune run: change, cache file, training curve
         self.calibration: dict[str, object] | None = None
-        self._judged: dict[tuple[str | None, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
-        self._seed_correct: dict[tuple[str | None, int], np.ndarray] = {}  # (seed, example) outcomes of fine-tuning
+        self._judged: dict[str | None, _Outcomes] = {}  # by change key: outcomes on the first examples of the pool
         self._hold_out(min(len(self.pool), AUTO_PILOT) if auto else len(self.pool))
 
     def _hold_out(self, count: int) -> None:
         """Judge on the first ``count`` examples of the pool (all of them unless ``task_eval`` is auto)."""
         self.held_out = self.pool.take(slice(0, count))
         self.majority_accuracy = float((self.held_out.labels == self.majority_label).mean())
-        self._unmodified = None
         self._unmodified = self._correct(None)
         self.unmodified_accuracy = float(self._unmodified[0].mean())
 
@@ -434,6 +434,26 @@ class TaskJudge:
     def _paired_spread(self, change: Change) -> float:
         correct = self._correct(change)[0]
         return float(np.std(correct - self._unmodified[0], ddof=1))
+
+    def removal_share(self, change: Removal) -> float:
+        """The share of the held-out examples' valid positions (their own tokens, every layer and
+        head) that ``change`` removes, read off its removal masks without running the model: the
+        ``task_sparsity`` a judgement reports, at the cost of building masks only (to match a
+        pattern to a mask on the task's own positions before judging either)."""
+        group, structures = layer_groups(valid_masks(self.model, self.held_out.ids[:1]))  # causal, windows: no padding
+        # a change that depends on a layer only through its valid mask is counted once per distinct mask
+        layers = list(range(len(group))) if not change.shared_by_layers else [group.index(g) for g in range(len(structures))]
+        heads, removed, total = self.model.num_heads, 0.0, 0.0
+        for batch in batches(self.held_out, self.batch_size, self.model.device):
+            view, own, width = batch.view(self.model), batch.attention_mask.bool(), batch.ids.shape[1]
+            for layer in layers:
+                times = 1 if not change.shared_by_layers else group.count(group[layer])
+                structure = structures[group[layer], :width, :width].to(own.device)
+                valid = structure[None] & own[:, None, :] & own[:, :, None]
+                hit = change.removed(view, layer, valid) & valid[:, None]
+                removed += times * float(hit.sum()) * (heads // hit.shape[1])
+                total += times * float(valid.sum()) * heads
+        return removed / total if total else 0.0
 
     # -- features under a change
 
@@ -505,8 +525,9 @@ class TaskJudge:
         the accuracy and of Δ (paired by seed), so a verdict counts seed-to-seed variance."""
         if self.protocol != "finetune" or self.settings.seeds < 2:
             return {}
-        own = self._seed_correct[_memo(change, len(self.held_out))].mean(1)
-        delta = own - self._seed_correct[_memo(None, len(self.held_out))].mean(1)
+        count = len(self.held_out)
+        own = self._judged[_key(change)].seeds[:, :count].mean(1)
+        delta = own - self._judged[None].seeds[:, :count].mean(1)
         columns = {"seed_accuracies": " ".join(f"{value:.4f}" for value in own)}
         for name, values in (("accuracy_seeds", own), ("delta_seeds", delta)):
             mean, half = float(values.mean()), float(t_halfwidth(values))
@@ -514,59 +535,58 @@ class TaskJudge:
         return columns
 
     def _correct(self, change: Change | None) -> tuple[np.ndarray, np.ndarray]:
-        """Per held-out example: 1.0 if classified right, and the classifier's cross-entropy
-        (each change judged once per number of held-out examples)."""
-        if change is None and self._unmodified is not None:
-            return self._unmodified
-        memo = None if change is None else _memo(change, len(self.held_out))
-        if memo in self._judged:
-            correct, losses, self._removed = self._judged[memo]
-            return correct, losses
-        self._removed = np.zeros(2)  # (removed, valid) positions on the held-out examples
-        correct, losses = self._classified(change)
-        if memo is not None:
-            self._judged[memo] = (correct, losses, self._removed)
-        return correct, losses
+        """Per held-out example: 1.0 if classified right, and the classifier's cross-entropy.
+        Each change is judged once per example: when calibration adds held-out examples (the
+        pool's next ones), only those are computed."""
+        count, key = len(self.held_out), _key(change)
+        known = self._judged.get(key, _Outcomes.none())
+        if len(known.correct) < count:
+            self._removed = np.zeros(2)  # (removed, valid) positions on the examples judged now
+            added = self.held_out.take(slice(len(known.correct), count))
+            known = known.extended(*self._classified(change, added), self._removed)
+            self._judged[key] = known
+        self._removed = known.removed
+        return known.correct[:count], known.losses[:count]
 
-    def _classified(self, change: Change | None) -> tuple[np.ndarray, np.ndarray]:
+    def _classified(self, change: Change | None, examples: Examples) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per example of ``examples``: correct, cross-entropy, and (seed, example) correct (one row
+        but for fine-tuning, one per seed)."""
         if self.protocol == "finetune":
-            return self._finetuned(change)
+            return self._finetuned(change, examples)
         if self.protocol == "head":
-            return self._by_head(change)
+            logits = self._per_example(examples, change, self.head_logits, self._removed)
+            return _with_seed_row(*_scored(logits, examples.labels))
         probe = self.probe
         if self.protocol == "refit" and change is not None:
             probe = fit_probe(self.features(self.train, change), self.train.labels, self.c)
         if change is None:
-            features = self.unmodified_features(self.held_out, as_judged=True)
+            features = self.unmodified_features(examples, as_judged=True)
         else:
-            features = self.features(self.held_out, change, self._removed)
-        return _scored(probe.logits(features), self.held_out.labels)
-
-    def _by_head(self, change: Change | None) -> tuple[np.ndarray, np.ndarray]:
-        logits = self._per_example(self.held_out, change, self.head_logits, self._removed)
-        return _scored(logits, self.held_out.labels)
+            features = self.features(examples, change, self._removed)
+        return _with_seed_row(*_scored(probe.logits(features), examples.labels))
 
     # -- fine-tuning
 
-    def _finetuned(self, change: Change | None) -> tuple[np.ndarray, np.ndarray]:
-        """Per held-out example, over the fine-tune seeds: the fraction of seeds that classify it
-        right, and the mean cross-entropy (each seed's outcomes kept for :meth:`_across_seeds`)."""
-        outcomes = [self._finetuned_once(change, self.seed + number) for number in range(self.settings.seeds)]
+    def _finetuned(self, change: Change | None, examples: Examples) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per example, over the fine-tune seeds: the fraction of seeds that classify it right, the
+        mean cross-entropy, and each seed's outcomes (for :meth:`_across_seeds`)."""
+        outcomes = [self._finetuned_once(change, self.seed + number, examples) for number in range(self.settings.seeds)]
         correct, losses = (np.stack(arrays) for arrays in zip(*outcomes))
-        self._seed_correct[_memo(change, len(self.held_out))] = correct
-        return correct.mean(0), losses.mean(0)
+        return correct.mean(0), losses.mean(0), correct
 
-    def _finetuned_once(self, change: Change | None, seed: int) -> tuple[np.ndarray, np.ndarray]:
-        module, head = self._finetune(change, seed)
+    def _finetuned_once(self, change: Change | None, seed: int, examples: Examples) -> tuple[np.ndarray, np.ndarray]:
+        module, head, change = self._finetune(change, seed)
         module.eval()
         compute = lambda batch: head(pooled_features(module, self.pooling, batch))
-        return _scored(self._per_example(self.held_out, change, compute, self._removed), self.held_out.labels)
+        return _scored(self._per_example(examples, change, compute, self._removed), examples.labels)
 
     def finetune_key(self, change: Change | None, seed: int | None = None) -> str:
         """The cache key of a fine-tune run: everything that decides its weights."""
         parts = {
             "version": FINETUNE_VERSION,
-            "model": self.model.weights_sha256(),
+            # the weights the fine-tune starts from, hashed now: a change learned with the weights (a DAM
+            # mask) is fine-tuned from the weights it was learned with
+            "model": _state_sha256(self.model.model),
             "task": self.task.sha256,
             "train_rows": hashlib.sha256(self.train.rows.tobytes()).hexdigest(),
             "width": int(self.train.ids.shape[1]),
@@ -581,11 +601,13 @@ class TaskJudge:
         }
         return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
 
-    def _finetune(self, change: Change | None, seed: int) -> tuple[nn.Module, ProbeHead]:
+    def _finetune(self, change: Change | None, seed: int) -> tuple[nn.Module, ProbeHead, Change | None]:
         """The encoder and head trained with ``change`` in the loop (dropout and batch order drawn
-        with ``seed``), from the cache when it holds them."""
+        with ``seed``), and the change as trained with them (a change with tensors of its own, such
+        as jointly learned maps, trains them alongside), from the cache when it holds them."""
         module = copy.deepcopy(self.model.model)
         head = ProbeHead(self.probe).to(self.model.device)
+        change, groups = change.trainable() if change is not None else (None, [])
         path = cache_dir() / "finetune" / f"{self.finetune_key(change, seed)}.pt"
         self.last_finetune = {
             "change": None if change is None else change.key,
@@ -597,40 +619,58 @@ class TaskJudge:
             state = torch.load(path, map_location=self.model.device, weights_only=True)
             module.load_state_dict(state["encoder"])
             head.load_state_dict(state["head"])
+            if groups:
+                change.load(state["change"])
             self.last_finetune["curve"] = state["curve"].tolist()
         else:
-            curve = self._train(module, head, change, seed)
+            curve = self._train(module, head, change, seed, groups)
             self.last_finetune["curve"] = curve
             path.parent.mkdir(parents=True, exist_ok=True)
             temporary = path.with_suffix(".tmp")  # written whole, then renamed: a killed run leaves no half file
-            torch.save({"encoder": module.state_dict(), "head": head.state_dict(), "curve": torch.tensor(curve)}, temporary)
+            state = {"encoder": module.state_dict(), "head": head.state_dict(), "curve": torch.tensor(curve)}
+            torch.save({**state, **({"change": change.state()} if groups else {})}, temporary)
             temporary.replace(path)
         self.finetune_runs.append(self.last_finetune)
-        return module, head
+        return module, head, change
 
-    def _train(self, module: nn.Module, head: ProbeHead, change: Change | None, seed: int) -> list[float]:
+    def _train(self, module: nn.Module, head: ProbeHead, change: Change | None, seed: int, groups: list[dict]) -> list[float]:
         s = self.settings
         torch.manual_seed(seed)  # dropout
         optimiser = torch.optim.AdamW(
-            [{"params": module.parameters(), "lr": s.finetune_lr}, {"params": head.parameters(), "lr": 100 * s.finetune_lr}]
+            [
+                {"params": module.parameters(), "lr": s.finetune_lr},
+                {"params": head.parameters(), "lr": 100 * s.finetune_lr},
+                *groups,  # the change's own tensors, if it has any
+            ]
         )
         rng = np.random.default_rng(seed)
         order: list[int] = []
         curve = []
         module.train()
-        for _ in range(s.finetune_steps):
-            if len(order) < self.batch_size:
-                order.extend(rng.permutation(len(self.train)).tolist())
-            chosen, order = np.sort(order[: self.batch_size]), order[self.batch_size :]
-            batch = next(batches(self.train.take(chosen), self.batch_size, self.model.device))
-            with torch.enable_grad(), _changed(change, batch, self.model):
-                loss = nn.functional.cross_entropy(head(pooled_features(module, self.pooling, batch)), batch.labels)
-            optimiser.zero_grad(set_to_none=True)
-            loss.backward()
-            optimiser.step()
-            curve.append(float(loss.detach()))
+        shown = self.progress.here() if isinstance(self.progress, Stage) else self.progress
+        with progress_bar(total=s.finetune_steps, desc=f"fine-tune, seed {seed}", unit="step", enabled=shown) as bar:
+            for _ in range(s.finetune_steps):
+                curve.append(self._step(module, head, change, optimiser, rng, order))
+                bar.update(1)
         module.eval()
         return curve
+
+    def _step(
+        self, module: nn.Module, head: ProbeHead, change: Change | None, optimiser, rng: np.random.Generator, order: list[int]
+    ) -> float:
+        """One fine-tune step on the next batch of ``order`` (taken from it; refilled from ``rng``'s
+        permutations of the training examples); returns its loss."""
+        if len(order) < self.batch_size:
+            order.extend(rng.permutation(len(self.train)).tolist())
+        chosen = np.sort(order[: self.batch_size])
+        del order[: self.batch_size]
+        batch = next(batches(self.train.take(chosen), self.batch_size, self.model.device))
+        with torch.enable_grad(), _changed(change, batch, self.model):
+            loss = nn.functional.cross_entropy(head(pooled_features(module, self.pooling, batch)), batch.labels)
+        optimiser.zero_grad(set_to_none=True)
+        loss.backward()
+        optimiser.step()
+        return float(loss.detach())
 
     # -- provenance
 
@@ -720,9 +760,48 @@ def paired_difference(first: np.ndarray, second: np.ndarray, bootstrap: int, see
     return float(mean[0]), float(low[0]), float(high[0])
 
 
-def _memo(change: Change | None, held_out: int) -> tuple[str | None, int]:
-    """What a judgement is remembered by: the change's key and the number of held-out examples."""
-    return (None if change is None else change.key, held_out)
+def _state_sha256(module: nn.Module) -> str:
+    """A hash of a module's parameters and buffers as they are now (names, shapes, bytes)."""
+    digest = hashlib.sha256()
+    for name, tensor in module.state_dict().items():
+        digest.update(f"{name}:{tuple(tensor.shape)};".encode())
+        digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def _key(change: Change | None) -> str | None:
+    """What a judgement is remembered by: the change's key (``None``: the unmodified model)."""
+    return None if change is None else change.key
+
+
+@dataclass(frozen=True)
+class _Outcomes:
+    """A change's outcomes on the first examples of the held-out pool: per example correct (0/1,
+    or the fraction of fine-tune seeds) and cross-entropy, (seed, example) correct, and the
+    (removed, valid) positions counted over them."""
+
+    correct: np.ndarray
+    losses: np.ndarray
+    seeds: np.ndarray
+    removed: np.ndarray
+
+    @classmethod
+    def none(cls) -> _Outcomes:
+        return cls(np.zeros(0), np.zeros(0), np.zeros((0, 0)), np.zeros(2))
+
+    def extended(self, correct: np.ndarray, losses: np.ndarray, seeds: np.ndarray, removed: np.ndarray) -> _Outcomes:
+        """These outcomes followed by those of the next examples."""
+        return _Outcomes(
+            np.concatenate([self.correct, correct]),
+            np.concatenate([self.losses, losses]),
+            np.concatenate([self.seeds, seeds], axis=1) if len(self.correct) else seeds,
+            self.removed + removed,
+        )
+
+
+def _with_seed_row(correct: np.ndarray, losses: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A judgement without seeds: its correct array doubles as the one seed's row."""
+    return correct, losses, correct[None]
 
 
 def t_halfwidth(values: np.ndarray, level: float = 0.95) -> float:

@@ -13,6 +13,7 @@ from .app import (
     MASK,
     SOURCE,
     STOPPING,
+    TASK,
     TRAINING,
     BatchSizeOption,
     BootstrapOption,
@@ -146,6 +147,15 @@ def dam(
     task_train: TaskTrainOption = D.task_train,
     task_eval: TaskEvalOption = D.task_eval,
     task_target: TaskTargetOption = D.task_target,
+    task_patterns: Annotated[
+        str,
+        typer.Option(
+            "--task-patterns",
+            help="Patterns the task judges (each a forward of every held-out example): all; compared (best of the mask's "
+            "family and best overall at matched sparsity); adapted (band, local, bigbird).",
+            rich_help_panel=TASK,
+        ),
+    ] = D.task_patterns,
     text_column: TextColumnOption = D.text_column,
     label_column: LabelColumnOption = D.label_column,
     probe_c: ProbeCOption = D.probe_c,

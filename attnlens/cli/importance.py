@@ -11,6 +11,7 @@ from attnlens.analysis.importance import ImportanceSettings
 from .app import (
     ANALYSIS,
     SOURCE,
+    TASK,
     BatchSizeOption,
     BootstrapOption,
     ClassesOption,
@@ -67,6 +68,15 @@ def importance(
     task_train: TaskTrainOption = S.task_train,
     task_eval: TaskEvalOption = S.task_eval,
     task_target: TaskTargetOption = S.task_target,
+    task_classes: Annotated[
+        str | None,
+        typer.Option(
+            "--task-classes",
+            help="Classes the task judges, each beside its random control (each a forward of every held-out example); "
+            "default all.",
+            rich_help_panel=TASK,
+        ),
+    ] = None,
     text_column: TextColumnOption = S.text_column,
     label_column: LabelColumnOption = S.label_column,
     probe_c: ProbeCOption = S.probe_c,

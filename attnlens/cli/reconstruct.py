@@ -89,6 +89,16 @@ def reconstruct(
     task_train: TaskTrainOption = ReconstructSettings.task_train,
     task_eval: TaskEvalOption = ReconstructSettings.task_eval,
     task_target: TaskTargetOption = ReconstructSettings.task_target,
+    task_ks: Annotated[
+        str | None,
+        typer.Option("--task-ks", help="The k values the task judges (each a forward of every held-out example); default all."),
+    ] = None,
+    task_joint_r: Annotated[
+        bool,
+        typer.Option(
+            "--task-joint-r", help="With --protocol finetune: also fine-tune each judged config with its maps trained jointly."
+        ),
+    ] = R.task_joint_r,
     text_column: TextColumnOption = ReconstructSettings.text_column,
     label_column: LabelColumnOption = ReconstructSettings.label_column,
     probe_c: ProbeCOption = ReconstructSettings.probe_c,
@@ -113,6 +123,7 @@ def reconstruct(
         layers=parse_int_list(layers, "--layers"),
         plug_in_layers=parse_int_list(plug_in_layers, "--plug-in-layers"),
         plug_in_scopes=None if plug_in_scope is None else _names(plug_in_scope),
+        task_ks=parse_int_list(task_ks, "--task-ks"),
     )  # checked before any model loads
     run_and_save(
         out,

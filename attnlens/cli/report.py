@@ -18,6 +18,14 @@ def report(
         str, typer.Option("--compare", help="Second model for cross-model overlap: auto, none, or a model.")
     ] = "auto",
     quick: Annotated[bool, typer.Option("--quick", help="Small settings: a first look in under a minute.")] = False,
+    protocol: Annotated[
+        str,
+        typer.Option(
+            "--protocol",
+            help="How the task judges each change: probe (a probe on the frozen model) or finetune (the papers' protocol: "
+            "each change inside fine-tuning, 3 seeds, every run cached; about two hours on 2 cores, minutes on a GPU).",
+        ),
+    ] = "probe",
     task: Annotated[
         str,
         typer.Option(
@@ -38,6 +46,7 @@ def report(
         corpus=corpus,
         compare=None if compare == "none" else compare,
         quick=quick,
+        protocol=protocol,
         task=None if task == "none" else task,
         seed=seed,
         device=device,

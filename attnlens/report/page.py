@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from attnlens.data.positions import parse_classes
 from attnlens.io.provenance import provenance
 from attnlens.progress import Progress, progress_bar
 
@@ -110,6 +111,7 @@ def _layer_summary(eigen_result) -> pd.DataFrame:
 
 
 CLAIM_COLUMNS = ["claim", "papers report", "measured here (proxy)", "task accuracy here"]
+SEEDS_COLUMN = "trained with the change"  # with fine-tune seeds: the mean over seeds, the interval across them
 
 
 def claims(results: dict) -> pd.DataFrame:
@@ -117,7 +119,14 @@ def claims(results: dict) -> pd.DataFrame:
     report's summary table, and the README's claims section)."""
     rows = [*_eigen_claims(results), *_reconstruct_claims(results["reconstruct"])]
     rows += _importance_claims(results["importance"], results["dam"])
-    return pd.DataFrame([(*row, "")[:4] for row in rows], columns=CLAIM_COLUMNS)
+    columns = CLAIM_COLUMNS + ([SEEDS_COLUMN] if _seeded(results) else [])
+    return pd.DataFrame([(*row, "", "")[: len(columns)] for row in rows], columns=columns)
+
+
+def _seeded(results: dict) -> bool:
+    """Whether the task fine-tuned each change with several seeds (then claims say so across seeds)."""
+    task = _task_meta(results)
+    return bool(task) and task["protocol"] == "finetune" and task["settings"]["seeds"] > 1
 
 
 def _eigen_claims(results: dict) -> list[tuple[str, ...]]:
@@ -216,10 +225,29 @@ def _reconstruct_claims(recon) -> list[tuple[str, ...]]:
                     f"Model outputs with k = {k} in every layer (paper 1)",
                     "MNLI 79.7% at k = 32 vs 81.6% full",
                     measured,
-                    _task_number(row) if "accuracy" in plug else "",
+                    *_reconstruct_task(plug, k),
                 )
             )
     return rows
+
+
+MAP_SCOPES = {"head": "per-head maps", "layer": "per-layer R", "all": "shared R"}
+
+
+def _reconstruct_task(plug: pd.DataFrame, k: int) -> list[str]:
+    """The task's judgements of greedy keys at ``k``, one per judged scope, R fixed and (where judged)
+    R trained jointly: the task cell, and with fine-tune seeds the "trained with the change" cell."""
+    if "accuracy" not in plug:
+        return [""]
+    judged = plug[(plug.strategy == "greedy") & (plug.k == k)].dropna(subset=["accuracy"])
+    kinds = [("R fixed: ", ""), ("R joint: ", "joint_")] if "joint_accuracy" in plug else [("", "")]
+    named = [(f"{MAP_SCOPES[row['scope']]}, {label}", row, prefix) for _, row in judged.iterrows() for label, prefix in kinds]
+    if len(named) == 1:  # one judgement: nothing to tell apart
+        named = [("", row, prefix) for _, row, prefix in named]
+    cells = ["; ".join(name + _task_number(row, prefix) for name, row, prefix in named)]
+    if "accuracy_seeds" in plug:
+        cells.append("; ".join(name + _seeds_number(row, prefix) for name, row, prefix in named))
+    return cells
 
 
 def _summary_section(results: dict, table: pd.DataFrame) -> str:
@@ -243,12 +271,26 @@ def _task_meta(results: dict) -> dict | None:
     return next((result.meta.get("task") for result in results.values() if result.meta.get("task")), None)
 
 
-def _task_number(row: pd.Series) -> str:
-    """``0.742 [0.700, 0.780], Δ −0.010 [−0.030, +0.010]``: a task judgement in one phrase."""
+def _task_number(row: pd.Series, prefix: str = "") -> str:
+    """``0.742 [0.700, 0.780], Δ −0.010 [−0.030, +0.010] (unmodified 0.750)``: a task judgement in
+    one phrase, its intervals over held-out examples (``prefix``: of the ``joint_`` columns)."""
+    value = lambda name: row[f"{prefix}{name}"]
     return (
-        f"{number(row['accuracy'], 3)} [{number(row['accuracy_low'], 3)}, {number(row['accuracy_high'], 3)}], "
-        f"Δ {number(row['delta_accuracy'], 3, sign=True)} [{number(row['delta_accuracy_low'], 3, sign=True)}, "
-        f"{number(row['delta_accuracy_high'], 3, sign=True)}] (unmodified {number(row['unmodified_accuracy'], 3)})"
+        f"{number(value('accuracy'), 3)} [{number(value('accuracy_low'), 3)}, {number(value('accuracy_high'), 3)}], "
+        f"Δ {number(value('delta_accuracy'), 3, sign=True)} [{number(value('delta_accuracy_low'), 3, sign=True)}, "
+        f"{number(value('delta_accuracy_high'), 3, sign=True)}] (unmodified {number(value('unmodified_accuracy'), 3)})"
+    )
+
+
+def _seeds_number(row: pd.Series, prefix: str = "") -> str:
+    """``0.742, Δ −0.010 [−0.030, +0.010] over 3 seeds (0.74 0.75 0.73)``: fine-tuned with the change,
+    the mean over seeds and t intervals across seeds (each seed's accuracy in brackets)."""
+    value = lambda name: row[f"{prefix}{name}"]
+    each = value("seed_accuracies").split()
+    return (
+        f"{number(value('accuracy_seeds'), 3)}, Δ {number(value('delta_seeds'), 3, sign=True)} "
+        f"[{number(value('delta_seeds_low'), 3, sign=True)}, {number(value('delta_seeds_high'), 3, sign=True)}] over "
+        f"{len(each)} seeds ({' '.join(number(float(v), 3) for v in each)})"
     )
 
 
@@ -325,19 +367,23 @@ def _interval(row: pd.Series, prefix: str = "delta") -> str:
     return "{} [{}, {}]".format(*values)
 
 
-def _class_task(importance_result, name: str) -> str:
-    """The task judgement of removing class ``name`` everywhere, beside its random control."""
+def _class_task(importance_result, name: str) -> list[str]:
+    """The task judgement of removing class ``name`` everywhere, beside its random control (and with
+    fine-tune seeds, the same across seeds)."""
     table = importance_result.tables.get("task")
     if table is None:
-        return ""
+        return [""]
     rows = table[(table["scope"] == "model") & (table["class"] == name)].set_index("control")
     if "class" not in rows.index:
-        return ""
+        return [""]
     own, random = rows.loc["class"], rows.loc["random"]
-    return (
+    cells = [
         f"{name}: {_task_number(own)}; random control Δ {number(random['delta_accuracy'], 3, sign=True)} "
         f"[{number(random['delta_accuracy_low'], 3, sign=True)}, {number(random['delta_accuracy_high'], 3, sign=True)}]"
-    )
+    ]
+    if "accuracy_seeds" in table:
+        cells.append(f"{name}: {_seeds_number(own)}; random control: {_seeds_number(random)}")
+    return cells
 
 
 def _importance_claims(importance_result, dam_result) -> list[tuple[str, ...]]:
@@ -355,7 +401,7 @@ def _importance_claims(importance_result, dam_result) -> list[tuple[str, ...]]:
             f"cheapest class to remove: {cheapest['class']}, {_interval(cheapest)} {unit} for {number(cheapest['removed'], 1, percent=True)} of "
             f"positions; removing as many random positions: {_interval(cheapest, 'random')}"
             + (f" ({skipped}: under {number(MIN_REMOVED, 1, percent=True)} of positions, not ranked)" if skipped else ""),
-            _class_task(importance_result, cheapest["class"]),
+            *_class_task(importance_result, cheapest["class"]),
         )
     ]
     if "self" in set(table["class"]):
@@ -367,7 +413,7 @@ def _importance_claims(importance_result, dam_result) -> list[tuple[str, ...]]:
                 "the diagonal can be removed without loss",
                 f"self: {_interval(own)} {unit}, rank {rank} of {len(substantial)} classes from the cheapest; "
                 f"as many random positions: {_interval(own, 'random')}",
-                _class_task(importance_result, "self"),
+                *_class_task(importance_result, "self"),
             )
         )
     return rows + _dam_claims(dam_result, unit)
@@ -405,7 +451,7 @@ def _dam_claims(dam_result, unit: str) -> list[tuple[str, ...]]:
             "fine-tuned: DAM_s 91.2% sparsity at GLUE 80.9; DAM_u 78.9% at 82.0",
             f"{settings['variant']}, {frozen}: {runs}. Keep-probability per class at "
             f"{number(sparse['sparsity'], 0, percent=True)}: {kept}" + (" (a = b: equal by construction)" if same else ""),
-            _dam_task(dam_result, sparse["lambda"]),
+            *_dam_task(dam_result),
         )
     ]
     if len(dam_result.patterns):
@@ -423,38 +469,42 @@ def _dam_claims(dam_result, unit: str) -> list[tuple[str, ...]]:
                 "Fixed sparse patterns (paper 2)",
                 "worse than DAM at similar sparsity (e.g. BigBird 93.2% / 79.4)",
                 " | ".join(said) if said else "no pattern within 3 points of a mask's sparsity",
-                _patterns_task(dam_result, dam_result.matched()[lambda m: m["lambda"] == sparse["lambda"]]),
+                *_patterns_task(dam_result),
             )
         )
     return rows
 
 
-def _dam_task(dam_result, lam: float) -> str:
+def _dam_task(dam_result) -> list[str]:
+    """Every mask judged by the task: its accuracy and paired Δ (and with fine-tune seeds, across seeds)."""
     table = dam_result.tables.get("task")
     if table is None:
-        return ""
-    row = table[(table["kind"] == "dam") & (table["lambda"] == lam)].iloc[0]
-    return (
-        f"mask at {number(row['sparsity'], 1, percent=True)} ({number(row['task_sparsity'], 1, percent=True)} of the task's "
-        f"positions): {_task_number(row)} "
-        f"(trained on {dam_result.meta['settings']['trained_on']})"
+        return [""]
+    masks = table[table["kind"] == "dam"]
+    trained = f" (trained on {dam_result.meta['settings']['trained_on']})"
+    name = lambda row: (
+        f"mask at {number(row['sparsity'], 1, percent=True)} ({number(row['task_sparsity'], 1, percent=True)} of the task's positions)"
     )
+    cells = ["; ".join(f"{name(row)}: {_task_number(row)}" for _, row in masks.iterrows()) + trained]
+    if "accuracy_seeds" in table:
+        cells.append("; ".join(f"{name(row)}: {_seeds_number(row)}" for _, row in masks.iterrows()))
+    return cells
 
 
-def _patterns_task(dam_result, matched: pd.DataFrame) -> str:
-    table = dam_result.tables.get("task")
-    if table is None:
-        return ""
-    patterns = table[table["kind"] == "pattern"]
-    picked = [
-        patterns[(patterns["pattern"] == row["pattern"]) & (patterns["value"] == row["value"])].iloc[0]
-        for _, row in matched.iterrows()
-    ]
-    return "; ".join(
-        f"{row['pattern']} {number(row['sparsity'], 0, percent=True)} ({number(row['task_sparsity'], 0, percent=True)} of the "
-        f"task's positions): {number(row['accuracy'], 3)} (Δ {number(row['delta_accuracy'], 3, sign=True)})"
-        for row in picked
+def _patterns_task(dam_result) -> list[str]:
+    """Each mask against the patterns it is compared with, by task accuracy, paired over examples (and
+    with fine-tune seeds, paired by seed)."""
+    table = dam_result.tables.get("task_compared")
+    if table is None or not len(table):
+        return [""]
+    name = lambda row: (
+        f"at {number(row['dam_task_sparsity'], 0, percent=True)}: DAM − {row['scope']} {row['pattern']}({int(row['value'])}) "
+        f"({number(row['task_sparsity'], 0, percent=True)} of the task's positions)"
     )
+    cells = ["; ".join(f"{name(row)} {_interval(row, 'difference')} ({row['verdict']})" for _, row in table.iterrows())]
+    if "difference_seeds" in table:
+        cells.append("; ".join(f"{name(row)} {_interval(row, 'difference_seeds')} across seeds" for _, row in table.iterrows()))
+    return cells
 
 
 def _importance_section(results: dict, names: dict[str, str], figures: Figures) -> str:
@@ -523,9 +573,8 @@ def _task_section(results: dict, names: dict[str, str], figures: Figures) -> str
             figures.embed(figures.directory / names["reconstruct"] / "figures" / "accuracy_vs_k.png", "Accuracy against k")
         )
         proxy = [c for c in ("token_cosine", "loss_increase") if c in plug][:1]
-        columns = ["strategy", "scope", "k", "accuracy", "accuracy_low", "accuracy_high", "delta_accuracy", *proxy]
-        judged = plug.dropna(subset=["accuracy"])
-        body.append(_table(judged[judged.k.isin([8, 16, 32, 64])][columns].sort_values(["k", "strategy", "scope"])))
+        columns = ["strategy", "scope", "k", "accuracy", *DELTA_COLUMNS, *proxy]
+        body.append(_table(plug.dropna(subset=["accuracy"])[columns].sort_values(["k", "strategy", "scope"])))
     if "task" in importance_result.tables:
         body.append(
             figures.embed(
@@ -533,20 +582,22 @@ def _task_section(results: dict, names: dict[str, str], figures: Figures) -> str
             )
         )
         table = importance_result.tables["task"]
-        columns = ["class", "control", "accuracy", "accuracy_low", "accuracy_high", "delta_accuracy", "excess_accuracy"]
+        columns = [
+            "class",
+            "control",
+            "accuracy",
+            *DELTA_COLUMNS,
+            "excess_accuracy",
+            "excess_accuracy_low",
+            "excess_accuracy_high",
+        ]
         body.append(_table(table[table["scope"] != "layer"][columns]))
     if "task" in dam_result.tables:
         body.append(
             figures.embed(figures.directory / names["dam"] / "figures" / "accuracy_vs_sparsity.png", "Accuracy against sparsity")
         )
-        masks = dam_result.tables["task"]
-        body.append(
-            _table(
-                masks[masks["kind"] == "dam"][
-                    ["lambda", "sparsity", "accuracy", "accuracy_low", "accuracy_high", "delta_accuracy"]
-                ]
-            )
-        )
+        judged = dam_result.tables["task"]
+        body.append(_table(judged[["kind", "pattern", "value", "sparsity", "task_sparsity", "accuracy", *DELTA_COLUMNS]]))
     probe = task["probe"]
     reader = (
         "the model's own classification head, its classes matched to the task's by name. "
@@ -561,9 +612,52 @@ def _task_section(results: dict, names: dict[str, str], figures: Figures) -> str
         f"{reader}"
         f"Unmodified accuracy {number(task['unmodified_accuracy'], 3)}, majority class {number(task['majority_accuracy'], 3)}; "
         "intervals are 95% bootstrap intervals over held-out examples, Δ paired over examples. `sparsity` is measured "
-        "on the corpus blocks, `task_sparsity` on the task's examples (their own tokens, padding aside).",
-        body,
+        "on the corpus blocks, `task_sparsity` on the task's examples (their own tokens, padding aside). "
+        "`detectable_delta` is the smallest true Δ these examples detect 80% of the time at the 5% level.",
+        [_task_choices(results), *body],
     )
+
+
+DELTA_COLUMNS = ["delta_accuracy", "delta_accuracy_low", "delta_accuracy_high", "delta_halfwidth", "detectable_delta"]
+
+
+def _task_choices(results: dict) -> str:
+    """Which changes the task judged in each stage, on how many held-out examples, and the paired
+    half-width reached against the target (each judgement is a forward of every held-out example, so
+    the report judges the changes its claims rest on)."""
+    recon, importance_result, dam_result = (results[key].meta for key in ("reconstruct", "importance", "dam"))
+    ks, classes = recon["settings"].get("task_ks"), importance_result["settings"].get("task_classes")
+    chosen = {
+        "reconstruct": f"greedy keys, per-head maps in every layer, k = {', '.join(map(str, ks)) if ks else 'every k'}",
+        "importance": f"{', '.join(parse_classes(classes) if classes else ['every class'])} removed in every "
+        "layer, each beside its random control",
+        "dam": "each mask, and "
+        + (
+            "the patterns it is compared with (best of its own family, best overall, at matched sparsity)"
+            if dam_result["settings"].get("task_patterns") == "compared"
+            else "every pattern"
+        ),
+    }
+    items = []
+    for stage, meta in (("reconstruct", recon), ("importance", importance_result), ("dam", dam_result)):
+        task = meta.get("task")
+        if not task:
+            continue
+        calibration = task.get("calibration")
+        power = (
+            f"paired Δ half-width {number(calibration['halfwidth_reached'], 3)} on its headline changes (target "
+            f"{number(calibration['target_halfwidth'], 3)}"
+            + (
+                ""
+                if calibration["reached_target"]
+                else f"; not reached: the task has {calibration['examples_available']} examples"
+            )
+            + ")"
+            if calibration
+            else "a fixed number of examples"
+        )
+        items.append(f"<li>{stage}: {chosen[stage]}; {task['held_out']} held-out examples, {power}</li>")
+    return "<p>What the task judged, stage by stage:</p><ul>" + "".join(items) + "</ul>"
 
 
 def _other_figures_section(names: dict[str, str], figures: Figures) -> str:

@@ -25,7 +25,7 @@ from attnlens.analysis.evaluation import evaluate_change, layer_groups
 from attnlens.analysis.experiment import Split
 from attnlens.analysis.objectives import Objective
 from attnlens.analysis.patterns import PATTERNS
-from attnlens.analysis.task import TaskJudge, task_columns
+from attnlens.analysis.task import TaskJudge, paired_difference, t_halfwidth, task_columns
 from attnlens.models.capture import Capture
 from attnlens.models.loading import LoadedModel
 
@@ -166,11 +166,60 @@ def adapt_to_pattern(
     return losses
 
 
-def judge_patterns_on_task(task: TaskJudge, points: pd.DataFrame, n: int, seed: int, bar=None) -> pd.DataFrame:
-    """Every pattern point of ``points`` judged by the task: its columns beside the point's."""
-    judged = []
+def judge_patterns_on_task(
+    task: TaskJudge, points: pd.DataFrame, n: int, seed: int, bar=None
+) -> tuple[pd.DataFrame, list[np.ndarray]]:
+    """Every pattern point of ``points`` judged by the task: its columns beside the point's, and
+    each point's per-example 0/1 outcomes (for paired comparisons with a mask)."""
+    judged, correct = [], []
     for row in points.itertuples():
-        judged.append(task_columns(task.judge(PatternChange(row.pattern, int(row.value), n, seed))))
+        outcome = task.judge(PatternChange(row.pattern, int(row.value), n, seed))
+        judged.append(task_columns(outcome))
+        correct.append(outcome["correct"])
         if bar is not None:
             bar.update(1)
-    return points[["pattern", "value", "sparsity"]].join(pd.DataFrame(judged)).assign(kind="pattern")
+    table = points[["pattern", "value", "sparsity"]].reset_index(drop=True).join(pd.DataFrame(judged)).assign(kind="pattern")
+    return table, correct
+
+
+def compare_on_task(
+    compared: pd.DataFrame, masks: pd.DataFrame, mask_correct: list[np.ndarray], patterns: pd.DataFrame,
+    pattern_correct: list[np.ndarray], bootstrap: int, seed: int,
+) -> pd.DataFrame:  # fmt: skip
+    """Each mask against the patterns it is compared with (``compared``: rows of lambda, scope,
+    pattern and value), by task accuracy: the mask's accuracy minus the pattern's, paired over held-out examples,
+    with its bootstrap interval; ``verdict`` "better" or "worse" only where the interval excludes 0."""
+    rows = []
+    for _, row in compared.iterrows():
+        mask = int(np.flatnonzero(masks["lambda"].to_numpy() == row["lambda"])[0])
+        point = int(
+            np.flatnonzero((patterns["pattern"] == row["pattern"]).to_numpy() & (patterns["value"] == row["value"]).to_numpy())[0]
+        )
+        difference, low, high = paired_difference(mask_correct[mask], pattern_correct[point], bootstrap, seed)
+        rows.append(
+            {
+                "lambda": row["lambda"],
+                "scope": row["scope"],
+                "pattern": row["pattern"],
+                "value": row["value"],
+                "dam_task_sparsity": masks["task_sparsity"].iloc[mask],
+                "task_sparsity": patterns["task_sparsity"].iloc[point],
+                "dam_accuracy": masks["accuracy"].iloc[mask],
+                "accuracy": patterns["accuracy"].iloc[point],
+                "difference": difference,
+                "difference_low": low,
+                "difference_high": high,
+                "verdict": "better" if low > 0 else "worse" if high < 0 else "on par",
+                **_across_seeds(masks.iloc[mask], patterns.iloc[point]),
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def _across_seeds(mask: pd.Series, pattern: pd.Series) -> dict[str, float]:
+    """With fine-tune seeds: the mask's accuracy minus the pattern's, paired by seed, with its t interval."""
+    if "seed_accuracies" not in mask or not isinstance(mask["seed_accuracies"], str):
+        return {}
+    values = np.array(mask["seed_accuracies"].split(), float) - np.array(pattern["seed_accuracies"].split(), float)
+    mean, half = float(values.mean()), float(t_halfwidth(values))
+    return {"difference_seeds": mean, "difference_seeds_low": mean - half, "difference_seeds_high": mean + half}

@@ -21,6 +21,7 @@ from attnlens.analysis.changes import PATTERN_STREAM, MaskChange, PatternChange,
 from attnlens.analysis.dam.judging import (
     MaskSplit,
     adapt_to_pattern,
+    compare_on_task,
     evaluate_mask,
     judge_patterns,
     judge_patterns_on_task,
@@ -77,14 +78,50 @@ def dam(
     """
     s = DamSettings.build(settings, **changes)
     experiment = Experiment.start(source, s, num_eval=s.eval_seqs, num_train=s.train_seqs, device=device)
-    setup = Setup.of(experiment, s)
+    setup = Setup.of(experiment, s, progress)
     with progress_bar(total=setup.total_steps(), desc="dam", unit="step", enabled=progress) as bar:
         # the patterns first (on the unmodified model): weight training under a pattern needs their sparsity
         points = pattern_points(s.seq_len) if s.patterns else []
         patterns, pattern_losses = judge_patterns(setup.judge, setup.held_out.split, setup.layout.valid, points, s.seed, bar)
         runs = [train_and_judge(setup, lam, target, patterns, bar) for lam, target in s.runs()]
-        task_patterns = judge_patterns_on_task(setup.task, patterns, s.seq_len, s.seed, bar) if setup.task and points else None
-    return assemble(setup, patterns, pattern_losses, runs, task_patterns, command)
+        result = assemble(setup, patterns, pattern_losses, runs, None, command)
+        if setup.task is None or not points:
+            return result
+        compared = matched_on_task(setup, result, s.task_patterns)
+        chosen = (
+            result.patterns
+            if s.task_patterns == "all"
+            else result.patterns.merge(compared[["pattern", "value"]].drop_duplicates())
+        )
+        judged = judge_patterns_on_task(setup.task, chosen, s.seq_len, s.seed, bar)
+    return assemble(setup, patterns, pattern_losses, runs, (compared, *judged), command)
+
+
+def matched_on_task(setup: Setup, result: DamResult, which: str) -> pd.DataFrame:
+    """Per mask, the patterns the task compares it with, matched on the task's own positions: among
+    the pattern points whose share of the task's valid positions is within :data:`MATCH_WITHIN` of the
+    mask's (each pattern at its nearest point), the best by the held-out proxy of the mask's own
+    family and the best overall, or with ``which`` "adapted" each of :data:`ADAPTED_PATTERNS`
+    (scope "same fine-tuning"). Rows: lambda, scope, pattern, value."""
+    s, patterns = setup.settings, result.patterns
+    shares = [
+        setup.task.removal_share(PatternChange(row.pattern, int(row.value), s.seq_len, s.seed)) for row in patterns.itertuples()
+    ]
+    patterns = patterns.assign(task_sparsity=shares)
+    rows = []
+    for _, mask in result.tables["task"].iterrows():
+        distance = (patterns["task_sparsity"] - mask["task_sparsity"]).abs()
+        close = distance[distance <= MATCH_WITHIN]
+        nearest = patterns.loc[close.groupby(patterns.loc[close.index, "pattern"]).idxmin()]
+        nearest = nearest.assign(expressible=[result.expressible(p, v) for p, v in zip(nearest["pattern"], nearest["value"])])
+        scopes = [("own family", nearest[nearest["expressible"]]), ("overall", nearest)]
+        if which == "adapted":
+            scopes = [("same fine-tuning", nearest[nearest["pattern"] == name]) for name in ADAPTED_PATTERNS]
+        for scope, candidates in scopes:
+            if len(candidates):
+                best = candidates.loc[candidates["delta"].idxmin()]
+                rows.append({"lambda": mask["lambda"], "scope": scope, "pattern": best["pattern"], "value": int(best["value"])})
+    return pd.DataFrame(rows, columns=["lambda", "scope", "pattern", "value"])
 
 
 @dataclass
@@ -113,7 +150,7 @@ class Setup:
         return self.experiment.objective
 
     @classmethod
-    def of(cls, experiment: Experiment, s: DamSettings) -> Setup:
+    def of(cls, experiment: Experiment, s: DamSettings, progress: Progress = False) -> Setup:
         model, classes = experiment.model, experiment.classes
         # The class layout needs a partition: "other" takes what the listed classes leave.
         layout_classes = classes if "other" in classes else (*classes, "other")
@@ -126,7 +163,10 @@ class Setup:
         init_logits = warm_start(layout, train, s) if s.init is not None else None
         task = None
         if s.task is not None:  # examples padded to n, the width of the layouts and patterns
-            task = TaskJudge(model, TaskSettings.of(s), seq_len=s.seq_len, batch_size=s.batch_size, seed=s.seed, pad_to=s.seq_len)
+            task = TaskJudge(
+                model, TaskSettings.of(s), seq_len=s.seq_len, batch_size=s.batch_size, seed=s.seed, pad_to=s.seq_len,
+                progress=progress,
+            )  # fmt: skip
         trained_on, train_objective = experiment.objective.name, experiment.objective
         if task is not None and not (task.train.padded or task.held_out.padded):  # full blocks: train on the task itself
             trained_on, train_objective = "task", TaskLoss(task)
@@ -147,7 +187,8 @@ class Setup:
         """The progress bar's total: every run's steps (and its judgement), every pattern point
         (twice with a task), and the adapted patterns' steps with ``train_weights``."""
         s, runs = self.settings, len(self.settings.runs())
-        points = len(pattern_points(s.seq_len)) * (2 if self.task is not None else 1) if s.patterns else 0
+        judged = 0 if self.task is None else len(pattern_points(s.seq_len)) if s.task_patterns == "all" else 3 * runs
+        points = len(pattern_points(s.seq_len)) + judged if s.patterns else 0
         adapted = runs * len(ADAPTED_PATTERNS) * s.steps if s.train_weights and s.patterns else 0
         return runs * (s.steps + 1) + points + adapted
 
@@ -176,6 +217,7 @@ class Run:
     image: np.ndarray
     task: dict | None = None
     adapted: list[tuple[dict, np.ndarray]] = field(default_factory=list)
+    task_correct: np.ndarray | None = None  # per held-out task example, 1.0 if classified right
 
 
 def train_and_judge(setup: Setup, lam: float | None, target: float | None, patterns: pd.DataFrame, bar) -> Run:
@@ -193,10 +235,11 @@ def train_and_judge(setup: Setup, lam: float | None, target: float | None, patte
     lam, logits = trainer.lam, trainer.logits_.detach()  # a target's run ends at the λ dual ascent found: its key in every table
     noise = trainer.noise(trainer.steps_used_ - 1)  # the sampler's at the end: keep-probabilities are σ(α / noise)
     judged = evaluate_mask(setup.layout, logits, setup.judge, setup.held_out, noise)
-    task = None
+    task = outcome = None
     if setup.task is not None:  # before the weights are restored: a mask trained with them is judged with them
         change = MaskChange(setup.layout, logits, content_key(f"dam/{s.variant}/{lam}", logits))
-        task = {"lambda": lam, "sparsity": float(judged["sparsity"]), **task_columns(setup.task.judge(change))}
+        outcome = setup.task.judge(change)
+        task = {"lambda": lam, "sparsity": float(judged["sparsity"]), **task_columns(outcome)}
     bar.update(1)
     if original is not None:
         model.model.load_state_dict(original)
@@ -210,7 +253,8 @@ def train_and_judge(setup: Setup, lam: float | None, target: float | None, patte
         **setup.start,
     }
     image = _keep_image(setup, logits, noise)
-    return Run(lam, judged, curve.assign(**{"lambda": lam}), summary, logits.cpu().numpy(), image, task, adapted)
+    correct = None if outcome is None else outcome["correct"]
+    return Run(lam, judged, curve.assign(**{"lambda": lam}), summary, logits.cpu().numpy(), image, task, adapted, correct)
 
 
 def _keep_image(setup: Setup, logits: torch.Tensor, noise: float) -> np.ndarray:
@@ -256,10 +300,16 @@ def adapt_patterns(
 
 
 def assemble(
-    setup: Setup, patterns: pd.DataFrame, pattern_losses: np.ndarray, runs: list[Run], task_patterns: pd.DataFrame | None, command
+    setup: Setup,
+    patterns: pd.DataFrame,
+    pattern_losses: np.ndarray,
+    runs: list[Run],
+    task_patterns: tuple[pd.DataFrame, pd.DataFrame, list[np.ndarray]] | None,
+    command,
 ) -> DamResult:
     """The result: every run's rows, the patterns with their change against the unmodified model
-    (intervals over the same blocks), the task's table, the arrays and the metadata."""
+    (intervals over the same blocks), the task's tables (with ``task_patterns``, the patterns the task
+    judged and their outcomes: each mask against them, paired), the arrays and the metadata."""
     s, experiment, baseline, judge = setup.settings, setup.experiment, setup.baseline, setup.judge.name
     patterns = _with_deltas(patterns, pattern_losses, baseline, s)
     adapted_rows = [row for run in runs for row, _ in run.adapted]
@@ -280,7 +330,7 @@ def assemble(
     }
     if setup.task is not None:
         task_table = pd.DataFrame([run.task for run in runs]).assign(kind="dam", variant=s.variant)
-        tables["task"] = task_table if task_patterns is None else pd.concat([task_table, task_patterns], ignore_index=True)
+        tables["task"] = task_table if task_patterns is None else pd.concat([task_table, task_patterns[1]], ignore_index=True)
     adapting = s.train_weights and s.patterns
     if adapting:
         tables["patterns_adapted"] = without_absolute_loss(adapted, judge)
@@ -292,7 +342,12 @@ def assemble(
         "pattern_losses": pattern_losses,
         **({"adapted_pattern_losses": adapted_losses} if adapting else {}),
     }
-    return DamResult(_metadata(setup, command), tables, arrays)
+    result = DamResult(_metadata(setup, command), tables, arrays)
+    if task_patterns is not None:
+        masks = [run.task_correct for run in runs]
+        compared, judged, correct = task_patterns
+        result.tables["task_compared"] = compare_on_task(compared, task_table, masks, judged, correct, s.bootstrap, s.seed)
+    return result
 
 
 def _with_deltas(table: pd.DataFrame, losses: np.ndarray, baseline: np.ndarray, s: DamSettings) -> pd.DataFrame:

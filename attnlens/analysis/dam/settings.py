@@ -24,6 +24,7 @@ from attnlens.settings import CorpusSettings, at_least, one_of, positive, probab
 
 REMOVALS = ("1e4", "inf", "renormalise")
 DEFAULT_SPARSITY = (0.8, 0.9, 0.95)  # the targets when neither `lambdas` nor `sparsity` is given
+TASK_PATTERNS = ("all", "compared", "adapted")  # which fixed patterns the task judges (task_patterns)
 # The λ a target's run from the dense cold start begins at (dual ascent moves it), where every logit
 # must fall and the logits crossing 0 together set the path; from a warm start (`init`) it starts where
 # the gradients balance instead (DamTrainer.balancing_lambda), so a pattern already near the target is
@@ -50,7 +51,12 @@ class DamSettings(CorpusSettings, TaskSettings):
       beside, ``bootstrap`` resamples; corpus settings as :class:`CorpusSettings`; with
       ``task`` (:class:`~attnlens.analysis.task.TaskSettings`) every mask and pattern is also
       judged by task accuracy, and the masks train against the task's probe loss when its
-      examples are full blocks of ``seq_len`` tokens (else against ``objective``).
+      examples are full blocks of ``seq_len`` tokens (else against ``objective``);
+      ``task_patterns`` says which patterns the task judges: ``all`` of them, or ``compared``,
+      the ones each mask is compared with (:meth:`DamResult.compared`: the best of the mask's
+      own family and the best overall at matched sparsity), or ``adapted``: band, local and bigbird
+      (the patterns ``train_weights`` gives the mask's weight training), each matched to the mask's
+      sparsity on the task's own positions; each judgement is a forward of every held-out example.
     """
 
     variant: str = "structured"
@@ -74,6 +80,7 @@ class DamSettings(CorpusSettings, TaskSettings):
     eval_seqs: int = 64
     batch_size: int = 16
     patterns: bool = True
+    task_patterns: str = "all"
     bootstrap: int = 1000
     stop_window: int = 20
     stop_flips: float = 0.001
@@ -87,6 +94,7 @@ class DamSettings(CorpusSettings, TaskSettings):
         self._validate_recipe()
         parse_classes(self.classes)
         one_of("objective", self.objective, OBJECTIVES)
+        one_of("task_patterns", self.task_patterns, TASK_PATTERNS)
         at_least("train_seqs", self.train_seqs, 1)
         at_least("eval_seqs", self.eval_seqs, MIN_HELD_OUT_BLOCKS, " held-out blocks for a bootstrap interval")
         at_least("bootstrap", self.bootstrap, 10, " resamples for an interval (1000 is usual)")

@@ -37,6 +37,7 @@ True
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -444,7 +445,7 @@ def learn_maps(
         layer: (m.weights.float().clone().requires_grad_(True), m.offset.float().clone().requires_grad_(True))
         for layer, m in maps.items()
     }
-    exact = {layer: _exact_mask(m) for layer, m in maps.items()}
+    exact = {layer: exact_mask(m) for layer, m in maps.items()}
     current = lambda: {
         layer: LayerMaps(maps[layer].positions, w * ~exact[layer][0] + exact[layer][1], a * ~exact[layer][2])
         for layer, (w, a) in parameters.items()
@@ -501,7 +502,7 @@ def _descend(objective, maps, parameters, exact, current, train_ids, *, steps, l
     return learned, start_loss, best_loss
 
 
-def _exact_mask(maps: LayerMaps) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def exact_mask(maps: LayerMaps) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Which weights are pinned (rows of chosen keys), their pinned values, and pinned offsets."""
     one_hot = torch.nn.functional.one_hot(maps.positions, maps.weights.shape[-2]).transpose(-1, -2).float()  # (H,Q,n,k)
     pinned_rows = one_hot.sum(-1, keepdim=True) > 0
@@ -523,7 +524,12 @@ class ReconstructSettings(CorpusSettings, TaskSettings):
     ``plug_in_layers`` and ``plug_in_scopes``) judged by ``objective``; ``learn_r``
     (maps fine-tuned on the objective for ``learn_steps`` at ``learn_lr``). With ``task``
     (:class:`~attnlens.analysis.task.TaskSettings`), the plug-in runs are also judged by
-    task accuracy under ``protocol`` (for the strategies in ``task_strategies``; default all).
+    task accuracy under ``protocol`` (for the strategies in ``task_strategies``, the ``task_ks`` and
+    the ``task_scopes``; each ``None``: all of them; each judgement costs a forward of the
+    held-out examples at the maps' width, so a report judges only its headline configs).
+    ``task_joint_r`` (``finetune`` protocol) also judges each of them with its maps trained
+    jointly with the weights from the closed form (:mod:`~attnlens.analysis.reconstruct.joint`):
+    the ``joint_`` columns.
 
     >>> ReconstructSettings(scopes=["head", "row"])
     Traceback (most recent call last):
@@ -545,6 +551,9 @@ class ReconstructSettings(CorpusSettings, TaskSettings):
     plug_in_layers: tuple[int, ...] | None = None
     plug_in_scopes: tuple[str, ...] | None = None
     task_strategies: tuple[str, ...] | None = None
+    task_ks: tuple[int, ...] | None = None
+    task_scopes: tuple[str, ...] | None = None
+    task_joint_r: bool = False
     objective: str = "auto"
     learn_r: bool = False
     learn_steps: int = 60
@@ -561,6 +570,7 @@ class ReconstructSettings(CorpusSettings, TaskSettings):
         for name, scopes in (
             ("scopes", self.scopes),
             ("plug_in_scopes", self.scopes if self.plug_in_scopes is None else self.plug_in_scopes),
+            ("task_scopes", SCOPES if self.task_scopes is None else self.task_scopes),
         ):
             bad = [scope for scope in scopes if scope not in SCOPES]
             if bad or not scopes:
@@ -573,6 +583,10 @@ class ReconstructSettings(CorpusSettings, TaskSettings):
         one_of("objective", self.objective, OBJECTIVES)
         if self.task_strategies is not None:
             check_strategies(self.task_strategies)
+        if self.task_ks is not None:
+            check_ks(self.task_ks, n=max(self.task_ks, default=0))
+        if self.task_joint_r and self.protocol != "finetune":
+            raise BadInput("`task_joint_r` trains the maps with the weights: it needs `protocol` finetune")
         if self.task is not None and not self.plug_in:
             raise BadInput("`task` judges the plug-in runs (the model with the reconstruction inside); add `plug_in`")
         if self.learn_r:
@@ -627,7 +641,7 @@ def reconstruct(
     ).total
     fitter = MapFitter(moments, ridge=s.ridge, seed=s.seed, global_positions=(0,))
 
-    plug = _plug_in(objective, source_rows, plan, evaluated, s) if judged_by_model else None
+    plug = _plug_in(objective, source_rows, plan, evaluated, s, maps_progress) if judged_by_model else None
     configs = [(strategy, scope, k) for strategy in plan.strategies for scope in plan.scopes for k in plan.ks]
     table, selections = _evaluate(
         source_rows, fitter, configs, evaluated, plan.layers, s.batch_size, plug, maps_progress, seed=s.seed
@@ -661,18 +675,40 @@ def reconstruct(
 
 
 def _plug_in(
-    objective: Objective, rows: StoreRows | ModelRows, plan: _Plan, evaluated: np.ndarray, s: ReconstructSettings
+    objective: Objective,
+    rows: StoreRows | ModelRows,
+    plan: _Plan,
+    evaluated: np.ndarray,
+    s: ReconstructSettings,
+    progress: Progress = False,
 ) -> _PlugIn:
     """The model run with each config's maps inside attention on the held-out blocks (and, with a
-    task, its examples padded to the maps' width n); with ``learn_r`` alone, the layers and batches it needs."""
+    task, its examples padded to the maps' width n; its fine-tunes name their steps on ``progress``);
+    with ``learn_r`` alone, the layers and batches it needs."""
     layers = plan.layers if s.plug_in_layers is None else rows.check_layers(s.plug_in_layers)
     scopes = set(plan.scopes if s.plug_in_scopes is None else s.plug_in_scopes) if s.plug_in else set()
     task = None
     if s.task is not None and s.plug_in:
-        task = TaskJudge(objective.model, TaskSettings.of(s), seq_len=plan.n, batch_size=s.batch_size, seed=s.seed, pad_to=plan.n)
-    strategies = set(plan.strategies if s.task_strategies is None else s.task_strategies)
+        task = TaskJudge(
+            objective.model,
+            TaskSettings.of(s),
+            seq_len=plan.n,
+            batch_size=s.batch_size,
+            seed=s.seed,
+            pad_to=plan.n,
+            progress=progress,
+        )
     used = [layer for layer in layers if layer in plan.layers]
-    return _PlugIn(objective, used, rows.tokens(evaluated), s.batch_size, s.seed, scopes, task, strategies)
+    return _PlugIn(
+        objective, used, rows.tokens(evaluated), s.batch_size, s.seed, scopes, task, _judged_by_task(s), s.task_joint_r
+    )
+
+
+def _judged_by_task(s: ReconstructSettings) -> Callable[[tuple[str, str, int]], bool]:
+    """Whether a (strategy, scope, k) config is judged by the task: its strategy, scope and k each
+    among the task's (``None``: any)."""
+    wanted = (s.task_strategies, s.task_scopes, s.task_ks)
+    return lambda config: all(chosen is None or value in chosen for value, chosen in zip(config, wanted))
 
 
 def _metadata(rows, plan: _Plan, s: ReconstructSettings, fitted, evaluated, objective, plug, command) -> dict:
@@ -811,10 +847,11 @@ class _PlugIn:
         seed: int,
         scopes: set[str],
         task: TaskJudge | None = None,
-        task_strategies: set[str] | None = None,
+        judged_by_task: Callable[[tuple[str, str, int]], bool] = lambda config: True,
+        joint: bool = False,
     ) -> None:
         self.objective, self.layers, self.scopes, self.task = objective, layers, scopes, task
-        self.task_strategies = task_strategies
+        self.judged_by_task, self.joint = judged_by_task, joint
         self.seed = seed
         self.batches = prepare_batches(objective, eval_ids, batch_size)
         self.baseline = evaluate_objective(objective, self.batches, None)["loss"] if scopes else None
@@ -826,7 +863,7 @@ class _PlugIn:
     def run(self, config: tuple[str, str, int], maps: dict[int, LayerMaps]) -> None:
         strategy, scope, k = config
         used = {layer: maps[layer] for layer in self.layers}
-        judged_by_task = self.task is not None and strategy in self.task_strategies
+        judged_by_task = self.task is not None and self.judged_by_task(config)
         key = "reconstruct/" + "/".join(map(str, config))
         if judged_by_task:  # a cached fine-tune run is reused only for the very same maps
             key = content_key(key, *[t for m in used.values() for t in (m.positions, m.weights, m.offset)])
@@ -848,6 +885,11 @@ class _PlugIn:
         record["baseline_loss"] = float(self.baseline.mean())
         if judged_by_task:
             record.update(task_columns(self.task.judge(change)))
+        if judged_by_task and self.joint:  # the same maps, trained with the weights from the closed form
+            from attnlens.analysis.reconstruct.joint import JointMaps  # it builds on this module
+
+            joint = JointMaps(used, scope, f"{key}/joint")
+            record.update({f"joint_{name}": value for name, value in task_columns(self.task.judge(joint)).items()})
         self.records.append(record)
 
 
