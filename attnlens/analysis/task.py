@@ -55,7 +55,7 @@ from attnlens.data.tasks import Examples, Task, check_task, load_task
 from attnlens.errors import BadInput
 from attnlens.models.cache import cache_dir, cached_array
 from attnlens.models.capture import Capture, Intervention
-from attnlens.models.loading import LoadedModel
+from attnlens.models.loading import LoadedModel, module_sha256
 from attnlens.progress import Progress, Stage, progress_bar
 from attnlens.settings import Settings, at_least, one_of, positive
 
@@ -359,6 +359,7 @@ class TaskJudge:
             self.probe = fit_probe(features, self.train.labels, self.c)
         self.finetune_runs: list[dict] = []  # every fine-tune run: change, cache file, training curve
         self.calibration: dict[str, object] | None = None
+        self._structure: tuple[list[int], torch.Tensor] | None = None  # removal_share's valid masks, by layer group
         self._judged: dict[str | None, _Outcomes] = {}  # by change key: outcomes on the first examples of the pool
         self._hold_out(min(len(self.pool), AUTO_PILOT) if auto else len(self.pool))
 
@@ -440,7 +441,9 @@ class TaskJudge:
         head) that ``change`` removes, read off its removal masks without running the model: the
         ``task_sparsity`` a judgement reports, at the cost of building masks only (to match a
         pattern to a mask on the task's own positions before judging either)."""
-        group, structures = layer_groups(valid_masks(self.model, self.held_out.ids[:1]))  # causal, windows: no padding
+        if self._structure is None:  # causal, windows: no padding; one forward, once per judge
+            self._structure = layer_groups(valid_masks(self.model, self.held_out.ids[:1]))
+        group, structures = self._structure
         # a change that depends on a layer only through its valid mask is counted once per distinct mask
         layers = list(range(len(group))) if not change.shared_by_layers else [group.index(g) for g in range(len(structures))]
         heads, removed, total = self.model.num_heads, 0.0, 0.0
@@ -586,7 +589,7 @@ class TaskJudge:
             "version": FINETUNE_VERSION,
             # the weights the fine-tune starts from, hashed now: a change learned with the weights (a DAM
             # mask) is fine-tuned from the weights it was learned with
-            "model": _state_sha256(self.model.model),
+            "model": module_sha256(self.model.model),
             "task": self.task.sha256,
             "train_rows": hashlib.sha256(self.train.rows.tobytes()).hexdigest(),
             "width": int(self.train.ids.shape[1]),
@@ -758,15 +761,6 @@ def paired_difference(first: np.ndarray, second: np.ndarray, bootstrap: int, see
     """Mean of ``first - second`` (per-example 0/1 arrays) and its bootstrap interval, paired over examples."""
     mean, low, high = bootstrap_interval((np.asarray(first) - np.asarray(second))[None], bootstrap, seed)
     return float(mean[0]), float(low[0]), float(high[0])
-
-
-def _state_sha256(module: nn.Module) -> str:
-    """A hash of a module's parameters and buffers as they are now (names, shapes, bytes)."""
-    digest = hashlib.sha256()
-    for name, tensor in module.state_dict().items():
-        digest.update(f"{name}:{tuple(tensor.shape)};".encode())
-        digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-    return digest.hexdigest()
 
 
 def _key(change: Change | None) -> str | None:

@@ -268,6 +268,16 @@ class SpecialTokens:
     all_special: frozenset[int]
 
 
+def module_sha256(module: torch.nn.Module) -> str:
+    """A hash of a module's parameters and buffers as they are now (name, dtype, shape, bytes)."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted({**dict(module.named_parameters()), **dict(module.named_buffers())}.items()):
+        array = tensor.detach().cpu().contiguous()
+        digest.update(f"{name}:{array.dtype}:{tuple(array.shape)};".encode())
+        digest.update(array.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
 @dataclass
 class LoadedModel:
     """A model routed through attnlens' attention, with its geometry.
@@ -350,12 +360,7 @@ class LoadedModel:
     def weights_sha256(self) -> str:
         """A hash of every parameter and buffer (name, dtype, shape, bytes), computed once."""
         if self._weights_sha256 is None:
-            digest = hashlib.sha256()
-            for name, tensor in sorted({**dict(self.model.named_parameters()), **dict(self.model.named_buffers())}.items()):
-                array = tensor.detach().cpu().contiguous()
-                digest.update(f"{name}:{array.dtype}:{tuple(array.shape)};".encode())
-                digest.update(array.reshape(-1).view(torch.uint8).numpy().tobytes())
-            self._weights_sha256 = digest.hexdigest()
+            self._weights_sha256 = module_sha256(self.model)
         return self._weights_sha256
 
     def describe(self) -> dict[str, object]:

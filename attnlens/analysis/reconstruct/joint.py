@@ -43,6 +43,7 @@ class JointMaps(Change):
     key: str
     lr: float = JOINT_LR
     units: tuple = ()  # ((unit, (weights, offset)), ...): one unit per layer, or one for all ("all")
+    pinned: tuple = ()  # ((layer, exact_mask(maps)), ...): the rows that stay exact, made once by trainable()
 
     def __post_init__(self) -> None:
         if self.scope not in SHARED:
@@ -66,7 +67,8 @@ class JointMaps(Change):
             if self.scope != "head":  # shared by the heads: fitted alike, trained as one
                 weights, offset = weights[:1], offset[:1]
             units[self._unit(layer)] = (weights.clone().requires_grad_(True), offset.clone().requires_grad_(True))
-        trained = replace(self, units=tuple(units.items()))
+        pinned = tuple((layer, exact_mask(maps)) for layer, maps in self.maps.items())
+        trained = replace(self, units=tuple(units.items()), pinned=pinned)
         return trained, [{"params": [tensor for pair in units.values() for tensor in pair], "lr": self.lr}]
 
     def state(self) -> list[torch.Tensor]:
@@ -84,7 +86,7 @@ class JointMaps(Change):
         maps = self.maps[layer]
         if not self.units:
             return LayerMaps(maps.positions.to(device), maps.weights.to(device), maps.offset.to(device))
-        pinned, values, pinned_offset = (tensor.to(device) for tensor in exact_mask(maps))
+        pinned, values, pinned_offset = (tensor.to(device) for tensor in dict(self.pinned)[layer])
         weights, offset = (tensor.to(device) for tensor in dict(self.units)[self._unit(layer)])
         heads = maps.weights.shape[0]
         weights = torch.where(pinned, values, weights.expand(heads, -1, -1, -1))
