@@ -163,9 +163,8 @@ def test_reported_sparsity_is_the_share_of_zero_attention_weights(minilm_l6, set
     logits = torch.full(layout.shape, -1.0)
     logits[:, 1] = 1.0  # keep only the neighbours (offset 1): every row keeps 1 or 2 keys
     logits[3, :] = -2.0  # head 3 keeps nothing: its rows keep their largest logits (all -2: every key)
-    masks = [class_masks(ids, minilm_l6, classes)]
     judged = evaluate_mask(
-        layout, logits, objective, MaskSplit(Split([batch], [Batch(ids, minilm_l6, 0)], ids), [context], masks)
+        layout, logits, objective, MaskSplit.of(Split([batch], [Batch(ids, minilm_l6, 0)], ids), layout, classes)
     )
     removed = [~rescue_rows(layout.expand(logits, layer, context), valid[layer]) for layer in range(6)]
     with torch.no_grad(), Capture(weights=True, intervene=removal(lambda layer, v: removed[layer])) as cap:

@@ -13,10 +13,12 @@ import attnlens
 from attnlens import Capture
 from attnlens.analysis.changes import Batch, MaskChange, PatternChange
 from attnlens.analysis.dam import LAYOUTS
-from attnlens.analysis.dam.layouts import MaskLayout, take
+from attnlens.analysis.dam.judging import MaskSplit
+from attnlens.analysis.dam.layouts import MaskLayout, hard_sparsity, take
 from attnlens.analysis.evaluation import valid_masks
+from attnlens.analysis.experiment import Split
 from attnlens.analysis.patterns import PATTERNS
-from attnlens.analysis.task import TaskBatch
+from attnlens.analysis.task import TaskBatch, TaskJudge, TaskSettings, batches
 from tiny_models import run_cli
 
 N = 32
@@ -63,6 +65,50 @@ def test_every_change_removes_the_same_positions_on_task_batches_as_on_corpus_bl
         assert any(bool(layer.any()) for layer in on_blocks), f"{change.key} removes something"
         for layer, (a, b) in enumerate(zip(on_blocks, on_task)):
             assert torch.equal(a, b), f"{change.key}, layer {layer}: task batches and corpus blocks differ"
+
+
+def test_every_change_judged_on_length_bucketed_batches_equals_it_padded_to_n(minilm_l6, blocks):
+    """Masks and patterns decide positions by their place, so a batch narrower than n takes their
+    corner: features and the share removed equal those of the same examples padded to n (BigBird's
+    random keys are each example's own, drawn at n)."""
+    settings = TaskSettings(task="rotten-tomatoes", task_train=32, task_eval=40, probe_c=1.0)
+    padded = TaskJudge(minilm_l6, settings, seq_len=N, batch_size=16, pad_to=N)
+    bucketed = TaskJudge(minilm_l6, settings, seq_len=N, batch_size=16)
+    widths = [batch.ids.shape[1] for batch in batches(bucketed.held_out, 16, minilm_l6.device)]
+    assert min(widths) < N and padded.held_out.ids.shape[1] == N
+    for change in contract_changes(minilm_l6, blocks):
+        expected = padded.features(padded.held_out, change)
+        np.testing.assert_allclose(bucketed.features(bucketed.held_out, change), expected, atol=1e-5, err_msg=change.key)
+        assert bucketed.removal_share(change) == pytest.approx(padded.removal_share(change), rel=1e-12), change.key
+
+
+def test_on_padded_task_batches_counts_and_sparsity_are_those_of_the_examples_own_positions(minilm_l6, blocks):
+    """Training on a task's padded, length-bucketed examples weighs each logit by the positions it
+    decides among the examples' own tokens: counted here by expanding each logit's number and
+    counting it over those positions; and the hard mask's sparsity there is the share of zero
+    weights among them in a forward with the mask."""
+    settings = TaskSettings(task="rotten-tomatoes", task_train=32, task_eval=40, probe_c=1.0)
+    split = Split.of_examples(TaskJudge(minilm_l6, settings, seq_len=N, batch_size=16).held_out, minilm_l6, 16)
+    for change in [change for change in contract_changes(minilm_l6, blocks) if isinstance(change, MaskChange)]:
+        layout = change.layout
+        data = MaskSplit.of(split, layout, ("self",))
+        assert any(valid is not None for valid in data.valids), "some batches are padded or narrower than n"
+        zeros = total = 0.0
+        for batch, context, counts in zip(split.inputs, data.contexts, data.counts):
+            own, width = batch.attention_mask.bool(), batch.ids.shape[1]
+            numbers = torch.arange(counts.numel(), dtype=torch.float64).reshape(layout.shape)
+            expected = torch.zeros(counts.numel(), dtype=torch.float64)
+            with torch.no_grad(), Capture(intervene=change.intervention(batch.view(minilm_l6)), weights=True) as seen:
+                minilm_l6.forward(batch.ids, attention_mask=batch.attention_mask)
+            for layer in range(layout.num_layers):
+                here = (own[:, :, None] & own[:, None, :] & layout.valid[layer, :width, :width])[:, None]
+                here = here.expand(-1, layout.num_heads, -1, -1)
+                decided_by = layout.expand(numbers, layer, context)[..., :width, :width].expand_as(here)
+                expected += torch.bincount(decided_by[here].long(), minlength=counts.numel()).double()
+                zeros += float((seen.weights[layer] == 0)[here].sum())
+                total += float(here.sum())
+            assert torch.equal(counts.flatten().double(), expected), layout.name
+        assert hard_sparsity(layout, change.logits, data.contexts, data.valids) == pytest.approx(zeros / total), layout.name
 
 
 def test_structured_global_uses_its_global_logits_on_task_batches(minilm_l6, blocks):
@@ -115,10 +161,10 @@ class HeadDiagonal(MaskLayout):
         index = torch.arange(self.n, device=values.device)
         return values[:, (index[:, None] != index[None, :]).long()][None]  # (1, head, n, n)
 
-    def counts(self, context):
-        weight = self.valid.sum(0).to(torch.float32)  # (n, n): layers each position is valid in
+    def counts(self, context, valid=None):
+        weight = self.summed(context, valid).sum(0)  # (w, w): layers and sequences each position is valid in
         diagonal = weight.diagonal().sum()
-        return torch.stack([diagonal, weight.sum() - diagonal]).expand(self.shape) * context.shape[0]
+        return torch.stack([diagonal, weight.sum() - diagonal]).expand(self.shape)
 
 
 @pytest.fixture

@@ -241,6 +241,21 @@ def test_dam_trains_on_the_task_loss_for_full_block_tasks(minilm_l6):
     assert (result.tables["training"]["objective"] > 0).all()  # cross-entropy of the probe, not a cosine at its minimum
 
 
+def test_dam_learns_from_padded_task_examples_with_the_weights(minilm_l6):
+    """SparseBERT's protocol: mask and weights learned on the task's own (padded, length-bucketed)
+    examples; the learned mask meets its target on the positions those examples have."""
+    before = {name: tensor.clone() for name, tensor in minilm_l6.model.state_dict().items()}
+    result = attnlens.dam(
+        minilm_l6, sparsity=[0.8], steps=12, stop_window=4, train_seqs=4, eval_seqs=4, patterns=False, seq_len=32,
+        task="rotten-tomatoes", task_train=64, task_eval=24, train_on="task", train_weights=True, progress=False,
+    )  # fmt: skip
+    assert result.meta["settings"]["trained_on"] == "task"
+    summary = result.table.iloc[0]
+    assert abs(summary["train_sparsity"] - 0.8) < 0.02, "calibrated on the examples' own positions"
+    assert (result.tables["training"]["objective"] > 0).all()
+    assert all(torch.equal(before[name], tensor) for name, tensor in minilm_l6.model.state_dict().items()), "weights restored"
+
+
 # ----------------------------------------------------------------------------- bad input
 
 

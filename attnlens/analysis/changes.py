@@ -39,9 +39,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+from torch import nn
 
 from attnlens.analysis.evaluation import guard_rows
-from attnlens.analysis.patterns import build, removed_mask
+from attnlens.analysis.patterns import PATTERNS, build, removed_mask
 from attnlens.data.positions import TokenRoles, class_masks, token_roles
 from attnlens.models.capture import Intervention
 from attnlens.models.loading import LoadedModel
@@ -120,6 +121,10 @@ class Batch:
     def generator(self, seed: int, stream: int) -> torch.Generator:
         """A generator for this batch's draws of one stream."""
         return torch.Generator().manual_seed(seeded(seed, stream, self.index))
+
+    def own_generator(self, seed: int, stream: int, row: int) -> torch.Generator:
+        """A generator for the draws of the batch's sequence ``row`` alone, seeded by its number."""
+        return torch.Generator().manual_seed(seeded(seed, stream, 0, self.sequences[row]))  # 4 numbers: not a batch's seed
 
 
 class Change:
@@ -272,7 +277,19 @@ class PatternChange(Removal):
         return f"pattern/{self.name}/{self.value}/{self.seed}"
 
     def prepare(self, batch: Batch) -> torch.Tensor:
-        return build(self.name, self.n, self.value, batch.roles().cls, batch.generator(self.seed, PATTERN_STREAM))
+        """The keep mask at the batch's width. A pattern of positions alone, cut to a width, is the
+        pattern built at that width; random keys are drawn per sequence at ``draw_width`` and cut, so
+        a length-bucketed example keeps the keys it would keep padded to n."""
+        cls = batch.roles().cls
+        if batch.sequences is None or not PATTERNS[self.name].random:
+            return build(self.name, cls.shape[-1], self.value, cls, batch.generator(self.seed, PATTERN_STREAM))
+        width, n = batch.draw_width or cls.shape[-1], cls.shape[-1]
+        padded = nn.functional.pad(cls, (0, width - n))
+        keeps = [
+            build(self.name, width, self.value, padded[row : row + 1], batch.own_generator(self.seed, PATTERN_STREAM, row))
+            for row in range(len(batch.sequences))
+        ]
+        return torch.cat(keeps)[:, :n, :n]
 
     def remove(self, keep: torch.Tensor, layer: int, valid: torch.Tensor) -> torch.Tensor:
         return removed_mask(keep, valid)[:, None]
@@ -313,5 +330,6 @@ class MaskChange(Removal):
         return self.layout.context(batch)
 
     def remove(self, context: torch.Tensor, layer: int, valid: torch.Tensor) -> torch.Tensor:
-        valid = valid[:, None]
-        return valid & ~rescue_rows(self.layout.expand(self.logits, layer, context), valid)
+        # a layout decides positions by their place: a batch narrower than n takes its corner
+        width, valid = valid.shape[-1], valid[:, None]
+        return valid & ~rescue_rows(self.layout.expand(self.logits, layer, context)[..., :width, :width], valid)

@@ -101,6 +101,7 @@ class Pattern:
     parameter: str
     values: Callable[[int], list[int]]
     family: str
+    random: bool = False  # draws from its generator (BigBird's random keys)
 
 
 def _powers(low: int, high_fraction: float) -> Callable[[int], list[int]]:
@@ -119,7 +120,7 @@ PATTERNS: dict[str, Pattern] = {
         Pattern("fixed", fixed, "block", lambda n: [v for v in _powers(2, 1.0)(n) if v * v <= 2 * n], "periodic"),
         Pattern("band", band, "window", _powers(1, 0.25), "offset"),
         Pattern("local", local, "window", _powers(1, 0.25), "global"),
-        Pattern("bigbird", bigbird, "window", _powers(1, 0.25), "global"),
+        Pattern("bigbird", bigbird, "window", _powers(1, 0.25), "global", random=True),
         Pattern("no-diagonal", no_diagonal, "none", lambda n: [0], "offset"),
     )
 }

@@ -156,6 +156,15 @@ def dam(
             rich_help_panel=TASK,
         ),
     ] = D.task_patterns,
+    train_on: Annotated[
+        str,
+        typer.Option(
+            "--train-on",
+            help="What the masks learn from: objective (the corpus), task (its classifier's loss on its training examples; "
+            "with --train-weights, SparseBERT's protocol), or auto (the task where its examples fill n tokens).",
+            rich_help_panel=TASK,
+        ),
+    ] = D.train_on,
     text_column: TextColumnOption = D.text_column,
     label_column: LabelColumnOption = D.label_column,
     probe_c: ProbeCOption = D.probe_c,

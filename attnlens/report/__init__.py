@@ -301,12 +301,20 @@ def _analyses(
             train_seqs=settings.dam_train_seqs,
             eval_seqs=settings.importance_seqs,
             train_weights=settings.dam_train_weights,
-            **({"task_patterns": "adapted" if settings.protocol == "finetune" else "compared"} if task else {}),
+            **(_dam_task(settings) if task else {}),
             progress=stage,
             **{**judged, "seq_len": settings.dam_seq_len},
         ),
     )
     return results
+
+
+def _dam_task(settings: ReportSettings) -> dict[str, str]:
+    """What DAM's task judges, and what its masks learn from: the papers' protocol learns each mask
+    on the task with the weights (SparseBERT) and fine-tunes band, local and bigbird alike."""
+    if settings.protocol == "finetune":
+        return {"task_patterns": "adapted", "train_on": "task"}
+    return {"task_patterns": "compared"}
 
 
 def _task_settings(settings: ReportSettings) -> dict[str, object]:

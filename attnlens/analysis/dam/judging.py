@@ -33,18 +33,34 @@ from attnlens.models.loading import LoadedModel
 @dataclass
 class MaskSplit:
     """A split as masks are trained and judged on it: its batches, each batch's layout context,
-    and each batch's masks of the position classes reported (``classes``)."""
+    its masks of the position classes reported (``classes``), its valid positions (``valids``:
+    (batch, layer, w, w) for padded task examples, ``None`` for unpadded blocks) and the valid
+    positions each logit decides in it (``counts``, the weights of a mask's density)."""
 
     split: Split
     contexts: list[torch.Tensor]
     masks: list[dict[str, torch.Tensor]]
+    valids: list[torch.Tensor | None]
+    counts: list[torch.Tensor]
 
     @classmethod
     def of(cls, split: Split, layout: MaskLayout, classes: tuple[str, ...]) -> MaskSplit:
         device = layout.valid.device
         contexts = [layout.context(view) for view in split.views]
         masks = [{name: mask.to(device) for name, mask in view.classes(classes).items()} for view in split.views]
-        return cls(split, contexts, masks)
+        valids = [_own_positions(layout, batch) for batch in split.inputs]
+        counts = [layout.counts(context, valid) for context, valid in zip(contexts, valids)]
+        return cls(split, contexts, masks, valids, counts)
+
+
+def _own_positions(layout: MaskLayout, batch: object) -> torch.Tensor | None:
+    """(batch, layer, w, w): the valid positions of a batch of task examples (the model's own,
+    among the examples' tokens); ``None`` for unpadded blocks of n (the layout's own)."""
+    attention_mask = getattr(batch, "attention_mask", None)
+    if attention_mask is None or (attention_mask.shape[1] == layout.n and bool(attention_mask.all())):
+        return None
+    own, width = attention_mask.bool().to(layout.valid.device), attention_mask.shape[1]
+    return layout.valid[None, :, :width, :width] & own[:, None, :, None] & own[:, None, None, :]
 
 
 def evaluate_mask(
@@ -67,23 +83,23 @@ def _mask_statistics(layout: MaskLayout, logits: torch.Tensor, data: MaskSplit, 
     kept_sum = np.zeros_like(keep_sum)
     positions = np.zeros((layout.num_layers, num_classes))
     removed = total = rescued = rows = expected = counted = 0.0
-    for context, batch_masks in zip(data.contexts, data.masks):
-        removals, batch_rescued, batch_rows = hard_removals(layout, logits, context)
+    for context, batch_masks, valid, counts in zip(data.contexts, data.masks, data.valids, data.counts):
+        removals, batch_rescued, batch_rows = hard_removals(layout, logits, context, valid)
         rescued, rows = rescued + batch_rescued, rows + batch_rows
-        counts = layout.counts(context)
         expected += float((probability * counts).sum())
         counted += float(counts.sum())
-        stacked = torch.stack(list(batch_masks.values())).to(torch.float32)  # (class, batch, n, n)
-        size = context.shape[0]
+        stacked = torch.stack(list(batch_masks.values())).to(torch.float32)  # (class, batch, w, w)
+        size, width = context.shape[0], stacked.shape[-1]
+        existing = layout.positions(valid).expand(size, -1, -1, -1).to(torch.float32)  # (batch, layer, w, w)
         for layer in range(layout.num_layers):
-            in_class = stacked * layout.valid[layer].to(torch.float32)
-            p = layout.expand(probability, layer, context).expand(size, -1, -1, -1)
+            in_class = stacked * existing[:, layer]
+            p = layout.expand(probability, layer, context)[..., :width, :width].expand(size, -1, -1, -1)
             kept = 1.0 - removals[layer].to(torch.float32).expand(size, layout.num_heads, -1, -1)
             keep_sum[layer] += torch.einsum("bhqk,cbqk->hc", p, in_class).double().cpu().numpy()
             kept_sum[layer] += torch.einsum("bhqk,cbqk->hc", kept, in_class).double().cpu().numpy()
             positions[layer] += in_class.sum((1, 2, 3)).double().cpu().numpy()
             removed += float(removals[layer].expand(size, layout.num_heads, -1, -1).sum())
-            total += float(layout.valid[layer].sum()) * size * layout.num_heads
+            total += float(existing[:, layer].sum()) * layout.num_heads
     with np.errstate(invalid="ignore", divide="ignore"):
         return {
             "sparsity": np.array(removed / total),

@@ -69,10 +69,15 @@ class MaskLayout:
     """How mask logits map onto attention positions of the ``num_layers`` layers.
 
     ``expand(values, layer, context)`` gives a tensor broadcastable to (batch, head, n, n);
-    ``counts(context)`` how many valid positions of the batch each logit controls;
+    ``counts(context, valid)`` how many valid positions of the batch each logit controls;
     ``context(batch)`` what ``expand`` needs of a batch beyond positions. ``valid`` is the
     (layer, n, n) valid mask of unpadded blocks; ``classes`` the partition of positions the
     ``class`` layout learns (others ignore it).
+
+    A batch of task examples may be narrower than n (length-bucketed) and padded: a layout
+    decides positions by their place, so such a batch takes the (w, w) corner of ``expand``,
+    and ``counts`` is given the batch's own (batch, layer, w, w) valid positions
+    (:meth:`positions`); without them, a batch is unpadded blocks of n.
     """
 
     name: ClassVar[str] = ""
@@ -108,6 +113,15 @@ class MaskLayout:
     def shape(self) -> tuple[int, ...]:
         raise NotImplementedError
 
+    def positions(self, valid: torch.Tensor | None) -> torch.Tensor:
+        """(batch or 1, layer, w, w): a batch's valid positions, ``valid`` where it is given, else
+        the unpadded blocks' own (the batch dimension 1 standing for every block)."""
+        return self.valid[None] if valid is None else valid
+
+    def summed(self, context: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
+        """(layer, w, w) float: in how many of the batch's sequences each position is valid."""
+        return self.positions(valid).sum(0).to(torch.float32) * (context.shape[0] if valid is None else 1)
+
     def expand(self, values: torch.Tensor, layer: int, context: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
@@ -134,8 +148,10 @@ class Unstructured(MaskLayout):
     def expand(self, values, layer, context):
         return values[layer][None]
 
-    def counts(self, context):
-        return self.valid[:, None].to(torch.float32).expand(self.shape) * context.shape[0]
+    def counts(self, context, valid=None):
+        summed = self.summed(context, valid)
+        pad = self.n - summed.shape[-1]
+        return torch.nn.functional.pad(summed, (0, pad, 0, pad))[:, None].expand(self.shape)
 
 
 class Structured(MaskLayout):
@@ -158,10 +174,12 @@ class Structured(MaskLayout):
     def expand(self, values, layer, context):
         return values[:, self.offset][None]
 
-    def counts(self, context):
+    def counts(self, context, valid=None):
+        summed = self.summed(context, valid).sum(0)
+        width = summed.shape[-1]
         per_offset = torch.zeros(self.n, device=self.valid.device)
-        per_offset.index_add_(0, self.offset.flatten(), self.valid.sum(0).flatten().to(torch.float32))
-        return per_offset.expand(self.shape) * context.shape[0]
+        per_offset.index_add_(0, self.offset[:width, :width].flatten(), summed.flatten())
+        return per_offset.expand(self.shape)
 
 
 class StructuredGlobal(Structured):
@@ -184,7 +202,8 @@ class StructuredGlobal(Structured):
     def context(self, batch: Batch) -> torch.Tensor:
         roles = batch.roles()
         cls, sep = roles.cls.to(self.valid.device), roles.sep.to(self.valid.device)
-        code = torch.zeros(cls.shape[0], self.n, self.n, dtype=torch.long, device=self.valid.device)
+        width = cls.shape[-1]  # n, or less for a length-bucketed task batch
+        code = torch.zeros(cls.shape[0], width, width, dtype=torch.long, device=self.valid.device)
         # from the lowest priority to the highest: a later assignment wins where they meet
         for number, role, axis in ((3, sep, "row"), (4, sep, "column"), (1, cls, "row"), (2, cls, "column")):
             hit = role[:, :, None] if axis == "row" else role[:, None, :]  # the query (row) or key (column) has the role
@@ -192,15 +211,17 @@ class StructuredGlobal(Structured):
         return code  # 0: an offset logit decides; k > 0: global logit n + k - 1
 
     def expand(self, values, layer, context):
-        offsets = values[:, self.offset][None]  # (1, head, n, n)
-        globals_ = take(values, self.n - 1 + context.clamp_min(1)).transpose(0, 1)  # (batch, head, n, n)
+        width = context.shape[-1]
+        offsets = values[:, self.offset[:width, :width]][None]  # (1, head, width, width)
+        globals_ = take(values, self.n - 1 + context.clamp_min(1)).transpose(0, 1)  # (batch, head, width, width)
         return torch.where(context[:, None] > 0, globals_, offsets)
 
-    def counts(self, context):
-        weight = self.valid.sum(0).to(torch.float32)  # (n, n): the layers each position is valid in
+    def counts(self, context, valid=None):
+        positions, width = self.positions(valid), context.shape[-1]
         per_logit = torch.zeros(self.n + len(self.GLOBALS), device=self.valid.device)
-        for code in context:
-            offsets = torch.where(code == 0, self.offset, self.n + code - 1)  # the logit deciding each position
+        for index, code in enumerate(context):
+            weight = positions[0 if valid is None else index].sum(0).to(torch.float32)  # (w, w): layers each position is valid in
+            offsets = torch.where(code == 0, self.offset[:width, :width], self.n + code - 1)  # the logit deciding each position
             per_logit.index_add_(0, offsets.flatten(), weight.flatten())
         return per_logit.expand(self.shape)
 
@@ -222,11 +243,12 @@ class PerClass(MaskLayout):
     def context(self, batch: Batch) -> torch.Tensor:
         return exclusive_index(batch.classes(self.classes)).to(self.valid.device)
 
-    def counts(self, context):
+    def counts(self, context, valid=None):
+        positions = self.positions(valid).expand(context.shape[0], -1, -1, -1)
         counts = torch.stack(
             [
-                torch.bincount(context[:, valid].flatten(), minlength=len(self.classes))[: len(self.classes)]
-                for valid in self.valid
+                torch.bincount(context[positions[:, layer]], minlength=len(self.classes))[: len(self.classes)]
+                for layer in range(self.num_layers)
             ]
         ).to(torch.float32)  # (layer, class)
         return counts[:, None].expand(self.shape)
@@ -235,29 +257,38 @@ class PerClass(MaskLayout):
 # ----------------------------------------------------------------------------- what a layout decides
 
 
-def decided(layout: MaskLayout, contexts: list[torch.Tensor], masks: list[torch.Tensor]) -> torch.Tensor:
-    """How many positions of a set (``masks``: one (batch, n, n) per context) each logit decides,
-    over the valid positions of every layer: the adjoint of ``expand`` applied to the set (the
-    gradient of Σ expand(values)·set)."""
+def decided(
+    layout: MaskLayout, contexts: list[torch.Tensor], masks: list[torch.Tensor], valids: list[torch.Tensor | None] | None = None
+) -> torch.Tensor:
+    """How many positions of a set (``masks``: one (batch, w, w) per context) each logit decides,
+    over the valid positions of every layer (each batch's ``valids``, or unpadded blocks): the
+    adjoint of ``expand`` applied to the set (the gradient of Σ expand(values)·set)."""
     values = torch.zeros(layout.shape, requires_grad=True, device=layout.valid.device)
     total = 0.0
-    for context, mask in zip(contexts, masks):
+    for context, mask, valid in zip(contexts, masks, valids or [None] * len(contexts)):
+        positions, width = layout.positions(valid), mask.shape[-1]
         for layer in range(layout.num_layers):
-            chosen = (mask & layout.valid[layer][None]).to(torch.float32)[:, None]  # (batch, 1, n, n)
-            total = total + (layout.expand(values, layer, context) * chosen).sum()
+            chosen = (mask & positions[:, layer]).to(torch.float32)[:, None]  # (batch, 1, w, w)
+            total = total + (layout.expand(values, layer, context)[..., :width, :width] * chosen).sum()
     (counts,) = torch.autograd.grad(total, values)
     return counts
 
 
-def pattern_logits(layout: MaskLayout, keeps: list[tuple[torch.Tensor, torch.Tensor]], inside: float = 0.95) -> torch.Tensor:
+def pattern_logits(
+    layout: MaskLayout,
+    keeps: list[tuple[torch.Tensor, torch.Tensor]],
+    valids: list[torch.Tensor | None] | None = None,
+    inside: float = 0.95,
+) -> torch.Tensor:
     """Logits that start a layout at a fixed pattern: each logit's keep-probability is
     ``1 - inside`` plus ``2·inside - 1`` times the fraction of the positions it decides that the
     pattern keeps (so ``inside`` where the pattern keeps all of them, ``1 - inside`` where it
-    keeps none). ``keeps``: (context, keep (batch, n, n)) of some batches.
+    keeps none). ``keeps``: (context, keep (batch, w, w)) of some batches, whose valid positions
+    are ``valids`` (or unpadded blocks).
     """
-    contexts = [context for context, _ in keeps]
-    kept = decided(layout, contexts, [keep for _, keep in keeps])
-    counts = sum(layout.counts(context) for context in contexts)
+    contexts, valids = [context for context, _ in keeps], valids or [None] * len(keeps)
+    kept = decided(layout, contexts, [keep for _, keep in keeps], valids)
+    counts = sum(layout.counts(context, valid) for context, valid in zip(contexts, valids))
     fraction = (kept / counts.clamp_min(1)).clamp(0, 1)
     probability = (1 - inside) + (2 * inside - 1) * fraction
     return torch.log(probability / (1 - probability))
@@ -294,30 +325,38 @@ def equal_by_construction(
     return same
 
 
-def hard_removals(layout: MaskLayout, logits: torch.Tensor, context: torch.Tensor) -> tuple[list[torch.Tensor], float, float]:
-    """Per layer, the (batch|1, head, n, n) valid positions of unpadded blocks that the hard mask
-    α > 0 removes (:class:`~attnlens.analysis.changes.MaskChange`), and the rows it would have
-    left empty (rescued) and all rows, counted over heads."""
-    change = MaskChange(layout, logits, "")
+def hard_removals(
+    layout: MaskLayout, logits: torch.Tensor, context: torch.Tensor, valid: torch.Tensor | None = None
+) -> tuple[list[torch.Tensor], float, float]:
+    """Per layer, the (batch|1, head, w, w) valid positions of the batch (``valid``, or unpadded
+    blocks: :meth:`MaskLayout.positions`) that the hard mask α > 0 removes
+    (:class:`~attnlens.analysis.changes.MaskChange`), and the rows it would have left empty
+    (rescued) and all rows, counted over heads."""
+    change, positions = MaskChange(layout, logits, ""), layout.positions(valid)
     removals, rescued, rows = [], 0.0, 0.0
     for layer in range(layout.num_layers):
-        valid = layout.valid[layer][None, None]
-        values = layout.expand(logits, layer, context)
-        removals.append(change.remove(context, layer, layout.valid[layer][None]))
-        shape = torch.broadcast_shapes(values.shape, (context.shape[0], layout.num_heads, 1, 1))[:2]
-        kept_rows = (values.masked_fill(~valid, float("-inf")) > 0).any(-1)
-        rescued += float((~kept_rows & valid.any(-1)).expand(*shape, -1).sum())
-        rows += float(valid.any(-1).expand(*shape, -1).sum())
+        here = positions[:, layer]  # (batch|1, w, w)
+        width = here.shape[-1]
+        values = layout.expand(logits, layer, context)[..., :width, :width]
+        removals.append(change.remove(context, layer, here))
+        shape = (context.shape[0], layout.num_heads)
+        kept_rows = (values.masked_fill(~here[:, None], float("-inf")) > 0).any(-1)
+        rescued += float((~kept_rows & here.any(-1)[:, None]).expand(*shape, -1).sum())
+        rows += float(here.any(-1)[:, None].expand(*shape, -1).sum())
     return removals, rescued, rows
 
 
-def hard_sparsity(layout: MaskLayout, logits: torch.Tensor, contexts: list[torch.Tensor]) -> float:
-    """The fraction of valid (layer, head, query, key) positions of ``contexts`` that the hard
-    mask α > 0 removes, rows left empty rescued (:func:`~attnlens.analysis.changes.rescue_rows`)."""
+def hard_sparsity(
+    layout: MaskLayout, logits: torch.Tensor, contexts: list[torch.Tensor], valids: list[torch.Tensor | None] | None = None
+) -> float:
+    """The fraction of valid (layer, head, query, key) positions of ``contexts`` (each batch's
+    ``valids``, or unpadded blocks) that the hard mask α > 0 removes, rows left empty rescued
+    (:func:`~attnlens.analysis.changes.rescue_rows`)."""
     removed = total = 0.0
-    for context in contexts:
-        removals, _, _ = hard_removals(layout, logits, context)
+    for context, valid in zip(contexts, valids or [None] * len(contexts)):
+        removals, _, _ = hard_removals(layout, logits, context, valid)
+        positions = layout.positions(valid).expand(context.shape[0], -1, -1, -1)
         for layer, removal_now in enumerate(removals):
             removed += float(removal_now.expand(context.shape[0], layout.num_heads, -1, -1).sum())
-            total += float(layout.valid[layer].sum()) * context.shape[0] * layout.num_heads
+            total += float(positions[:, layer].sum()) * layout.num_heads
     return removed / total

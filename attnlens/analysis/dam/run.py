@@ -162,13 +162,13 @@ class Setup:
         train = MaskSplit.of(experiment.split(experiment.train, s.batch_size), layout, classes)
         init_logits = warm_start(layout, train, s) if s.init is not None else None
         task = None
-        if s.task is not None:  # examples padded to n, the width of the layouts and patterns
+        if s.task is not None:  # length-bucketed: masks and patterns decide positions by place, and take a batch's corner
             task = TaskJudge(
-                model, TaskSettings.of(s), seq_len=s.seq_len, batch_size=s.batch_size, seed=s.seed, pad_to=s.seq_len,
-                progress=progress,
-            )  # fmt: skip
+                model, TaskSettings.of(s), seq_len=s.seq_len, batch_size=s.batch_size, seed=s.seed, progress=progress
+            )
         trained_on, train_objective = experiment.objective.name, experiment.objective
-        if task is not None and not (task.train.padded or task.held_out.padded):  # full blocks: train on the task itself
+        full = task is not None and not (task.train.padded or task.held_out.padded) and task.train.ids.shape[1] == s.seq_len
+        if s.train_on == "task" or (s.train_on == "auto" and full):  # the task's own loss, on its training examples
             trained_on, train_objective = "task", TaskLoss(task)
             train = MaskSplit.of(Split.of_examples(task.train, model, s.batch_size), layout, classes)
         start = {"init_train_loss": float("nan"), "init_train_sparsity": float("nan")}
@@ -229,7 +229,7 @@ def train_and_judge(setup: Setup, lam: float | None, target: float | None, patte
     trainer = DamTrainer(
         setup.layout, s, lam=lam, target_density=None if target is None else 1.0 - target, init_logits=setup.init_logits
     )
-    curve = trainer.fit(model, setup.train_objective, setup.train.split.inputs, setup.train.contexts, setup.order, bar)
+    curve = trainer.fit(model, setup.train_objective, setup.train, setup.order, bar)
     trained = evaluate_mask(setup.layout, trainer.logits_, setup.train_objective, setup.train)
     seconds = time.perf_counter() - began
     lam, logits = trainer.lam, trainer.logits_.detach()  # a target's run ends at the λ dual ascent found: its key in every table
@@ -250,6 +250,8 @@ def train_and_judge(setup: Setup, lam: float | None, target: float | None, patte
         **summary_row(lam, s.variant, judged, setup.baseline, curve, trainer, s.bootstrap, s.seed),
         "seconds": seconds,
         "train_loss": float(trained["losses"].mean()),
+        # on the task's own positions when it learned from them (on corpus blocks it is `sparsity` again)
+        "train_sparsity": float(trained["sparsity"]) if setup.trained_on == "task" else float("nan"),
         **setup.start,
     }
     image = _keep_image(setup, logits, noise)

@@ -25,6 +25,7 @@ from attnlens.settings import CorpusSettings, at_least, one_of, positive, probab
 REMOVALS = ("1e4", "inf", "renormalise")
 DEFAULT_SPARSITY = (0.8, 0.9, 0.95)  # the targets when neither `lambdas` nor `sparsity` is given
 TASK_PATTERNS = ("all", "compared", "adapted")  # which fixed patterns the task judges (task_patterns)
+TRAIN_ON = ("auto", "objective", "task")  # what the masks learn from (train_on)
 # The λ a target's run from the dense cold start begins at (dual ascent moves it), where every logit
 # must fall and the logits crossing 0 together set the path; from a warm start (`init`) it starts where
 # the gradients balance instead (DamTrainer.balancing_lambda), so a pattern already near the target is
@@ -50,8 +51,10 @@ class DamSettings(CorpusSettings, TaskSettings):
     - Data: ``train_seqs`` and ``eval_seqs`` disjoint blocks, the fixed ``patterns`` judged
       beside, ``bootstrap`` resamples; corpus settings as :class:`CorpusSettings`; with
       ``task`` (:class:`~attnlens.analysis.task.TaskSettings`) every mask and pattern is also
-      judged by task accuracy, and the masks train against the task's probe loss when its
-      examples are full blocks of ``seq_len`` tokens (else against ``objective``);
+      judged by task accuracy; ``train_on`` says what the masks learn from: the corpus's
+      ``objective``, or the ``task``'s own loss (its classifier's cross-entropy on its training
+      examples, padded ones included: SparseBERT's protocol with ``train_weights``), and
+      ``auto`` the task where its examples are full blocks of ``seq_len`` tokens, else the objective;
       ``task_patterns`` says which patterns the task judges: ``all`` of them, or ``compared``,
       the ones each mask is compared with (:meth:`DamResult.compared`: the best of the mask's
       own family and the best overall at matched sparsity), or ``adapted``: band, local and bigbird
@@ -76,6 +79,7 @@ class DamSettings(CorpusSettings, TaskSettings):
     weights_lr: float = 1e-5
     classes: str | tuple[str, ...] | None = None
     objective: str = "auto"
+    train_on: str = "auto"
     train_seqs: int = 256
     eval_seqs: int = 64
     batch_size: int = 16
@@ -95,6 +99,9 @@ class DamSettings(CorpusSettings, TaskSettings):
         parse_classes(self.classes)
         one_of("objective", self.objective, OBJECTIVES)
         one_of("task_patterns", self.task_patterns, TASK_PATTERNS)
+        one_of("train_on", self.train_on, TRAIN_ON)
+        if self.train_on == "task" and self.task is None:
+            raise BadInput("`train_on` task needs a task to learn from; name one with `task`, e.g. `task` rotten-tomatoes")
         at_least("train_seqs", self.train_seqs, 1)
         at_least("eval_seqs", self.eval_seqs, MIN_HELD_OUT_BLOCKS, " held-out blocks for a bootstrap interval")
         at_least("bootstrap", self.bootstrap, 10, " resamples for an interval (1000 is usual)")

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -30,6 +31,9 @@ from attnlens.analysis.evaluation import frozen
 from attnlens.analysis.objectives import Objective, PreparedBatch
 from attnlens.models.capture import Capture
 from attnlens.models.loading import LoadedModel
+
+if TYPE_CHECKING:  # judging imports this module
+    from attnlens.analysis.dam.judging import MaskSplit
 
 NOISE_STREAM, ORDER_STREAM, PROBE_STREAM = 11, 12, 14  # seeded streams of a run's draws (13: the patterns')
 DUAL_PROBES = 4  # batches whose gradients set the λ a warm start's run starts from (DamTrainer.balancing_lambda)
@@ -207,14 +211,14 @@ class DamTrainer:
         cache: dict[int, torch.Tensor] = {}  # a layout shared by layers is expanded once per step
 
         def intervene(layer: int, scores: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-            key = 0 if layout.shared_by_layers else layer
+            key, width = 0 if layout.shared_by_layers else layer, scores.shape[-1]  # a task batch: its (w, w) corner
             if key not in cache:
-                expanded = layout.expand(mask, layer, context)
+                expanded = layout.expand(mask, layer, context)[..., :width, :width]
                 cache[key] = expanded if infinite else (expanded - 1) * _BIG
             if not infinite:
                 return scores + cache[key]
             expanded = cache[key]
-            keep = rescue_rows(layout.expand(noisy, layer, context), valid[:, None])
+            keep = rescue_rows(layout.expand(noisy, layer, context)[..., :width, :width], valid[:, None])
             return scores.masked_fill(~keep, float("-inf")) + (expanded - expanded.detach()) * _BIG
 
         return intervene
@@ -229,20 +233,21 @@ class DamTrainer:
         layout = self.layout
 
         def intervene(layer: int, weights: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-            soft = layout.expand(mask, layer, context)
-            keep = rescue_rows(layout.expand(noisy, layer, context), valid[:, None]).to(weights.dtype)
+            width = weights.shape[-1]  # a task batch: its (w, w) corner
+            soft = layout.expand(mask, layer, context)[..., :width, :width]
+            keep = rescue_rows(layout.expand(noisy, layer, context)[..., :width, :width], valid[:, None]).to(weights.dtype)
             gated = weights * (keep + (soft - soft.detach()))
             return gated / gated.sum(-1, keepdim=True).clamp_min(1e-30)
 
         return intervene
 
     def sampled_loss(
-        self, objective: Objective, batch: PreparedBatch, context: torch.Tensor, tau: float, noise: float
+        self, objective: Objective, batch: PreparedBatch, context: torch.Tensor, counts: torch.Tensor, tau: float, noise: float
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The objective on ``batch`` under one sampled hard mask, and the mask's density (its
-        straight-through relaxation carries the gradients to the logits)."""
+        """The objective on ``batch`` under one sampled hard mask, and the mask's density over the
+        batch's valid positions, which each logit decides ``counts`` of (its straight-through
+        relaxation carries the gradients to the logits)."""
         mask, score_mask, noisy = self.sample(tau, noise)
-        counts = self.layout.counts(context)
         density = (mask * counts).sum() / counts.sum()
         if self.settings.removal == "renormalise":
             capture = Capture(record=False, intervene_weights=self.gate(mask, context, noisy))
@@ -252,7 +257,7 @@ class DamTrainer:
             task = objective.evaluate(batch)["loss"].mean()
         return task, density
 
-    def balancing_lambda(self, objective: Objective, batches: list[PreparedBatch], contexts: list[torch.Tensor]) -> float:
+    def balancing_lambda(self, objective: Objective, data: MaskSplit, probes: list[int]) -> float:
         """The λ a run aimed at ``target_density`` starts from: at the starting logits, the λ at
         which the objective's gradient outweighs λ times the density's on exactly the target's share
         of positions, so the first steps move the mask towards the target instead of away from it
@@ -261,30 +266,33 @@ class DamTrainer:
         their own; at least :data:`LAMBDA_FLOOR`."""
         saved, self.generator_ = self.generator_, torch.Generator().manual_seed(seeded(self.settings.seed, PROBE_STREAM))
         pull, push, weights = (torch.zeros_like(self.logits_) for _ in range(3))
-        for batch, context in zip(batches, contexts):
-            task, density = self.sampled_loss(objective, batch, context, self.tau[0], self.noise(0))
+        for index in probes:
+            batch, context, counts = data.split.inputs[index], data.contexts[index], data.counts[index]
+            task, density = self.sampled_loss(objective, batch, context, counts, self.tau[0], self.noise(0))
             pull -= torch.autograd.grad(task, self.logits_, retain_graph=True)[0]  # > 0 where keeping more lowers the objective
             push += torch.autograd.grad(density, self.logits_)[0]
-            counts = self.layout.counts(context)
             weights += (counts / counts.sum()).detach()
         self.generator_ = saved
         decided = weights > 0
         ratio = pull[decided] / push[decided].clamp_min(1e-30)
         return max(balancing_lambda(ratio, weights[decided], self.target_density), LAMBDA_FLOOR)
 
-    def step(self, objective: Objective, batch: PreparedBatch, context: torch.Tensor) -> dict[str, float]:
-        """One step on one batch: sample, forward with the mask, loss + λ·density, backward, update."""
+    def step(
+        self, objective: Objective, batch: PreparedBatch, context: torch.Tensor, counts: torch.Tensor | None = None
+    ) -> dict[str, float]:
+        """One step on one batch: sample, forward with the mask, loss + λ·density, backward, update.
+        ``counts``: the valid positions each logit decides in the batch (default: unpadded blocks)."""
+        counts = self.layout.counts(context) if counts is None else counts
         tau, rate = self.temperature(self.step_), self.rate(self.step_)
         for group, base in zip(self.optimizer_.param_groups, (self.settings.lr, self.settings.weights_lr)):
             group["lr"] = base * rate
-        task, density = self.sampled_loss(objective, batch, context, tau, self.noise(self.step_))
+        task, density = self.sampled_loss(objective, batch, context, counts, tau, self.noise(self.step_))
         loss = task + self.lam * density
         self.optimizer_.zero_grad(set_to_none=True)
         loss.backward()
         self.optimizer_.step()
         self.step_ += 1
         with torch.no_grad():
-            counts = self.layout.counts(context)
             weights = counts / counts.sum()
             keep = self.keep_probability(self.step_ - 1)
             hard_density = float((weights * (self.logits_ > 0)).sum())
@@ -310,9 +318,9 @@ class DamTrainer:
 
     # -- the end of a run
 
-    def calibrate(self, contexts: list[torch.Tensor]) -> float:
+    def calibrate(self, data: MaskSplit) -> float:
         """Shift every logit by one constant so that the hard mask α > 0, rows left empty rescued as
-        when it is judged, keeps ``target_density`` of the valid positions of ``contexts``, as near
+        when it is judged, keeps ``target_density`` of the valid positions of ``data``, as near
         as the logits' granularity allows: dual ascent leaves the density a few points off, and a
         comparison at matched sparsity needs it within one. The ranking of positions is unchanged.
         Returns the shift (subtracted)."""
@@ -323,7 +331,7 @@ class DamTrainer:
 
         def kept(index: int) -> float:
             if index not in density:
-                density[index] = 1.0 - hard_sparsity(self.layout, logits - cuts[index], contexts)
+                density[index] = 1.0 - hard_sparsity(self.layout, logits - cuts[index], data.contexts, data.valids)
             return density[index]
 
         low, high = 0, len(cuts) - 1  # the density falls as the cut rises
@@ -336,53 +344,43 @@ class DamTrainer:
             self.logits_ -= shift
         return shift
 
-    def flipped(self, before: torch.Tensor, now: torch.Tensor, context: torch.Tensor) -> float:
-        """The fraction of positions (each logit weighted by the positions it decides) whose
-        hard decision ``now`` differs from ``before``."""
-        counts = self.layout.counts(context)
+    def flipped(self, before: torch.Tensor, now: torch.Tensor, counts: torch.Tensor) -> float:
+        """The fraction of positions (each logit weighted by the ``counts`` of positions it decides)
+        whose hard decision ``now`` differs from ``before``."""
         return float((counts * (before != now)).sum() / counts.sum())
 
-    def fit(
-        self,
-        model: LoadedModel,
-        objective: Objective,
-        batches: list[PreparedBatch],
-        contexts: list[torch.Tensor],
-        order: np.ndarray,
-        bar=None,
-    ) -> pd.DataFrame:
-        """Steps on batches taken in ``order`` until the stopping rule says the mask has converged
+    def fit(self, model: LoadedModel, objective: Objective, data: MaskSplit, order: np.ndarray, bar=None) -> pd.DataFrame:
+        """Steps on the batches of ``data`` taken in ``order`` until the stopping rule says the mask has converged
         (or ``steps``, the cap); returns the training curve, with the fraction of the hard mask
         that flipped over the last window (``flipped``). ``converged_`` and ``steps_used_`` say how it ended."""
         self.start(model)
         weights = contextlib.nullcontext() if self.settings.train_weights else frozen(model.model)
         if self.lam is None:  # a target's run from a warm start: λ starts where the gradients balance
             with weights, torch.enable_grad():
-                probes = [int(index) for index in order[:DUAL_PROBES]]
-                self.lam = self.balancing_lambda(objective, [batches[i] for i in probes], [contexts[i] for i in probes])
+                self.lam = self.balancing_lambda(objective, data, [int(index) for index in order[:DUAL_PROBES]])
         self.lambda_start_ = self.lam
         weights = contextlib.nullcontext() if self.settings.train_weights else frozen(model.model)
         with weights, torch.enable_grad():
-            history = self._steps(objective, batches, contexts, order, bar)
+            history = self._steps(objective, data, order, bar)
         self.steps_used_ = len(history)
-        self.shift_ = self.calibrate(contexts) if self.target_density is not None else float("nan")  # no target, no shift
+        self.shift_ = self.calibrate(data) if self.target_density is not None else float("nan")  # no target, no shift
         if bar is not None:
             bar.update(self.steps - self.steps_used_)  # the steps a converged run did not need
         return pd.DataFrame(history)
 
-    def _steps(self, objective, batches, contexts, order, bar) -> list[dict]:
+    def _steps(self, objective: Objective, data: MaskSplit, order: np.ndarray, bar) -> list[dict]:
         """The training steps, until the stopping rule holds (``converged_``) or the cap."""
         rule, history = self.stopping, []
         hard = [self.logits_.detach() > 0]  # the decisions of the last `window` + 1 steps
         self.converged_ = False
         for step in range(self.steps):
             index = int(order[step])
-            row = {"step": step, **self.step(objective, batches[index], contexts[index])}
+            row = {"step": step, **self.step(objective, data.split.inputs[index], data.contexts[index], data.counts[index])}
             hard.append(rule.decisions(self.logits_.detach(), hard[-1]))
             if len(hard) > rule.window + 1:
                 hard.pop(0)
             if len(hard) == rule.window + 1:  # hard[0]: the decisions `window` steps ago
-                row["flipped"] = self.flipped(hard[0], hard[-1], contexts[index])
+                row["flipped"] = self.flipped(hard[0], hard[-1], data.counts[index])
             history.append(row)
             if bar is not None:
                 bar.update(1)
