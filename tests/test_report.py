@@ -179,7 +179,9 @@ def test_the_finetune_protocol_report_trains_each_change_and_says_so_across_seed
     seeds = [float(value) for value in plug["seed_accuracies"].iloc[0].split()]
     assert len(seeds) == 2 and plug["accuracy_seeds"].iloc[0] == pytest.approx(np.mean(seeds), abs=1e-4)
     compared = result.result("dam").tables["task_compared"]
-    assert set(compared["pattern"]) <= {"band", "local", "bigbird"} and (compared["scope"] == "same fine-tuning").all()
+    assert result.result("dam").meta["settings"]["trained_on"] == "task", "SparseBERT's protocol: masks learned on the task"
+    assert len(compared) and set(compared["pattern"]) <= {"band", "local", "bigbird"}
+    assert (compared["scope"] == "same fine-tuning").all()
     runs = result.result("importance").meta["task"]["finetune"]["runs"]
     assert {run["seed"] for run in runs} == {0, 1} and len(runs) == 2 * 3  # unmodified, self and its control
 

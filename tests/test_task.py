@@ -256,6 +256,27 @@ def test_dam_learns_from_padded_task_examples_with_the_weights(minilm_l6):
     assert all(torch.equal(before[name], tensor) for name, tensor in minilm_l6.model.state_dict().items()), "weights restored"
 
 
+def test_patterns_adapted_beside_a_mask_are_judged_by_the_task_with_the_weights_they_trained(minilm_l6):
+    """With the weights trained alongside, band, local and bigbird get the mask's training and are
+    judged by the task with those weights, as the mask is: not with the pretrained weights."""
+    from attnlens.analysis.changes import PatternChange
+    from attnlens.analysis.task import TaskJudge, TaskSettings
+
+    task = dict(task="rotten-tomatoes", task_train=64, task_eval=24, probe_c=1.0)
+    result = attnlens.dam(
+        minilm_l6, sparsity=[0.8], steps=8, stop_window=4, train_seqs=4, eval_seqs=4, seq_len=32, batch_size=8,
+        train_on="task", train_weights=True, weights_lr=1e-3, task_patterns="adapted", progress=False, **task,
+    )  # fmt: skip
+    table = result.tables["task"]
+    adapted = table[table["kind"] == "pattern"]
+    compared = result.tables["task_compared"]
+    assert len(adapted) and len(compared) == len(adapted) and (adapted["lambda"] == table["lambda"].iloc[0]).all()
+    pretrained = TaskJudge(minilm_l6, TaskSettings(**task), seq_len=32, batch_size=8)
+    for row in adapted.itertuples():
+        unadapted = pretrained.judge(PatternChange(row.pattern, int(row.value), 32))
+        assert abs(row.task_loss - unadapted["task_loss"]) > 1e-4, f"{row.pattern} judged with the weights it trained"
+
+
 # ----------------------------------------------------------------------------- bad input
 
 

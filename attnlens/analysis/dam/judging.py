@@ -208,9 +208,10 @@ def compare_on_task(
     rows = []
     for _, row in compared.iterrows():
         mask = int(np.flatnonzero(masks["lambda"].to_numpy() == row["lambda"])[0])
-        point = int(
-            np.flatnonzero((patterns["pattern"] == row["pattern"]).to_numpy() & (patterns["value"] == row["value"]).to_numpy())[0]
-        )
+        same = (patterns["pattern"] == row["pattern"]).to_numpy() & (patterns["value"] == row["value"]).to_numpy()
+        if "lambda" in patterns:  # patterns adapted beside each mask: the one trained beside this mask
+            same &= (patterns["lambda"] == row["lambda"]).to_numpy()
+        point = int(np.flatnonzero(same)[0])
         difference, low, high = paired_difference(mask_correct[mask], pattern_correct[point], bootstrap, seed)
         rows.append(
             {

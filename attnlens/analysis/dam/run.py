@@ -83,32 +83,30 @@ def dam(
         # the patterns first (on the unmodified model): weight training under a pattern needs their sparsity
         points = pattern_points(s.seq_len) if s.patterns else []
         patterns, pattern_losses = judge_patterns(setup.judge, setup.held_out.split, setup.layout.valid, points, s.seed, bar)
+        if setup.task is not None and points:  # each point's share of the task's own positions, to match on
+            patterns = patterns.assign(
+                task_sparsity=[setup.task.removal_share(setup.pattern(row)) for row in patterns.itertuples()]
+            )
         runs = [train_and_judge(setup, lam, target, patterns, bar) for lam, target in s.runs()]
         result = assemble(setup, patterns, pattern_losses, runs, None, command)
         if setup.task is None or not points:
             return result
-        compared = matched_on_task(setup, result, s.task_patterns)
-        chosen = (
-            result.patterns
-            if s.task_patterns == "all"
-            else result.patterns.merge(compared[["pattern", "value"]].drop_duplicates())
-        )
-        judged = judge_patterns_on_task(setup.task, chosen, s.seq_len, s.seed, bar)
-    return assemble(setup, patterns, pattern_losses, runs, (compared, *judged), command)
+        if s.train_weights and s.task_patterns == "adapted":  # judged by the task with the weights they trained
+            task_patterns = adapted_on_task(runs)
+        else:
+            compared = matched_on_task(result, s.task_patterns)
+            chosen = patterns if s.task_patterns == "all" else patterns.merge(compared[["pattern", "value"]].drop_duplicates())
+            task_patterns = (compared, *judge_patterns_on_task(setup.task, chosen, s.seq_len, s.seed, bar))
+    return assemble(setup, patterns, pattern_losses, runs, task_patterns, command)
 
 
-def matched_on_task(setup: Setup, result: DamResult, which: str) -> pd.DataFrame:
+def matched_on_task(result: DamResult, which: str) -> pd.DataFrame:
     """Per mask, the patterns the task compares it with, matched on the task's own positions: among
-    the pattern points whose share of the task's valid positions is within :data:`MATCH_WITHIN` of the
-    mask's (each pattern at its nearest point), the best by the held-out proxy of the mask's own
-    family and the best overall, or with ``which`` "adapted" each of :data:`ADAPTED_PATTERNS`
-    (scope "same fine-tuning"). Rows: lambda, scope, pattern, value."""
-    s, patterns = setup.settings, result.patterns
-    shares = [
-        setup.task.removal_share(PatternChange(row.pattern, int(row.value), s.seq_len, s.seed)) for row in patterns.itertuples()
-    ]
-    patterns = patterns.assign(task_sparsity=shares)
-    rows = []
+    the pattern points whose share of the task's valid positions (``task_sparsity``) is within
+    :data:`MATCH_WITHIN` of the mask's (each pattern at its nearest point), the best by the held-out
+    proxy of the mask's own family and the best overall, or with ``which`` "adapted" each of
+    :data:`ADAPTED_PATTERNS` (scope "same fine-tuning"). Rows: lambda, scope, pattern, value."""
+    patterns, rows = result.patterns, []
     for _, mask in result.tables["task"].iterrows():
         distance = (patterns["task_sparsity"] - mask["task_sparsity"]).abs()
         close = distance[distance <= MATCH_WITHIN]
@@ -148,6 +146,10 @@ class Setup:
     @property
     def judge(self) -> Objective:
         return self.experiment.objective
+
+    def pattern(self, row) -> PatternChange:
+        """The change of one row of the patterns table."""
+        return PatternChange(row.pattern, int(row.value), self.settings.seq_len, self.settings.seed)
 
     @classmethod
     def of(cls, experiment: Experiment, s: DamSettings, progress: Progress = False) -> Setup:
@@ -216,7 +218,7 @@ class Run:
     logits: np.ndarray
     image: np.ndarray
     task: dict | None = None
-    adapted: list[tuple[dict, np.ndarray]] = field(default_factory=list)
+    adapted: list[tuple[dict, np.ndarray, dict | None]] = field(default_factory=list)  # row, per-block losses, task outcome
     task_correct: np.ndarray | None = None  # per held-out task example, 1.0 if classified right
 
 
@@ -245,7 +247,8 @@ def train_and_judge(setup: Setup, lam: float | None, target: float | None, patte
         model.model.load_state_dict(original)
     adapted = []
     if original is not None:
-        adapted = adapt_patterns(setup, lam, float(judged["sparsity"]), trainer.steps_used_, patterns, original, bar)
+        matched = float(judged["sparsity"]) if task is None else task["task_sparsity"]
+        adapted = adapt_patterns(setup, lam, matched, trainer.steps_used_, patterns, original, bar)
     summary = {
         **summary_row(lam, s.variant, judged, setup.baseline, curve, trainer, s.bootstrap, s.seed),
         "seconds": seconds,
@@ -270,24 +273,28 @@ def _keep_image(setup: Setup, logits: torch.Tensor, noise: float) -> np.ndarray:
 def adapt_patterns(
     setup: Setup, lam: float, sparsity: float, steps: int, patterns: pd.DataFrame, original: dict, bar
 ) -> list[tuple[dict, np.ndarray]]:
-    """The band, local and bigbird points nearest a mask's ``sparsity`` (within 3 points), each
-    given the mask's weight training and judged on the held-out blocks; the weights are
-    restored after each. Returns (row of ``patterns_adapted``, per-block losses)."""
+    """The band, local and bigbird points nearest a mask's ``sparsity`` (within 3 points; with a
+    task, its sparsity on the task's own positions), each given the mask's weight training and
+    judged on the held-out blocks, and by the task with the weights it trained (as the mask is);
+    the weights are restored after each. Returns (row of ``patterns_adapted``, per-block losses,
+    task outcome or None)."""
     s, model, adapted = setup.settings, setup.experiment.model, []
     if not s.patterns:
         return adapted
+    matched_on = "sparsity" if setup.task is None else "task_sparsity"
     for name in ADAPTED_PATTERNS:
         points = patterns[patterns["pattern"] == name]
-        nearest = points.iloc[(points["sparsity"] - sparsity).abs().argmin()]
-        if abs(nearest["sparsity"] - sparsity) > MATCH_WITHIN:
+        nearest = points.iloc[(points[matched_on] - sparsity).abs().argmin()]
+        if abs(nearest[matched_on] - sparsity) > MATCH_WITHIN:
             bar.update(s.steps)
             continue
-        change = PatternChange(name, int(nearest["value"]), s.seq_len, s.seed)
+        change = setup.pattern(nearest)
         losses = adapt_to_pattern(model, setup.train_objective, setup.train.split, change, setup.order, steps, s, bar)
         bar.update(s.steps - steps)
         held_out = setup.held_out.split
         judged = evaluate_change(setup.judge, held_out.inputs, held_out.views, change)["loss"]
         removed = removed_fraction(change, held_out, setup.layout.valid)
+        outcome = None if setup.task is None else setup.task.judge(change)
         model.model.load_state_dict(original)
         row = {
             "lambda": lam,
@@ -297,8 +304,35 @@ def adapt_patterns(
             "sparsity": removed,
         }
         row |= {"steps": steps, "train_objective": float(np.mean(losses[-max(1, len(losses) // 10) :]))}
-        adapted.append((row, judged))
+        adapted.append((row, judged, outcome))
     return adapted
+
+
+def adapted_on_task(runs: list[Run]) -> tuple[pd.DataFrame, pd.DataFrame, list[np.ndarray]]:
+    """The adapted patterns as the task judged them (each with the weights it trained, beside its
+    mask): the rows each mask is compared with (scope "same fine-tuning"), their task table (with the
+    mask's ``lambda``: two masks adapt a pattern each with its own training) and outcomes."""
+    adapted = [(run.lam, row, outcome) for run in runs for row, _, outcome in run.adapted]
+    compared = pd.DataFrame(
+        [
+            {"lambda": lam, "scope": "same fine-tuning", "pattern": row["pattern"], "value": row["value"]}
+            for lam, row, _ in adapted
+        ],
+        columns=["lambda", "scope", "pattern", "value"],
+    )
+    table = pd.DataFrame(
+        [
+            {
+                "lambda": lam,
+                "pattern": row["pattern"],
+                "value": row["value"],
+                "sparsity": row["sparsity"],
+                **task_columns(outcome),
+            }
+            for lam, row, outcome in adapted
+        ]  # fmt: skip
+    ).assign(kind="pattern")
+    return compared, table, [outcome["correct"] for _, _, outcome in adapted]
 
 
 def assemble(
@@ -314,9 +348,9 @@ def assemble(
     judged and their outcomes: each mask against them, paired), the arrays and the metadata."""
     s, experiment, baseline, judge = setup.settings, setup.experiment, setup.baseline, setup.judge.name
     patterns = _with_deltas(patterns, pattern_losses, baseline, s)
-    adapted_rows = [row for run in runs for row, _ in run.adapted]
+    adapted_rows = [row for run in runs for row, _, _ in run.adapted]
     adapted_losses = (
-        np.stack([losses for run in runs for _, losses in run.adapted]) if adapted_rows else np.zeros((0, len(baseline)))
+        np.stack([losses for run in runs for _, losses, _ in run.adapted]) if adapted_rows else np.zeros((0, len(baseline)))
     )
     columns = ["lambda", "pattern", "family", "value", "sparsity", "steps", "train_objective"]
     adapted = _with_deltas(pd.DataFrame(adapted_rows, columns=columns), adapted_losses, baseline, s)
