@@ -428,6 +428,11 @@ def _steps(row: pd.Series) -> str:
     )
 
 
+def _learned_on(settings: dict) -> str:
+    """What DAM's masks learned from, in words."""
+    return "the task's training examples" if settings.get("trained_on") == "task" else f"{settings['train_seqs']} corpus blocks"
+
+
 def _dam_claims(dam_result, unit: str) -> list[tuple[str, ...]]:
     settings = dam_result.meta["settings"]
     frozen = "weights trained alongside" if settings["train_weights"] else "model frozen"
@@ -549,8 +554,8 @@ def _dam_section(results: dict, names: dict[str, str], figures: Figures) -> str:
     return _section(
         "5. Can attention be made sparse, and where?",
         f"DAM ({settings['variant']} masks, model {'trained alongside' if settings['train_weights'] else 'frozen'}, "
-        f"n = {settings['n']}) aimed at target sparsities, λ found by dual ascent and the threshold set to meet the target on "
-        f"the training blocks; judged on {settings['eval_seqs']} held-out blocks with the deterministic mask, next to fixed "
+        f"n = {settings['n']}, learned on {_learned_on(settings)}) aimed at target sparsities, λ found by dual ascent and "
+        f"the threshold set to meet the target on what it learned from; judged on {settings['eval_seqs']} held-out blocks with the deterministic mask, next to fixed "
         f"sparse patterns swept over their parameter. Adam at {settings['lr']:g}, cosine schedule to "
         f"{settings['lr_end']:g}× at the cap of {settings['steps']} steps. Stopping rule: fewer than "
         f"{number(settings['stop_flips'], 1, percent=True)} of the hard mask's positions changed over the last "
