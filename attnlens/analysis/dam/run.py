@@ -125,7 +125,7 @@ def matched_on_task(result: DamResult, which: str) -> pd.DataFrame:
 @dataclass
 class Setup:
     """What every run of one :func:`dam` call shares: the experiment, the layout, the held-out and
-    training data (task examples when the task's examples are full blocks), the objective each is
+    training data (the task's examples when the masks learn from the task: ``train_on``), the objective each is
     judged and trained by, the warm start, the batch order and the task judge."""
 
     experiment: Experiment
