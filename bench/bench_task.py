@@ -9,6 +9,8 @@ noisy neighbour slows all alike); the figures are medians.
             (length-bucketed: each batch padded to its own longest example)       <- the baseline
   judge     attnlens.analysis.task.TaskJudge.judge: one change (the diagonal removed in
             every layer) inside attnlens's attention, pooling, the probe, the bootstrap intervals
+  pattern   the same for bigbird(2): a pattern on length-bucketed batches, each example's random
+            keys drawn at n and cut to its batch
   padded    the plain forward with every batch padded to the longest example of the split
             (how examples were batched before length bucketing), for scale
 
@@ -21,12 +23,13 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections.abc import Callable
 
 import torch
 import transformers
 
 import attnlens
-from attnlens.analysis.changes import Ablation
+from attnlens.analysis.changes import Ablation, PatternChange
 from attnlens.analysis.task import TaskJudge, TaskSettings, batches
 
 TARGET = 1.1
@@ -63,11 +66,15 @@ def main() -> None:
                     input_ids=torch.from_numpy(examples.ids[part]), attention_mask=torch.from_numpy(examples.attention_mask[part])
                 )
 
-    def judge_pass() -> None:
-        judge._judged.pop(change.key, None)  # a change is judged once per judge: forget it, to time the judgement itself
-        judge.judge(change)
+    def judging(change) -> Callable[[], None]:
+        def judge_pass() -> None:
+            judge._judged.pop(change.key, None)  # a change is judged once per judge: forget it, to time the judgement itself
+            judge.judge(change)
 
-    modes = {"plain": plain_pass, "judge": judge_pass, "padded": padded_pass}
+        return judge_pass
+
+    pattern = PatternChange("bigbird", 2, args.seq_len)
+    modes = {"plain": plain_pass, "judge": judging(change), "pattern": judging(pattern), "padded": padded_pass}
     seconds = rounds(modes, args.rounds)
     report(args, examples, seconds, one_off)
 

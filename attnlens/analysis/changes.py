@@ -284,12 +284,12 @@ class PatternChange(Removal):
         if batch.sequences is None or not PATTERNS[self.name].random:
             return build(self.name, cls.shape[-1], self.value, cls, batch.generator(self.seed, PATTERN_STREAM))
         width, n = batch.draw_width or cls.shape[-1], cls.shape[-1]
-        padded = nn.functional.pad(cls, (0, width - n))
-        keeps = [
-            build(self.name, width, self.value, padded[row : row + 1], batch.own_generator(self.seed, PATTERN_STREAM, row))
-            for row in range(len(batch.sequences))
-        ]
-        return torch.cat(keeps)[:, :n, :n]
+        rows = range(len(batch.sequences))
+        keys = torch.stack(
+            [torch.rand((width, width), generator=batch.own_generator(self.seed, PATTERN_STREAM, row)) for row in rows]
+        )
+        keep = build(self.name, width, self.value, nn.functional.pad(cls, (0, width - n)), keys=keys)
+        return keep[:, :n, :n]
 
     def remove(self, keep: torch.Tensor, layer: int, valid: torch.Tensor) -> torch.Tensor:
         return removed_mask(keep, valid)[:, None]

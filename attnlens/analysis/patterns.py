@@ -73,9 +73,11 @@ def local(n: int, window: int, cls: torch.Tensor, generator: torch.Generator | N
     return _global(((i - j).abs() <= window).expand(cls.shape[0], n, n), cls)
 
 
-def bigbird(n: int, window: int, cls: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+def bigbird(
+    n: int, window: int, cls: torch.Tensor, generator: torch.Generator | None = None, keys: torch.Tensor | None = None
+) -> torch.Tensor:
     keep = local(n, window, cls)
-    keys = torch.rand((cls.shape[0], n, n), generator=generator).to(cls.device)
+    keys = (torch.rand((cls.shape[0], n, n), generator=generator) if keys is None else keys).to(cls.device)
     # ``window`` random keys per row, drawn among the keys the window and globals leave out
     rank = torch.where(keep, torch.full_like(keys, 2.0), keys).argsort(-1).argsort(-1)
     return keep | (rank < window)
@@ -126,11 +128,19 @@ PATTERNS: dict[str, Pattern] = {
 }
 
 
-def build(name: str, n: int, parameter: int, cls: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-    """The (batch, n, n) keep mask of pattern ``name``; ``cls`` (batch, n) marks the global keys."""
+def build(
+    name: str,
+    n: int,
+    parameter: int,
+    cls: torch.Tensor,
+    generator: torch.Generator | None = None,
+    keys: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The (batch, n, n) keep mask of pattern ``name``; ``cls`` (batch, n) marks the global keys. A
+    random pattern draws from ``generator``, or takes its (batch, n, n) uniform ``keys`` as drawn."""
     if name not in PATTERNS:
         raise BadInput(f"unknown pattern '{name}'; use one of {', '.join(PATTERNS)}")
-    return PATTERNS[name].build(n, parameter, cls, generator)
+    return PATTERNS[name].build(n, parameter, cls, generator, **({"keys": keys} if PATTERNS[name].random else {}))
 
 
 def removed_mask(keep: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
