@@ -23,7 +23,7 @@ def report(
         typer.Option(
             "--protocol",
             help="How the task judges each change: probe (a probe on the frozen model) or finetune (the papers' protocol: "
-            "each change inside fine-tuning, 3 seeds, every run cached; about two hours on 2 cores, minutes on a GPU).",
+            "each change inside fine-tuning, 3 seeds, every run cached; about 80 minutes on 2 cores, minutes on a GPU).",
         ),
     ] = "probe",
     task: Annotated[

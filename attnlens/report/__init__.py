@@ -97,10 +97,10 @@ QUICK = ReportSettings(
 )
 
 # The papers' protocol: the headline changes inside fine-tuning, 3 seeds each (cached per run), at n = 64.
-# Each run is 200 steps of 16 examples (about 160 s on 2 cores, measured; 45 runs, so about two hours
+# Each run is 200 steps of 16 examples (about 95 s on 2 cores, measured; up to 45 runs, so about 80 minutes
 # there; minutes on a GPU), and a rerun loads every run from the cache. Paper A's questions
 # (R fixed or learned jointly, shared by every layer or one per layer, k = 16 and 32) and SparseBERT's
-# (a mask learned with the weights against fixed patterns given the same fine-tuning, at matched sparsity).
+# (a mask learned with the weights on the task against fixed patterns given the same training, at matched sparsity).
 FINETUNE = replace(
     DEFAULT,
     seq_len=64,

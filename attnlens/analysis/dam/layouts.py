@@ -257,38 +257,29 @@ class PerClass(MaskLayout):
 # ----------------------------------------------------------------------------- what a layout decides
 
 
-def decided(
-    layout: MaskLayout, contexts: list[torch.Tensor], masks: list[torch.Tensor], valids: list[torch.Tensor | None] | None = None
-) -> torch.Tensor:
-    """How many positions of a set (``masks``: one (batch, w, w) per context) each logit decides,
-    over the valid positions of every layer (each batch's ``valids``, or unpadded blocks): the
-    adjoint of ``expand`` applied to the set (the gradient of Σ expand(values)·set)."""
+def decided(layout: MaskLayout, contexts: list[torch.Tensor], masks: list[torch.Tensor]) -> torch.Tensor:
+    """How many positions of a set (``masks``: one (batch, n, n) per context of unpadded blocks)
+    each logit decides, over the valid positions of every layer: the adjoint of ``expand`` applied
+    to the set (the gradient of Σ expand(values)·set)."""
     values = torch.zeros(layout.shape, requires_grad=True, device=layout.valid.device)
     total = 0.0
-    for context, mask, valid in zip(contexts, masks, valids or [None] * len(contexts)):
-        positions, width = layout.positions(valid), mask.shape[-1]
+    for context, mask in zip(contexts, masks):
         for layer in range(layout.num_layers):
-            chosen = (mask & positions[:, layer]).to(torch.float32)[:, None]  # (batch, 1, w, w)
-            total = total + (layout.expand(values, layer, context)[..., :width, :width] * chosen).sum()
+            chosen = (mask & layout.valid[layer][None]).to(torch.float32)[:, None]  # (batch, 1, n, n)
+            total = total + (layout.expand(values, layer, context) * chosen).sum()
     (counts,) = torch.autograd.grad(total, values)
     return counts
 
 
-def pattern_logits(
-    layout: MaskLayout,
-    keeps: list[tuple[torch.Tensor, torch.Tensor]],
-    valids: list[torch.Tensor | None] | None = None,
-    inside: float = 0.95,
-) -> torch.Tensor:
+def pattern_logits(layout: MaskLayout, keeps: list[tuple[torch.Tensor, torch.Tensor]], inside: float = 0.95) -> torch.Tensor:
     """Logits that start a layout at a fixed pattern: each logit's keep-probability is
     ``1 - inside`` plus ``2·inside - 1`` times the fraction of the positions it decides that the
     pattern keeps (so ``inside`` where the pattern keeps all of them, ``1 - inside`` where it
-    keeps none). ``keeps``: (context, keep (batch, w, w)) of some batches, whose valid positions
-    are ``valids`` (or unpadded blocks).
+    keeps none). ``keeps``: (context, keep (batch, n, n)) of some batches of unpadded blocks.
     """
-    contexts, valids = [context for context, _ in keeps], valids or [None] * len(keeps)
-    kept = decided(layout, contexts, [keep for _, keep in keeps], valids)
-    counts = sum(layout.counts(context, valid) for context, valid in zip(contexts, valids))
+    contexts = [context for context, _ in keeps]
+    kept = decided(layout, contexts, [keep for _, keep in keeps])
+    counts = sum(layout.counts(context) for context in contexts)
     fraction = (kept / counts.clamp_min(1)).clamp(0, 1)
     probability = (1 - inside) + (2 * inside - 1) * fraction
     return torch.log(probability / (1 - probability))

@@ -91,7 +91,7 @@ def dam(
         result = assemble(setup, patterns, pattern_losses, runs, None, command)
         if setup.task is None or not points:
             return result
-        if s.train_weights and s.task_patterns == "adapted":  # judged by the task with the weights they trained
+        if s.train_weights:  # the patterns given the masks' training, judged by the task with the weights they trained
             task_patterns = adapted_on_task(runs)
         else:
             compared = matched_on_task(result, s.task_patterns)
@@ -189,7 +189,13 @@ class Setup:
         """The progress bar's total: every run's steps (and its judgement), every pattern point
         (twice with a task), and the adapted patterns' steps with ``train_weights``."""
         s, runs = self.settings, len(self.settings.runs())
-        judged = 0 if self.task is None else len(pattern_points(s.seq_len)) if s.task_patterns == "all" else 3 * runs
+        judged = (
+            0
+            if self.task is None or s.train_weights
+            else len(pattern_points(s.seq_len))
+            if s.task_patterns == "all"
+            else 3 * runs
+        )
         points = len(pattern_points(s.seq_len)) + judged if s.patterns else 0
         adapted = runs * len(ADAPTED_PATTERNS) * s.steps if s.train_weights and s.patterns else 0
         return runs * (s.steps + 1) + points + adapted
@@ -320,18 +326,14 @@ def adapted_on_task(runs: list[Run]) -> tuple[pd.DataFrame, pd.DataFrame, list[n
         ],
         columns=["lambda", "scope", "pattern", "value"],
     )
-    table = pd.DataFrame(
-        [
-            {
-                "lambda": lam,
-                "pattern": row["pattern"],
-                "value": row["value"],
-                "sparsity": row["sparsity"],
-                **task_columns(outcome),
-            }
-            for lam, row, outcome in adapted
-        ]  # fmt: skip
-    ).assign(kind="pattern")
+    rows = [
+        {"lambda": lam, "pattern": row["pattern"], "value": row["value"], "sparsity": row["sparsity"], **task_columns(outcome)}
+        for lam, row, outcome in adapted
+    ]
+    # no pattern near a mask's sparsity: an empty table that still has the columns the figures read
+    table = (pd.DataFrame(rows) if rows else pd.DataFrame(columns=["lambda", "pattern", "value", "sparsity"])).assign(
+        kind="pattern"
+    )
     return compared, table, [outcome["correct"] for _, _, outcome in adapted]
 
 

@@ -60,6 +60,8 @@ class DamSettings(CorpusSettings, TaskSettings):
       own family and the best overall at matched sparsity), or ``adapted``: band, local and bigbird
       (the patterns ``train_weights`` gives the mask's weight training), each matched to the mask's
       sparsity on the task's own positions; each judgement is a forward of every held-out example.
+      With ``train_weights`` the task compares each mask with the adapted patterns, each judged
+      with the weights it trained beside the mask (whatever ``task_patterns`` says).
     """
 
     variant: str = "structured"
