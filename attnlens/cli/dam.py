@@ -55,6 +55,43 @@ def _option(name: str, help: str, panel: str, **kwargs) -> typer.models.OptionIn
     return typer.Option(name, help=help, rich_help_panel=panel, **kwargs)
 
 
+DualStartOption = Annotated[
+    float | None,
+    _option(
+        "--dual-start",
+        "λ a --sparsity run starts from; default 0.1, or with --init where the first batches' gradients balance.",
+        TRAINING,
+    ),
+]
+TrainWeightsOption = Annotated[
+    bool,
+    _option(
+        "--train-weights",
+        "Also fine-tune the model's weights; band, local and bigbird at matched sparsity get the same weight training.",
+        TRAINING,
+    ),
+]
+TaskPatternsOption = Annotated[
+    str,
+    typer.Option(
+        "--task-patterns",
+        help="Patterns the task judges (each a forward of every held-out example): all; compared (best of the mask's "
+        "family and best overall at matched sparsity); adapted (band, local, bigbird). With --train-weights: the "
+        "adapted ones, each judged with the weights it trained.",
+        rich_help_panel=TASK,
+    ),
+]
+TrainOnOption = Annotated[
+    str,
+    typer.Option(
+        "--train-on",
+        help="What the masks learn from: objective (the corpus), task (its classifier's loss on its training examples; "
+        "with --train-weights, SparseBERT's protocol), or auto (the task where its examples fill n tokens).",
+        rich_help_panel=TASK,
+    ),
+]
+
+
 @app.command()
 def dam(
     model: ModelOption = "minilm-l6",
@@ -110,22 +147,8 @@ def dam(
         str, _option("--tau", "Gumbel-sigmoid temperature: fixed (1.0) or annealed start:end (2:0.2).", TRAINING)
     ] = str(D.tau),
     dual_lr: Annotated[float, _option("--dual-lr", "Step of the dual ascent on λ with --sparsity.", TRAINING)] = D.dual_lr,
-    dual_start: Annotated[
-        float | None,
-        _option(
-            "--dual-start",
-            "λ a --sparsity run starts from; default 0.1, or with --init where the first batches' gradients balance.",
-            TRAINING,
-        ),
-    ] = D.dual_start,
-    train_weights: Annotated[
-        bool,
-        _option(
-            "--train-weights",
-            "Also fine-tune the model's weights; band, local and bigbird at matched sparsity get the same weight training.",
-            TRAINING,
-        ),
-    ] = D.train_weights,
+    dual_start: DualStartOption = D.dual_start,
+    train_weights: TrainWeightsOption = D.train_weights,
     weights_lr: Annotated[
         float, _option("--weights-lr", "Learning rate of the weights with --train-weights.", TRAINING)
     ] = D.weights_lr,
@@ -147,24 +170,8 @@ def dam(
     task_train: TaskTrainOption = D.task_train,
     task_eval: TaskEvalOption = D.task_eval,
     task_target: TaskTargetOption = D.task_target,
-    task_patterns: Annotated[
-        str,
-        typer.Option(
-            "--task-patterns",
-            help="Patterns the task judges (each a forward of every held-out example): all; compared (best of the mask's "
-            "family and best overall at matched sparsity); adapted (band, local, bigbird).",
-            rich_help_panel=TASK,
-        ),
-    ] = D.task_patterns,
-    train_on: Annotated[
-        str,
-        typer.Option(
-            "--train-on",
-            help="What the masks learn from: objective (the corpus), task (its classifier's loss on its training examples; "
-            "with --train-weights, SparseBERT's protocol), or auto (the task where its examples fill n tokens).",
-            rich_help_panel=TASK,
-        ),
-    ] = D.train_on,
+    task_patterns: TaskPatternsOption = D.task_patterns,
+    train_on: TrainOnOption = D.train_on,
     text_column: TextColumnOption = D.text_column,
     label_column: LabelColumnOption = D.label_column,
     probe_c: ProbeCOption = D.probe_c,
