@@ -265,16 +265,19 @@ def random_positions(remove: torch.Tensor, valid: torch.Tensor, keys: torch.Tens
 @dataclass(frozen=True)
 class PatternChange(Removal):
     """Fixed pattern ``name`` at ``value`` on blocks of ``n`` tokens, under the row guard;
-    BigBird's random keys are seeded by ``seed`` and the batch."""
+    BigBird's random keys are seeded by ``seed`` and the batch (or each sequence). ``weights``
+    names the model weights the pattern was trained with, where they are not the model's own
+    (a judgement is remembered by the change's key)."""
 
     name: str
     value: int
     n: int
     seed: int = 0
+    weights: str = ""
 
     @property
     def key(self) -> str:
-        return f"pattern/{self.name}/{self.value}/{self.seed}"
+        return f"pattern/{self.name}/{self.value}/{self.seed}" + (f"/weights {self.weights}" if self.weights else "")
 
     def prepare(self, batch: Batch) -> torch.Tensor:
         """The keep mask at the batch's width. A pattern of positions alone, cut to a width, is the

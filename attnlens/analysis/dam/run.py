@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import copy
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -45,7 +45,7 @@ from attnlens.analysis.experiment import Experiment, Split
 from attnlens.analysis.objectives import Objective
 from attnlens.analysis.patterns import PATTERNS, build
 from attnlens.analysis.task import TaskJudge, TaskLoss, TaskSettings, content_key, task_columns
-from attnlens.models.loading import LoadedModel
+from attnlens.models.loading import LoadedModel, module_sha256
 from attnlens.progress import Progress, progress_bar
 
 ADAPTED_PATTERNS = ("band", "local", "bigbird")  # the patterns given the same weight training as a mask (train_weights)
@@ -300,7 +300,9 @@ def adapt_patterns(
         held_out = setup.held_out.split
         judged = evaluate_change(setup.judge, held_out.inputs, held_out.views, change)["loss"]
         removed = removed_fraction(change, held_out, setup.layout.valid)
-        outcome = None if setup.task is None else setup.task.judge(change)
+        outcome = None
+        if setup.task is not None:  # with the weights it trained: two masks may adapt one pattern, each its own way
+            outcome = setup.task.judge(replace(change, weights=module_sha256(model.model)[:16]))
         model.model.load_state_dict(original)
         row = {
             "lambda": lam,
