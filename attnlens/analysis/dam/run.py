@@ -88,30 +88,38 @@ def dam(
                 task_sparsity=[setup.task.removal_share(setup.pattern(row)) for row in patterns.itertuples()]
             )
         runs = [train_and_judge(setup, lam, target, patterns, bar) for lam, target in s.runs()]
-        result = assemble(setup, patterns, pattern_losses, runs, None, command)
-        if setup.task is None or not points:
-            return result
-        if s.train_weights:  # the patterns given the masks' training, judged by the task with the weights they trained
-            task_patterns = adapted_on_task(runs)
-        else:
-            compared = matched_on_task(result, s.task_patterns)
-            chosen = patterns if s.task_patterns == "all" else patterns.merge(compared[["pattern", "value"]].drop_duplicates())
-            task_patterns = (compared, *judge_patterns_on_task(setup.task, chosen, s.seq_len, s.seed, bar))
+        task_patterns = None if setup.task is None or not points else _task_patterns(setup, patterns, pattern_losses, runs, bar)
     return assemble(setup, patterns, pattern_losses, runs, task_patterns, command)
 
 
-def matched_on_task(result: DamResult, which: str) -> pd.DataFrame:
-    """Per mask, the patterns the task compares it with, matched on the task's own positions: among
-    the pattern points whose share of the task's valid positions (``task_sparsity``) is within
-    :data:`MATCH_WITHIN` of the mask's (each pattern at its nearest point), the best by the held-out
-    proxy of the mask's own family and the best overall, or with ``which`` "adapted" each of
-    :data:`ADAPTED_PATTERNS` (scope "same fine-tuning"). Rows: lambda, scope, pattern, value."""
-    patterns, rows = result.patterns, []
-    for _, mask in result.tables["task"].iterrows():
+def _task_patterns(
+    setup: Setup, patterns: pd.DataFrame, pattern_losses: np.ndarray, runs: list[Run], bar
+) -> tuple[pd.DataFrame, pd.DataFrame, list[np.ndarray]]:
+    """The patterns the task judges and each mask is compared with (rows of lambda, scope, pattern,
+    value), their task table and outcomes: with ``train_weights``, those trained beside each mask;
+    else those ``task_patterns`` names, judged now."""
+    s = setup.settings
+    if s.train_weights:  # judged by the task with the weights they trained
+        return adapted_on_task(runs)
+    compared = matched_on_task(setup, _with_deltas(patterns, pattern_losses, setup.baseline, s), runs, s.task_patterns)
+    chosen = patterns if s.task_patterns == "all" else patterns.merge(compared[["pattern", "value"]].drop_duplicates())
+    return (compared, *judge_patterns_on_task(setup.task, chosen, s.seq_len, s.seed, bar))
+
+
+def matched_on_task(setup: Setup, patterns: pd.DataFrame, runs: list[Run], which: str) -> pd.DataFrame:
+    """Per mask of ``runs``, the patterns the task compares it with, matched on the task's own
+    positions: among the pattern points whose share of the task's valid positions (``task_sparsity``)
+    is within :data:`MATCH_WITHIN` of the mask's (each pattern at its nearest point), the best by the
+    held-out proxy (``patterns``' ``delta``) of the mask's own family and the best overall, or with
+    ``which`` "adapted" each of :data:`ADAPTED_PATTERNS` (scope "same fine-tuning"). Rows: lambda,
+    scope, pattern, value."""
+    rows = []
+    for mask in (run.task for run in runs):
         distance = (patterns["task_sparsity"] - mask["task_sparsity"]).abs()
         close = distance[distance <= MATCH_WITHIN]
         nearest = patterns.loc[close.groupby(patterns.loc[close.index, "pattern"]).idxmin()]
-        nearest = nearest.assign(expressible=[result.expressible(p, v) for p, v in zip(nearest["pattern"], nearest["value"])])
+        expressible = [setup.layout.can_express(p, v) for p, v in zip(nearest["pattern"], nearest["value"])]
+        nearest = nearest.assign(expressible=expressible)
         scopes = [("own family", nearest[nearest["expressible"]]), ("overall", nearest)]
         if which == "adapted":
             scopes = [("same fine-tuning", nearest[nearest["pattern"] == name]) for name in ADAPTED_PATTERNS]
