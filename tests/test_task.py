@@ -277,6 +277,31 @@ def test_patterns_adapted_beside_a_mask_are_judged_by_the_task_with_the_weights_
         assert abs(row.task_loss - unadapted["task_loss"]) > 1e-4, f"{row.pattern} judged with the weights it trained"
 
 
+def test_a_pattern_judged_with_other_weights_is_judged_afresh_under_their_name(minilm_l6):
+    """The task judge remembers a judgement by the change's key: a pattern trained beside a mask
+    names the weights it trained, so a second adaptation of it is judged again, not remembered."""
+    from dataclasses import replace
+
+    from attnlens.analysis.changes import PatternChange
+    from attnlens.analysis.task import TaskJudge, TaskSettings
+
+    judge = TaskJudge(
+        minilm_l6, TaskSettings(task="rotten-tomatoes", task_train=64, task_eval=24, probe_c=1.0), seq_len=32, batch_size=8
+    )
+    change = PatternChange("band", 1, 32)
+    first = judge.judge(change)["task_loss"]
+    weight = minilm_l6.model.encoder.layer[0].attention.self.query.weight
+    saved = weight.detach().clone()
+    try:
+        with torch.no_grad():
+            weight.mul_(0.5)
+        assert judge.judge(change)["task_loss"] == first, "remembered by its key"
+        assert judge.judge(replace(change, weights="other"))["task_loss"] != pytest.approx(first, abs=1e-6)
+    finally:
+        with torch.no_grad():
+            weight.copy_(saved)
+
+
 # ----------------------------------------------------------------------------- bad input
 
 
