@@ -16,14 +16,17 @@ from attnlens.analysis.changes import Batch, rescue_rows
 from attnlens.analysis.dam import LAYOUTS, DamResult, DamSettings, DamTrainer, StoppingRule
 from attnlens.analysis.dam.judging import MaskSplit, evaluate_mask
 from attnlens.analysis.dam.settings import parse_tau
-from attnlens.analysis.dam.training import balancing_lambda
+from attnlens.analysis.dam.training import balancing_lambda, top_share
 from attnlens.analysis.evaluation import removal, valid_masks
 from attnlens.analysis.experiment import Split
 from attnlens.analysis.objectives import Objective
 from attnlens.data.positions import class_masks, exclusive_index
 from tiny_models import identical_columns, save_tiny
 
-TINY = dict(seq_len=16, train_seqs=4, eval_seqs=2, batch_size=2, bootstrap=50, patterns=False, progress=False, stop_window=2)
+TINY = dict(
+    seq_len=16, train_seqs=4, eval_seqs=2, batch_size=2, bootstrap=50, patterns=False, progress=False, stop_window=2,
+    check_window=2,
+)  # fmt: skip
 SMALL = {**TINY, "seq_len": 32, "train_seqs": 8, "eval_seqs": 4, "batch_size": 4}
 
 
@@ -225,6 +228,12 @@ def test_tau_schedule():
         (dict(sparsity=[1.0]), "sparsity 1 must be a probability"),
         (dict(sparsity=[0.0]), "sparsity 0 must be a probability"),
         (dict(sparsity=[0.9], dual_start=0.0), "dual_start 0 must be greater than 0"),
+        (dict(mask_seeds=0), "mask_seeds 0 must be at least 1"),
+        (dict(check_lr=0.0), "check_lr 0: the least learning rate the check judges at"),
+        (dict(check_window=1), "check_window 1 must be at least 2"),
+        (dict(reference="greedy"), "reference greedy is unknown"),
+        (dict(reference="dam", lambdas=[0.1]), "reference searches at a target sparsity"),
+        (dict(reference="dam", sparsity=[0.9], train_weights=True), "cannot follow train_weights"),
         (dict(init_keep=1.0), "init_keep 1 must be a probability"),
         (dict(removal="zero"), "removal zero is unknown"),
         (dict(classes="self,band(0)"), "band(0): the width"),
@@ -376,15 +385,15 @@ def test_the_stopping_rule_stops_a_mask_that_no_longer_changes_and_not_one_that_
     still = dict(lambdas=[0.0], steps=12, lr=1e-7, noise_end=1.0, **{**TINY, "stop_window": 4})
     stopped = attnlens.dam(minilm_l6, corpus=kjv, stop_plateau=10.0, **still)  # any plateau: the mask alone decides
     row = stopped.table.iloc[0]
-    assert row["converged"] and row["steps"] == 4, "logits that cannot move: the first window already holds"
+    assert row["schedule_end"] == "annealed" and row["steps"] == 4, "logits that cannot move: the first window already holds"
     capped = attnlens.dam(minilm_l6, corpus=kjv, stop_plateau=1e-12, **still)  # an objective that never settles that far
-    assert not capped.table.iloc[0]["converged"] and capped.table.iloc[0]["steps"] == 12
+    assert capped.table.iloc[0]["schedule_end"] == "cap" and capped.table.iloc[0]["steps"] == 12
     moving = attnlens.dam(minilm_l6, corpus=kjv, lambdas=[3.0], steps=30, lr=0.5, **{**TINY, "stop_window": 3})
     curve = moving.training
     rule = StoppingRule(3, moving.settings["stop_flips"], moving.settings["stop_plateau"], moving.settings["stop_margin"])
     expected = _stop_step(curve, rule)
     assert (curve["flipped"].dropna() > 0).any(), "a mask pushed by a large λ at a large rate flips"
-    assert moving.table.iloc[0]["converged"] == (expected is not None)
+    assert (moving.table.iloc[0]["schedule_end"] == "annealed") == (expected is not None)
     assert moving.table.iloc[0]["steps"] == (expected + 1 if expected is not None else 30)
 
 
@@ -504,6 +513,21 @@ def test_dual_ascent_starts_where_the_gradients_balance(minilm_l6, kjv):
     assert balanced <= density + 0.02 < small, (density, balanced, small)
     assert runs[0.01].table["lambda_start"].iloc[0] == 0.01
     assert runs[None].table["lambda_start"].iloc[0] > 0.01
+
+
+@pytest.mark.parametrize("share", [0.05, 0.3, 0.8])
+def test_top_share_keeps_the_largest_values_up_to_the_share_nearest_the_target(share):
+    """Against brute force: the kept set is a prefix of the values sorted from the largest, and no
+    other prefix's weight is nearer the share; the cut lies between the kept and the rest."""
+    rng = np.random.default_rng(int(share * 100))
+    values, weights = rng.normal(size=300), rng.uniform(0.1, 3.0, size=300)
+    kept, cut = top_share(torch.from_numpy(values), torch.from_numpy(weights), share)
+    kept = kept.numpy()
+    order = np.argsort(-values)
+    prefixes = np.concatenate([[0.0], np.cumsum(weights[order])]) / weights.sum()
+    best = int(np.argmin(np.abs(prefixes - share)))
+    assert set(np.flatnonzero(kept)) == set(order[:best].tolist())
+    assert values[kept].min() > float(cut) > values[~kept].max()
 
 
 def test_lambda_zero_keeps_everything(minilm_l6, kjv):

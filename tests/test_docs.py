@@ -54,7 +54,8 @@ SMALL = {
         "eigen": "--seq-len 32 --num-seqs 16",
         "reconstruct": "--seq-len 32 --num-seqs 16",
         "importance": "--seq-len 32 --num-seqs 4 --bootstrap 100",
-        "dam": "--seq-len 16 --steps 3 --stop-window 2 --train-seqs 4 --eval-seqs 4 --bootstrap 100",
+        "dam": "--seq-len 16 --steps 3 --stop-window 2 --train-seqs 4 --eval-seqs 4 --bootstrap 100 --check-window 2 "
+        "--reference-rounds 2",
     }.items()
 }
 SMALL_TASK = "--task-train 64 --task-eval 32 --finetune-steps 2".split()  # appended with --task
@@ -64,8 +65,10 @@ SMALL_CALLS = {
     "eigen": {"seq_len": 32, "num_seqs": 16},
     "reconstruct": {"seq_len": 32, "num_seqs": 16},
     "importance": {"seq_len": 32, "num_seqs": 4, "bootstrap": 100, "task_train": 64, "task_eval": 32},
-    "dam": {"seq_len": 16, "steps": 3, "stop_window": 2, "train_seqs": 4, "eval_seqs": 4, "bootstrap": 100},
-}
+    "dam": {
+        "seq_len": 16, "steps": 3, "stop_window": 2, "train_seqs": 4, "eval_seqs": 4, "bootstrap": 100, "check_window": 2,
+    },
+}  # fmt: skip
 
 # What a file's Python blocks leave behind: the blocks ran, on the small settings above.
 LEFT_BEHIND = {

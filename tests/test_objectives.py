@@ -117,3 +117,18 @@ def test_objective_choice(minilm_l6, tiny_mlm):
         resolve_objective(minilm_l6, "mlm")
     with pytest.raises(attnlens.AttnlensError, match="objective xent is unknown"):
         resolve_objective(minilm_l6, "xent")
+
+
+@pytest.mark.slow
+def test_hidden_states_of_a_language_model_skip_its_head_and_equal_a_full_forward(gemma3, kjv):
+    """gemma's hidden objective asks for the logits of the last position only (its 262k-word head is
+    most of a step's cost); the hidden states it compares are those of a full forward."""
+    objective = Objective(gemma3, "hidden")
+    assert objective._no_head == {"logits_to_keep": 1}
+    ids = torch.as_tensor(kjv.blocks(gemma3, n=32, num_blocks=2, seed=0).ids)
+    with torch.no_grad():
+        full = gemma3.forward(ids, output_hidden_states=True)
+        prepared = objective.prepare(ids)
+    assert full.logits.shape[1] == 32
+    torch.testing.assert_close(prepared.reference, full.hidden_states[-1].float(), rtol=0, atol=0)
+    assert float(objective.evaluate(prepared)["loss"].abs().max()) < 1e-5, "unmodified: no loss"

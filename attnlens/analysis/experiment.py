@@ -93,10 +93,11 @@ class Experiment:
         occurring, notes = check_classes_occur(classes, counts, model, len(held_out), explicit=s.classes is not None)
         return cls(model, corpus, objective, held_out, train, valid, roles, occurring, counts, notes)
 
-    def split(self, blocks: Blocks, batch_size: int) -> Split:
-        """Corpus ``blocks`` in batches: the objective's inputs (its references from the unmodified
-        model, prepared once) and the views, seeded by each batch's first block in the corpus."""
-        inputs = prepare_batches(self.objective, blocks.ids, batch_size)
+    def split(self, blocks: Blocks, batch_size: int, objective: Objective | None = None) -> Split:
+        """Corpus ``blocks`` in batches: the inputs of ``objective`` (default the experiment's; its
+        references from the unmodified model, prepared once) and the views, seeded by each batch's
+        first block in the corpus."""
+        inputs = prepare_batches(objective or self.objective, blocks.ids, batch_size)
         ids = torch.from_numpy(blocks.ids)
         starts = range(0, len(blocks), batch_size)
         views = [

@@ -25,6 +25,7 @@ block and differentiable, so the same objective trains DAM masks and learned R.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 
 import torch
@@ -69,6 +70,9 @@ class Objective:
         self.model = model
         self.name = resolve_objective(model, objective)
         self.seed = seed
+        # hidden states need no logits: a language model that can skip its head for all but the last
+        # position (gemma's is a 262k-word vocabulary, most of a step's cost) is asked to
+        self._no_head = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.model.forward).parameters else {}
 
     def prepare(self, input_ids: torch.Tensor, *, offset: int = 0) -> PreparedBatch:
         """Masks (mlm) or reference outputs (hidden) for a batch of blocks.
@@ -106,7 +110,7 @@ class Objective:
         return {"loss": losses.sum(1) / counted}
 
     def _hidden(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.model.forward(input_ids, output_hidden_states=True).hidden_states[-1].float()
+        return self.model.forward(input_ids, output_hidden_states=True, **self._no_head).hidden_states[-1].float()
 
     def _mask(self, input_ids: torch.Tensor, offset: int) -> PreparedBatch:
         special = torch.tensor(sorted(self.model.special.all_special), device=input_ids.device)

@@ -63,6 +63,23 @@ DualStartOption = Annotated[
         TRAINING,
     ),
 ]
+MaskSeedsOption = Annotated[
+    int,
+    _option(
+        "--mask-seeds",
+        "Masks per target, seeds --seed, --seed + 1, ...: each its own Gumbel noise and batch order, the same blocks.",
+        MASK,
+    ),
+]
+ReferenceOption = Annotated[
+    str | None,
+    _option(
+        "--reference",
+        "A swap search beside each mask at its sparsity, on the training blocks, from the mask (dam) or the band "
+        "(band); layouts of few logits only.",
+        MASK,
+    ),
+]
 TrainWeightsOption = Annotated[
     bool,
     _option(
@@ -92,6 +109,89 @@ TrainOnOption = Annotated[
 ]
 
 
+SparsityOption = Annotated[
+    str | None,
+    _option(
+        "--sparsity",
+        "Comma-separated target sparsities in (0, 1): λ found by dual ascent; default "
+        + ",".join(map(str, DEFAULT_SPARSITY))
+        + ".",
+        MASK,
+    ),
+]
+
+LambdasOption = Annotated[
+    str | None,
+    _option(
+        "--lambdas", "Comma-separated sparsity weights λ >= 0 (loss units per unit of density), instead of --sparsity.", MASK
+    ),
+]
+
+RemovalOption = Annotated[
+    str,
+    _option(
+        "--removal",
+        "renormalise (zero removed weights, renormalise the rest), 1e4 (add -10^4 to removed scores) or inf.",
+        MASK,
+    ),
+]
+
+InitOption = Annotated[
+    str | None, _option("--init", "Start the logits at a fixed pattern, e.g. local(6), band(4), bigbird(3).", MASK)
+]
+
+TrainObjectiveOption = Annotated[
+    str | None,
+    _option(
+        "--train-objective",
+        "What the masks learn from, if not --objective (which judges them): e.g. hidden, cheaper than clm on a large vocabulary.",
+        TRAINING,
+    ),
+]
+
+StepsOption = Annotated[
+    int, _option("--steps", "Most training steps (one batch each) per run; fewer when the stopping rule holds.", TRAINING)
+]
+
+LrEndOption = Annotated[
+    float, _option("--lr-end", "Learning rate at the step cap, as a fraction of --lr (cosine schedule).", TRAINING)
+]
+
+NoiseEndOption = Annotated[
+    float, _option("--noise-end", "Scale of the Gumbel noise at the step cap (cosine schedule from 1).", TRAINING)
+]
+
+TauOption = Annotated[str, _option("--tau", "Gumbel-sigmoid temperature: fixed (1.0) or annealed start:end (2:0.2).", TRAINING)]
+
+WeightsLrOption = Annotated[float, _option("--weights-lr", "Learning rate of the weights with --train-weights.", TRAINING)]
+
+StopWindowOption = Annotated[int, _option("--stop-window", "Steps over which the mask must stop changing.", STOPPING)]
+
+StopFlipsOption = Annotated[
+    float, _option("--stop-flips", "Most fraction of hard-mask positions flipped in the window.", STOPPING)
+]
+
+StopPlateauOption = Annotated[
+    float, _option("--stop-plateau", "Most relative change of the objective across the window.", STOPPING)
+]
+
+StopMarginOption = Annotated[
+    float, _option("--stop-margin", "A decision changes when its logit crosses 0 by more than this.", STOPPING)
+]
+
+CheckWindowOption = Annotated[
+    int, _option("--check-window", "Converged: the judged mask did not improve over this many steps ...", STOPPING)
+]
+
+CheckLrOption = Annotated[
+    float, _option("--check-lr", "... while the learning rate was at least this fraction of --lr.", STOPPING)
+]
+
+ReferenceRoundsOption = Annotated[
+    int, _option("--reference-rounds", "Most rounds of the swap search (one swap kept per round).", MASK)
+]
+
+
 @app.command()
 def dam(
     model: ModelOption = "minilm-l6",
@@ -102,68 +202,33 @@ def dam(
     batch_size: BatchSizeOption = D.batch_size,
     seed: SeedOption = D.seed,
     variant: Annotated[str, _option("--variant", "How logits map onto positions (the registered layouts).", MASK)] = D.variant,
-    sparsity: Annotated[
-        str | None,
-        _option(
-            "--sparsity",
-            "Comma-separated target sparsities in (0, 1): λ found by dual ascent; default "
-            + ",".join(map(str, DEFAULT_SPARSITY))
-            + ".",
-            MASK,
-        ),
-    ] = None,
-    lambdas: Annotated[
-        str | None,
-        _option(
-            "--lambdas", "Comma-separated sparsity weights λ >= 0 (loss units per unit of density), instead of --sparsity.", MASK
-        ),
-    ] = None,
-    removal: Annotated[
-        str,
-        _option(
-            "--removal",
-            "renormalise (zero removed weights, renormalise the rest), 1e4 (add -10^4 to removed scores) or inf.",
-            MASK,
-        ),
-    ] = D.removal,
+    sparsity: SparsityOption = None,
+    lambdas: LambdasOption = None,
+    removal: RemovalOption = D.removal,
     classes: ClassesOption = D.classes,
-    init: Annotated[
-        str | None, _option("--init", "Start the logits at a fixed pattern, e.g. local(6), band(4), bigbird(3).", MASK)
-    ] = D.init,
+    init: InitOption = D.init,
     init_keep: Annotated[float, _option("--init-keep", "Initial keep probability of every position.", MASK)] = D.init_keep,
     patterns: Annotated[bool, _option("--patterns/--no-patterns", "Also judge the fixed sparse patterns.", MASK)] = D.patterns,
     objective: ObjectiveOption = D.objective,
-    steps: Annotated[
-        int, _option("--steps", "Most training steps (one batch each) per run; fewer when the stopping rule holds.", TRAINING)
-    ] = D.steps,
+    train_objective: TrainObjectiveOption = D.train_objective,
+    steps: StepsOption = D.steps,
     lr: Annotated[float, _option("--lr", "Adam learning rate of the mask logits.", TRAINING)] = D.lr,
-    lr_end: Annotated[
-        float, _option("--lr-end", "Learning rate at the step cap, as a fraction of --lr (cosine schedule).", TRAINING)
-    ] = D.lr_end,
-    noise_end: Annotated[
-        float, _option("--noise-end", "Scale of the Gumbel noise at the step cap (cosine schedule from 1).", TRAINING)
-    ] = D.noise_end,
-    tau: Annotated[
-        str, _option("--tau", "Gumbel-sigmoid temperature: fixed (1.0) or annealed start:end (2:0.2).", TRAINING)
-    ] = str(D.tau),
+    lr_end: LrEndOption = D.lr_end,
+    noise_end: NoiseEndOption = D.noise_end,
+    tau: TauOption = str(D.tau),
     dual_lr: Annotated[float, _option("--dual-lr", "Step of the dual ascent on λ with --sparsity.", TRAINING)] = D.dual_lr,
     dual_start: DualStartOption = D.dual_start,
     train_weights: TrainWeightsOption = D.train_weights,
-    weights_lr: Annotated[
-        float, _option("--weights-lr", "Learning rate of the weights with --train-weights.", TRAINING)
-    ] = D.weights_lr,
-    stop_window: Annotated[
-        int, _option("--stop-window", "Steps over which the mask must stop changing.", STOPPING)
-    ] = D.stop_window,
-    stop_flips: Annotated[
-        float, _option("--stop-flips", "Most fraction of hard-mask positions flipped in the window.", STOPPING)
-    ] = D.stop_flips,
-    stop_plateau: Annotated[
-        float, _option("--stop-plateau", "Most relative change of the objective across the window.", STOPPING)
-    ] = D.stop_plateau,
-    stop_margin: Annotated[
-        float, _option("--stop-margin", "A decision changes when its logit crosses 0 by more than this.", STOPPING)
-    ] = D.stop_margin,
+    weights_lr: WeightsLrOption = D.weights_lr,
+    stop_window: StopWindowOption = D.stop_window,
+    stop_flips: StopFlipsOption = D.stop_flips,
+    stop_plateau: StopPlateauOption = D.stop_plateau,
+    stop_margin: StopMarginOption = D.stop_margin,
+    check_window: CheckWindowOption = D.check_window,
+    check_lr: CheckLrOption = D.check_lr,
+    mask_seeds: MaskSeedsOption = D.mask_seeds,
+    reference: ReferenceOption = D.reference,
+    reference_rounds: ReferenceRoundsOption = D.reference_rounds,
     bootstrap: BootstrapOption = D.bootstrap,
     task: TaskOption = D.task,
     protocol: ProtocolOption = D.protocol,

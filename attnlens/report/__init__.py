@@ -53,10 +53,16 @@ class ReportSettings:
     importance_seqs: int = 32  # held-out blocks of the importance and DAM judgements (the same blocks)
     # DAM learns at n = 64 (attention 4x cheaper than at 128) so that its runs converge within the
     # budget; its held-out blocks are then blocks of 64 tokens, not section 4's.
-    dam_sparsity: tuple[float, ...] = (0.8, 0.9)  # targets: each mask meets them, so patterns compare at the same sparsity
+    # The target: each mask meets it, so patterns compare at the same sparsity. One target, three masks
+    # (each its own noise and batch order): a verdict about a learned mask holds for every seed or for none.
+    dam_sparsity: tuple[float, ...] = (0.9,)
+    dam_mask_seeds: int = 3
+    dam_reference: str | None = "band"  # the swap search beside the masks, from the band at the target
+    dam_reference_rounds: int = 20
     dam_seq_len: int = 64
-    dam_steps: int = 300  # the cap; the stopping rule ends a run when its mask has stopped changing
+    dam_steps: int = 300  # the cap; the stopping rule ends the schedule when the mask has stopped changing
     dam_stop_window: int = 20
+    dam_check_window: int = 40  # converged: no improvement over this many steps at a meaningful learning rate
     dam_train_seqs: int = 64
     # The task that judges the headline changes by accuracy (probe protocol). Each judgement is a
     # forward of every held-out example, so the task judges the claims' changes only (TASK_CHOICES),
@@ -87,9 +93,11 @@ QUICK = ReportSettings(
     scopes=("head", "all"),
     plug_in_scopes=("head",),
     importance_seqs=8,
-    dam_sparsity=(0.9,),
+    dam_mask_seeds=1,  # 40 steps barely move a logit across the threshold: two seeds would end alike
+    dam_reference_rounds=2,
     dam_steps=40,  # a short schedule: the quick report shows the machinery, not a converged mask
     dam_stop_window=10,
+    dam_check_window=10,
     dam_train_seqs=16,
     task_train=256,
     task_eval=64,
@@ -108,7 +116,8 @@ FINETUNE = replace(
     task_eval=1000,  # seed-to-seed spread, not examples, limits a fine-tuned verdict
     task_scopes=("layer", "all"),
     task_classes=("self",),
-    dam_sparsity=(0.9,),
+    dam_mask_seeds=1,  # the fine-tune seeds give the spread
+    dam_reference=None,  # a swap search is for the pretrained weights; these masks learn with theirs
     protocol="finetune",
     seeds=3,
     task_joint_r=True,
@@ -116,7 +125,7 @@ FINETUNE = replace(
 )
 QUICK_FINETUNE = replace(
     QUICK, plug_in_scopes=("head", "all"), task_scopes=("all",), task_classes=("self",), protocol="finetune", seeds=2,
-    finetune_steps=10, task_joint_r=True, dam_train_weights=True,
+    finetune_steps=10, task_joint_r=True, dam_train_weights=True, dam_mask_seeds=1, dam_reference=None,
 )  # fmt: skip
 REPORT_PROTOCOLS = ("probe", "finetune")
 PRESETS = {("probe", False): DEFAULT, ("probe", True): QUICK, ("finetune", False): FINETUNE, ("finetune", True): QUICK_FINETUNE}
@@ -296,8 +305,12 @@ def _analyses(
         lambda stage: dam(
             loaded,
             sparsity=settings.dam_sparsity,
+            mask_seeds=settings.dam_mask_seeds,
+            reference=settings.dam_reference,
+            reference_rounds=settings.dam_reference_rounds,
             steps=settings.dam_steps,
             stop_window=settings.dam_stop_window,
+            check_window=settings.dam_check_window,
             train_seqs=settings.dam_train_seqs,
             eval_seqs=settings.importance_seqs,
             train_weights=settings.dam_train_weights,

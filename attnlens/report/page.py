@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from attnlens.analysis.dam.result import SEED_TABLES
 from attnlens.data.positions import parse_classes
 from attnlens.io.provenance import provenance
 from attnlens.progress import Progress, progress_bar
@@ -420,12 +421,10 @@ def _importance_claims(importance_result, dam_result) -> list[tuple[str, ...]]:
 
 
 def _steps(row: pd.Series) -> str:
-    """How a run ended: "converged in 212 steps" or "capped at 300 steps (not converged)"."""
-    return (
-        f"converged in {int(row['steps'])} steps"
-        if bool(row["converged"])
-        else f"capped at {int(row['steps'])} steps (not converged)"
-    )
+    """How a run ended: "schedule annealed in 212 steps, converged" (the check found nothing better)
+    or "schedule capped at 300 steps, not converged" (its loss still fell)."""
+    ended = "annealed in" if row.get("schedule_end") == "annealed" else "capped at"
+    return f"schedule {ended} {int(row['steps'])} steps, {'converged' if bool(row['converged']) else 'not converged'}"
 
 
 def _learned_on(settings: dict) -> str:
@@ -454,12 +453,24 @@ def _dam_claims(dam_result, unit: str) -> list[tuple[str, ...]]:
         (
             "Learned masks (DAM, paper 2)",
             "fine-tuned: DAM_s 91.2% sparsity at GLUE 80.9; DAM_u 78.9% at 82.0",
-            f"{settings['variant']}, {frozen}: {runs}. Keep-probability per class at "
-            f"{number(sparse['sparsity'], 0, percent=True)}: {kept}" + (" (a = b: equal by construction)" if same else ""),
+            f"{settings['variant']}, {frozen}: {runs}.{_seed_spread(dam_result, unit)}{_reference(dam_result, unit)} "
+            f"Keep-probability per class at {number(sparse['sparsity'], 0, percent=True)}"
+            f"{' (first seed)' if 'mask_seed' in dam_result.table else ''}: {kept}"
+            + (" (a = b: equal by construction)" if same else ""),
             *_dam_task(dam_result),
         )
     ]
-    if len(dam_result.patterns):
+    across = dam_result.across_seeds()
+    if len(dam_result.patterns) and across:
+        rows.append(
+            (
+                "Fixed sparse patterns (paper 2)",
+                "worse than DAM at similar sparsity (e.g. BigBird 93.2% / 79.4)",
+                _compared_across_seeds(across["compared"]),
+                *_patterns_task(dam_result),
+            )
+        )
+    elif len(dam_result.patterns):
         compared = dam_result.compared()
         said = []
         for _, group in compared.groupby("lambda", sort=False):
@@ -478,6 +489,43 @@ def _dam_claims(dam_result, unit: str) -> list[tuple[str, ...]]:
             )
         )
     return rows
+
+
+def _seed_spread(dam_result, unit: str) -> str:
+    """ " Across 3 seeds at 90%: median ..., from ... to ... (t interval ...)." or nothing with one seed."""
+    across = dam_result.across_seeds()
+    if not across:
+        return ""
+    parts = [
+        f"at {number(row['target_sparsity'], 0, percent=True)}, {row['seeds']} seeds: Δ median {number(row['delta_median'])}, "
+        f"from {number(row['delta_min'])} to {number(row['delta_max'])} {unit} (mean {number(row['delta'])}, t interval "
+        f"[{number(row['delta_seeds_low'])}, {number(row['delta_seeds_high'])}]), {row['converged']} converged"
+        for _, row in across["delta"].iterrows()
+    ]
+    return " Across seeds " + "; ".join(parts) + "."
+
+
+def _reference(dam_result, unit: str) -> str:
+    """ " Swap search from the band at 90%: Δ ...; DAM − search ... (on par)." or nothing without one."""
+    table = dam_result.tables.get("reference")
+    if table is None:
+        return ""
+    parts = []
+    for _, group in table.groupby(["start", "delta"], sort=False):  # one search from the band serves every seed
+        first = group.iloc[0]
+        against = ", ".join(f"{_interval(row, 'difference')} ({row['verdict']})" for _, row in group.iterrows())
+        parts.append(f"{first['start']} start, {int(first['swaps'])} swaps: Δ {_interval(first)} {unit}; DAM − search {against}")
+    return " Swap search at the same sparsity (reference): " + "; ".join(parts) + "."
+
+
+def _compared_across_seeds(table: pd.DataFrame) -> str:
+    """Each scope's best pattern against every seed's mask: the differences and the combined verdict."""
+    return " | ".join(
+        f"at {number(row['target_sparsity'], 0, percent=True)}, {row['scope']} {row['patterns']}: DAM − pattern "
+        f"{number(row['difference'])} (seeds {number(row['difference_min'])} to {number(row['difference_max'])}; "
+        f"per seed {row['verdicts']}) → {row['verdict']}"
+        for _, row in table.iterrows()
+    )
 
 
 def _dam_task(dam_result) -> list[str]:
@@ -549,6 +597,13 @@ def _dam_section(results: dict, names: dict[str, str], figures: Figures) -> str:
             "pattern point nearest its sparsity (within 3 points): the difference of held-out losses, paired over blocks.</p>"
         )
         body.append(_table(result.view("compared", compared)))
+    for name, table in result.across_seeds().items():
+        body += [f"<p>Across the {result.settings['mask_seeds']} seeds of each target, {SEED_TABLES[name]}.</p>", _table(table)]
+    if "reference" in result.tables:
+        body += [
+            "<p>The swap search at each mask's sparsity (difference: the mask's held-out loss minus the search's).</p>",
+            _table(result.tables["reference"]),
+        ]
     settings = result.meta["settings"]
     steps = ", ".join(_steps(row) for _, row in result.table.iterrows())
     return _section(
@@ -560,7 +615,9 @@ def _dam_section(results: dict, names: dict[str, str], figures: Figures) -> str:
         f"{settings['lr_end']:g}× at the cap of {settings['steps']} steps. Stopping rule: fewer than "
         f"{number(settings['stop_flips'], 1, percent=True)} of the hard mask's positions changed over the last "
         f"{settings['stop_window']} steps and the training loss within {number(settings['stop_plateau'], 0, percent=True)} "
-        f"across them. Runs: {steps}.",
+        f"across them. Converged: over the last {settings['check_window']} steps at a learning rate of at least "
+        f"{settings['check_lr']:g}× the start, the judged mask's training loss did not improve beyond its 95% interval. "
+        f"Runs: {steps}.",
         body,
     )
 

@@ -7,15 +7,19 @@ kept weights (``removal="renormalise"``, the default: it equals setting removed 
 ``-inf`` in the forward pass and, unlike SparseBERT's additive ``-10⁴``, gives a removed
 position the gradient of coming back). The loss is ``objective + λ·density``. Target
 sparsities find their λ by dual ascent; the stopping rule ends a run whose hard mask has
-stopped changing. The deterministic mask ``α > 0`` is then judged on held-out blocks,
-beside fixed sparse patterns at matched sparsity.
+stopped changing, and a check says whether it converged while the learning rate could still
+move it. The deterministic mask ``α > 0`` is then judged on held-out blocks, beside fixed
+sparse patterns at matched sparsity, across seeds (``mask_seeds``) and beside a discrete
+swap search (``reference``).
 
 The parts, one idea each:
 
 - :mod:`~attnlens.analysis.dam.settings`: :class:`DamSettings`, the recipe's defaults;
 - :mod:`~attnlens.analysis.dam.layouts`: how logits map onto positions (:data:`LAYOUTS`);
-- :mod:`~attnlens.analysis.dam.training`: :class:`DamTrainer`, dual ascent, :class:`StoppingRule`;
+- :mod:`~attnlens.analysis.dam.training`: :class:`DamTrainer`, dual ascent, :class:`StoppingRule`, the convergence check;
 - :mod:`~attnlens.analysis.dam.judging`: masks and patterns judged on blocks and task batches;
+- :mod:`~attnlens.analysis.dam.reference`: the swap search a learned mask is set against;
+- :mod:`~attnlens.analysis.dam.seeds`: masks per seed combined (spread, verdicts counting every seed);
 - :mod:`~attnlens.analysis.dam.result`: :class:`DamResult`, with the comparisons at matched sparsity;
 - :mod:`~attnlens.analysis.dam.run`: :func:`dam`, the steps of a run.
 """

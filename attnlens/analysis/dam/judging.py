@@ -20,7 +20,6 @@ import torch
 from attnlens.analysis.changes import Change, MaskChange, PatternChange
 from attnlens.analysis.dam.layouts import MaskLayout, hard_removals
 from attnlens.analysis.dam.settings import DamSettings
-from attnlens.analysis.dam.training import cosine
 from attnlens.analysis.evaluation import evaluate_change, layer_groups
 from attnlens.analysis.experiment import Split
 from attnlens.analysis.objectives import Objective
@@ -155,22 +154,21 @@ def adapt_to_pattern(
     objective: Objective,
     split: Split,
     change: Change,
-    order: np.ndarray,
-    steps: int,
+    batches: list[int],
+    rates: list[float],
     s: DamSettings,
     bar=None,
 ) -> list[float]:
-    """Fine-tune the weights under a fixed pattern as :class:`DamTrainer` does under a learned mask
-    (``train_weights``): Adam at ``weights_lr`` on the same cosine schedule over the cap of
-    ``s.steps``, the same batches in the same ``order``, for ``steps`` steps. Returns the training
-    losses; the caller restores the weights."""
+    """Fine-tune the weights under a fixed pattern as :class:`DamTrainer` did under a learned mask
+    (``train_weights``): Adam at ``weights_lr``, one step on each of the mask's ``batches`` at the
+    learning-rate factor the mask's step had (``rates``: its schedule, then its convergence check).
+    Returns the training losses; the caller restores the weights."""
     parameters = [parameter for parameter in model.model.parameters() if parameter.requires_grad]
     optimizer = torch.optim.Adam(parameters, lr=s.weights_lr)
     losses = []
     with torch.enable_grad():
-        for step in range(steps):
-            optimizer.param_groups[0]["lr"] = s.weights_lr * cosine(step, s.steps, s.lr_end)
-            index = int(order[step])
+        for index, rate in zip(batches, rates):
+            optimizer.param_groups[0]["lr"] = s.weights_lr * rate
             with Capture(record=False, intervene=change.intervention(split.views[index])):
                 loss = objective.evaluate(split.inputs[index])["loss"].mean()
             optimizer.zero_grad(set_to_none=True)

@@ -14,6 +14,8 @@ import numpy as np
 import pandas as pd
 
 from attnlens.analysis.dam.layouts import LAYOUTS
+from attnlens.analysis.dam.seeds import spread, verdicts_across_seeds
+from attnlens.analysis.dam.training import TARGET_WITHIN
 from attnlens.analysis.evaluation import bootstrap_interval
 from attnlens.io.results import Result, format_table
 
@@ -43,8 +45,8 @@ class DamResult(Result):
     main_table = "summary"
     shown = {
         "summary": (
-            "target_sparsity", "lambda", "trained_sparsity", "sparsity", "expected_sparsity", "rows_rescued", "loss",
-            "delta", "delta_low", "delta_high", "steps", "converged",
+            "target_sparsity", "mask_seed", "lambda", "trained_sparsity", "sparsity", "expected_sparsity", "rows_rescued",
+            "loss", "delta", "delta_low", "delta_high", "steps", "schedule_end", "check_step", "check_delta", "converged",
         ),
         "compared": (
             "dam_sparsity", "scope", "pattern", "value", "sparsity", "dam_delta", "delta", "difference", "difference_low",
@@ -55,6 +57,12 @@ class DamResult(Result):
         "sparsity": "share of valid positions the judged (hard, α > 0) mask removes on the held-out blocks",
         "trained_sparsity": "the hard mask on the training blocks when training stopped, before the threshold shift "
         "that meets the target",
+        "steps": "steps of the schedule, until the mask stopped changing (schedule_end annealed) or the cap",
+        "check_delta": "change of the judged mask's training loss over the convergence check's window, the last "
+        "while the learning rate was meaningful (check_low, check_high: its 95% interval over training blocks)",
+        "converged": "over that window, at that learning rate, the judged mask's loss did not change beyond the interval, "
+        "and (with a target) the threshold shift to it changed training's own hard mask by at most a point "
+        "(check_shifted: the share it removed there)",
         "expected_sparsity": "of the masks sampled at the final noise scale (1 - mean keep-probability)",
         "rows_rescued": "share of rows the mask would leave empty; they keep their keys of largest logit",
         "delta": "change of the held-out loss against the unmodified model, with its 95% bootstrap interval over blocks",
@@ -77,11 +85,14 @@ class DamResult(Result):
         return pattern in expresses and (expresses[pattern] is None or int(value) in expresses[pattern])
 
     def run_labels(self) -> dict[float, str]:
-        """Each run's name, keyed by its λ: "λ = 0.1", or "target 90%" for a run aimed at a sparsity."""
+        """Each run's name, keyed by its λ: "λ = 0.1", or "target 90%" for a run aimed at a sparsity
+        (and ", seed 1" with more than one mask per target)."""
         table = self.table
         targets = table["target_sparsity"] if "target_sparsity" in table else [float("nan")] * len(table)
+        seeds = table["mask_seed"] if "mask_seed" in table else [None] * len(table)
         return {
-            lam: f"λ = {lam:g}" if np.isnan(target) else f"target {target:.0%}" for lam, target in zip(table["lambda"], targets)
+            lam: (f"λ = {lam:g}" if np.isnan(target) else f"target {target:.0%}") + ("" if seed is None else f", seed {seed}")
+            for lam, target, seed in zip(table["lambda"], targets, seeds)
         }
 
     def nearest(self, sparsity: float = 0.85) -> int:
@@ -143,6 +154,24 @@ class DamResult(Result):
                 rows.append({**best.to_dict(), "scope": scope, "verdict": verdict})
         return pd.DataFrame(rows, columns=[*MATCHED_COLUMNS, "scope", "verdict"])
 
+    def across_seeds(self) -> dict[str, pd.DataFrame]:
+        """With more than one mask per target (``mask_seeds``): the spread of the held-out change
+        (``delta``), each comparison with the patterns counting every seed (``compared``, and
+        ``task_compared`` with a task), and with ``reference`` the spread of the mask's loss less the
+        swap search's (``reference``). Empty with one mask per target."""
+        if "mask_seed" not in self.table:
+            return {}
+        tables = {
+            "delta": spread(self.table),
+            "compared": verdicts_across_seeds(self.compared(), self.table, lower_is_better=True),
+        }
+        if "task_compared" in self.tables:
+            tables["task_compared"] = verdicts_across_seeds(self.tables["task_compared"], self.table, lower_is_better=False)
+        if "reference" in self.tables:
+            reference = self.tables["reference"].merge(self.table[["lambda", "target_sparsity", "converged"]], on="lambda")
+            tables["reference"] = spread(reference, "difference")
+        return tables
+
     def summary(self) -> str:
         settings = self.settings
         runs = f"sparsity {settings['sparsity']}" if settings["lambdas"] is None else f"lambdas {settings['lambdas']}"
@@ -153,16 +182,35 @@ class DamResult(Result):
         ended, the comparison with the fixed patterns, notes and the task."""
         table = self.view(frame=self.table.dropna(axis=1, how="all"))
         lines = [format_table(table), *self.notes_for(table), *self._keep_lines()]
-        capped = self.table.loc[~self.table["converged"].astype(bool), "lambda"].tolist()
-        if capped:
-            labels = self.run_labels()
-            said = ", ".join(labels[lam] for lam in capped)
-            lines.append(f"{said}: hit the step cap ({self.settings['steps']}) before the stopping rule held (not converged)")
+        lines += self._convergence_lines()
         if len(self.patterns):
             lines.append("against the best pattern at matched sparsity (difference: the mask's loss minus the pattern's):")
             lines.append(format_table(self.view("compared", self.compared())))
+        lines += self._reference_lines()
+        for name, table in self.across_seeds().items():
+            lines += [f"across the {self.settings['mask_seeds']} seeds of each target, {SEED_TABLES[name]}:", format_table(table)]
         lines += [f"{name}: {note}" for name, note in self.meta["notes"].items()]
         return "\n".join([*lines, *self.task_lines()])
+
+    def _reference_lines(self) -> list[str]:
+        """The swap search beside each mask: its held-out change and the mask's loss less its own."""
+        if "reference" not in self.tables:
+            return []
+        shown = ["lambda", "start", "rounds", "swaps", "train_loss", "dam_train_loss", "sparsity", "delta", "dam_delta",
+                 "difference", "difference_low", "difference_high", "verdict"]  # fmt: skip
+        return [
+            "the swap search at each mask's sparsity (reference; difference: the mask's held-out loss minus the search's):",
+            format_table(self.tables["reference"][shown]),
+        ]
+
+    def _convergence_lines(self) -> list[str]:
+        """How each run ended, in words: the schedule (annealed or capped), then the check's verdict."""
+        settings, labels, lines = self.settings, self.run_labels(), []
+        rate = f"a learning rate at least {settings['check_lr']:g} of its start"
+        for row in self.table.to_dict("records"):
+            ended = "annealed" if row["schedule_end"] == "annealed" else f"capped at {settings['steps']} steps"
+            lines.append(f"{labels[row['lambda']]}: schedule {ended} after {row['steps']} steps; {_verdict(row, settings, rate)}")
+        return lines
 
     def _keep_lines(self) -> list[str]:
         """The keep-probability per class (rows) and run (columns), each class equal to another by
@@ -184,6 +232,33 @@ class DamResult(Result):
                 f"a = b: equal by construction (the {self.settings['variant']} layout decides them from the same logits)"
             )
         return lines
+
+
+SEED_TABLES = {
+    "delta": "the held-out change (t interval of the mean across seeds)",
+    "compared": "each mask against its best pattern at matched sparsity (better or worse only when every seed "
+    "is, or the interval across seeds excludes 0)",
+    "task_compared": "the task's comparisons, likewise",
+    "reference": "the mask's held-out loss minus the swap search's",
+}
+
+
+def _verdict(row: dict, settings: dict, rate: str) -> str:
+    """The convergence check's verdict on one run, and why."""
+    if row.get("check_step", float("nan")) != row.get("check_step", float("nan")):  # NaN: no window at a meaningful rate
+        return f"not converged: too few steps at {rate} to judge; raise --steps"
+    change = f"{row['check_delta']:+.4f} [{row['check_low']:+.4f}, {row['check_high']:+.4f}]"
+    window = f"over the {settings['check_window']} steps to step {row['check_step']:.0f}"
+    shifted = row.get("check_shifted", 0.0)
+    if row["converged"]:
+        return f"converged: {window}, at {rate}, the judged mask's training loss changed by {change}"
+    if abs(shifted) > TARGET_WITHIN:
+        return (
+            f"not converged: at step {row['check_step']:.0f} ({rate}) training's own mask was {shifted:.1%} of the "
+            f"positions short of the target, which the threshold shift {'removed' if shifted > 0 else 'brought back'}; "
+            f"{window} the judged mask's training loss changed by {change}"
+        )
+    return f"not converged: {window}, at {rate}, the judged mask's training loss still changed by {change}; raise --steps"
 
 
 def loss_columns(objective: str) -> dict[str, str]:
@@ -226,12 +301,14 @@ def summary_row(
         "delta_high": high[1],
         "train_objective": tail["objective"].mean(),
         "train_density": tail["density"].mean(),
-        # the hard mask's sparsity when training stopped, before the shift: how far dual ascent got
+        # the hard mask's sparsity when training stopped, before the last shift: how far dual ascent got
         "trained_sparsity": 1.0 - float(curve["hard_density"].iloc[-1]) if targeted else float("nan"),
         "lambda_start": trainer.lambda_start_ if targeted else float("nan"),  # where dual ascent began (NaN: λ given)
         "threshold_shift": trainer.shift_,  # subtracted from the logits to meet a target sparsity (NaN for a given λ)
-        "steps": trainer.steps_used_,
-        "converged": trainer.converged_,  # False: the run hit the step cap before the stopping rule held
+        "steps": trainer.steps_used_,  # the schedule's, without the check's
+        "schedule_end": "annealed" if trainer.annealed_ else "cap",
+        **trainer.check_,
+        "converged": trainer.converged_,  # the check's verdict: no continuation at a meaningful rate did better
     }
 
 

@@ -29,6 +29,7 @@ from attnlens.analysis.dam.judging import (
     removed_fraction,
 )
 from attnlens.analysis.dam.layouts import LAYOUTS, MaskLayout, equal_by_construction, pattern_logits
+from attnlens.analysis.dam.reference import check_size, start_mask, swap_search
 from attnlens.analysis.dam.result import (
     MATCH_WITHIN,
     DamResult,
@@ -87,9 +88,30 @@ def dam(
             patterns = patterns.assign(
                 task_sparsity=[setup.task.removal_share(setup.pattern(row)) for row in patterns.itertuples()]
             )
-        runs = [train_and_judge(setup, lam, target, patterns, bar) for lam, target in s.runs()]
+        runs = [train_and_judge(setup, lam, target, seed, patterns, bar) for lam, target, seed in s.runs()]
+        _distinct_keys(runs)
         task_patterns = None if setup.task is None or not points else _task_patterns(setup, patterns, pattern_losses, runs, bar)
     return assemble(setup, patterns, pattern_losses, runs, task_patterns, command)
+
+
+def _distinct_keys(runs: list[Run]) -> None:
+    """Runs are told apart by the λ they end at. Two seeds of a target end at the same λ only when
+    dual ascent never saw their hard masks differ (no logit crossed the threshold: a run too short);
+    the later one's key is then moved up by the least step a float allows, so every table keeps
+    one row per run."""
+    seen: set[float] = set()
+    for run in runs:
+        while run.lam in seen:
+            run.lam = float(np.nextafter(run.lam, np.inf))
+        seen.add(run.lam)
+        run.summary["lambda"] = run.lam
+        run.curve = run.curve.assign(**{"lambda": run.lam})
+        if run.task is not None:
+            run.task["lambda"] = run.lam
+        if run.reference is not None:
+            run.reference["lambda"] = run.lam
+        for row, _, _ in run.adapted:
+            row["lambda"] = run.lam
 
 
 def _task_patterns(
@@ -147,13 +169,17 @@ class Setup:
     task: TaskJudge | None
     init_logits: torch.Tensor | None
     start: dict[str, float]  # the warm start's pattern on the training blocks (NaN without one)
-    order: np.ndarray
     baseline: np.ndarray
     same: dict[str, str]
+    references: dict = field(default_factory=dict)  # the swap searches run so far, by target (band) or run (dam)
 
     @property
     def judge(self) -> Objective:
         return self.experiment.objective
+
+    def order(self, seed: int) -> np.ndarray:
+        """Which training batch each step of a run with ``seed`` takes."""
+        return batch_order(seed, len(self.train.split.inputs), self.settings.steps)
 
     def pattern(self, row) -> PatternChange:
         """The change of one row of the patterns table."""
@@ -166,36 +192,43 @@ class Setup:
         layout_classes = classes if "other" in classes else (*classes, "other")
         valid = experiment.valid.to(model.device)
         layout = LAYOUTS[s.variant](model.num_layers, model.num_heads, s.seq_len, valid, layout_classes)
+        if s.reference is not None:  # before any work: a layout too large for a swap search is bad input
+            check_size(layout)
         # Batches are prepared before any training: the hidden objective's references come
         # from the unmodified model even when its weights are fine-tuned.
         held_out = MaskSplit.of(experiment.split(experiment.held_out, s.batch_size), layout, classes)
-        train = MaskSplit.of(experiment.split(experiment.train, s.batch_size), layout, classes)
+        trained_on, train_objective = experiment.objective.name, experiment.objective
+        if s.train_objective is not None:  # a cheaper objective to learn from than the one that judges
+            train_objective = Objective(model, s.train_objective, seed=s.seed)
+            trained_on = train_objective.name
+        train = MaskSplit.of(experiment.split(experiment.train, s.batch_size, train_objective), layout, classes)
         init_logits = warm_start(layout, train, s) if s.init is not None else None
         task = None
         if s.task is not None:  # length-bucketed: masks and patterns decide positions by place, and take a batch's corner
             task = TaskJudge(
                 model, TaskSettings.of(s), seq_len=s.seq_len, batch_size=s.batch_size, seed=s.seed, progress=progress
             )
-        trained_on, train_objective = experiment.objective.name, experiment.objective
         full = task is not None and not (task.train.padded or task.held_out.padded) and task.train.ids.shape[1] == s.seq_len
-        if s.train_on == "task" or (s.train_on == "auto" and full):  # the task's own loss, on its training examples
+        if s.train_on == "task" or (
+            s.train_on == "auto" and full and s.train_objective is None
+        ):  # the task's own loss, on its training examples
             trained_on, train_objective = "task", TaskLoss(task)
             train = MaskSplit.of(Split.of_examples(task.train, model, s.batch_size), layout, classes)
         start = {"init_train_loss": float("nan"), "init_train_sparsity": float("nan")}
         if init_logits is not None:  # what training begins from, judged as the masks will be
             seen = evaluate_mask(layout, init_logits, train_objective, train)
             start = {"init_train_loss": float(seen["losses"].mean()), "init_train_sparsity": float(seen["sparsity"])}
-        order = batch_order(s.seed, len(train.split.inputs), s.steps)
         baseline = evaluate_change(experiment.objective, held_out.split.inputs, held_out.split.views)["loss"]
         same = equal_by_construction(layout, held_out.contexts, held_out.masks)
         return cls(
-            experiment, s, layout, layout_classes, held_out, train, trained_on, train_objective, task, init_logits, start, order,
+            experiment, s, layout, layout_classes, held_out, train, trained_on, train_objective, task, init_logits, start,
             baseline, same,
         )  # fmt: skip
 
     def total_steps(self) -> int:
         """The progress bar's total: every run's steps (and its judgement), every pattern point
-        (twice with a task), and the adapted patterns' steps with ``train_weights``."""
+        (twice with a task), the adapted patterns' steps with ``train_weights`` and the swap
+        searches' rounds with ``reference``."""
         s, runs = self.settings, len(self.settings.runs())
         judged = (
             0
@@ -206,7 +239,8 @@ class Setup:
         )
         points = len(pattern_points(s.seq_len)) + judged if s.patterns else 0
         adapted = runs * len(ADAPTED_PATTERNS) * s.steps if s.train_weights and s.patterns else 0
-        return runs * (s.steps + 1) + points + adapted
+        reference = runs * s.reference_rounds if s.reference is not None else 0
+        return runs * (s.steps + 1) + points + adapted + reference
 
 
 def warm_start(layout: MaskLayout, train: MaskSplit, s: DamSettings) -> torch.Tensor:
@@ -234,18 +268,21 @@ class Run:
     task: dict | None = None
     adapted: list[tuple[dict, np.ndarray, dict | None]] = field(default_factory=list)  # row, per-block losses, task outcome
     task_correct: np.ndarray | None = None  # per held-out task example, 1.0 if classified right
+    reference: dict | None = None  # the swap search's mask against this one (reference)
+    reference_logits: np.ndarray | None = None
 
 
-def train_and_judge(setup: Setup, lam: float | None, target: float | None, patterns: pd.DataFrame, bar) -> Run:
-    """Train one mask, judge it on the held-out blocks (and the task), then give the patterns
-    nearest its sparsity the same weight training when the weights train alongside."""
+def train_and_judge(setup: Setup, lam: float | None, target: float | None, seed: int, patterns: pd.DataFrame, bar) -> Run:
+    """Train one mask (its noise and batch order drawn from ``seed``), judge it on the held-out
+    blocks (and the task), then give the patterns nearest its sparsity the same weight training
+    when the weights train alongside."""
     s, model = setup.settings, setup.experiment.model
     original = copy.deepcopy(model.model.state_dict()) if s.train_weights else None
     began = time.perf_counter()
-    trainer = DamTrainer(
-        setup.layout, s, lam=lam, target_density=None if target is None else 1.0 - target, init_logits=setup.init_logits
-    )
-    curve = trainer.fit(model, setup.train_objective, setup.train, setup.order, bar)
+    density = None if target is None else 1.0 - target
+    trainer = DamTrainer(setup.layout, s, lam=lam, target_density=density, init_logits=setup.init_logits, seed=seed)
+    order = setup.order(seed)
+    curve = trainer.fit(model, setup.train_objective, setup.train, order, bar)
     trained = evaluate_mask(setup.layout, trainer.logits_, setup.train_objective, setup.train)
     seconds = time.perf_counter() - began
     lam, logits = trainer.lam, trainer.logits_.detach()  # a target's run ends at the λ dual ascent found: its key in every table
@@ -262,9 +299,10 @@ def train_and_judge(setup: Setup, lam: float | None, target: float | None, patte
     adapted = []
     if original is not None:
         matched = float(judged["sparsity"]) if task is None else task["task_sparsity"]
-        adapted = adapt_patterns(setup, lam, matched, trainer.steps_used_, patterns, original, bar)
+        adapted = adapt_patterns(setup, lam, matched, curve, order, patterns, original, bar)
     summary = {
         **summary_row(lam, s.variant, judged, setup.baseline, curve, trainer, s.bootstrap, s.seed),
+        "mask_seed": seed,
         "seconds": seconds,
         "train_loss": float(trained["losses"].mean()),
         # on the task's own positions when it learned from them (on corpus blocks it is `sparsity` again)
@@ -273,7 +311,48 @@ def train_and_judge(setup: Setup, lam: float | None, target: float | None, patte
     }
     image = _keep_image(setup, logits, noise)
     correct = None if outcome is None else outcome["correct"]
-    return Run(lam, judged, curve.assign(**{"lambda": lam}), summary, logits.cpu().numpy(), image, task, adapted, correct)
+    run = Run(lam, judged, curve.assign(**{"lambda": lam}), summary, logits.cpu().numpy(), image, task, adapted, correct)
+    if s.reference is not None:
+        run.reference, run.reference_logits = judge_reference(setup, trainer, run, bar)
+    return run
+
+
+def judge_reference(setup: Setup, trainer: DamTrainer, run: Run, bar) -> tuple[dict, np.ndarray]:
+    """The swap search (:mod:`~attnlens.analysis.dam.reference`) from ``reference``'s start at the
+    run's sparsity, on its training blocks, judged on the held-out blocks: its change against the
+    unmodified model and the mask's loss less the search's, paired over blocks. From the band it is
+    one search per target, shared by the target's seeds. Returns the row of ``reference`` and the
+    search's logits."""
+    s, density = setup.settings, trainer.target_density
+    key = density if s.reference == "band" else (density, run.summary["mask_seed"])
+    if key not in setup.references:
+        logits = torch.as_tensor(run.logits, device=setup.layout.valid.device)
+        kept, rank = start_mask(s.reference, setup.layout, setup.train, logits, density, s.seq_len, s.seed)
+        found = swap_search(trainer, setup.train_objective, setup.train, kept, rank, density, s.reference_rounds, bar)
+        setup.references[key] = (found, evaluate_mask(setup.layout, found.logits, setup.judge, setup.held_out))
+    else:
+        bar.update(s.reference_rounds)
+    found, held = setup.references[key]
+    paired = np.stack([held["losses"] - setup.baseline, run.judged["losses"] - held["losses"]])
+    mean, low, high = bootstrap_interval(paired, s.bootstrap, s.seed)
+    verdict = "DAM worse" if low[1] > 0 else "DAM better" if high[1] < 0 else "on par"
+    row = {
+        "lambda": run.lam,
+        "mask_seed": run.summary["mask_seed"],
+        "start": s.reference,
+        "rounds": found.rounds,
+        "swaps": len(found.swaps),
+        "start_train_loss": found.start_loss,
+        "train_loss": float(found.losses.mean()),
+        "dam_train_loss": run.summary["train_loss"],
+        "sparsity": float(held["sparsity"]),
+        "dam_sparsity": run.summary["sparsity"],
+        "delta": mean[0], "delta_low": low[0], "delta_high": high[0],
+        "dam_delta": run.summary["delta"],
+        "difference": mean[1], "difference_low": low[1], "difference_high": high[1],
+        "verdict": verdict,
+    }  # fmt: skip
+    return row, found.logits.cpu().numpy()
 
 
 def _keep_image(setup: Setup, logits: torch.Tensor, noise: float) -> np.ndarray:
@@ -285,10 +364,11 @@ def _keep_image(setup: Setup, logits: torch.Tensor, noise: float) -> np.ndarray:
 
 
 def adapt_patterns(
-    setup: Setup, lam: float, sparsity: float, steps: int, patterns: pd.DataFrame, original: dict, bar
+    setup: Setup, lam: float, sparsity: float, curve: pd.DataFrame, order: np.ndarray, patterns: pd.DataFrame, original: dict, bar
 ) -> list[tuple[dict, np.ndarray]]:
     """The band, local and bigbird points nearest a mask's ``sparsity`` (within 3 points; with a
-    task, its sparsity on the task's own positions), each given the mask's weight training and
+    task, its sparsity on the task's own positions), each given the mask's weight training (the
+    steps of its ``curve``: the same batches of ``order`` at the same learning rates) and
     judged on the held-out blocks, and by the task with the weights it trained (as the mask is);
     the weights are restored after each. Returns (row of ``patterns_adapted``, per-block losses,
     task outcome or None)."""
@@ -296,15 +376,17 @@ def adapt_patterns(
     if not s.patterns:
         return adapted
     matched_on = "sparsity" if setup.task is None else "task_sparsity"
+    batches = [int(order[step % len(order)]) for step in curve["step"]]
+    rates, budget = (curve["lr"] / s.lr).tolist(), s.steps
     for name in ADAPTED_PATTERNS:
         points = patterns[patterns["pattern"] == name]
         nearest = points.iloc[(points[matched_on] - sparsity).abs().argmin()]
         if abs(nearest[matched_on] - sparsity) > MATCH_WITHIN:
-            bar.update(s.steps)
+            bar.update(budget)
             continue
         change = setup.pattern(nearest)
-        losses = adapt_to_pattern(model, setup.train_objective, setup.train.split, change, setup.order, steps, s, bar)
-        bar.update(s.steps - steps)
+        losses = adapt_to_pattern(model, setup.train_objective, setup.train.split, change, batches, rates, s, bar)
+        bar.update(budget - len(batches))
         held_out = setup.held_out.split
         judged = evaluate_change(setup.judge, held_out.inputs, held_out.views, change)["loss"]
         removed = removed_fraction(change, held_out, setup.layout.valid)
@@ -319,7 +401,7 @@ def adapt_patterns(
             "value": int(nearest["value"]),
             "sparsity": removed,
         }
-        row |= {"steps": steps, "train_objective": float(np.mean(losses[-max(1, len(losses) // 10) :]))}
+        row |= {"steps": len(batches), "train_objective": float(np.mean(losses[-max(1, len(losses) // 10) :]))}
         adapted.append((row, judged, outcome))
     return adapted
 
@@ -367,8 +449,7 @@ def assemble(
     columns = ["lambda", "pattern", "family", "value", "sparsity", "steps", "train_objective"]
     adapted = _with_deltas(pd.DataFrame(adapted_rows, columns=columns), adapted_losses, baseline, s)
     tables = {
-        # columns of settings not used (no target, no warm start) are left out rather than all NaN
-        "summary": without_absolute_loss(pd.DataFrame([run.summary for run in runs]), judge).dropna(axis=1, how="all"),
+        "summary": _summary(runs, judge, s),
         "keep": pd.DataFrame([row for run in runs for row in keep_rows(run.lam, experiment.classes, run.judged)]),
         "keep_summary": pd.DataFrame(
             [row for run in runs for row in keep_summary_rows(run.lam, experiment.classes, run.judged, setup.same)]
@@ -382,6 +463,8 @@ def assemble(
     adapting = s.train_weights and s.patterns
     if adapting:
         tables["patterns_adapted"] = without_absolute_loss(adapted, judge)
+    if s.reference is not None:
+        tables["reference"] = pd.DataFrame([run.reference for run in runs])
     arrays = {
         "logits": np.stack([run.logits for run in runs]),
         "keep_images": np.stack([run.image for run in runs]),
@@ -389,6 +472,7 @@ def assemble(
         "baseline_losses": baseline,
         "pattern_losses": pattern_losses,
         **({"adapted_pattern_losses": adapted_losses} if adapting else {}),
+        **({"reference_logits": np.stack([run.reference_logits for run in runs])} if s.reference is not None else {}),
     }
     result = DamResult(_metadata(setup, command), tables, arrays)
     if task_patterns is not None:
@@ -396,6 +480,13 @@ def assemble(
         compared, judged, correct = task_patterns
         result.tables["task_compared"] = compare_on_task(compared, task_table, masks, judged, correct, s.bootstrap, s.seed)
     return result
+
+
+def _summary(runs: list[Run], judge: str, s: DamSettings) -> pd.DataFrame:
+    """One row per run; columns of settings not used (no target, no warm start, one seed, a check
+    that could not judge) are left out rather than all NaN or all the same."""
+    table = without_absolute_loss(pd.DataFrame([run.summary for run in runs]), judge).dropna(axis=1, how="all")
+    return table if s.mask_seeds > 1 else table.drop(columns="mask_seed")
 
 
 def _with_deltas(table: pd.DataFrame, losses: np.ndarray, baseline: np.ndarray, s: DamSettings) -> pd.DataFrame:
@@ -412,7 +503,7 @@ def _metadata(setup: Setup, command: str | None) -> dict:
     s, experiment = setup.settings, setup.experiment
     mean, low, high = bootstrap_interval(setup.baseline[None], s.bootstrap, s.seed)
     runs = {
-        "sparsity": None if s.lambdas is not None else [target for _, target in s.runs()],  # the targets run
+        "sparsity": None if s.lambdas is not None else list(dict.fromkeys(target for _, target, _ in s.runs())),
         "tau": list(s.temperature),
         "weights_lr": s.weights_lr if s.train_weights else None,
         "layout_classes": list(setup.layout_classes),

@@ -4,8 +4,8 @@
 Traceback (most recent call last):
     ...
 attnlens.errors.BadInput: lambdas -1: λ must be 0 or more (a finite number), e.g. lambdas 0.01,0.1
->>> DamSettings(sparsity=[0.9]).runs()               # (the λ a run starts from, its target sparsity)
-[(0.1, 0.9)]
+>>> DamSettings(sparsity=[0.9], mask_seeds=2).runs()    # (the λ a run starts from, its target sparsity, its seed)
+[(0.1, 0.9, 0), (0.1, 0.9, 1)]
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from attnlens.errors import BadInput
 from attnlens.settings import CorpusSettings, at_least, one_of, positive, probability
 
 REMOVALS = ("1e4", "inf", "renormalise")
+REFERENCE_STARTS = ("dam", "band")  # where the swap search starts (reference): each mask, or the band nearest its target
 DEFAULT_SPARSITY = (0.8, 0.9, 0.95)  # the targets when neither `lambdas` nor `sparsity` is given
 TASK_PATTERNS = ("all", "compared", "adapted")  # which fixed patterns the task judges (task_patterns)
 TRAIN_ON = ("auto", "objective", "task")  # what the masks learn from (train_on)
@@ -39,15 +40,19 @@ class DamSettings(CorpusSettings, TaskSettings):
 
     - The mask: ``variant`` (a layout of :data:`~attnlens.analysis.dam.layouts.LAYOUTS`),
       target ``sparsity`` (λ found by dual ascent from ``dual_start`` at step ``dual_lr``) or
-      fixed sparsity weights ``lambdas``; how removed positions are removed (``removal``);
-      the position ``classes`` reported (and learned by the ``class`` variant).
+      fixed sparsity weights ``lambdas``; ``mask_seeds`` masks per target or λ, each with its own noise
+      and batch order; how removed positions are removed (``removal``); the position ``classes``
+      reported (and learned by the ``class`` variant).
     - Training: Adam at ``lr`` on a cosine schedule to ``lr_end`` (a fraction of ``lr``) at the
       step cap ``steps``; the Gumbel noise's scale on the same schedule down to ``noise_end``;
       temperature ``tau`` (fixed, or ``"start:end"``); every logit starting at keep-probability
       ``init_keep``, or at a fixed pattern ``init``; ``train_weights`` fine-tunes the model
       alongside at ``weights_lr``; the ``objective``.
-    - The stopping rule: ``stop_window``, ``stop_flips``, ``stop_plateau``, ``stop_margin``
-      (:class:`~attnlens.analysis.dam.training.StoppingRule`).
+    - The end of a run: the schedule stops early by ``stop_window``, ``stop_flips``,
+      ``stop_plateau``, ``stop_margin`` (:class:`~attnlens.analysis.dam.training.StoppingRule`);
+      the convergence check compares the judged mask's training loss ``check_window`` steps apart
+      while the learning rate is at least ``check_lr`` of ``lr``
+      (:meth:`~attnlens.analysis.dam.training.DamTrainer.check`).
     - Data: ``train_seqs`` and ``eval_seqs`` disjoint blocks, the fixed ``patterns`` judged
       beside, ``bootstrap`` resamples; corpus settings as :class:`CorpusSettings`; with
       ``task`` (:class:`~attnlens.analysis.task.TaskSettings`) every mask and pattern is also
@@ -66,9 +71,9 @@ class DamSettings(CorpusSettings, TaskSettings):
 
     variant: str = "structured"
     lambdas: tuple[float, ...] | None = None  # fixed sparsity weights, instead of target sparsities
-    sparsity: tuple[float, ...] | None = None  # target sparsities (None and no lambdas: DEFAULT_SPARSITY)
     dual_lr: float = 0.2
     dual_start: float | None = None  # the λ a target's run starts from; None: DUAL_START, or with `init` where gradients balance
+    sparsity: tuple[float, ...] | None = None  # target sparsities (None and no lambdas: DEFAULT_SPARSITY)
     steps: int = 300  # the cap: the stopping rule usually ends a run earlier
     tau: str | float | tuple[float, float] = 1.0
     lr: float = 0.1
@@ -81,6 +86,7 @@ class DamSettings(CorpusSettings, TaskSettings):
     weights_lr: float = 1e-5
     classes: str | tuple[str, ...] | None = None
     objective: str = "auto"
+    train_objective: str | None = None  # what the masks learn from, if not `objective` (which judges them)
     train_on: str = "auto"
     train_seqs: int = 256
     eval_seqs: int = 64
@@ -92,6 +98,11 @@ class DamSettings(CorpusSettings, TaskSettings):
     stop_flips: float = 0.001
     stop_plateau: float = 0.01
     stop_margin: float = 0.05  # a decision changes when its logit crosses the threshold by more than this
+    check_window: int = 40  # the convergence check: steps over which the judged mask must not improve ...
+    check_lr: float = 0.25  # ... while the learning rate is at least this fraction of `lr`
+    mask_seeds: int = 1  # masks per target (or λ), seeds `seed`, `seed` + 1, ...
+    reference: str | None = None  # a swap search beside each mask, from its mask ("dam") or the band ("band")
+    reference_rounds: int = 20  # the swap search's most rounds
 
     def validate(self) -> None:
         super().validate()
@@ -100,6 +111,10 @@ class DamSettings(CorpusSettings, TaskSettings):
         self._validate_recipe()
         parse_classes(self.classes)
         one_of("objective", self.objective, OBJECTIVES)
+        if self.train_objective is not None:
+            one_of("train_objective", self.train_objective, OBJECTIVES)
+            if self.train_on == "task":
+                raise BadInput("`train_objective` names a corpus objective; with `train_on` task the masks learn from the task")
         one_of("task_patterns", self.task_patterns, TASK_PATTERNS)
         one_of("train_on", self.train_on, TRAIN_ON)
         if self.train_on == "task" and self.task is None:
@@ -116,6 +131,16 @@ class DamSettings(CorpusSettings, TaskSettings):
         positive("dual_lr", self.dual_lr)
         if self.dual_start is not None:
             positive("dual_start", self.dual_start, " (λ moves in log space), e.g. `dual_start` 1")
+        at_least("mask_seeds", self.mask_seeds, 1, " masks per target (each its own noise and batch order)")
+        if self.mask_seeds > 1 and self.lambdas is not None:
+            raise BadInput("`mask_seeds` needs target sparsities (runs are told apart by the λ they end at); give `sparsity`")
+        if self.reference is not None:
+            one_of("reference", self.reference, REFERENCE_STARTS)
+            at_least("reference_rounds", self.reference_rounds, 1, " rounds of the swap search")
+            if self.sparsity is None and self.lambdas is not None:
+                raise BadInput("`reference` searches at a target sparsity; give `sparsity` (e.g. 0.9) instead of `lambdas`")
+            if self.train_weights:
+                raise BadInput("`reference` searches masks for the pretrained weights; it cannot follow `train_weights`")
         if self.lambdas is not None and not self.lambdas:
             raise BadInput("`lambdas` is empty; give at least one λ, e.g. `lambdas` 0.01,0.1")
         for value in self.lambdas or ():
@@ -128,6 +153,12 @@ class DamSettings(CorpusSettings, TaskSettings):
         at_least(
             "steps", self.steps, self.stop_window, f": the stopping rule needs `stop_window` ({self.stop_window}) steps to judge"
         )
+        at_least("check_window", self.check_window, 2, " steps (the check scores the mask every check_window / 2 steps)")
+        if not self.lr_end < self.check_lr <= 1:
+            raise BadInput(
+                f"`check_lr` {self.check_lr:g}: the least learning rate the check judges at, a fraction of `lr` above "
+                f"`lr_end` ({self.lr_end:g}) and at most 1, e.g. 0.25"
+            )
         probability("stop_flips", self.stop_flips, ", e.g. 0.001")
         positive("stop_plateau", self.stop_plateau, ", e.g. 0.01")
         if not (self.stop_margin >= 0 and math.isfinite(self.stop_margin)):
@@ -150,13 +181,15 @@ class DamSettings(CorpusSettings, TaskSettings):
             positive("weights_lr", self.weights_lr)
         parse_tau(self.tau)
 
-    def runs(self) -> list[tuple[float | None, float | None]]:
-        """(the λ a run starts from, its target sparsity or None) for every run. A target's run from
-        a warm start (``init``) starts at ``None``: where the gradients balance."""
+    def runs(self) -> list[tuple[float | None, float | None, int]]:
+        """(the λ a run starts from, its target sparsity or None, its seed) for every run:
+        ``mask_seeds`` per λ or target. A target's run from a warm start (``init``) starts at
+        ``None``: where the gradients balance."""
+        seeds = [self.seed + number for number in range(self.mask_seeds)]
         if self.lambdas is not None:
-            return [(float(value), None) for value in self.lambdas]
+            return [(float(value), None, seed) for value in self.lambdas for seed in seeds]
         start = self.dual_start or (None if self.init is not None else DUAL_START)
-        return [(start, float(target)) for target in (self.sparsity or DEFAULT_SPARSITY)]
+        return [(start, float(target), seed) for target in (self.sparsity or DEFAULT_SPARSITY) for seed in seeds]
 
     @property
     def temperature(self) -> tuple[float, float]:

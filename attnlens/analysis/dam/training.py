@@ -1,4 +1,4 @@
-"""Training one mask: the trainer, its schedules, dual ascent on λ and the stopping rule.
+"""Training one mask: the trainer, its schedules, dual ascent on λ, the stopping rule and the convergence check.
 
 :class:`DamTrainer` is built from a layout and the run's :class:`DamSettings` alone (it has
 no defaults of its own, so what a benchmark measures is what :func:`dam` runs). Each step
@@ -6,8 +6,10 @@ draws a Gumbel-sigmoid sample ``M_soft = σ((α + s·(g₁ - g₂))/τ)``, uses 
 ``M = [α + s·(g₁ - g₂) > 0]`` in the forward pass with the straight-through gradient of
 ``M_soft``, and minimises ``objective + λ·mean(M)`` (the mean over valid positions, so
 ``mean(M)`` is the density). With a target sparsity, λ moves by dual ascent and the logits
-are shifted at the end so the hard mask meets the target (:meth:`DamTrainer.calibrate`);
-:class:`StoppingRule` ends a run whose hard mask has stopped changing.
+are shifted so the hard mask meets the target (:meth:`DamTrainer.calibrate`);
+:class:`StoppingRule` ends the schedule once the hard mask stops changing, and
+:meth:`DamTrainer.check` then asks whether the mask is an optimum, at a learning rate that
+still moves it, or only where the annealed schedule froze it.
 
 >>> cosine(0, 11, 0.1), round(cosine(5, 11, 0.1), 3), cosine(10, 11, 0.1)
 (1.0, 0.55, 0.1)
@@ -24,10 +26,10 @@ import numpy as np
 import pandas as pd
 import torch
 
-from attnlens.analysis.changes import rescue_rows, seeded
+from attnlens.analysis.changes import MaskChange, rescue_rows, seeded
 from attnlens.analysis.dam.layouts import MaskLayout, hard_sparsity
 from attnlens.analysis.dam.settings import DamSettings
-from attnlens.analysis.evaluation import frozen
+from attnlens.analysis.evaluation import bootstrap_interval, evaluate_change, frozen
 from attnlens.analysis.objectives import Objective, PreparedBatch
 from attnlens.models.capture import Capture
 from attnlens.models.loading import LoadedModel
@@ -36,6 +38,9 @@ if TYPE_CHECKING:  # judging imports this module
     from attnlens.analysis.dam.judging import MaskSplit
 
 NOISE_STREAM, ORDER_STREAM, PROBE_STREAM = 11, 12, 14  # seeded streams of a run's draws (13: the patterns')
+CHECK_BATCHES = 8  # training batches the convergence check scores the judged mask on
+TARGET_WITHIN = 0.01  # converged with a target: the shift to it changes training's hard mask by at most a point
+FLOAT_FLOOR = 1e-6  # a change of a loss smaller than float32 arithmetic resolves there is no improvement
 DUAL_PROBES = 4  # batches whose gradients set the λ a warm start's run starts from (DamTrainer.balancing_lambda)
 LAMBDA_FLOOR = 1e-3  # the least λ a run starts from (dual ascent moves λ in log space)
 _BIG = 1e4  # the straight-through gradient scale of both additive removals: ∂scores/∂M
@@ -56,6 +61,27 @@ def batch_order(seed: int, num_batches: int, steps: int) -> np.ndarray:
     rng = np.random.default_rng(seeded(seed, ORDER_STREAM))
     epochs = math.ceil(steps / num_batches)
     return np.concatenate([rng.permutation(num_batches) for _ in range(epochs)])[:steps]
+
+
+def top_share(values: torch.Tensor, weights: torch.Tensor, share: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keep ``values`` from the largest down until their ``weights`` make up ``share`` of the total
+    (the count whose share is nearest it): the kept positions and the cut, midway between the last
+    value kept and the first left out.
+
+    >>> kept, cut = top_share(torch.tensor([4.0, 1.0, 3.0, 2.0]), torch.tensor([1.0, 1.0, 2.0, 1.0]), 0.6)
+    >>> kept.tolist(), float(cut)
+    ([True, False, True, False], 2.5)
+    """
+    flat, weight = values.flatten(), weights.flatten().to(values.dtype)
+    order = torch.argsort(flat, descending=True, stable=True)
+    shares = torch.cat([flat.new_zeros(1), torch.cumsum(weight[order], 0) / weight.sum()])
+    count = int(torch.argmin((shares - share).abs()))  # the first of equal distances: fewest positions of no weight
+    kept = torch.zeros_like(flat, dtype=torch.bool)
+    kept[order[:count]] = True
+    ranked = flat[order]
+    above = ranked[count - 1] if count > 0 else ranked[0] + 1
+    below = ranked[count] if count < len(ranked) else ranked[-1] - 1
+    return kept.view_as(values), (above + below) / 2
 
 
 def balancing_lambda(ratio: torch.Tensor, weights: torch.Tensor, keep: float) -> float:
@@ -123,8 +149,10 @@ class DamTrainer:
 
     ``__init__`` stores what it is given only; :meth:`start` creates ``logits_`` (and the
     optimiser and noise generator), :meth:`step` takes one training step, :meth:`fit` runs
-    them until the stopping rule holds or the cap. ``lam`` is the starting λ (``None`` with a
-    target: where the gradients balance), ``init_logits`` a warm start.
+    the schedule until the stopping rule holds or the cap, then :meth:`check` tests the mask
+    for an optimum. ``lam`` is the starting λ (``None`` with a target: where the gradients
+    balance), ``init_logits`` a warm start, ``seed`` the run's draws (noise and batch order;
+    default the settings' seed).
 
     With an additive removal (``"1e4"``, ``"inf"``) the straight-through gradient treats the
     mask as ``s' = s + gradient_scale·(M - 1)`` near the hard value: with ``gradient_scale =
@@ -144,9 +172,11 @@ class DamTrainer:
         lam: float | None,
         target_density: float | None = None,
         init_logits: torch.Tensor | None = None,
+        seed: int | None = None,
     ) -> None:
         self.layout, self.settings = layout, settings
         self.lam, self.target_density, self.init_logits = lam, target_density, init_logits
+        self.seed = settings.seed if seed is None else seed
         self.steps = settings.steps
         self.tau = settings.temperature
         self.stopping = StoppingRule.of(settings)
@@ -163,7 +193,7 @@ class DamTrainer:
         if s.train_weights:
             groups.append({"params": [p for p in model.model.parameters() if p.requires_grad], "lr": s.weights_lr})
         self.optimizer_ = torch.optim.Adam(groups)
-        self.generator_ = torch.Generator().manual_seed(seeded(s.seed, NOISE_STREAM))
+        self.generator_ = torch.Generator().manual_seed(seeded(self.seed, NOISE_STREAM))
         self.step_ = 0
         return self
 
@@ -180,8 +210,12 @@ class DamTrainer:
 
     def noise(self, step: int) -> float:
         """The scale of the logistic noise at ``step``: a cosine from 1 down to ``noise_end``, so that
-        late samples approach the hard mask α > 0 that is judged."""
+        late samples approach the hard mask that is judged."""
         return cosine(step, self.steps, self.settings.noise_end)
+
+    def schedule(self) -> tuple[float, float, float]:
+        """(temperature, learning-rate factor, noise scale) of the next step."""
+        return self.temperature(self.step_), self.rate(self.step_), self.noise(self.step_)
 
     # -- one step
 
@@ -249,26 +283,32 @@ class DamTrainer:
         relaxation carries the gradients to the logits)."""
         mask, score_mask, noisy = self.sample(tau, noise)
         density = (mask * counts).sum() / counts.sum()
+        return self.masked_loss(objective, batch, context, mask, score_mask, noisy), density
+
+    def masked_loss(
+        self, objective: Objective, batch: PreparedBatch, context: torch.Tensor, mask, score_mask, noisy
+    ) -> torch.Tensor:
+        """The objective on ``batch`` with ``mask`` (or ``score_mask``, by the removal) inside attention."""
         if self.settings.removal == "renormalise":
             capture = Capture(record=False, intervene_weights=self.gate(mask, context, noisy))
         else:
             capture = Capture(record=False, intervene=self.intervention(score_mask, context, noisy))
         with capture:
-            task = objective.evaluate(batch)["loss"].mean()
-        return task, density
+            return objective.evaluate(batch)["loss"].mean()
 
     def balancing_lambda(self, objective: Objective, data: MaskSplit, probes: list[int]) -> float:
         """The λ a run aimed at ``target_density`` starts from: at the starting logits, the λ at
         which the objective's gradient outweighs λ times the density's on exactly the target's share
         of positions, so the first steps move the mask towards the target instead of away from it
         (from a warm start at a pattern as sparse as the target, a λ too small would first undo the
-        pattern). Averaged over ``batches`` and their sampled masks, drawn from a noise stream of
-        their own; at least :data:`LAMBDA_FLOOR`."""
-        saved, self.generator_ = self.generator_, torch.Generator().manual_seed(seeded(self.settings.seed, PROBE_STREAM))
+        pattern). Averaged over the ``probes`` batches and their sampled masks, drawn from a noise
+        stream of their own; at least :data:`LAMBDA_FLOOR`."""
+        saved, self.generator_ = self.generator_, torch.Generator().manual_seed(seeded(self.seed, PROBE_STREAM))
+        tau, _, noise = self.schedule()
         pull, push, weights = (torch.zeros_like(self.logits_) for _ in range(3))
         for index in probes:
             batch, context, counts = data.split.inputs[index], data.contexts[index], data.counts[index]
-            task, density = self.sampled_loss(objective, batch, context, counts, self.tau[0], self.noise(0))
+            task, density = self.sampled_loss(objective, batch, context, counts, tau, noise)
             pull -= torch.autograd.grad(task, self.logits_, retain_graph=True)[0]  # > 0 where keeping more lowers the objective
             push += torch.autograd.grad(density, self.logits_)[0]
             weights += (counts / counts.sum()).detach()
@@ -277,16 +317,34 @@ class DamTrainer:
         ratio = pull[decided] / push[decided].clamp_min(1e-30)
         return max(balancing_lambda(ratio, weights[decided], self.target_density), LAMBDA_FLOOR)
 
+    def mask_gradient(
+        self, objective: Objective, data: MaskSplit, kept: torch.Tensor, batches: list[int] | None = None
+    ) -> torch.Tensor:
+        """``∂L/∂M`` at the hard mask ``kept`` (layout shape), the mean loss of each of ``batches``
+        (default all) of ``data`` averaged: the first-order change of the loss as each logit's
+        positions come back (removed) or go (kept), applied as training applies a mask."""
+        batches = range(len(data.split.inputs)) if batches is None else batches
+        mask = kept.to(torch.float32).requires_grad_(True)
+        score_mask = mask.detach() + (mask - mask.detach()) * (self.gradient_scale / _BIG)
+        gradient = torch.zeros_like(mask)
+        weights = contextlib.nullcontext() if self.settings.train_weights else frozen(self.model_.model)
+        with weights, torch.enable_grad():
+            for index in batches:
+                batch, context = data.split.inputs[index], data.contexts[index]
+                task = self.masked_loss(objective, batch, context, mask, score_mask, torch.where(kept, 1.0, -1.0))
+                gradient += torch.autograd.grad(task, mask)[0]
+        return gradient / len(batches)
+
     def step(
         self, objective: Objective, batch: PreparedBatch, context: torch.Tensor, counts: torch.Tensor | None = None
     ) -> dict[str, float]:
         """One step on one batch: sample, forward with the mask, loss + λ·density, backward, update.
         ``counts``: the valid positions each logit decides in the batch (default: unpadded blocks)."""
         counts = self.layout.counts(context) if counts is None else counts
-        tau, rate = self.temperature(self.step_), self.rate(self.step_)
+        tau, rate, noise = self.schedule()
         for group, base in zip(self.optimizer_.param_groups, (self.settings.lr, self.settings.weights_lr)):
             group["lr"] = base * rate
-        task, density = self.sampled_loss(objective, batch, context, counts, tau, self.noise(self.step_))
+        task, density = self.sampled_loss(objective, batch, context, counts, tau, noise)
         loss = task + self.lam * density
         self.optimizer_.zero_grad(set_to_none=True)
         loss.backward()
@@ -294,7 +352,7 @@ class DamTrainer:
         self.step_ += 1
         with torch.no_grad():
             weights = counts / counts.sum()
-            keep = self.keep_probability(self.step_ - 1)
+            keep = torch.sigmoid(self.logits_.detach() / max(noise, 1e-6))
             hard_density = float((weights * (self.logits_ > 0)).sum())
             undecided = float((weights * ((keep > 0.1) & (keep < 0.9))).sum())
         if self.target_density is not None:  # dual ascent: λ rises while the hard mask keeps more than the target
@@ -311,11 +369,6 @@ class DamTrainer:
             **({"lambda_now": self.lam} if self.target_density is not None else {}),  # the λ dual ascent is at
         }
 
-    def keep_probability(self, step: int) -> torch.Tensor:
-        """σ(α / s): the probability that a sample at ``step`` keeps each position, where s is the
-        noise scale then (α + s·logistic noise > 0); σ(α) without noise annealing."""
-        return torch.sigmoid(self.logits_.detach() / max(self.noise(step), 1e-6))
-
     # -- the end of a run
 
     def calibrate(self, data: MaskSplit) -> float:
@@ -324,6 +377,14 @@ class DamTrainer:
         as the logits' granularity allows: dual ascent leaves the density a few points off, and a
         comparison at matched sparsity needs it within one. The ranking of positions is unchanged.
         Returns the shift (subtracted)."""
+        shift = self.cut(data.contexts, data.valids)
+        with torch.no_grad():
+            self.logits_ -= shift
+        return shift
+
+    def cut(self, contexts: list[torch.Tensor], valids: list[torch.Tensor | None]) -> float:
+        """The constant :meth:`calibrate` subtracts: the cut between two logits whose hard mask keeps
+        nearest ``target_density`` of the positions of ``contexts`` (and their ``valids``)."""
         logits = self.logits_.detach()
         values = torch.unique(logits)  # ascending; a cut between two keeps the logits above it
         cuts = torch.cat([values[:1] - 1, (values[1:] + values[:-1]) / 2, values[-1:] + 1])
@@ -331,7 +392,7 @@ class DamTrainer:
 
         def kept(index: int) -> float:
             if index not in density:
-                density[index] = 1.0 - hard_sparsity(self.layout, logits - cuts[index], data.contexts, data.valids)
+                density[index] = 1.0 - hard_sparsity(self.layout, logits - cuts[index], contexts, valids)
             return density[index]
 
         low, high = 0, len(cuts) - 1  # the density falls as the cut rises
@@ -339,10 +400,7 @@ class DamTrainer:
             middle = (low + high) // 2
             low, high = (middle, high) if kept(middle) > self.target_density else (low, middle)
         best = min((low, high), key=lambda index: abs(kept(index) - self.target_density))
-        shift = float(cuts[best])
-        with torch.no_grad():
-            self.logits_ -= shift
-        return shift
+        return float(cuts[best])
 
     def flipped(self, before: torch.Tensor, now: torch.Tensor, counts: torch.Tensor) -> float:
         """The fraction of positions (each logit weighted by the ``counts`` of positions it decides)
@@ -350,41 +408,116 @@ class DamTrainer:
         return float((counts * (before != now)).sum() / counts.sum())
 
     def fit(self, model: LoadedModel, objective: Objective, data: MaskSplit, order: np.ndarray, bar=None) -> pd.DataFrame:
-        """Steps on the batches of ``data`` taken in ``order`` until the stopping rule says the mask has converged
-        (or ``steps``, the cap); returns the training curve, with the fraction of the hard mask
-        that flipped over the last window (``flipped``). ``converged_`` and ``steps_used_`` say how it ended."""
+        """The schedule on the batches of ``data`` taken in ``order``, until the stopping rule holds
+        (``annealed_``) or the cap; with a target, the cut that meets it on ``data`` (``shift_``); then
+        :meth:`check`. Returns the training curve, with the fraction of the hard mask that flipped
+        over the last window (``flipped``) and, every ``check_window`` / 2 steps, the judged mask's
+        loss on the check's training batches (``judged_loss``)."""
         self.start(model)
         weights = contextlib.nullcontext() if self.settings.train_weights else frozen(model.model)
-        if self.lam is None:  # a target's run from a warm start: λ starts where the gradients balance
-            with weights, torch.enable_grad():
-                self.lam = self.balancing_lambda(objective, data, [int(index) for index in order[:DUAL_PROBES]])
-        self.lambda_start_ = self.lam
-        weights = contextlib.nullcontext() if self.settings.train_weights else frozen(model.model)
         with weights, torch.enable_grad():
+            if self.lam is None:  # a target's run from a warm start: λ starts where the gradients balance
+                self.lam = self.balancing_lambda(objective, data, [int(index) for index in order[:DUAL_PROBES]])
+            self.lambda_start_ = self.lam
             history = self._steps(objective, data, order, bar)
-        self.steps_used_ = len(history)
-        self.shift_ = self.calibrate(data) if self.target_density is not None else float("nan")  # no target, no shift
-        if bar is not None:
-            bar.update(self.steps - self.steps_used_)  # the steps a converged run did not need
+            self.steps_used_ = len(history)
+            if bar is not None:
+                bar.update(self.steps - self.steps_used_)  # the steps an annealed run did not need
+            self.shift_ = self.calibrate(data) if self.target_density is not None else float("nan")  # no target, no shift
+        self.check()
         return pd.DataFrame(history)
 
     def _steps(self, objective: Objective, data: MaskSplit, order: np.ndarray, bar) -> list[dict]:
-        """The training steps, until the stopping rule holds (``converged_``) or the cap."""
+        """The schedule's steps, until the stopping rule holds (``annealed_``) or the cap."""
         rule, history = self.stopping, []
         hard = [self.logits_.detach() > 0]  # the decisions of the last `window` + 1 steps
-        self.converged_ = False
+        self.annealed_, self.judged_ = False, {-1: (1.0, *self.judged_losses(objective, data))}  # -1: the start
+        every = max(self.settings.check_window // 2, 1)
         for step in range(self.steps):
             index = int(order[step])
-            row = {"step": step, **self.step(objective, data.split.inputs[index], data.contexts[index], data.counts[index])}
+            counts = data.counts[index]
+            row = {"step": step, **self.step(objective, data.split.inputs[index], data.contexts[index], counts)}
+            if (step + 1) % every == 0:  # the judged mask after this step, for the convergence check
+                self.judged_[step] = (self.rate(step), *self.judged_losses(objective, data))
+                row["judged_loss"] = float(self.judged_[step][1].mean())
             hard.append(rule.decisions(self.logits_.detach(), hard[-1]))
             if len(hard) > rule.window + 1:
                 hard.pop(0)
             if len(hard) == rule.window + 1:  # hard[0]: the decisions `window` steps ago
-                row["flipped"] = self.flipped(hard[0], hard[-1], data.counts[index])
+                row["flipped"] = self.flipped(hard[0], hard[-1], counts)
             history.append(row)
             if bar is not None:
                 bar.update(1)
             if "flipped" in row and row["flipped"] < rule.flips and rule.plateaued([entry["loss"] for entry in history]):
-                self.converged_ = True
+                self.annealed_ = True
                 break
+        last = len(history) - 1
+        if last not in self.judged_:  # the mask as the schedule left it, scored too
+            self.judged_[last] = (self.rate(last), *self.judged_losses(objective, data))
+            history[-1]["judged_loss"] = float(self.judged_[last][1].mean())
         return history
+
+    def check(self) -> None:
+        """Whether the mask converged while the learning rate still moved it (``converged_``), not
+        only where the annealed schedule froze it.
+
+        The judged mask (calibrated to the target) is scored on a fixed few training batches every
+        ``check_window`` / 2 steps (:meth:`judged_losses`). The check compares the last score taken
+        while the learning rate was at least ``check_lr`` of its start with the score
+        ``check_window`` steps earlier (or the earliest in between, when the stopping rule ended the
+        run sooner), paired over blocks with a 95% bootstrap interval. Converged:
+        over that window the mask's score did not change by more than its noise (nor by more than
+        :data:`FLOAT_FLOOR`, below which a loss near 0 only jitters), at a rate that still moves
+        its logits (a quarter of the start moves one by 1 in 40 steps), so the schedule's last, annealed
+        stretch only froze a mask that had already settled; and, with a target, the shift that meets
+        it there changed training's own hard mask by at most :data:`TARGET_WITHIN` of the positions,
+        so the mask judged is the mask trained, not one the threshold shift made. Not converged: it
+        was still changing when the rate fell (the annealing ended it), dual ascent had not brought
+        training's mask to the target, or the run was too short to judge. ``check_``: the window's end
+        step, the change of the score with its interval, and the share the shift removed there.
+        """
+        s = self.settings
+        meaningful = [step for step, (rate, *_) in self.judged_.items() if rate >= s.check_lr]
+        end = meaningful[-1] if meaningful else None
+        # the score check_window steps earlier (or the earliest within it, when the stopping rule ended a run sooner)
+        earlier = [step for step in self.judged_ if end is not None and end - s.check_window <= step < end]
+        start = earlier[0] if earlier else None
+        self.check_ = {
+            "check_step": float("nan"),
+            "check_delta": float("nan"),
+            "check_low": float("nan"),
+            "check_high": float("nan"),
+            "check_shifted": float("nan"),
+        }
+        self.converged_ = False
+        if start not in self.judged_:  # too few steps at a meaningful rate to judge
+            return
+        change = self.judged_[end][1] - self.judged_[start][1]
+        mean, low, high = bootstrap_interval(change[None], s.bootstrap, self.seed)
+        shifted = self.judged_[end][2]
+        self.check_ = {
+            "check_step": end, "check_delta": mean[0], "check_low": low[0], "check_high": high[0], "check_shifted": shifted,
+        }  # fmt: skip
+        settled = bool(low[0] <= 0 <= high[0] or abs(mean[0]) <= FLOAT_FLOOR)  # no change beyond its noise
+        self.converged_ = settled and (self.target_density is None or abs(shifted) <= TARGET_WITHIN)
+
+    def judged_losses(self, objective: Objective, data: MaskSplit) -> tuple[np.ndarray, float]:
+        """The loss of each block of the check's training batches (the first :data:`CHECK_BATCHES`)
+        under the mask as it would be judged now (α > 0, calibrated to the target on those batches),
+        and the share of positions the calibration's shift removed there (negative: brought back)
+        from training's own hard mask."""
+        count = min(CHECK_BATCHES, len(data.split.inputs))
+        contexts, valids, logits = data.contexts[:count], data.valids[:count], self.logits_.detach()
+        shifted = float("nan")  # no target: nothing is shifted
+        if self.target_density is not None:
+            before = hard_sparsity(self.layout, logits, contexts, valids)
+            logits = logits - self.cut(contexts, valids)
+            shifted = hard_sparsity(self.layout, logits, contexts, valids) - before
+        change = MaskChange(self.layout, logits, "")
+        return evaluate_change(objective, data.split.inputs[:count], data.split.views[:count], change)["loss"], shifted
+
+    def train_losses(self, objective: Objective, data: MaskSplit, logits: torch.Tensor | None = None) -> np.ndarray:
+        """The loss of each training block (or example) under the hard mask of ``logits`` (default
+        the run's) as it is judged."""
+        change = MaskChange(self.layout, self.logits_.detach() if logits is None else logits, "")
+        return evaluate_change(objective, data.split.inputs, data.split.views, change)["loss"]

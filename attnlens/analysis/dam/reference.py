@@ -1,0 +1,159 @@
+"""A reference the optimiser must meet: a discrete swap search for a mask of few logits.
+
+DAM relaxes a discrete choice (keep or drop each logit's positions) into a noisy, annealed
+optimisation; whether it found a good mask is a question a discrete search can answer
+where there are few enough logits (``structured``: one per head and offset). The search
+starts from a hard mask at the target sparsity (DAM's own, or the band nearest it), and
+each round:
+
+1. takes the gradient of the training loss with respect to the hard mask, ``∂L/∂M``: the
+   first-order change of the loss when a logit's positions are dropped (``-∂L/∂M``) or
+   brought back (``+∂L/∂M``);
+2. proposes the swaps (drop one kept logit, bring back one removed logit) that estimate best
+   and keep the sparsity within :data:`SPARSITY_TOLERANCE` of the target;
+3. judges each of the :data:`SWAP_CANDIDATES` best by a forward pass over every training
+   block, and keeps the best if it lowers the training loss.
+
+It stops when no candidate lowers the loss (a local optimum under single swaps) or after
+``reference_rounds`` rounds. It only ever keeps a mask that does better on the training
+blocks, so it never ends worse than it started there.
+
+>>> REFERENCE_LIMIT
+4096
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from attnlens.analysis.changes import PATTERN_STREAM, seeded
+from attnlens.analysis.dam.layouts import MaskLayout, hard_sparsity, pattern_logits
+from attnlens.analysis.dam.training import top_share
+from attnlens.analysis.objectives import Objective
+from attnlens.analysis.patterns import build
+from attnlens.errors import BadInput
+
+if TYPE_CHECKING:
+    from attnlens.analysis.dam.judging import MaskSplit
+    from attnlens.analysis.dam.training import DamTrainer
+
+REFERENCE_LIMIT = 4096  # logits: each round costs a forward over the training blocks per candidate swap
+SWAP_CANDIDATES = 8  # swaps judged exactly per round, the best by their first-order estimate
+SPARSITY_TOLERANCE = 0.003  # a swap may move the sparsity this far from the target (logits decide unequal shares)
+
+
+def check_size(layout: MaskLayout) -> None:
+    """A clear error where a layout has too many logits for a swap search."""
+    size = int(np.prod(layout.shape))
+    if size > REFERENCE_LIMIT:
+        raise BadInput(
+            f"`reference` needs a layout of at most {REFERENCE_LIMIT:,} logits; {layout.name} has {size:,} here "
+            "(use --variant structured, structured+global or class, or a shorter --seq-len)"
+        )
+
+
+@dataclass
+class SearchOutcome:
+    """Where a swap search ended: the mask as logits (+1 kept, -1 dropped), its training loss per
+    block and at the start, the rounds taken and the swaps kept (round, dropped, added: flat logit
+    indices)."""
+
+    logits: torch.Tensor
+    losses: np.ndarray
+    start_loss: float
+    rounds: int
+    swaps: list[tuple[int, int, int]] = field(default_factory=list)
+
+
+def swap_search(
+    trainer: DamTrainer,
+    objective: Objective,
+    data: MaskSplit,
+    kept: torch.Tensor,
+    rank: torch.Tensor,
+    target_density: float,
+    rounds: int,
+    bar=None,
+) -> SearchOutcome:
+    """Swap single logits of the hard mask ``kept`` (layout shape) while the training loss on ``data``
+    falls; see the module docstring. ``rank`` orders the logits within the kept and within the
+    dropped (a row left empty keeps its keys of largest logit, as a judged mask's would).
+    ``trainer`` (started on the model) applies masks as training does (its removal); ``bar``
+    advances a step per round, and by the rounds not needed at the end."""
+    share = sum(data.counts) / sum(counts.sum() for counts in data.counts)  # each logit's share of the positions
+    current, order = kept.clone(), torch.sigmoid(rank)
+
+    def as_logits(mask: torch.Tensor) -> torch.Tensor:  # kept in (1, 2), dropped in (-2, -1), each in rank's order
+        return torch.where(mask, 1.0 + order, -2.0 + order)
+
+    losses = trainer.train_losses(objective, data, as_logits(current))
+    outcome = SearchOutcome(as_logits(current), losses, float(losses.mean()), 0)
+    for number in range(1, rounds + 1):
+        outcome.rounds = number
+        gradient = trainer.mask_gradient(objective, data, current)
+        best = None
+        for drop, add in _proposals(current, gradient, share, target_density):
+            trial = current.clone().flatten()
+            trial[drop], trial[add] = False, True
+            trial = trial.view_as(current)
+            trial_losses = trainer.train_losses(objective, data, as_logits(trial))
+            if best is None or trial_losses.mean() < best[1].mean():
+                best = (trial, trial_losses, drop, add)
+        if bar is not None:
+            bar.update(1)
+        if best is None or best[1].mean() >= losses.mean():  # no swap helps: a local optimum under single swaps
+            break
+        current, losses = best[0], best[1]
+        outcome.swaps.append((number, best[2], best[3]))
+    if bar is not None:
+        bar.update(rounds - outcome.rounds)
+    outcome.logits, outcome.losses = as_logits(current), losses
+    return outcome
+
+
+def _proposals(kept: torch.Tensor, gradient: torch.Tensor, share: torch.Tensor, target: float) -> list[tuple[int, int]]:
+    """The :data:`SWAP_CANDIDATES` swaps (drop, add) of best first-order estimate, ``∂L/∂M`` of the
+    added logit less that of the dropped, among those that keep the density within tolerance."""
+    flat, gradient, share = kept.flatten(), gradient.flatten(), share.flatten()
+    density = float(share[flat].sum())
+    kept_index, removed_index = flat.nonzero().flatten(), (~flat & (share > 0)).nonzero().flatten()
+    if not len(kept_index) or not len(removed_index):
+        return []
+    drops = kept_index[torch.argsort(-gradient[kept_index])[:SWAP_CANDIDATES]]  # dropping raises L least (or lowers it)
+    adds = removed_index[torch.argsort(gradient[removed_index])[:SWAP_CANDIDATES]]  # bringing back lowers L most
+    pairs = []
+    for drop in drops.tolist():
+        for add in adds.tolist():
+            moved = density + float(share[add] - share[drop])
+            if abs(moved - target) <= SPARSITY_TOLERANCE or abs(moved - target) <= abs(density - target):
+                pairs.append((float(gradient[add] - gradient[drop]), drop, add))
+    return [(drop, add) for _, drop, add in sorted(pairs)[:SWAP_CANDIDATES]]
+
+
+def start_mask(
+    start: str, layout: MaskLayout, data: MaskSplit, logits: torch.Tensor, target_density: float, seq_len: int, seed: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The hard mask a search starts from, at the target, and the values that rank its logits: DAM's
+    (``logits > 0``, as calibrated), or the narrowest band that keeps at least the target's share of
+    the training positions, its widest offsets dropped down to the target (the pattern's logits,
+    ties broken towards the layout's first, narrowest, logits)."""
+    if start == "dam":
+        return logits > 0, logits
+    generator = torch.Generator().manual_seed(seeded(seed, PATTERN_STREAM))
+    weights = sum(data.counts)
+    for width in range(1, seq_len):
+        keeps = [
+            (context, build("band", seq_len, width, view.roles().cls.to(context.device), generator))
+            for context, view in zip(data.contexts, data.split.views)
+        ]
+        band = pattern_logits(layout, keeps)
+        if 1.0 - hard_sparsity(layout, band, data.contexts, data.valids) >= target_density:
+            break
+    last = band.shape[-1]  # ties: the narrower offset (or earlier class) first, in every head alike
+    rank = band - 1e-3 * torch.arange(last, device=band.device) / last
+    kept, _ = top_share(rank, weights, target_density)
+    return kept, rank

@@ -1,0 +1,82 @@
+"""Masks per seed, combined: the spread of their held-out change, and verdicts that count it.
+
+A learned mask is a result only when another run reproduces it. With ``mask_seeds`` > 1 each
+target trains several masks (each its own Gumbel noise and batch order, on the same blocks);
+these tables say how far apart they ended and whether a comparison with a pattern holds for
+all of them.
+
+>>> import pandas as pd
+>>> runs = pd.DataFrame({"lambda": [1.0, 2.0, 3.0], "target_sparsity": [0.9] * 3, "mask_seed": [0, 1, 2]})
+>>> compared = pd.DataFrame({"lambda": [1.0, 2.0, 3.0], "scope": ["own family"] * 3, "pattern": ["band"] * 3,
+...                          "value": [3, 3, 3], "difference": [-0.02, -0.03, -0.025], "verdict": ["better"] * 3})
+>>> verdicts_across_seeds(compared, runs, lower_is_better=True)[["seeds", "verdicts", "verdict"]].values.tolist()
+[[3, 'better 3', 'better']]
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from attnlens.analysis.task import t_halfwidth
+
+
+def spread(runs: pd.DataFrame, column: str = "delta") -> pd.DataFrame:
+    """Per target sparsity, the ``column`` of every seed's mask: mean, median, least, most, standard
+    deviation and the t interval of the mean across seeds, and how many of the runs converged."""
+    rows = []
+    for target, group in runs.groupby("target_sparsity", sort=False):
+        values = group[column].to_numpy(dtype=float)
+        half = t_halfwidth(values) if len(values) > 1 else float("nan")
+        rows.append(
+            {
+                "target_sparsity": target,
+                "seeds": len(values),
+                column: values.mean(),
+                f"{column}_median": float(np.median(values)),
+                f"{column}_min": values.min(),
+                f"{column}_max": values.max(),
+                f"{column}_sd": values.std(ddof=1) if len(values) > 1 else float("nan"),
+                f"{column}_seeds_low": values.mean() - half,
+                f"{column}_seeds_high": values.mean() + half,
+                "converged": f"{int(group['converged'].astype(bool).sum())} of {len(values)}",
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def verdicts_across_seeds(compared: pd.DataFrame, runs: pd.DataFrame, *, lower_is_better: bool) -> pd.DataFrame:
+    """Per target and scope, every seed's mask against the pattern it was compared with (``compared``:
+    rows of lambda, scope, pattern, value, difference, verdict; ``runs``: lambda, target_sparsity,
+    mask_seed). ``verdict`` is "better" (or "worse") only when every seed's own paired interval
+    says so, or the t interval of the mean difference across seeds excludes 0 on that side; "on
+    par" when every seed is on par; else "seeds disagree". Either of the last two decides nothing.
+    ``lower_is_better``: the difference is of losses (else of accuracies)."""
+    table = compared.merge(runs[["lambda", "target_sparsity", "mask_seed"]], on="lambda")
+    rows = []
+    for (target, scope), group in table.groupby(["target_sparsity", "scope"], sort=False):
+        values = group["difference"].to_numpy(dtype=float)
+        mean, half = values.mean(), t_halfwidth(values) if len(values) > 1 else float("inf")
+        low, high = mean - half, mean + half
+        counts = group["verdict"].value_counts()
+        better = counts.get("better", 0) == len(group) or (high < 0 if lower_is_better else low > 0)
+        worse = counts.get("worse", 0) == len(group) or (low > 0 if lower_is_better else high < 0)
+        verdict = (
+            "better" if better else "worse" if worse else "on par" if counts.get("on par", 0) == len(group) else "seeds disagree"
+        )
+        rows.append(
+            {
+                "target_sparsity": target,
+                "scope": scope,
+                "seeds": len(group),
+                "patterns": ", ".join(dict.fromkeys(f"{p}({int(v)})" for p, v in zip(group["pattern"], group["value"]))),
+                "difference": mean,
+                "difference_min": values.min(),
+                "difference_max": values.max(),
+                "difference_seeds_low": low,
+                "difference_seeds_high": high,
+                "verdicts": ", ".join(f"{name} {count}" for name, count in counts.items()),
+                "verdict": verdict,
+            }
+        )
+    return pd.DataFrame(rows)
