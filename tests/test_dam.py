@@ -15,8 +15,9 @@ from attnlens import Capture
 from attnlens.analysis.changes import Batch, rescue_rows
 from attnlens.analysis.dam import LAYOUTS, DamResult, DamSettings, DamTrainer, StoppingRule
 from attnlens.analysis.dam.judging import MaskSplit, evaluate_mask
+from attnlens.analysis.dam.reference import top_share
 from attnlens.analysis.dam.settings import parse_tau
-from attnlens.analysis.dam.training import balancing_lambda, top_share
+from attnlens.analysis.dam.training import balancing_lambda
 from attnlens.analysis.evaluation import removal, valid_masks
 from attnlens.analysis.experiment import Split
 from attnlens.analysis.objectives import Objective

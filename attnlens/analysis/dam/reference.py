@@ -32,7 +32,6 @@ import torch
 
 from attnlens.analysis.changes import PATTERN_STREAM, seeded
 from attnlens.analysis.dam.layouts import MaskLayout, hard_sparsity, pattern_logits
-from attnlens.analysis.dam.training import top_share
 from attnlens.analysis.objectives import Objective
 from attnlens.analysis.patterns import build
 from attnlens.errors import BadInput
@@ -132,6 +131,27 @@ def _proposals(kept: torch.Tensor, gradient: torch.Tensor, share: torch.Tensor, 
             if abs(moved - target) <= SPARSITY_TOLERANCE or abs(moved - target) <= abs(density - target):
                 pairs.append((float(gradient[add] - gradient[drop]), drop, add))
     return [(drop, add) for _, drop, add in sorted(pairs)[:SWAP_CANDIDATES]]
+
+
+def top_share(values: torch.Tensor, weights: torch.Tensor, share: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keep ``values`` from the largest down until their ``weights`` make up ``share`` of the total
+    (the count whose share is nearest it): the kept positions and the cut, midway between the last
+    value kept and the first left out.
+
+    >>> kept, cut = top_share(torch.tensor([4.0, 1.0, 3.0, 2.0]), torch.tensor([1.0, 1.0, 2.0, 1.0]), 0.6)
+    >>> kept.tolist(), float(cut)
+    ([True, False, True, False], 2.5)
+    """
+    flat, weight = values.flatten(), weights.flatten().to(values.dtype)
+    order = torch.argsort(flat, descending=True, stable=True)
+    shares = torch.cat([flat.new_zeros(1), torch.cumsum(weight[order], 0) / weight.sum()])
+    count = int(torch.argmin((shares - share).abs()))  # the first of equal distances: fewest positions of no weight
+    kept = torch.zeros_like(flat, dtype=torch.bool)
+    kept[order[:count]] = True
+    ranked = flat[order]
+    above = ranked[count - 1] if count > 0 else ranked[0] + 1
+    below = ranked[count] if count < len(ranked) else ranked[-1] - 1
+    return kept.view_as(values), (above + below) / 2
 
 
 def start_mask(

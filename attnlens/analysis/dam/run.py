@@ -377,16 +377,16 @@ def adapt_patterns(
         return adapted
     matched_on = "sparsity" if setup.task is None else "task_sparsity"
     batches = [int(order[step % len(order)]) for step in curve["step"]]
-    rates, budget = (curve["lr"] / s.lr).tolist(), s.steps
+    rates = (curve["lr"] / s.lr).tolist()
     for name in ADAPTED_PATTERNS:
         points = patterns[patterns["pattern"] == name]
         nearest = points.iloc[(points[matched_on] - sparsity).abs().argmin()]
         if abs(nearest[matched_on] - sparsity) > MATCH_WITHIN:
-            bar.update(budget)
+            bar.update(s.steps)
             continue
         change = setup.pattern(nearest)
         losses = adapt_to_pattern(model, setup.train_objective, setup.train.split, change, batches, rates, s, bar)
-        bar.update(budget - len(batches))
+        bar.update(s.steps - len(batches))
         held_out = setup.held_out.split
         judged = evaluate_change(setup.judge, held_out.inputs, held_out.views, change)["loss"]
         removed = removed_fraction(change, held_out, setup.layout.valid)
