@@ -59,8 +59,8 @@ def claims_section(claims: pd.DataFrame, meta: dict, power: str = "") -> str:
         f"{settings.get('importance_seqs')} held-out blocks for importance and DAM "
         f"(DAM at n = {settings.get('dam_seq_len')}, target sparsities "
         f"{', '.join(f'{value:.0%}' for value in settings.get('dam_sparsity', []))}, {settings.get('dam_mask_seeds', 1)} "
-        f"masks per target, at most {settings.get('dam_steps')} steps and a convergence check; swap search from the "
-        f"{settings.get('dam_reference')} as a reference)",
+        f"masks per target, at most {settings.get('dam_steps')} steps, then a swap search to a local optimum; another "
+        f"from the {settings.get('dam_reference')} as a reference)",
     ]
     if task:
         held_out = (

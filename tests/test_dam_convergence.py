@@ -11,7 +11,7 @@ import transformers
 
 import attnlens
 from attnlens.analysis.dam import LAYOUTS
-from attnlens.analysis.dam.judging import evaluate_mask
+from attnlens.analysis.dam.judging import MaskSplit, evaluate_mask
 from attnlens.analysis.dam.run import Setup
 from attnlens.analysis.dam.settings import DamSettings
 from attnlens.analysis.experiment import Experiment
@@ -34,8 +34,12 @@ def test_a_run_whose_loss_still_falls_when_the_schedule_ends_is_not_converged(mi
     between the last two scores 40 steps apart while the learning rate was at least a quarter of its
     start: not converged, though the stopping rule ended the annealed schedule. Given 10 steps there
     is no such window: not converged. Given 300, the score has settled, but training's own mask was
-    short of the target by more than a point, which the threshold shift made up: not converged either."""
-    runs = {steps: attnlens.dam(minilm_l6, corpus=kjv, sparsity=[0.9], steps=steps, **SMALL) for steps in (10, 100, 300)}
+    short of the target by more than a point, which the threshold shift made up: not converged either.
+    (The relaxation alone: no swap search finishes the masks.)"""
+    runs = {
+        steps: attnlens.dam(minilm_l6, corpus=kjv, sparsity=[0.9], steps=steps, polish_rounds=0, **SMALL)
+        for steps in (10, 100, 300)
+    }
     short, middle, long = (runs[steps].table.iloc[0] for steps in (10, 100, 300))
     assert not short["converged"] and "check_step" not in runs[10].table, "no window to judge"
     assert "raise --steps" in runs[10].text()
@@ -49,6 +53,25 @@ def test_a_run_whose_loss_still_falls_when_the_schedule_ends_is_not_converged(mi
     assert long["check_shifted"] > 0.01 and not long["converged"] and "threshold shift removed" in runs[300].text()
     # the shift at the check is training's own mask against the target: what the end of the schedule shows too
     assert long["target_sparsity"] - long["trained_sparsity"] == pytest.approx(long["check_shifted"], abs=0.01)
+
+
+def test_the_polish_ends_at_a_local_optimum_at_the_target_and_never_above_the_relaxation(minilm_l6, kjv):
+    """The swap search that finishes a mask keeps it at the target, never raises its training loss
+    above the relaxation's, and is converged only where no swap it judged helped: with its rounds cut to
+    one while swaps still help, it says so. The table's training loss is the polished mask's, judged
+    again independently, and the relaxation's own check is kept beside it."""
+    full = attnlens.dam(minilm_l6, corpus=kjv, sparsity=[0.9], steps=60, **SMALL)
+    cut = attnlens.dam(minilm_l6, corpus=kjv, sparsity=[0.9], steps=60, polish_rounds=1, **SMALL)
+    row, first = full.table.iloc[0], cut.table.iloc[0]
+    assert row["train_loss"] <= row["relaxed_train_loss"] and abs(row["sparsity"] - 0.9) <= 0.01
+    assert row["polish_rounds"] < 20 and row["converged"] and "local optimum" in full.text()
+    assert "relaxed_converged" in full.table and "the relaxation before it: not converged" in full.text()
+    assert row["polish_swaps"] >= 1 and first["polish_swaps"] == 1, "the relaxation's mask was not a local optimum"
+    assert not first["converged"] and "raise --polish-rounds" in cut.text()
+    assert row["relaxed_train_loss"] == first["relaxed_train_loss"], "the same relaxation before either search"
+    setup = _setup(minilm_l6, kjv, sparsity=[0.9], **SMALL)
+    trained = evaluate_mask(setup.layout, torch.as_tensor(np.asarray(full.logits[0])), setup.train_objective, setup.train)
+    assert row["train_loss"] == pytest.approx(trained["losses"].mean(), rel=1e-5)
 
 
 def test_a_fixed_lambda_run_that_settles_is_converged(minilm_l6, kjv):
@@ -78,6 +101,10 @@ def test_mask_seeds_draw_different_noise_and_are_judged_on_the_same_blocks(minil
     across = result.across_seeds()
     spread = across["delta"].iloc[0]
     assert spread["seeds"] == 2 and spread["delta_min"] == table["delta"].min() and spread["delta_max"] == table["delta"].max()
+    losses = result.arrays["eval_losses"]  # the two masks on the same blocks: their paired difference, and whether it spans 0
+    assert spread["apart_seeds"] == "1 − 0" and spread["apart"] == pytest.approx((losses[1] - losses[0]).mean(), abs=1e-9)
+    assert spread["apart_low"] <= spread["apart"] <= spread["apart_high"]
+    assert spread["agree"] == (spread["apart_low"] <= 0 <= spread["apart_high"])
     claims = _dam_claims(result, "loss")[0][2]
     assert "2 seeds" in claims and f"{table['delta'].median():.3f}"[:4] in claims
 
@@ -197,3 +224,31 @@ def test_masks_learn_from_a_train_objective_and_are_judged_by_the_objective(tmp_
     held = evaluate_mask(setup.layout, logits, setup.judge, setup.held_out)["losses"] - setup.baseline
     assert result.table.iloc[0]["train_loss"] == pytest.approx(trained, rel=1e-5)
     assert result.table.iloc[0]["delta"] == pytest.approx(held.mean(), abs=1e-6)
+
+
+def test_resample_draws_each_seed_its_own_training_blocks(minilm_l6, kjv):
+    """--resample: the first seed trains on the blocks a plain run does (and gives its numbers), the
+    second on its own draw, disjoint from the held-out blocks, which stay; the second mask's training
+    loss is its mask's on those blocks, built again independently."""
+    settings = dict(SMALL, sparsity=[0.9], steps=20, polish_rounds=0)
+    plain = attnlens.dam(minilm_l6, corpus=kjv, **settings)
+    result = attnlens.dam(minilm_l6, corpus=kjv, mask_seeds=2, resample=True, **settings)
+    corpus = result.meta["corpus"]
+    drawn = result.meta["settings"]["train_block_index_by_seed"]
+    assert list(drawn) == [1] and len(drawn[1]) == 8
+    assert not set(drawn[1]) & set(corpus["eval_block_index"]) and drawn[1] != corpus["train_block_index"]
+    assert corpus == plain.meta["corpus"], "the same held-out blocks, and the first seed's training blocks"
+    assert result.table["delta"].iloc[0] == plain.table["delta"].iloc[0]
+    every = kjv.blocks(minilm_l6, 32, num_blocks=None)
+    blocks = type(every)(ids=every.ids[drawn[1]], index=np.asarray(drawn[1]), available=every.available)
+    setup = _setup(minilm_l6, kjv, **settings)
+    train = MaskSplit.of(setup.experiment.split(blocks, 4), setup.layout, setup.experiment.classes)
+    trained = evaluate_mask(setup.layout, torch.as_tensor(np.asarray(result.logits[1])), setup.train_objective, train)
+    assert result.table["train_loss"].iloc[1] == pytest.approx(trained["losses"].mean(), rel=1e-5)
+
+
+def test_resample_with_the_task_as_training_data_is_one_line(capsys, tmp_path):
+    code, _, err = run_cli(
+        capsys, "dam", "--resample", "--task", "rotten-tomatoes", "--train-on", "task", "--out", str(tmp_path / "out")
+    )
+    assert_one_line_error(code, err, "--resample draws other corpus training blocks", "--train-on task")

@@ -55,7 +55,7 @@ SMALL = {
         "reconstruct": "--seq-len 32 --num-seqs 16",
         "importance": "--seq-len 32 --num-seqs 4 --bootstrap 100",
         "dam": "--seq-len 16 --steps 3 --stop-window 2 --train-seqs 4 --eval-seqs 4 --bootstrap 100 --check-window 2 "
-        "--reference-rounds 2",
+        "--reference-rounds 2 --polish-rounds 2",
     }.items()
 }
 SMALL_TASK = "--task-train 64 --task-eval 32 --finetune-steps 2".split()  # appended with --task
@@ -67,6 +67,7 @@ SMALL_CALLS = {
     "importance": {"seq_len": 32, "num_seqs": 4, "bootstrap": 100, "task_train": 64, "task_eval": 32},
     "dam": {
         "seq_len": 16, "steps": 3, "stop_window": 2, "train_seqs": 4, "eval_seqs": 4, "bootstrap": 100, "check_window": 2,
+        "polish_rounds": 2,
     },
 }  # fmt: skip
 

@@ -54,13 +54,23 @@ def split_blocks(
             f"{num_eval + num_train} asked for ({num_eval} held out + {num_train} for training); ask for fewer blocks or a larger corpus"
         )
     order = np.random.default_rng(seed).permutation(every.available)
+    train = _take(every, order[num_eval : num_eval + num_train]) if num_train else None
+    return _take(every, order[:num_eval]), train
 
-    def take(index: np.ndarray) -> Blocks:
-        index = np.sort(index)
-        return Blocks(ids=np.ascontiguousarray(every.ids[index]), index=index, available=every.available)
 
-    train = take(order[num_eval : num_eval + num_train]) if num_train else None
-    return take(order[:num_eval]), train
+def resample_train(corpus: Corpus, model: LoadedModel, n: int, num_eval: int, num_train: int, seed: int, draw: int) -> Blocks:
+    """Another draw (seeded by ``draw``) of ``num_train`` training blocks from those that
+    :func:`split_blocks` with ``seed`` does not hold out: the same held-out blocks, other training
+    blocks."""
+    every = corpus.blocks(model, n, num_blocks=None)
+    outside = np.random.default_rng(seed).permutation(every.available)[num_eval:]
+    return _take(every, np.random.default_rng(draw).choice(outside, num_train, replace=False))
+
+
+def _take(every: Blocks, index: np.ndarray) -> Blocks:
+    """The blocks of ``every`` at ``index``, in corpus order."""
+    index = np.sort(index)
+    return Blocks(ids=np.ascontiguousarray(every.ids[index]), index=index, available=every.available)
 
 
 def guard_rows(remove: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:

@@ -191,6 +191,25 @@ ReferenceRoundsOption = Annotated[
     int, _option("--reference-rounds", "Most rounds of the swap search (one swap kept per round).", MASK)
 ]
 
+ResampleOption = Annotated[
+    bool,
+    _option(
+        "--resample/--no-resample",
+        "Each mask seed after the first trains on its own draw of training blocks (the held-out blocks stay).",
+        MASK,
+    ),
+]
+
+PolishRoundsOption = Annotated[
+    int,
+    _option(
+        "--polish-rounds",
+        "Most rounds of the swap search that finishes each --sparsity mask at its target (layouts of few logits); "
+        "0: the relaxation's mask as it is.",
+        MASK,
+    ),
+]
+
 
 @app.command()
 def dam(
@@ -227,8 +246,10 @@ def dam(
     check_window: CheckWindowOption = D.check_window,
     check_lr: CheckLrOption = D.check_lr,
     mask_seeds: MaskSeedsOption = D.mask_seeds,
+    resample: ResampleOption = D.resample,
     reference: ReferenceOption = D.reference,
     reference_rounds: ReferenceRoundsOption = D.reference_rounds,
+    polish_rounds: PolishRoundsOption = D.polish_rounds,
     bootstrap: BootstrapOption = D.bootstrap,
     task: TaskOption = D.task,
     protocol: ProtocolOption = D.protocol,

@@ -59,6 +59,7 @@ class ReportSettings:
     dam_mask_seeds: int = 3
     dam_reference: str | None = "band"  # the swap search beside the masks, from the band at the target
     dam_reference_rounds: int = 20
+    dam_polish_rounds: int = 20  # the swap search that finishes each mask at its target
     dam_seq_len: int = 64
     dam_steps: int = 300  # the cap; the stopping rule ends the schedule when the mask has stopped changing
     dam_stop_window: int = 20
@@ -95,6 +96,7 @@ QUICK = ReportSettings(
     importance_seqs=8,
     dam_mask_seeds=1,  # 40 steps barely move a logit across the threshold: two seeds would end alike
     dam_reference_rounds=2,
+    dam_polish_rounds=2,
     dam_steps=40,  # a short schedule: the quick report shows the machinery, not a converged mask
     dam_stop_window=10,
     dam_check_window=10,
@@ -308,6 +310,7 @@ def _analyses(
             mask_seeds=settings.dam_mask_seeds,
             reference=settings.dam_reference,
             reference_rounds=settings.dam_reference_rounds,
+            polish_rounds=settings.dam_polish_rounds,
             steps=settings.dam_steps,
             stop_window=settings.dam_stop_window,
             check_window=settings.dam_check_window,

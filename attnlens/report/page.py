@@ -422,9 +422,15 @@ def _importance_claims(importance_result, dam_result) -> list[tuple[str, ...]]:
 
 def _steps(row: pd.Series) -> str:
     """How a run ended: "schedule annealed in 212 steps, converged" (the check found nothing better)
-    or "schedule capped at 300 steps, not converged" (its loss still fell)."""
+    or "schedule capped at 300 steps, not converged" (its loss still fell); a polished run adds the
+    swap search's end: "..., then 6 swaps to a local optimum"."""
     ended = "annealed in" if row.get("schedule_end") == "annealed" else "capped at"
-    return f"schedule {ended} {int(row['steps'])} steps, {'converged' if bool(row['converged']) else 'not converged'}"
+    said = f"schedule {ended} {int(row['steps'])} steps"
+    if row.get("polish_rounds", float("nan")) == row.get("polish_rounds", float("nan")):  # finished by a swap search
+        relaxed = "converged" if bool(row["relaxed_converged"]) else "not converged"
+        ending = "a local optimum" if bool(row["converged"]) else "its round cap, not converged"
+        return f"{said} ({relaxed}), then {int(row['polish_swaps'])} swaps to {ending}"
+    return f"{said}, {'converged' if bool(row['converged']) else 'not converged'}"
 
 
 def _learned_on(settings: dict) -> str:
@@ -499,10 +505,19 @@ def _seed_spread(dam_result, unit: str) -> str:
     parts = [
         f"at {number(row['target_sparsity'], 0, percent=True)}, {row['seeds']} seeds: Δ median {number(row['delta_median'])}, "
         f"from {number(row['delta_min'])} to {number(row['delta_max'])} {unit} (mean {number(row['delta'])}, t interval "
-        f"[{number(row['delta_seeds_low'])}, {number(row['delta_seeds_high'])}]), {row['converged']} converged"
+        f"[{number(row['delta_seeds_low'])}, {number(row['delta_seeds_high'])}]), {row['converged']} converged, "
+        + _agreement(row)
         for _, row in across["delta"].iterrows()
     ]
     return " Across seeds " + "; ".join(parts) + "."
+
+
+def _agreement(row: pd.Series) -> str:
+    """ "seeds agree" or "seeds disagree (seed 2 − seed 0 +0.025 [+0.018, +0.032]): not one result"."""
+    if bool(row["agree"]):
+        return "seeds agree"
+    first, second = row["apart_seeds"].split(" − ")
+    return f"seeds disagree (seed {first} − seed {second} {_interval(row, 'apart')}): not one result"
 
 
 def _reference(dam_result, unit: str) -> str:
@@ -550,6 +565,9 @@ def _patterns_task(dam_result) -> list[str]:
     table = dam_result.tables.get("task_compared")
     if table is None or not len(table):
         return [""]
+    # a pattern that is the best of its family and of all is one comparison: said once, under both scopes
+    scopes = table.groupby(["lambda", "pattern", "value"], sort=False)["scope"].transform(" = ".join)
+    table = table.assign(scope=scopes).drop_duplicates(["lambda", "pattern", "value"])
     name = lambda row: (
         f"at {number(row['dam_task_sparsity'], 0, percent=True)}: DAM − {row['scope']} {row['pattern']}({int(row['value'])}) "
         f"({number(row['task_sparsity'], 0, percent=True)} of the task's positions)"
@@ -616,9 +634,20 @@ def _dam_section(results: dict, names: dict[str, str], figures: Figures) -> str:
         f"{number(settings['stop_flips'], 1, percent=True)} of the hard mask's positions changed over the last "
         f"{settings['stop_window']} steps and the training loss within {number(settings['stop_plateau'], 0, percent=True)} "
         f"across them. Converged: over the last {settings['check_window']} steps at a learning rate of at least "
-        f"{settings['check_lr']:g}× the start, the judged mask's training loss did not improve beyond its 95% interval. "
-        f"Runs: {steps}.",
+        f"{settings['check_lr']:g}× the start, the judged mask's training loss did not improve beyond its 95% interval"
+        f"{_polish_said(result)}. Runs: {steps}.",
         body,
+    )
+
+
+def _polish_said(result) -> str:
+    """How a swap search finished the masks, where one did (layouts of few logits), in words."""
+    if "polish_rounds" not in result.table:
+        return ""
+    return (
+        f"; a swap search from each trained mask then finished it at the target (at most "
+        f"{result.settings['polish_rounds']} rounds), and the mask converged where that search stopped at a local optimum "
+        "(the relaxation's own check beside it)"
     )
 
 

@@ -11,12 +11,14 @@ each round:
    brought back (``+∂L/∂M``);
 2. proposes the swaps (drop one kept logit, bring back one removed logit) that estimate best
    and keep the sparsity within :data:`SPARSITY_TOLERANCE` of the target;
-3. judges each of the :data:`SWAP_CANDIDATES` best by a forward pass over every training
-   block, and keeps the best if it lowers the training loss.
+3. judges the :data:`SWAP_CANDIDATES` best by a forward pass over every training block, and
+   keeps the best if it lowers the training loss; if none does, it judges the next
+   :data:`SWAP_CANDIDATES`, up to :data:`SWAP_CHUNKS` times.
 
-It stops when no candidate lowers the loss (a local optimum under single swaps) or after
-``reference_rounds`` rounds. It only ever keeps a mask that does better on the training
-blocks, so it never ends worse than it started there.
+It stops when none of those ``SWAP_CANDIDATES * SWAP_CHUNKS`` swaps lowers the loss (a local
+optimum under the single swaps the gradient ranks best: ``local_optimum``) or after its rounds.
+It only ever keeps a mask that does better on the training blocks, so it never ends worse than it
+started there.
 
 >>> REFERENCE_LIMIT
 4096
@@ -41,14 +43,20 @@ if TYPE_CHECKING:
     from attnlens.analysis.dam.training import DamTrainer
 
 REFERENCE_LIMIT = 4096  # logits: each round costs a forward over the training blocks per candidate swap
-SWAP_CANDIDATES = 8  # swaps judged exactly per round, the best by their first-order estimate
+SWAP_CANDIDATES = 8  # swaps judged exactly at a time, the best by their first-order estimate
+SWAP_CHUNKS = 4  # ... and the next best, this many times over, before a round declares a local optimum
 SPARSITY_TOLERANCE = 0.003  # a swap may move the sparsity this far from the target (logits decide unequal shares)
+
+
+def searchable(layout: MaskLayout) -> bool:
+    """Whether a layout has few enough logits for a swap search."""
+    return int(np.prod(layout.shape)) <= REFERENCE_LIMIT
 
 
 def check_size(layout: MaskLayout) -> None:
     """A clear error where a layout has too many logits for a swap search."""
     size = int(np.prod(layout.shape))
-    if size > REFERENCE_LIMIT:
+    if not searchable(layout):
         raise BadInput(
             f"`reference` needs a layout of at most {REFERENCE_LIMIT:,} logits; {layout.name} has {size:,} here "
             "(use --variant structured, structured+global or class, or a shorter --seq-len)"
@@ -58,14 +66,16 @@ def check_size(layout: MaskLayout) -> None:
 @dataclass
 class SearchOutcome:
     """Where a swap search ended: the mask as logits (+1 kept, -1 dropped), its training loss per
-    block and at the start, the rounds taken and the swaps kept (round, dropped, added: flat logit
-    indices)."""
+    block and at the start, the rounds taken, the swaps kept (round, dropped, added: flat logit
+    indices) and whether it stopped at a local optimum (no judged swap helped) rather than its
+    round cap."""
 
     logits: torch.Tensor
     losses: np.ndarray
     start_loss: float
     rounds: int
     swaps: list[tuple[int, int, int]] = field(default_factory=list)
+    local_optimum: bool = False
 
 
 def swap_search(
@@ -94,17 +104,12 @@ def swap_search(
     for number in range(1, rounds + 1):
         outcome.rounds = number
         gradient = trainer.mask_gradient(objective, data, current)
-        best = None
-        for drop, add in _proposals(current, gradient, share, target_density):
-            trial = current.clone().flatten()
-            trial[drop], trial[add] = False, True
-            trial = trial.view_as(current)
-            trial_losses = trainer.train_losses(objective, data, as_logits(trial))
-            if best is None or trial_losses.mean() < best[1].mean():
-                best = (trial, trial_losses, drop, add)
+        proposals = _proposals(current, gradient, share, target_density)
+        best = _best_swap(trainer, data, current, proposals, as_logits, float(losses.mean()), target_density, objective)
         if bar is not None:
             bar.update(1)
         if best is None or best[1].mean() >= losses.mean():  # no swap helps: a local optimum under single swaps
+            outcome.local_optimum = True
             break
         current, losses = best[0], best[1]
         outcome.swaps.append((number, best[2], best[3]))
@@ -114,23 +119,50 @@ def swap_search(
     return outcome
 
 
+def _best_swap(trainer: DamTrainer, data: MaskSplit, current, proposals, as_logits, reached, target, objective: Objective):
+    """The best of ``proposals`` by training loss (mask, per-block losses, dropped, added), judged
+    :data:`SWAP_CANDIDATES` at a time: the first group with a swap below ``reached`` (the current
+    mask's loss) ends the round (None without proposals). A swap whose mask, rows left empty rescued,
+    keeps a density further from ``target`` than the tolerance (or than the current mask) is passed
+    over: the proposals count each logit's positions, not the rows a removal empties."""
+
+    def missed(mask: torch.Tensor) -> float:
+        return abs(1.0 - hard_sparsity(trainer.layout, as_logits(mask), data.contexts, data.valids) - target)
+
+    allowed, best = max(SPARSITY_TOLERANCE, missed(current)), None
+    for first in range(0, len(proposals), SWAP_CANDIDATES):
+        for drop, add in proposals[first : first + SWAP_CANDIDATES]:
+            trial = current.clone().flatten()
+            trial[drop], trial[add] = False, True
+            trial = trial.view_as(current)
+            if missed(trial) > allowed:
+                continue
+            trial_losses = trainer.train_losses(objective, data, as_logits(trial))
+            if best is None or trial_losses.mean() < best[1].mean():
+                best = (trial, trial_losses, drop, add)
+        if best is not None and best[1].mean() < reached:
+            break
+    return best
+
+
 def _proposals(kept: torch.Tensor, gradient: torch.Tensor, share: torch.Tensor, target: float) -> list[tuple[int, int]]:
-    """The :data:`SWAP_CANDIDATES` swaps (drop, add) of best first-order estimate, ``∂L/∂M`` of the
-    added logit less that of the dropped, among those that keep the density within tolerance."""
+    """The ``SWAP_CANDIDATES * SWAP_CHUNKS`` swaps (drop, add) of best first-order estimate, ``∂L/∂M``
+    of the added logit less that of the dropped, among those that keep the density within tolerance."""
+    count = SWAP_CANDIDATES * SWAP_CHUNKS
     flat, gradient, share = kept.flatten(), gradient.flatten(), share.flatten()
     density = float(share[flat].sum())
     kept_index, removed_index = flat.nonzero().flatten(), (~flat & (share > 0)).nonzero().flatten()
     if not len(kept_index) or not len(removed_index):
         return []
-    drops = kept_index[torch.argsort(-gradient[kept_index])[:SWAP_CANDIDATES]]  # dropping raises L least (or lowers it)
-    adds = removed_index[torch.argsort(gradient[removed_index])[:SWAP_CANDIDATES]]  # bringing back lowers L most
+    drops = kept_index[torch.argsort(-gradient[kept_index])[:count]]  # dropping raises L least (or lowers it)
+    adds = removed_index[torch.argsort(gradient[removed_index])[:count]]  # bringing back lowers L most
     pairs = []
     for drop in drops.tolist():
         for add in adds.tolist():
             moved = density + float(share[add] - share[drop])
             if abs(moved - target) <= SPARSITY_TOLERANCE or abs(moved - target) <= abs(density - target):
                 pairs.append((float(gradient[add] - gradient[drop]), drop, add))
-    return [(drop, add) for _, drop, add in sorted(pairs)[:SWAP_CANDIDATES]]
+    return [(drop, add) for _, drop, add in sorted(pairs)[:count]]
 
 
 def top_share(values: torch.Tensor, weights: torch.Tensor, share: float) -> tuple[torch.Tensor, torch.Tensor]:

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from attnlens.analysis.dam.layouts import LAYOUTS
-from attnlens.analysis.dam.seeds import spread, verdicts_across_seeds
+from attnlens.analysis.dam.seeds import seeds_agree, spread, verdicts_across_seeds
 from attnlens.analysis.dam.training import TARGET_WITHIN
 from attnlens.analysis.evaluation import bootstrap_interval
 from attnlens.io.results import Result, format_table
@@ -46,7 +46,8 @@ class DamResult(Result):
     shown = {
         "summary": (
             "target_sparsity", "mask_seed", "lambda", "trained_sparsity", "sparsity", "expected_sparsity", "rows_rescued",
-            "loss", "delta", "delta_low", "delta_high", "steps", "schedule_end", "check_step", "check_delta", "converged",
+            "loss", "delta", "delta_low", "delta_high", "steps", "schedule_end", "check_step", "check_delta",
+            "relaxed_converged", "polish_swaps", "converged",
         ),
         "compared": (
             "dam_sparsity", "scope", "pattern", "value", "sparsity", "dam_delta", "delta", "difference", "difference_low",
@@ -60,9 +61,11 @@ class DamResult(Result):
         "steps": "steps of the schedule, until the mask stopped changing (schedule_end annealed) or the cap",
         "check_delta": "change of the judged mask's training loss over the convergence check's window, the last "
         "while the learning rate was meaningful (check_low, check_high: its 95% interval over training blocks)",
-        "converged": "over that window, at that learning rate, the judged mask's loss did not change beyond the interval, "
-        "and (with a target) the threshold shift to it changed training's own hard mask by at most a point "
-        "(check_shifted: the share it removed there)",
+        "converged": "polished (polish_swaps shown): the swap search that finished the mask stopped at a local optimum, "
+        "not its round cap; else the relaxation's check (relaxed_converged where polished): over that window, at that "
+        "learning rate, the judged mask's loss did not change beyond the interval, and (with a target) the threshold "
+        "shift to it changed training's own hard mask by at most a point (check_shifted: the share it removed there)",
+        "polish_swaps": "swaps the finishing search kept, each lowering the training loss (relaxed_train_loss: before it)",
         "expected_sparsity": "of the masks sampled at the final noise scale (1 - mean keep-probability)",
         "rows_rescued": "share of rows the mask would leave empty; they keep their keys of largest logit",
         "delta": "change of the held-out loss against the unmodified model, with its 95% bootstrap interval over blocks",
@@ -156,13 +159,14 @@ class DamResult(Result):
 
     def across_seeds(self) -> dict[str, pd.DataFrame]:
         """With more than one mask per target (``mask_seeds``): the spread of the held-out change
-        (``delta``), each comparison with the patterns counting every seed (``compared``, and
+        and whether the seeds' masks agree on the same blocks (``delta``; :func:`seeds_agree`), each comparison with the patterns counting every seed (``compared``, and
         ``task_compared`` with a task), and with ``reference`` the spread of the mask's loss less the
         swap search's (``reference``). Empty with one mask per target."""
         if "mask_seed" not in self.table:
             return {}
+        agree = seeds_agree(self.table, self.arrays["eval_losses"], self.settings["bootstrap"], self.settings["seed"])
         tables = {
-            "delta": spread(self.table),
+            "delta": spread(self.table).merge(agree, on="target_sparsity"),
             "compared": verdicts_across_seeds(self.compared(), self.table, lower_is_better=True),
         }
         if "task_compared" in self.tables:
@@ -209,7 +213,12 @@ class DamResult(Result):
         rate = f"a learning rate at least {settings['check_lr']:g} of its start"
         for row in self.table.to_dict("records"):
             ended = "annealed" if row["schedule_end"] == "annealed" else f"capped at {settings['steps']} steps"
-            lines.append(f"{labels[row['lambda']]}: schedule {ended} after {row['steps']} steps; {_verdict(row, settings, rate)}")
+            if row.get("polish_rounds", float("nan")) == row.get("polish_rounds", float("nan")):  # polished
+                relaxed = _verdict({**row, "converged": row["relaxed_converged"]}, settings, rate)
+                verdict = f"{_polish_verdict(row, settings)}; the relaxation before it: {relaxed}"
+            else:
+                verdict = _verdict(row, settings, rate)
+            lines.append(f"{labels[row['lambda']]}: schedule {ended} after {row['steps']} steps; {verdict}")
         return lines
 
     def _keep_lines(self) -> list[str]:
@@ -235,12 +244,24 @@ class DamResult(Result):
 
 
 SEED_TABLES = {
-    "delta": "the held-out change (t interval of the mean across seeds)",
+    "delta": "the held-out change (t interval of the mean across seeds), and the two seeds furthest apart "
+    "(paired over blocks; agree: every pair's interval contains 0)",
     "compared": "each mask against its best pattern at matched sparsity (better or worse only when every seed "
     "is, or the interval across seeds excludes 0)",
     "task_compared": "the task's comparisons, likewise",
     "reference": "the mask's held-out loss minus the swap search's",
 }
+
+
+def _polish_verdict(row: dict, settings: dict) -> str:
+    """How the swap search that finished a run ended: a local optimum, or its round cap."""
+    swaps = (
+        f"{row['polish_swaps']:.0f} swaps took the training loss from {row['relaxed_train_loss']:.4f} to {row['train_loss']:.4f}"
+    )
+    if row["converged"]:
+        return f"converged: the swap search stopped at a local optimum after {row['polish_rounds']:.0f} rounds ({swaps})"
+    rounds = settings["polish_rounds"]
+    return f"not converged: the swap search still improved when its {rounds} rounds ran out ({swaps}); raise --polish-rounds"
 
 
 def _verdict(row: dict, settings: dict, rate: str) -> str:
@@ -254,8 +275,9 @@ def _verdict(row: dict, settings: dict, rate: str) -> str:
         return f"converged: {window}, at {rate}, the judged mask's training loss changed by {change}"
     if abs(shifted) > TARGET_WITHIN:
         return (
-            f"not converged: at step {row['check_step']:.0f} ({rate}) training's own mask was {shifted:.1%} of the "
-            f"positions short of the target, which the threshold shift {'removed' if shifted > 0 else 'brought back'}; "
+            f"not converged: at step {row['check_step']:.0f} ({rate}) training's own mask was {abs(shifted):.1%} of the "
+            f"positions {'short of' if shifted > 0 else 'past'} the target, which the threshold shift "
+            f"{'removed' if shifted > 0 else 'brought back'}; "
             f"{window} the judged mask's training loss changed by {change}"
         )
     return f"not converged: {window}, at {rate}, the judged mask's training loss still changed by {change}; raise --steps"

@@ -29,7 +29,7 @@ from attnlens.analysis.dam.judging import (
     removed_fraction,
 )
 from attnlens.analysis.dam.layouts import LAYOUTS, MaskLayout, equal_by_construction, pattern_logits
-from attnlens.analysis.dam.reference import check_size, start_mask, swap_search
+from attnlens.analysis.dam.reference import SearchOutcome, check_size, searchable, start_mask, swap_search
 from attnlens.analysis.dam.result import (
     MATCH_WITHIN,
     DamResult,
@@ -41,14 +41,16 @@ from attnlens.analysis.dam.result import (
 )
 from attnlens.analysis.dam.settings import DamSettings, parse_init
 from attnlens.analysis.dam.training import DamTrainer, batch_order
-from attnlens.analysis.evaluation import bootstrap_interval, evaluate_change
+from attnlens.analysis.evaluation import bootstrap_interval, evaluate_change, resample_train
 from attnlens.analysis.experiment import Experiment, Split
 from attnlens.analysis.objectives import Objective
 from attnlens.analysis.patterns import PATTERNS, build
 from attnlens.analysis.task import TaskJudge, TaskLoss, TaskSettings, content_key, task_columns
+from attnlens.errors import BadInput
 from attnlens.models.loading import LoadedModel, module_sha256
 from attnlens.progress import Progress, progress_bar
 
+RESAMPLE_STREAM = 17  # a mask seed's draw of training blocks (resample)
 ADAPTED_PATTERNS = ("band", "local", "bigbird")  # the patterns given the same weight training as a mask (train_weights)
 
 
@@ -88,7 +90,7 @@ def dam(
             patterns = patterns.assign(
                 task_sparsity=[setup.task.removal_share(setup.pattern(row)) for row in patterns.itertuples()]
             )
-        runs = [train_and_judge(setup, lam, target, seed, patterns, bar) for lam, target, seed in s.runs()]
+        runs = [train_and_judge(setup.for_seed(seed), lam, target, seed, patterns, bar) for lam, target, seed in s.runs()]
         _distinct_keys(runs)
         task_patterns = None if setup.task is None or not points else _task_patterns(setup, patterns, pattern_losses, runs, bar)
     return assemble(setup, patterns, pattern_losses, runs, task_patterns, command)
@@ -172,10 +174,35 @@ class Setup:
     baseline: np.ndarray
     same: dict[str, str]
     references: dict = field(default_factory=dict)  # the swap searches run so far, by target (band) or run (dam)
+    train_blocks: dict = field(default_factory=dict)  # with resample: each mask seed's training blocks (corpus index)
 
     @property
     def judge(self) -> Objective:
         return self.experiment.objective
+
+    @property
+    def polishes(self) -> bool:
+        """Whether a swap search finishes each mask at its target: with targets, rounds to spend, the
+        pretrained weights (a search does not train them) and a layout of few enough logits."""
+        s = self.settings
+        return s.polish_rounds > 0 and s.lambdas is None and not s.train_weights and searchable(self.layout)
+
+    def for_seed(self, seed: int) -> Setup:
+        """What the mask of ``seed`` learns from: this setup, or with ``resample`` (seeds after the
+        first) the same with its own draw of training blocks, and the warm start on them. The swap
+        searches found so far and the draws are shared."""
+        s, experiment = self.settings, self.experiment
+        if not s.resample or seed == s.seed:
+            return self
+        if self.trained_on == "task":
+            raise BadInput("`resample` draws other corpus training blocks; these masks learn from the task's examples")
+        draw = seeded(seed, RESAMPLE_STREAM)
+        blocks = resample_train(experiment.corpus, experiment.model, s.seq_len, s.eval_seqs, s.train_seqs, s.seed, draw)
+        self.train_blocks[seed] = blocks.index.tolist()
+        train = MaskSplit.of(experiment.split(blocks, s.batch_size, self.train_objective), self.layout, experiment.classes)
+        init_logits = warm_start(self.layout, train, s)
+        start = judged_start(self.layout, init_logits, self.train_objective, train)
+        return replace(self, train=train, init_logits=init_logits, start=start)
 
     def order(self, seed: int) -> np.ndarray:
         """Which training batch each step of a run with ``seed`` takes."""
@@ -202,7 +229,7 @@ class Setup:
             train_objective = Objective(model, s.train_objective, seed=s.seed)
             trained_on = train_objective.name
         train = MaskSplit.of(experiment.split(experiment.train, s.batch_size, train_objective), layout, classes)
-        init_logits = warm_start(layout, train, s) if s.init is not None else None
+        init_logits = warm_start(layout, train, s)
         task = None
         if s.task is not None:  # length-bucketed: masks and patterns decide positions by place, and take a batch's corner
             task = TaskJudge(
@@ -214,10 +241,7 @@ class Setup:
         ):  # the task's own loss, on its training examples
             trained_on, train_objective = "task", TaskLoss(task)
             train = MaskSplit.of(Split.of_examples(task.train, model, s.batch_size), layout, classes)
-        start = {"init_train_loss": float("nan"), "init_train_sparsity": float("nan")}
-        if init_logits is not None:  # what training begins from, judged as the masks will be
-            seen = evaluate_mask(layout, init_logits, train_objective, train)
-            start = {"init_train_loss": float(seen["losses"].mean()), "init_train_sparsity": float(seen["sparsity"])}
+        start = judged_start(layout, init_logits, train_objective, train)
         baseline = evaluate_change(experiment.objective, held_out.split.inputs, held_out.split.views)["loss"]
         same = equal_by_construction(layout, held_out.contexts, held_out.masks)
         return cls(
@@ -240,12 +264,15 @@ class Setup:
         points = len(pattern_points(s.seq_len)) + judged if s.patterns else 0
         adapted = runs * len(ADAPTED_PATTERNS) * s.steps if s.train_weights and s.patterns else 0
         reference = runs * s.reference_rounds if s.reference is not None else 0
-        return runs * (s.steps + 1) + points + adapted + reference
+        polish = runs * s.polish_rounds if self.polishes else 0
+        return runs * (s.steps + 1) + points + adapted + reference + polish
 
 
-def warm_start(layout: MaskLayout, train: MaskSplit, s: DamSettings) -> torch.Tensor:
-    """The logits that start every run at pattern ``s.init``: the pattern on the corpus's training
-    blocks, averaged into each logit (:func:`pattern_logits`)."""
+def warm_start(layout: MaskLayout, train: MaskSplit, s: DamSettings) -> torch.Tensor | None:
+    """The logits that start every run at pattern ``s.init`` (None without one): the pattern on the
+    corpus's training blocks, averaged into each logit (:func:`pattern_logits`)."""
+    if s.init is None:
+        return None
     name, value = parse_init(s.init, s.seq_len)
     generator = torch.Generator().manual_seed(seeded(s.seed, PATTERN_STREAM))
     keeps = [
@@ -253,6 +280,14 @@ def warm_start(layout: MaskLayout, train: MaskSplit, s: DamSettings) -> torch.Te
         for context, view in zip(train.contexts, train.split.views)
     ]
     return pattern_logits(layout, keeps)
+
+
+def judged_start(layout: MaskLayout, logits: torch.Tensor | None, objective: Objective | TaskLoss, train: MaskSplit) -> dict:
+    """What training begins from, judged on its training data as the masks will be (NaN without a warm start)."""
+    if logits is None:
+        return {"init_train_loss": float("nan"), "init_train_sparsity": float("nan")}
+    seen = evaluate_mask(layout, logits, objective, train)
+    return {"init_train_loss": float(seen["losses"].mean()), "init_train_sparsity": float(seen["sparsity"])}
 
 
 @dataclass
@@ -283,9 +318,13 @@ def train_and_judge(setup: Setup, lam: float | None, target: float | None, seed:
     trainer = DamTrainer(setup.layout, s, lam=lam, target_density=density, init_logits=setup.init_logits, seed=seed)
     order = setup.order(seed)
     curve = trainer.fit(model, setup.train_objective, setup.train, order, bar)
-    trained = evaluate_mask(setup.layout, trainer.logits_, setup.train_objective, setup.train)
+    # a target's run ends at the λ dual ascent found: its key in every table
+    lam, logits, polished = trainer.lam, trainer.logits_.detach(), None
+    if setup.polishes:
+        polished = polish(setup, trainer, bar)
+        logits = polished.logits
+    trained = evaluate_mask(setup.layout, logits, setup.train_objective, setup.train)
     seconds = time.perf_counter() - began
-    lam, logits = trainer.lam, trainer.logits_.detach()  # a target's run ends at the λ dual ascent found: its key in every table
     noise = trainer.noise(trainer.steps_used_ - 1)  # the sampler's at the end: keep-probabilities are σ(α / noise)
     judged = evaluate_mask(setup.layout, logits, setup.judge, setup.held_out, noise)
     task = outcome = None
@@ -308,6 +347,7 @@ def train_and_judge(setup: Setup, lam: float | None, target: float | None, seed:
         # on the task's own positions when it learned from them (on corpus blocks it is `sparsity` again)
         "train_sparsity": float(trained["sparsity"]) if setup.trained_on == "task" else float("nan"),
         **setup.start,
+        **(polish_columns(polished, trainer) if polished is not None else {}),
     }
     image = _keep_image(setup, logits, noise)
     correct = None if outcome is None else outcome["correct"]
@@ -317,6 +357,29 @@ def train_and_judge(setup: Setup, lam: float | None, target: float | None, seed:
     return run
 
 
+def polish(setup: Setup, trainer: DamTrainer, bar) -> SearchOutcome:
+    """The recipe's last step where the layout allows it: the swap search
+    (:mod:`~attnlens.analysis.dam.reference`) from the trained mask, calibrated to its target, on the
+    training blocks. The relaxation ends near a good mask but not at one: its hard mask settles short of
+    the target, the threshold shift removes positions it never tried without, and a few single swaps
+    still lower the loss. The search ends where none of the swaps it judges does."""
+    logits = trainer.logits_.detach()
+    s, data = setup.settings, setup.train
+    return swap_search(trainer, setup.train_objective, data, logits > 0, logits, trainer.target_density, s.polish_rounds, bar)
+
+
+def polish_columns(polished: SearchOutcome, trainer: DamTrainer) -> dict:
+    """A polished run's columns of ``summary``: the relaxation's own training loss and check, the
+    search's rounds and swaps, and ``converged`` as the search ended (a local optimum, or its cap)."""
+    return {
+        "relaxed_train_loss": polished.start_loss,
+        "relaxed_converged": trainer.converged_,
+        "polish_rounds": polished.rounds,
+        "polish_swaps": len(polished.swaps),
+        "converged": polished.local_optimum,
+    }
+
+
 def judge_reference(setup: Setup, trainer: DamTrainer, run: Run, bar) -> tuple[dict, np.ndarray]:
     """The swap search (:mod:`~attnlens.analysis.dam.reference`) from ``reference``'s start at the
     run's sparsity, on its training blocks, judged on the held-out blocks: its change against the
@@ -324,7 +387,8 @@ def judge_reference(setup: Setup, trainer: DamTrainer, run: Run, bar) -> tuple[d
     one search per target, shared by the target's seeds. Returns the row of ``reference`` and the
     search's logits."""
     s, density = setup.settings, trainer.target_density
-    key = density if s.reference == "band" else (density, run.summary["mask_seed"])
+    # from the band one search per target serves every seed, unless each seed trains on its own blocks
+    key = density if s.reference == "band" and not s.resample else (density, run.summary["mask_seed"])
     if key not in setup.references:
         logits = torch.as_tensor(run.logits, device=setup.layout.valid.device)
         kept, rank = start_mask(s.reference, setup.layout, setup.train, logits, density, s.seq_len, s.seed)
@@ -509,6 +573,7 @@ def _metadata(setup: Setup, command: str | None) -> dict:
         "layout_classes": list(setup.layout_classes),
         "trained_on": setup.trained_on,
         "train_seqs": len(experiment.train),
+        **({"train_block_index_by_seed": setup.train_blocks} if s.resample else {}),
         "eval_seqs": len(experiment.held_out),
         "logits_shape": list(setup.layout.shape),
         "optimiser": "Adam",

@@ -15,9 +15,12 @@ all of them.
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pandas as pd
 
+from attnlens.analysis.evaluation import bootstrap_interval
 from attnlens.analysis.task import t_halfwidth
 
 
@@ -42,6 +45,36 @@ def spread(runs: pd.DataFrame, column: str = "delta") -> pd.DataFrame:
                 "converged": f"{int(group['converged'].astype(bool).sum())} of {len(values)}",
             }
         )
+    return pd.DataFrame(rows)
+
+
+def seeds_agree(runs: pd.DataFrame, losses: np.ndarray, bootstrap: int, seed: int) -> pd.DataFrame:
+    """Per target sparsity, every pair of its seeds' masks on the same held-out blocks (``losses``:
+    one row of per-block losses per row of ``runs``): the pair furthest apart, its paired difference
+    (the later seed's loss less the earlier's) with a 95% bootstrap interval over blocks, and whether
+    the seeds ``agree``: every pair's interval contains 0. Where they do not, each mask may be at an
+    optimum (``converged``) and still not be the result another run gives.
+
+    >>> runs = pd.DataFrame({"target_sparsity": [0.9] * 3, "mask_seed": [0, 1, 2]})
+    >>> losses = np.array([[1.0, 2.0, 3.0, 4.0], [1.01, 1.99, 3.0, 4.0], [1.5, 2.5, 3.5, 4.5]])
+    >>> seeds_agree(runs, losses, 200, 0)[["apart_seeds", "apart", "agree"]].values.tolist()
+    [['2 − 0', 0.5, False]]
+    """
+    rows = []
+    for target, group in runs.reset_index(drop=True).groupby("target_sparsity", sort=False):
+        pairs = []
+        for first, second in itertools.combinations(group.index, 2):
+            mean, low, high = bootstrap_interval((losses[second] - losses[first])[None], bootstrap, seed)
+            pairs.append((abs(mean[0]), mean[0], low[0], high[0], first, second, low[0] <= 0 <= high[0]))
+        _, mean, low, high, first, second, _ = max(pairs)
+        rows.append(
+            {
+                "target_sparsity": target,
+                "apart_seeds": f"{group.loc[second, 'mask_seed']} − {group.loc[first, 'mask_seed']}",
+                "apart": mean, "apart_low": low, "apart_high": high,
+                "agree": all(pair[-1] for pair in pairs),
+            }
+        )  # fmt: skip
     return pd.DataFrame(rows)
 
 

@@ -101,8 +101,10 @@ class DamSettings(CorpusSettings, TaskSettings):
     check_window: int = 40  # the convergence check: steps over which the judged mask must not improve ...
     check_lr: float = 0.25  # ... while the learning rate is at least this fraction of `lr`
     mask_seeds: int = 1  # masks per target (or λ), seeds `seed`, `seed` + 1, ...
+    resample: bool = False  # each mask seed but the first draws its own training blocks (the held-out ones stay)
     reference: str | None = None  # a swap search beside each mask, from its mask ("dam") or the band ("band")
     reference_rounds: int = 20  # the swap search's most rounds
+    polish_rounds: int = 20  # the swap search that finishes each mask at its target (layouts of few logits); 0: none
 
     def validate(self) -> None:
         super().validate()
@@ -115,6 +117,8 @@ class DamSettings(CorpusSettings, TaskSettings):
             one_of("train_objective", self.train_objective, OBJECTIVES)
             if self.train_on == "task":
                 raise BadInput("`train_objective` names a corpus objective; with `train_on` task the masks learn from the task")
+        if self.resample and self.train_on == "task":
+            raise BadInput("`resample` draws other corpus training blocks; with `train_on` task the masks learn from the task's")
         one_of("task_patterns", self.task_patterns, TASK_PATTERNS)
         one_of("train_on", self.train_on, TRAIN_ON)
         if self.train_on == "task" and self.task is None:
@@ -141,6 +145,7 @@ class DamSettings(CorpusSettings, TaskSettings):
                 raise BadInput("`reference` searches at a target sparsity; give `sparsity` (e.g. 0.9) instead of `lambdas`")
             if self.train_weights:
                 raise BadInput("`reference` searches masks for the pretrained weights; it cannot follow `train_weights`")
+        at_least("polish_rounds", self.polish_rounds, 0, " rounds of the swap search that finishes each mask (0: none)")
         if self.lambdas is not None and not self.lambdas:
             raise BadInput("`lambdas` is empty; give at least one λ, e.g. `lambdas` 0.01,0.1")
         for value in self.lambdas or ():

@@ -138,12 +138,12 @@ class LayerMaps:
     def apply(self, scores: torch.Tensor) -> torch.Tensor:
         """Reconstructed scores (batch, head, q, n) from the exact ones at ``positions``."""
         batch, heads, queries, _ = scores.shape
-        weights = self.weights.to(scores.dtype)
-        offset = self.offset.to(scores.dtype)
-        if self.positions.shape[1] == 1:  # one map for all queries
-            index = self.positions[None, :, 0:1].expand(batch, heads, queries, -1)
+        # the maps are fitted on the CPU in float64: onto the scores' device and dtype
+        weights, offset, positions = self.weights.to(scores), self.offset.to(scores), self.positions.to(scores.device)
+        if positions.shape[1] == 1:  # one map for all queries
+            index = positions[None, :, 0:1].expand(batch, heads, queries, -1)
             return torch.einsum("bhqk,hnk->bhqn", scores.gather(-1, index), weights[:, 0]) + offset[None, :, 0:1]
-        index = self.positions[None].expand(batch, -1, -1, -1)
+        index = positions[None].expand(batch, -1, -1, -1)
         return torch.einsum("bhqk,hqnk->bhqn", scores.gather(-1, index), weights) + offset[None]
 
     def parameters(self) -> int:
