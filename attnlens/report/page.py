@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from attnlens.analysis.dam.result import SEED_TABLES
+from attnlens.analysis.dam.result import SEED_TABLES, polished
 from attnlens.data.positions import parse_classes
 from attnlens.io.provenance import provenance
 from attnlens.progress import Progress, progress_bar
@@ -426,7 +426,7 @@ def _steps(row: pd.Series) -> str:
     swap search's end: "..., then 6 swaps to a local optimum"."""
     ended = "annealed in" if row.get("schedule_end") == "annealed" else "capped at"
     said = f"schedule {ended} {int(row['steps'])} steps"
-    if row.get("polish_rounds", float("nan")) == row.get("polish_rounds", float("nan")):  # finished by a swap search
+    if polished(row):
         relaxed = "converged" if bool(row["relaxed_converged"]) else "not converged"
         ending = "a local optimum" if bool(row["converged"]) else "its round cap, not converged"
         return f"{said} ({relaxed}), then {int(row['polish_swaps'])} swaps to {ending}"

@@ -213,11 +213,11 @@ class DamResult(Result):
         rate = f"a learning rate at least {settings['check_lr']:g} of its start"
         for row in self.table.to_dict("records"):
             ended = "annealed" if row["schedule_end"] == "annealed" else f"capped at {settings['steps']} steps"
-            if row.get("polish_rounds", float("nan")) == row.get("polish_rounds", float("nan")):  # polished
-                relaxed = _verdict({**row, "converged": row["relaxed_converged"]}, settings, rate)
+            if polished(row):
+                relaxed = _verdict(row, settings, rate, row["relaxed_converged"])
                 verdict = f"{_polish_verdict(row, settings)}; the relaxation before it: {relaxed}"
             else:
-                verdict = _verdict(row, settings, rate)
+                verdict = _verdict(row, settings, rate, row["converged"])
             lines.append(f"{labels[row['lambda']]}: schedule {ended} after {row['steps']} steps; {verdict}")
         return lines
 
@@ -264,14 +264,20 @@ def _polish_verdict(row: dict, settings: dict) -> str:
     return f"not converged: the swap search still improved when its {rounds} rounds ran out ({swaps}); raise --polish-rounds"
 
 
-def _verdict(row: dict, settings: dict, rate: str) -> str:
-    """The convergence check's verdict on one run, and why."""
+def polished(row) -> bool:
+    """Whether a swap search finished a run of ``summary`` (its ``polish_rounds`` is set, not NaN)."""
+    rounds = row.get("polish_rounds", float("nan"))
+    return rounds == rounds
+
+
+def _verdict(row: dict, settings: dict, rate: str, converged: bool) -> str:
+    """The convergence check's verdict (``converged``: its outcome) on one run, and why."""
     if row.get("check_step", float("nan")) != row.get("check_step", float("nan")):  # NaN: no window at a meaningful rate
         return f"not converged: too few steps at {rate} to judge; raise --steps"
     change = f"{row['check_delta']:+.4f} [{row['check_low']:+.4f}, {row['check_high']:+.4f}]"
     window = f"over the {settings['check_window']} steps to step {row['check_step']:.0f}"
     shifted = row.get("check_shifted", 0.0)
-    if row["converged"]:
+    if converged:
         return f"converged: {window}, at {rate}, the judged mask's training loss changed by {change}"
     if abs(shifted) > TARGET_WITHIN:
         return (
