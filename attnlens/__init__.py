@@ -10,7 +10,7 @@ The package's folders are the pipeline, each depending only on those before it:
 - :mod:`attnlens.rows` — row sources (store or model), the one moments engine, and moments
   jobs sharded over ranks and passes (memory budgets, partial files, merging);
 - :mod:`attnlens.analysis` — eigen, overlap, reconstruct, importance, dam (with fixed
-  patterns), objectives, task accuracy (probe, refit, finetune) and held-out evaluation;
+  patterns), plan (the cheapest attention within a budget), objectives, task accuracy (probe, refit, finetune) and held-out evaluation;
 - :mod:`attnlens.figures` — one module per result kind, drawing saved numbers only;
 - :mod:`attnlens.report` — every analysis of a model in one HTML page;
 - :mod:`attnlens.cli` — the ``attnlens`` command, a thin layer over the functions here.
@@ -26,6 +26,7 @@ from attnlens.analysis.dam import DamResult, DamSettings, dam
 from attnlens.analysis.eigen import EigenResult, EigenSettings, eigen
 from attnlens.analysis.importance import ImportanceResult, ImportanceSettings, importance
 from attnlens.analysis.overlap import OverlapResult, OverlapSettings, overlap
+from attnlens.analysis.plan import PlanResult, PlanSettings, plan
 from attnlens.analysis.reconstruct import ReconstructResult, ReconstructSettings, reconstruct
 from attnlens.analysis.task import TaskJudge, TaskSettings
 from attnlens.data.corpus import Blocks, Corpus, load_corpus
@@ -65,6 +66,8 @@ __all__ = [
     "MomentsResult",
     "OverlapResult",
     "OverlapSettings",
+    "PlanResult",
+    "PlanSettings",
     "ReconstructResult",
     "ReconstructSettings",
     "Report",
@@ -90,6 +93,7 @@ __all__ = [
     "open_store",
     "overlap",
     "parse_classes",
+    "plan",
     "reconstruct",
     "report",
     "run_moments",

@@ -56,6 +56,7 @@ SMALL = {
         "importance": "--seq-len 32 --num-seqs 4 --bootstrap 100",
         "dam": "--seq-len 16 --steps 3 --stop-window 2 --train-seqs 4 --eval-seqs 4 --bootstrap 100 --check-window 2 "
         "--reference-rounds 2 --polish-rounds 2",
+        "plan": "--seq-len 16 --fit-seqs 24 --select-seqs 4 --eval-seqs 4 --ks 2,4 --widths 1,4 --bootstrap 100",
     }.items()
 }
 SMALL_TASK = "--task-train 64 --task-eval 32 --finetune-steps 2".split()  # appended with --task
@@ -69,6 +70,7 @@ SMALL_CALLS = {
         "seq_len": 16, "steps": 3, "stop_window": 2, "train_seqs": 4, "eval_seqs": 4, "bootstrap": 100, "check_window": 2,
         "polish_rounds": 2,
     },
+    "plan": {"seq_len": 16, "fit_seqs": 24, "select_seqs": 4, "eval_seqs": 4, "ks": [2, 4], "widths": [1, 4], "bootstrap": 100},
 }  # fmt: skip
 
 # What a file's Python blocks leave behind: the blocks ran, on the small settings above.
@@ -215,8 +217,10 @@ def small_options(args: tuple[str, ...]) -> list[str]:
     options = {name for param in params for name in [*param.opts, *getattr(param, "secondary_opts", [])]}
     source_is_a_path = len(args) > 1 and not args[1].startswith("-") and Path(args[1]).exists()
     small = [] if source_is_a_path else list(SMALL.get(args[0], []))
-    if "--task" in args:
-        small += SMALL_TASK
+    if "--task" in args:  # the task's options this command has
+        small += [
+            part for option, value in zip(SMALL_TASK[::2], SMALL_TASK[1::2]) if option in options for part in (option, value)
+        ]
     return small + (["--no-progress"] if "--no-progress" in options else [])
 
 

@@ -189,3 +189,17 @@ def test_the_finetune_protocol_report_trains_each_change_and_says_so_across_seed
 def test_an_unknown_report_protocol_is_one_line(capsys, tmp_path):
     code, out, err = run_cli(capsys, "report", "--protocol", "refit", "--out", str(tmp_path / "r"))
     assert_one_line_error(code, err, "protocol")
+
+
+def test_report_plans_the_cheapest_attention(quick_report):
+    """The plan stage: its section, and a claims row whose numbers are the plan result's own."""
+    report = attnlens.load_result(quick_report)
+    page = (quick_report / "report.html").read_text()
+    assert "What is the cheapest attention that keeps the model?" in page
+    plan = report.result("plan")
+    assert plan.meta["task"]["task"] == "rotten-tomatoes" and plan.settings["protocol"] == "probe"
+    row = report.claims[report.claims["claim"].str.startswith("The cheapest attention")].iloc[0]
+    methods = plan.methods[plan.methods.budget == 1.0].set_index("method")
+    assert f"plan: {methods.loc['plan', 'flops_ratio']:.0%} of the FLOPs" in row["task accuracy here"]
+    units = plan.settings["units"]
+    assert units["select"] + units["check"] == plan.settings["task_eval"]

@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from attnlens.errors import BadInput, UnsupportedModel
-from attnlens.models import capture
+from attnlens.models import capture, partial
 from attnlens.models.cache import cache_dir
 from attnlens.settings import MIN_SEQ_LEN
 
@@ -596,6 +596,7 @@ def load_model(
     if device_map is None:  # a device map places the layers itself; `device` is ignored then
         check_device(device)
     capture.register()
+    partial.register()
     source = locate_model(name)
     with _quiet_transformers():
         try:

@@ -2,8 +2,8 @@
 
 :func:`report` streams moments and runs the eigen analysis (and on a second model of
 the same geometry, when one is installed), the subspace overlaps at every d with their
-split-half check, the reconstruction with plug-in, position importance and a short DAM
-run, each change judged by a proxy and by task accuracy; it writes every result
+split-half check, the reconstruction with plug-in, position importance, a short DAM
+run and a per-head plan of the cheapest attention within budgets of accuracy, each change judged by a proxy and by task accuracy; it writes every result
 directory, then ``report.html`` with every saved figure embedded, the tables, the
 numbers that answer each research question of the two papers next to what the papers
 report (also saved as the report's ``claims`` table), and the exact command and versions.
@@ -82,6 +82,15 @@ class ReportSettings:
     finetune_steps: int = 200
     task_joint_r: bool = False
     dam_train_weights: bool = False
+    # The plan: per head exact, partial or a window, at the fewest FLOPs within each budget of accuracy
+    # (points), chosen on half of plan_task_eval examples and checked on the other half, always by the
+    # probe (a fine-tune for every plan the search runs is out of reach). Skipped without a task.
+    plan_budgets: tuple[float, ...] = (0.5, 1.0, 2.0)
+    plan_task_eval: int = 3000
+    plan_fit_seqs: int = 64
+    plan_select_seqs: int = 32
+    plan_ks: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
+    plan_widths: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
 
 
 DEFAULT = ReportSettings()
@@ -104,6 +113,12 @@ QUICK = ReportSettings(
     task_train=256,
     task_eval=64,
     task_ks=(16,),
+    plan_budgets=(1.0, 2.0),
+    plan_task_eval=64,
+    plan_fit_seqs=16,
+    plan_select_seqs=4,
+    plan_ks=(16,),
+    plan_widths=(8,),
 )
 
 # The papers' protocol: the headline changes inside fine-tuning, 3 seeds each (cached per run), at n = 64.
@@ -322,7 +337,27 @@ def _analyses(
             **{**judged, "seq_len": settings.dam_seq_len},
         ),
     )
+    if task:
+        results["plan"] = stages.run("plan", lambda stage: _plan(loaded, settings, stage, **judged))
     return results
+
+
+def _plan(loaded: LoadedModel, settings: ReportSettings, progress: Progress, **judged: object) -> Result:
+    """The plan stage: budgets of task accuracy under the probe, on the report's blocks and task."""
+    from attnlens.analysis.plan import plan
+
+    chosen = {**judged, "protocol": "probe", "seeds": 1, "task_eval": settings.plan_task_eval}
+    return plan(
+        loaded,
+        max_drop=settings.plan_budgets,
+        fit_seqs=settings.plan_fit_seqs,
+        select_seqs=settings.plan_select_seqs,
+        eval_seqs=settings.importance_seqs,
+        ks=tuple(k for k in settings.plan_ks if k <= settings.seq_len),
+        widths=settings.plan_widths,
+        progress=progress,
+        **chosen,
+    )
 
 
 def _dam_task(settings: ReportSettings) -> dict[str, str]:

@@ -14,6 +14,7 @@ from attnlens.analysis.dam.result import SEED_TABLES, polished
 from attnlens.data.positions import parse_classes
 from attnlens.io.provenance import provenance
 from attnlens.progress import Progress, progress_bar
+from attnlens.report.plan import plan_claims, plan_section
 
 
 def write_page(
@@ -35,6 +36,7 @@ def write_page(
         _importance_section(results, names, figures),
         _dam_section(results, names, figures),
         _task_section(results, names, figures),
+        _plan_section(results, names, figures),
         _other_figures_section(names, figures),
     ]
     page = directory / "report.html"
@@ -120,6 +122,7 @@ def claims(results: dict) -> pd.DataFrame:
     report's summary table, and the README's claims section)."""
     rows = [*_eigen_claims(results), *_reconstruct_claims(results["reconstruct"])]
     rows += _importance_claims(results["importance"], results["dam"])
+    rows += plan_claims(results["plan"]) if "plan" in results else []
     columns = CLAIM_COLUMNS + ([SEEDS_COLUMN] if _seeded(results) else [])
     return pd.DataFrame([(*row, "", "")[: len(columns)] for row in rows], columns=columns)
 
@@ -751,6 +754,12 @@ def _task_choices(results: dict) -> str:
     return "<p>What the task judged, stage by stage:</p><ul>" + "".join(items) + "</ul>"
 
 
+def _plan_section(results: dict, names: dict[str, str], figures: Figures) -> str:
+    if "plan" not in results:
+        return ""
+    return plan_section(results["plan"], figures.directory / names["plan"] / "figures", figures, _section, _table)
+
+
 def _other_figures_section(names: dict[str, str], figures: Figures) -> str:
     """Every figure the stages saved that no section above shows, so the page holds them all."""
     body = []
@@ -760,7 +769,7 @@ def _other_figures_section(names: dict[str, str], figures: Figures) -> str:
     if not body:
         return ""
     return _section(
-        "7. Every other figure",
+        "8. Every other figure",
         "The remaining figures the stages saved (each also as PNG and PDF in its result's figures/ directory).",
         body,
     )

@@ -73,6 +73,7 @@ from attnlens.io.results import Result, format_table
 from attnlens.io.store import Store
 from attnlens.models.capture import Capture
 from attnlens.models.loading import LoadedModel, load_model
+from attnlens.models.partial import rebuild
 from attnlens.progress import Progress, progress_bar, split
 from attnlens.rows.moments import Moments, compute_moments
 from attnlens.rows.sources import ModelRows, StoreRows, open_rows
@@ -140,11 +141,8 @@ class LayerMaps:
         batch, heads, queries, _ = scores.shape
         # the maps are fitted on the CPU in float64: onto the scores' device and dtype
         weights, offset, positions = self.weights.to(scores), self.offset.to(scores), self.positions.to(scores.device)
-        if positions.shape[1] == 1:  # one map for all queries
-            index = positions[None, :, 0:1].expand(batch, heads, queries, -1)
-            return torch.einsum("bhqk,hnk->bhqn", scores.gather(-1, index), weights[:, 0]) + offset[None, :, 0:1]
-        index = positions[None].expand(batch, -1, -1, -1)
-        return torch.einsum("bhqk,hqnk->bhqn", scores.gather(-1, index), weights) + offset[None]
+        index = positions[None].expand(batch, heads, queries if positions.shape[1] == 1 else -1, -1)
+        return rebuild(scores.gather(-1, index), weights, offset)
 
     def parameters(self) -> int:
         return int(self.weights.numel() + self.offset.numel())

@@ -1,0 +1,295 @@
+"""Plan the cheapest attention that keeps the model within a budget, head by head.
+
+:func:`plan` answers "at most this much loss, in accuracy or in the proxy: which heads can
+be computed partially (k exact scores per query and a least-squares map), which can keep a
+window of keys, and which must stay exact, at the fewest attention FLOPs?":
+
+1. **curves**: every head alone, under every choice (:mod:`~attnlens.analysis.plan.choices`),
+   costs so much proxy loss on the selection blocks;
+2. **path**: the greedy path spends FLOPs where they cost least, treating the heads' costs
+   as additive (:func:`~attnlens.analysis.plan.allocate.greedy_path`);
+3. **verify and repair**: heads interact, so the step the sum predicts is run on the model
+   and judged on the selection data (the selection blocks, or half of the task's held-out
+   examples, with a margin for the check's own interval); where it misses the budget, a binary search moves back along the path to the
+   last step that meets it (and forward where the sum was too cautious);
+4. **check**: the chosen plan is judged on data it was not chosen on (held-out blocks, or
+   the other half of the task's examples), beside the best uniform plans (one k for every
+   head; one window for every head) and a random allocation of the same FLOPs, each
+   difference with its paired interval.
+
+The result (:class:`~attnlens.analysis.plan.result.PlanResult`) saves every budget's plan
+with its maps; :meth:`~attnlens.analysis.plan.result.PlanResult.apply` runs a model under a
+plan through the partial attention function (:mod:`attnlens.models.partial`).
+
+>>> import attnlens
+>>> result = attnlens.plan("minilm-l3", seq_len=16, fit_seqs=8, select_seqs=4, eval_seqs=4, max_loss=[0.05],
+...                        ks=[2], widths=[2], progress=False)
+>>> result.methods.method.tolist()
+['plan', 'uniform partial', 'uniform partial at plan FLOPs', 'uniform window', 'uniform window at plan FLOPs', 'random']
+>>> bool(result.methods.flops_ratio.iloc[0] < 1)      # the plan computes less than exact attention
+True
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from attnlens.analysis.changes import Change, seeded
+from attnlens.analysis.experiment import Experiment
+from attnlens.analysis.plan.allocate import at_step, greedy_path, head_curves, random_allocation, uniform
+from attnlens.analysis.plan.assemble import MapBank, assignment_key, layer_plans, plan_change, saved_maps
+from attnlens.analysis.plan.choices import EXACT, Assignment, Choice, flops, options, parse
+from attnlens.analysis.plan.judging import Budget, Costs, ProxyCosts, TaskCosts
+from attnlens.analysis.plan.result import PlanResult
+from attnlens.analysis.plan.settings import PlanSettings
+from attnlens.analysis.reconstruct import MapFitter
+from attnlens.analysis.task import TaskSettings
+from attnlens.data.corpus import Blocks
+from attnlens.errors import BadInput
+from attnlens.models.loading import LoadedModel
+from attnlens.progress import Progress, progress_bar, split
+from attnlens.rows.moments import compute_moments
+from attnlens.rows.sources import ModelRows
+
+__all__ = ["PlanResult", "PlanSettings", "plan"]
+
+RANDOM_STREAM = 23  # the random allocations' draws
+FIT_STREAM = 24  # which training blocks fit the maps and which choose the plan
+# The maps' ridge, relative to the chosen keys' mean variance. Larger than reconstruct's default (1e-6, for
+# fits on 128 blocks): a causal model's per-query maps see one row per fitting block, and a plan fits on 64.
+MAP_RIDGE = 1e-3
+
+
+@dataclass
+class _Planner:
+    """What every step of a plan shares: the model's units, the choices, maps, and the judges."""
+
+    experiment: Experiment
+    s: PlanSettings
+    fit: Blocks  # the blocks the maps are fitted on
+    select: Blocks  # the blocks the curves and the plan's choice are measured on
+    units: list[tuple[int, int]]
+    choices: list[Choice]
+    bank: MapBank
+    proxy: ProxyCosts
+    judge: Costs
+
+    @property
+    def model(self) -> LoadedModel:
+        return self.experiment.model
+
+    def flops(self, choice: Choice) -> float:
+        return flops(choice, self.s.seq_len, self.model.head_dim, causal=self.model.causal)
+
+    def total(self, assignment: Assignment) -> float:
+        """Attention FLOPs of an assignment, as a share of every head exact."""
+        spent = sum(self.flops(assignment.get(unit, EXACT)) for unit in self.units)
+        return spent / (self.flops(EXACT) * len(self.units))
+
+    def change(self, assignment: Assignment) -> Change:
+        plans = layer_plans(assignment, self.bank, self.s.seq_len, self.model.causal)
+        return plan_change(plans, assignment_key(assignment))
+
+
+def plan(
+    source: str | LoadedModel = "minilm-l6",
+    settings: PlanSettings | None = None,
+    *,
+    device: str = "cpu",
+    progress: Progress = True,
+    command: str | None = None,
+    **changes: Any,
+) -> PlanResult:
+    """Plan, per head, the cheapest attention that meets each budget of ``settings``
+    (:class:`PlanSettings`, with keyword ``changes``); see the module docstring."""
+    s = PlanSettings.build(settings, **changes)
+    s.budgets  # noqa: B018 -- no budget is bad input, before any model loads
+    maps_progress, curves_progress, plans_progress = split(progress, 1, 4, 2)
+    planner = _planner(source, s, device, maps_progress)
+    for budget in s.budgets:  # before the curves: a budget no plan can meet is bad input, found early
+        _check_meetable(planner.judge, budget)
+    curves = head_curves(
+        planner.units,
+        planner.choices,
+        planner.change,
+        lambda change: planner.proxy.costs(change, "select"),
+        planner.flops,
+        curves_progress,
+    )
+    path = greedy_path(curves, planner.flops(EXACT))
+    uniforms = {choice: uniform(planner.units, choice) for choice in planner.choices}
+    summaries, chosen, probes = [], [], []
+    with progress_bar(total=len(s.budgets), desc="plans", unit="budget", enabled=plans_progress) as bar:
+        for number, budget in enumerate(s.budgets):
+            judged, choices, probed = _plan_budget(planner, path, uniforms, budget, seeded(s.seed, RANDOM_STREAM, number))
+            summaries, chosen, probes = summaries + judged, chosen + choices, probes + probed
+            bar.update(1)
+    return _result(planner, curves, path, pd.DataFrame(summaries), pd.DataFrame(chosen), pd.DataFrame(probes), command)
+
+
+def _plan_budget(
+    planner: _Planner, path: list[dict], uniforms: dict[Choice, Assignment], budget: Budget, seed: int
+) -> tuple[list[dict], list[dict], list[dict]]:
+    """One budget: the verified step of the path, its methods judged, its choices and its probes, as records."""
+    step, predicted, probed = _verified_step(planner, path, budget)
+    assignment = at_step(path, step)
+    spent = planner.total(assignment) * planner.flops(EXACT) * len(planner.units)
+    rival = random_allocation(planner.units, planner.choices, planner.flops, spent, seed)
+    judged = _judged_methods(planner, budget, assignment, uniforms, rival, step, predicted)
+    choices = [
+        {"budget": budget.value, "layer": layer, "head": head, "choice": str(assignment.get((layer, head), EXACT))}
+        for layer, head in planner.units
+    ]
+    return judged, choices, [{"budget": budget.value, **probe} for probe in probed]
+
+
+def _planner(source: str | LoadedModel, s: PlanSettings, device: str, progress: Progress) -> _Planner:
+    """The experiment (its training blocks divided into fit and selection blocks, and the held-out
+    blocks), the choices, the maps and the judges."""
+    experiment = Experiment.start(source, s, num_eval=s.eval_seqs, num_train=s.fit_seqs + s.select_seqs, device=device)
+    fit, select = _divided(experiment.train, s.fit_seqs, s.seed)
+    model = experiment.model
+    s.check_geometry(model.num_layers, model.num_heads, model.causal)
+    choices = options(s.seq_len, model.head_dim, s.ks, s.widths, causal=model.causal)
+    if not choices:
+        raise BadInput(f"no choice of `ks` or `widths` costs less than exact attention at n = {s.seq_len}; offer smaller ones")
+    fitter = None
+    if any(choice.kind == "partial" for choice in choices):
+        rows = ModelRows(model, fit)
+        queries = list(range(s.seq_len)) if model.causal else None
+        moments = compute_moments(rows, queries=queries, batch_size=s.batch_size, seed=s.seed, progress=progress).total
+        fitter = MapFitter(moments, ridge=MAP_RIDGE, seed=s.seed, global_positions=(0,))
+    proxy = ProxyCosts(experiment, select, s.batch_size, s.bootstrap, s.seed)
+    judge: Costs = proxy
+    if s.max_drop is not None:
+        judge = TaskCosts(experiment, TaskSettings.of(s), _choosing_half(s), s.batch_size, s.seed)
+    units = [(layer, head) for layer in range(model.num_layers) for head in range(model.num_heads)]
+    return _Planner(experiment, s, fit, select, units, choices, MapBank(fitter), proxy, judge)
+
+
+def _divided(blocks: Blocks, first: int, seed: int) -> tuple[Blocks, Blocks]:
+    """``blocks`` in two disjoint parts, ``first`` of them and the rest, chosen by ``seed``, each in corpus order."""
+    order = np.random.default_rng([seed, FIT_STREAM]).permutation(len(blocks))
+    parts = (np.sort(order[:first]), np.sort(order[first:]))
+    return tuple(Blocks(ids=blocks.ids[index], index=blocks.index[index], available=blocks.available) for index in parts)
+
+
+def _choosing_half(s: PlanSettings) -> int:
+    """How many of the task's held-out examples choose the plan: the first half."""
+    return int(s.task_eval) // 2
+
+
+def _check_meetable(judge: Costs, budget: Budget) -> None:
+    allowance = budget.allowance(judge)
+    if allowance <= 0:
+        raise BadInput(
+            f"the budget {budget} cannot be met even with every head exact: the unmodified model's loss on the selection "
+            f"blocks is {judge.unmodified_loss('select'):.4g}; give `max_loss` above it"
+        )
+
+
+def _verified_step(planner: _Planner, path: list[dict], budget: Budget) -> tuple[int, int, list[dict]]:
+    """The last step of the path whose plan meets ``budget`` on the selection data, found by a
+    binary search that starts where the per-head costs' sum predicts; the step it started from,
+    and every step it ran on the model."""
+    allowance = budget.allowance(planner.judge)
+    added = np.cumsum([0.0] + [segment["added"] for segment in path])
+    # The curves are proxy costs: they predict a proxy budget's step; for accuracy the search starts halfway.
+    predicted = int(np.flatnonzero(added <= allowance).max()) if planner.judge is planner.proxy else len(path) // 2
+    probed: list[dict] = []
+
+    def meets(step: int) -> bool:
+        assignment = at_step(path, step)
+        verdict = planner.judge.judged(planner.change(assignment), "select", budget)
+        probed.append({"step": step, "flops_ratio": planner.total(assignment), "summed_proxy_cost": added[step], **verdict})
+        return verdict["meets"]
+
+    low, high = 0, len(path)  # step 0 (every head exact) costs nothing: it always meets
+    if meets(predicted):
+        low = predicted
+    else:
+        high = predicted - 1
+    while low < high:  # assumes the cost grows along the path; every probe is recorded
+        middle = (low + high + 1) // 2
+        low, high = (middle, high) if meets(middle) else (low, middle - 1)
+    return low, predicted, probed
+
+
+def _judged_methods(
+    planner: _Planner, budget: Budget, assignment: Assignment, uniforms: dict, rival: Assignment, step: int, predicted: int
+) -> list[dict]:
+    """The plan; for each kind, the cheapest uniform plan that meets the budget on the selection data
+    and the uniform plan at the plan's FLOPs (the cheapest that spends at least as much); the random
+    allocation; each judged on the held-out check and paired with the plan."""
+    judge, spent = planner.judge, planner.total(assignment)
+    methods = {"plan": (str(step), assignment)}
+    for kind in ("partial", "window"):
+        mine = sorted((planner.total(a), str(choice), a) for choice, a in uniforms.items() if choice.kind == kind)
+        meeting = [item for item in mine if judge.judged(planner.change(item[2]), "select", budget)["meets"]]
+        # none meeting the budget: the best uniform plan of this kind is exact attention
+        _, name, cheapest = meeting[0] if meeting else (1.0, "none meets: exact", {})
+        methods[f"uniform {kind}"] = (name, cheapest)
+        if mine:
+            _, name, matched = next((item for item in mine if item[0] >= spent), mine[-1])
+            methods[f"uniform {kind} at plan FLOPs"] = (name, matched)
+    methods["random"] = ("at plan FLOPs", rival)
+    plan_costs = judge.costs(planner.change(assignment), "check")
+    records = []
+    for method, (detail, chosen) in methods.items():
+        change = planner.change(chosen)
+        selected = judge.judged(change, "select", budget)
+        checked = judge.judged(change, "check", budget)
+        difference = judge.interval(plan_costs - judge.costs(change, "check"))
+        records.append(
+            {
+                "budget": budget.value,
+                "budget_kind": budget.kind,
+                "method": method,
+                "detail": detail,
+                "flops_ratio": planner.total(chosen),
+                **{f"select_{name}": value for name, value in selected.items()},
+                **{f"check_{name}": value for name, value in checked.items()},
+                "plan_minus": difference[0],
+                "plan_minus_low": difference[1],
+                "plan_minus_high": difference[2],
+                "predicted_step": predicted if method == "plan" else None,
+            }
+        )
+    return records
+
+
+def _result(
+    planner: _Planner,
+    curves: pd.DataFrame,
+    path: list[dict],
+    summary: pd.DataFrame,
+    chosen: pd.DataFrame,
+    probes: pd.DataFrame,
+    command,
+) -> PlanResult:
+    s = planner.s
+    picked = [(int(row.layer), int(row.head), parse(row.choice)) for row in chosen.itertuples()]
+    used = {(layer, head, choice.size) for layer, head, choice in picked if choice.kind == "partial"}
+    map_rows, arrays = saved_maps(planner.bank, used)
+    meta = planner.experiment.metadata(
+        s,
+        command,
+        settings={
+            "budgets": [str(budget) for budget in s.budgets],
+            "choices": [str(choice) for choice in planner.choices],
+            "head_flops": {str(choice): planner.flops(choice) for choice in [EXACT, *planner.choices]},
+            "evaluations": planner.judge.evaluations + (planner.proxy.evaluations if planner.judge is not planner.proxy else 0),
+            "units": {part: planner.judge.units(part) for part in ("select", "check")},
+            "fit_block_index": planner.fit.index.tolist(),
+            "select_block_index": planner.select.index.tolist(),
+        },
+        task=planner.judge.judge.describe() if isinstance(planner.judge, TaskCosts) else None,
+    )
+    tables = {"summary": summary, "choices": chosen, "curves": curves, "path": pd.DataFrame(path), "probes": probes}
+    if map_rows:
+        tables["maps"] = pd.DataFrame(map_rows)
+    return PlanResult(meta, tables, arrays)

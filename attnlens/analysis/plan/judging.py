@@ -1,0 +1,147 @@
+"""What a plan costs the model, on the data it was chosen on and on data it never saw.
+
+A :class:`Costs` gives, for any change, one number per unit of data in each **part**:
+``"select"`` (the data the plan is chosen on) and ``"check"`` (held out, disjoint):
+
+- :class:`ProxyCosts`: per corpus block, the proxy loss with the change minus the
+  unmodified loss (1 − cosine of final hidden states for encoders, next-token loss for
+  decoders), on the selection blocks and the held-out blocks;
+- :class:`TaskCosts`: per task example, 1 if the unmodified model classified it right and
+  the changed one does not, −1 for the reverse, else 0 (so the mean is the drop in
+  accuracy), on two disjoint halves of the task's held-out examples.
+
+A :class:`Budget` turns those into a verdict: a change **meets** it on the check when the
+upper end of the 95% paired bootstrap interval of its mean cost is within the allowance.
+For a drop in accuracy the allowance is the budget; for a loss budget (the proxy loss may
+be at most ``y``) it is ``y`` minus the unmodified loss on the selection data, on both parts
+(held-out text of another difficulty would otherwise decide the verdict, not the plan). On the selection data
+the verdict is a forecast of the check's, so it keeps a margin: the upper end plus the
+half-width the check's interval will have (the selection's, scaled by the square root of
+the ratio of their sizes) must be within the allowance. Without it, the plan chosen is the
+last one whose selection interval just fits, and its check misses as often as it meets.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from attnlens.analysis.changes import Change
+from attnlens.analysis.evaluation import bootstrap_interval, evaluate_change
+from attnlens.analysis.experiment import Experiment, Split
+from attnlens.analysis.task import TaskJudge, TaskSettings
+from attnlens.data.corpus import Blocks
+from attnlens.errors import BadInput
+
+PARTS = ("select", "check")
+
+
+@dataclass(frozen=True)
+class Budget:
+    """``kind`` ``"accuracy"`` (``value``: the most accuracy may drop, in points) or ``"loss"``
+    (``value``: the most the proxy loss may be)."""
+
+    kind: str
+    value: float
+
+    def __str__(self) -> str:
+        return f"Δ accuracy ≥ −{self.value:g} points" if self.kind == "accuracy" else f"loss ≤ {self.value:g}"
+
+    def allowance(self, costs: Costs) -> float:
+        """How much mean cost the budget allows: the drop in accuracy, or the increase of the proxy loss
+        that takes the unmodified model's loss on the selection data to the budget. The check holds a plan
+        to the same increase: an absolute loss on other text is met or missed by that text's difficulty."""
+        return self.value / 100 if self.kind == "accuracy" else self.value - costs.unmodified_loss("select")
+
+
+class Costs:
+    """Per-unit costs of a change on each part; computed once per change key and part."""
+
+    bootstrap: int = 1000
+    seed: int = 0
+
+    def __init__(self) -> None:
+        self._known: dict[tuple[str, str], np.ndarray] = {}
+        self.evaluations = 0  # changes run on the model (each part counts once)
+
+    def costs(self, change: Change, part: str) -> np.ndarray:
+        key = (change.key, part)
+        if key not in self._known:
+            self._known[key] = self._compute(change, part)
+            self.evaluations += 1
+        return self._known[key]
+
+    def _compute(self, change: Change, part: str) -> np.ndarray:
+        raise NotImplementedError
+
+    def unmodified_loss(self, part: str) -> float:
+        raise NotImplementedError
+
+    def interval(self, values: np.ndarray) -> tuple[float, float, float]:
+        mean, low, high = bootstrap_interval(values[None], self.bootstrap, self.seed)
+        return float(mean[0]), float(low[0]), float(high[0])
+
+    def judged(self, change: Change, part: str, budget: Budget) -> dict[str, float | bool]:
+        """Mean cost with its interval, the allowance, the margin (on the selection data) and
+        whether the budget is met: the upper end, plus the margin, within the allowance."""
+        mean, low, high = self.interval(self.costs(change, part))
+        allowance = budget.allowance(self)
+        margin = (high - low) / 2 * (self.units("select") / self.units("check")) ** 0.5 if part == "select" else 0.0
+        verdict = {"cost": mean, "cost_low": low, "cost_high": high, "allowance": allowance}
+        return {**verdict, "margin": margin, "meets": bool(high + margin <= allowance)}
+
+    def units(self, part: str) -> int:
+        raise NotImplementedError
+
+
+class ProxyCosts(Costs):
+    """Proxy loss increases per block, on the selection blocks and the held-out blocks (check)."""
+
+    def __init__(self, experiment: Experiment, select: Blocks, batch_size: int, bootstrap: int, seed: int) -> None:
+        super().__init__()
+        self.objective, self.bootstrap, self.seed = experiment.objective, bootstrap, seed
+        self.splits: dict[str, Split] = {
+            "select": experiment.split(select, batch_size),
+            "check": experiment.split(experiment.held_out, batch_size),
+        }
+        self.baseline = {part: self._losses(split, None) for part, split in self.splits.items()}
+
+    def _losses(self, split: Split, change: Change | None) -> np.ndarray:
+        return evaluate_change(self.objective, split.inputs, split.views, change)["loss"]
+
+    def _compute(self, change: Change, part: str) -> np.ndarray:
+        return self._losses(self.splits[part], change) - self.baseline[part]
+
+    def unmodified_loss(self, part: str) -> float:
+        return float(self.baseline[part].mean())
+
+    def units(self, part: str) -> int:
+        return len(self.baseline[part])
+
+
+class TaskCosts(Costs):
+    """Accuracy drops per example, on two disjoint halves of the task's held-out examples."""
+
+    def __init__(self, experiment: Experiment, settings: TaskSettings, select: int, batch_size: int, seed: int) -> None:
+        super().__init__()
+        model, n = experiment.model, experiment.held_out.ids.shape[1]
+        self.judge = TaskJudge(model, settings, seq_len=n, batch_size=batch_size, seed=seed, pad_to=n)
+        if len(self.judge.held_out) <= select + 1:
+            raise BadInput(
+                f"the task gives {len(self.judge.held_out)} held-out examples, too few to choose on {select} and check on the rest; "
+                "raise `task_eval` (half of it chooses the plan, half checks it)"
+            )
+        self.bootstrap, self.seed = settings.bootstrap, seed
+        self.parts = {"select": slice(0, select), "check": slice(select, None)}
+        self.baseline = self.judge.judge(None)["correct"]
+
+    def _compute(self, change: Change, part: str) -> np.ndarray:
+        correct = self.judge.judge(change)["correct"]
+        return (self.baseline - correct)[self.parts[part]]
+
+    def unmodified_loss(self, part: str) -> float:  # an accuracy budget needs none
+        return 0.0
+
+    def units(self, part: str) -> int:
+        return len(self.baseline[self.parts[part]])

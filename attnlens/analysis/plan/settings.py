@@ -1,0 +1,89 @@
+"""The settings of :func:`attnlens.plan`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from attnlens.analysis.plan.judging import Budget
+from attnlens.analysis.task import TaskSettings
+from attnlens.errors import BadInput
+from attnlens.settings import CorpusSettings, at_least, positive
+
+PER_QUERY_LIMIT = 4 * 2**30  # bytes of per-query moments a causal model's maps may need
+
+
+@dataclass(frozen=True)
+class PlanSettings(CorpusSettings, TaskSettings):
+    """What a plan must keep, and what it may choose from.
+
+    Budgets (one kind, one or more values, each planned): ``max_drop``, the most task
+    accuracy may drop, in points (needs ``task``); or ``max_loss``, the most the proxy loss
+    may be (1 − cosine for encoders, whose unmodified loss is 0; next-token loss for
+    decoders, in nats). Choices: partial computation with each of ``ks`` exact keys per
+    query, windows of each of ``widths``. Three disjoint sets of blocks: the maps are fitted
+    on ``fit_seqs`` (a causal model's per-query maps need more than n), the curves and the
+    plan's choice are measured on ``select_seqs`` (not the fitting blocks, on which the maps
+    look better than they are), and the proxy's held-out check runs on ``eval_seqs``. With a
+    task, ``task_eval`` held-out examples are split in two halves: the first chooses, the
+    second checks. ``bootstrap`` resamples give every interval.
+
+    >>> PlanSettings(max_loss=(0.01,), max_drop=(1.0,), task="rotten-tomatoes")
+    Traceback (most recent call last):
+        ...
+    attnlens.errors.BadInput: give one kind of budget, max_drop (accuracy points) or max_loss (proxy loss), not both
+    """
+
+    max_drop: tuple[float, ...] | None = None
+    max_loss: tuple[float, ...] | None = None
+    ks: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
+    widths: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
+    fit_seqs: int = 64
+    select_seqs: int = 32
+    eval_seqs: int = 32
+    objective: str = "auto"
+    classes: str | None = None
+    seq_len: int = 128
+
+    def validate(self) -> None:
+        super().validate()
+        if self.max_drop is not None and self.max_loss is not None:
+            raise BadInput("give one kind of budget, `max_drop` (accuracy points) or `max_loss` (proxy loss), not both")
+        for name, values in (("max_drop", self.max_drop), ("max_loss", self.max_loss)):
+            for value in values or ():
+                positive(
+                    name, value, ": a budget of zero or below cannot be met by any change, and exact attention needs no plan"
+                )
+        if self.max_drop is not None and self.task is None:
+            raise BadInput("`max_drop` is a budget of task accuracy: name a task (imdb, rotten-tomatoes or a file)")
+        for k in self.ks:
+            at_least("ks", k, 1, " exact key per query")
+            if k > self.seq_len:
+                raise BadInput(
+                    f"`ks` {k} is larger than n = {self.seq_len} (the keys of a row); use ks of at most {self.seq_len}"
+                )
+        for width in self.widths:
+            at_least("widths", width, 1, " position on each side")
+        at_least("fit_seqs", self.fit_seqs, 2, " blocks to fit the maps on")
+        at_least("select_seqs", self.select_seqs, 2, " blocks to choose the plan on")
+        at_least("eval_seqs", self.eval_seqs, 2, " held-out blocks")
+
+    @property
+    def budgets(self) -> list[Budget]:
+        """The budgets to plan for, smallest first; asking with none given is an error."""
+        if self.max_drop is None and self.max_loss is None:
+            raise BadInput(
+                "give a budget: `max_drop` (the most accuracy may drop, in points) or `max_loss` (the most the proxy loss may be)"
+            )
+        if self.max_drop is not None:
+            return [Budget("accuracy", value) for value in sorted(self.max_drop)]
+        return [Budget("loss", value) for value in sorted(self.max_loss)]
+
+    def check_geometry(self, num_layers: int, num_heads: int, causal: bool) -> None:
+        """Refuse per-query maps (causal models) whose moments would not fit in memory."""
+        n = self.seq_len
+        needed = 3 * num_layers * num_heads * n**3 * 8  # per-query Σxxᵀ in float64, with its two halves
+        if causal and self.ks and needed > PER_QUERY_LIMIT:
+            raise BadInput(
+                f"partial maps of a causal model are per query: at n = {n} their moments take {needed / 2**30:.0f} GiB; "
+                "plan with windows only (`ks` empty, --ks none) or a smaller `seq_len`"
+            )

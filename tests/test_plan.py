@@ -1,0 +1,193 @@
+"""attnlens.plan: the greedy path against brute force, the plan's verdicts recomputed through the
+partial attention function, disjoint data, save/reload/apply, and bad input."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+import attnlens
+from attnlens import BadInput, load_result
+from attnlens.analysis.objectives import Objective
+from attnlens.analysis.plan.allocate import at_step, greedy_path, random_allocation
+from attnlens.analysis.plan.choices import EXACT, Choice, flops, window_keep
+from attnlens.analysis.plan.judging import TaskCosts
+from tiny_models import assert_one_line_error, run_cli
+
+N = 16
+SETTINGS = dict(seq_len=N, fit_seqs=24, select_seqs=8, eval_seqs=8, ks=[2, 4], widths=[1, 4], batch_size=8)
+
+
+@pytest.fixture(scope="module")
+def planned_l3(minilm_l3, tmp_path_factory):
+    result = attnlens.plan(minilm_l3, max_loss=[0.02, 0.05], progress=False, **SETTINGS)
+    path = tmp_path_factory.mktemp("plan") / "plan"
+    result.save(path)
+    return result, path
+
+
+def test_a_plan_draws_its_figures(planned_l3, tmp_path):
+    result, _ = planned_l3
+    saved = {path.name for path in result.save_figures(tmp_path)}
+    assert {"flops_by_budget.png", "choices_0_02.png", "choices_0_05.png"} <= saved
+
+
+# ---------------------------------------------------------------------------- allocation (unit)
+
+
+def _lower_hull(points: np.ndarray) -> list[tuple[float, float]]:
+    """Lower convex hull of (flops, cost) points, by Andrew's monotone chain (independent of the code)."""
+    hull: list[tuple[float, float]] = []
+    for x, y in sorted(map(tuple, points)):
+        while (
+            len(hull) >= 2
+            and (hull[-1][0] - hull[-2][0]) * (y - hull[-2][1]) - (hull[-1][1] - hull[-2][1]) * (x - hull[-2][0]) <= 0
+        ):
+            hull.pop()
+        hull.append((x, y))
+    return hull
+
+
+def test_the_greedy_path_runs_along_the_lower_hull_of_every_allocation():
+    """Additive costs: each step of the path is on the lower convex hull of (FLOPs, cost) over all
+    4³ assignments of three heads, found by brute force."""
+    rng = np.random.default_rng(3)
+    names = ["partial(2)", "partial(4)", "window(1)"]
+    for _ in range(20):
+        curves = pd.DataFrame(
+            [
+                {"layer": 0, "head": h, "choice": c, "flops": float(rng.uniform(5, 95)), "cost": float(rng.uniform(0, 1))}
+                for h in range(3)
+                for c in names
+            ]
+        )
+        table = {(r.head, r.choice): (r.flops, r.cost) for r in curves.itertuples()}
+        table.update({(h, "exact"): (100.0, 0.0) for h in range(3)})
+        every = np.array(
+            [
+                [sum(table[h, c][i] for h, c in enumerate(combo)) for i in (0, 1)]
+                for combo in itertools.product(["exact", *names], repeat=3)
+            ]
+        )
+        hull = _lower_hull(every)
+        path = greedy_path(curves, full=100.0)
+        for step in range(len(path) + 1):
+            chosen = at_step(path, step)
+            point = [sum(table[h, str(chosen.get((0, h), EXACT))][i] for h in range(3)) for i in (0, 1)]
+            below = np.interp(point[0], [x for x, _ in hull], [y for _, y in hull])
+            assert point[1] <= below + 1e-9
+
+
+def test_random_allocations_spend_at_most_the_target_and_repeat_with_their_seed():
+    units = [(layer, head) for layer in range(2) for head in range(4)]
+    choices = [Choice("partial", 2), Choice("window", 1)]
+    cost = lambda choice: {"exact": 10.0, "partial": 6.0, "window": 1.0}[choice.kind]  # noqa: E731
+    first = random_allocation(units, choices, cost, target=50.0, seed=4)
+    assert sum(cost(c) for c in first.values()) <= 50.0
+    assert first == random_allocation(units, choices, cost, target=50.0, seed=4)
+    assert first != random_allocation(units, choices, cost, target=50.0, seed=5)
+
+
+def test_a_window_costs_the_pairs_it_keeps():
+    for causal in (False, True):
+        keep = window_keep(32, 3, causal).numpy()
+        brute = sum(1 for i in range(32) for j in range(32) if (0 <= i - j <= 3 if causal else abs(i - j) <= 3))
+        assert keep.sum() == brute
+        assert flops(Choice("window", 3), 32, 8, causal=causal) == pytest.approx(
+            flops(EXACT, 32, 8, causal=causal) * brute / 32**2
+        )
+
+
+# ---------------------------------------------------------------------------- plans (integration)
+
+
+def test_the_plan_meets_its_budgets_and_the_check_is_what_the_partial_path_computes(planned_l3, minilm_l3):
+    """Each budget's plan met it on the selection blocks (with the margin) and no probed cheaper step
+    did; its held-out cost, recomputed by running the model under the plan through the partial
+    attention function on the held-out blocks, is the cost the result reports."""
+    result, _ = planned_l3
+    probes = result.tables["probes"]
+    blocks = attnlens.load_corpus("kjv").blocks(minilm_l3, N, num_blocks=None)
+    held_out = blocks.ids[np.searchsorted(blocks.index, result.meta["corpus"]["eval_block_index"])]
+    objective = Objective(minilm_l3, "hidden")
+    batch = objective.prepare(torch.from_numpy(held_out))
+    for row in result.methods.query("method == 'plan'").itertuples():
+        mine = probes.query("budget == @row.budget")
+        chosen = mine[mine.step == int(row.detail)]
+        assert chosen.meets.all() and not mine[mine.step > int(row.detail)].meets.any()
+        assert row.select_meets
+        with torch.no_grad(), result.apply(minilm_l3, row.budget):
+            loss = objective.evaluate(batch)["loss"].double().numpy()
+        assert loss.mean() == pytest.approx(row.check_cost, abs=1e-5)
+    assert (result.methods.query("method == 'plan'").flops_ratio < 1).all()
+
+
+def test_plans_are_chosen_and_checked_on_disjoint_blocks(planned_l3):
+    result, _ = planned_l3
+    corpus = result.meta["corpus"]
+    fit, select = set(result.settings["fit_block_index"]), set(result.settings["select_block_index"])
+    check = set(corpus["eval_block_index"])
+    assert len(fit) == 24 and len(select) == 8 and len(check) == 8
+    assert not (fit & select) and not (fit & check) and not (select & check)
+
+
+def test_a_plan_saves_reloads_and_applies_to_its_model(planned_l3, minilm_l3, minilm_l6):
+    result, path = planned_l3
+    again = load_result(path)
+    ids = torch.from_numpy(attnlens.load_corpus("kjv").blocks(minilm_l3, N, 2, 9).ids)
+    budget = result.budgets[-1]
+    with torch.no_grad():
+        with result.apply(minilm_l3, budget):
+            first = minilm_l3.forward(ids)[0]
+        with again.apply(minilm_l3, budget):
+            second = minilm_l3.forward(ids)[0]
+        exact = minilm_l3.forward(ids)[0]
+    assert torch.equal(first, second) and not torch.equal(first, exact)
+    with pytest.raises(BadInput, match="num_layers 3"):
+        with again.apply(minilm_l6, budget):
+            pass
+
+
+@pytest.mark.integration
+def test_task_halves_are_disjoint(minilm_l3):
+    """The task's held-out examples: the first half chooses, the second checks, no example in both."""
+    from attnlens.analysis.experiment import Experiment
+    from attnlens.analysis.plan import PlanSettings
+
+    s = PlanSettings(seq_len=32, task="rotten-tomatoes", task_train=64, task_eval=40, max_drop=(1.0,))
+    experiment = Experiment.start(minilm_l3, s, num_eval=2)
+    costs = TaskCosts(experiment, s, 20, batch_size=16, seed=0)
+    select, check = costs.parts["select"], costs.parts["check"]
+    assert costs.units("select") == 20 and costs.units("check") == 20
+    positions = np.arange(len(costs.baseline))
+    assert not set(positions[select]) & set(positions[check])
+
+
+# ---------------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize(
+    ("argv", "phrase"),
+    [
+        (["--max-loss", "0"], "must be greater than 0"),
+        (["--max-drop", "-1", "--task", "rotten-tomatoes"], "must be greater than 0"),
+        ([], "give a budget"),
+        (["--max-loss", "0.1", "--ks", "40", "--seq-len", "32"], "--ks 40 is larger than n = 32"),
+        (["--max-drop", "1"], "name a task"),
+    ],
+)
+def test_bad_plans_get_one_line(argv, phrase, capsys, tmp_path):
+    code, _, err = run_cli(capsys, "plan", *argv, "--out", str(tmp_path / "p"))
+    assert_one_line_error(code, err, phrase)
+
+
+def test_a_budget_below_the_unmodified_loss_cannot_be_met(gemma3, capsys, tmp_path):
+    code, _, err = run_cli(
+        capsys, "plan", "--model", "gemma3-270m", "--max-loss", "0.5", "--ks", "none", "--widths", "2",
+        "--seq-len", "8", "--fit-seqs", "2", "--select-seqs", "2", "--eval-seqs", "2", "--out", str(tmp_path / "p"), "--no-progress",
+    )  # fmt: skip
+    assert_one_line_error(code, err, "cannot be met even with every head exact")
