@@ -72,6 +72,14 @@ def rebuild(exact: torch.Tensor, weights: torch.Tensor, offset: torch.Tensor) ->
     return torch.einsum("bhqk,hqnk->bhqn", exact, weights) + offset[None]
 
 
+def rebuild_from(scores: torch.Tensor, positions: torch.Tensor, weights: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
+    """The plug-in form of :func:`rebuild`: rows rebuilt from every score (batch, head, q, n), read at
+    ``positions`` (head, Q, k), Q = 1 meaning the same keys for every query."""
+    batch, heads, queries, _ = scores.shape
+    index = positions.to(scores.device)[None].expand(batch, heads, queries if positions.shape[1] == 1 else -1, -1)
+    return rebuild(scores.gather(-1, index), weights.to(scores), offset.to(scores))
+
+
 @dataclass
 class PartialHeads:
     """Heads of one layer computed partially: ``positions`` (h, Q, k) exact keys, ``weights``
@@ -119,10 +127,7 @@ class LayerPlan:
         partial heads' rows rebuilt from their exact keys and the masked heads' positions removed."""
         changed = scores.clone()
         for part in self.partial:
-            own = scores[:, part.heads]
-            shared = part.positions.shape[1] == 1  # the same keys for every query
-            index = part.positions.to(scores.device)[None].expand(own.shape[0], -1, own.shape[2] if shared else -1, -1)
-            changed[:, part.heads] = rebuild(own.gather(-1, index), part.weights.to(own), part.offset.to(own))
+            changed[:, part.heads] = rebuild_from(scores[:, part.heads], part.positions, part.weights, part.offset)
         for part in self.masked:
             changed[:, part.heads] = changed[:, part.heads].masked_fill(~part.keep.to(scores.device), float("-inf"))
         return changed

@@ -73,7 +73,7 @@ from attnlens.io.results import Result, format_table
 from attnlens.io.store import Store
 from attnlens.models.capture import Capture
 from attnlens.models.loading import LoadedModel, load_model
-from attnlens.models.partial import rebuild
+from attnlens.models.partial import rebuild_from
 from attnlens.progress import Progress, progress_bar, split
 from attnlens.rows.moments import Moments, compute_moments
 from attnlens.rows.sources import ModelRows, StoreRows, open_rows
@@ -138,11 +138,8 @@ class LayerMaps:
 
     def apply(self, scores: torch.Tensor) -> torch.Tensor:
         """Reconstructed scores (batch, head, q, n) from the exact ones at ``positions``."""
-        batch, heads, queries, _ = scores.shape
         # the maps are fitted on the CPU in float64: onto the scores' device and dtype
-        weights, offset, positions = self.weights.to(scores), self.offset.to(scores), self.positions.to(scores.device)
-        index = positions[None].expand(batch, heads, queries if positions.shape[1] == 1 else -1, -1)
-        return rebuild(scores.gather(-1, index), weights, offset)
+        return rebuild_from(scores, self.positions, self.weights, self.offset)
 
     def parameters(self) -> int:
         return int(self.weights.numel() + self.offset.numel())
