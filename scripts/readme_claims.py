@@ -94,13 +94,12 @@ def claims_section(claims: pd.DataFrame, meta: dict, power: str = "") -> str:
 
 
 def task_power(report) -> str:
-    """Each stage's held-out count and the paired half-width its headline changes reached."""
+    """Each stage's most held-out examples used by a sequential judgement."""
     parts = []
     for stage in ("reconstruct", "importance", "dam"):
         task = report.result(stage).meta.get("task") or {}
-        calibration = task.get("calibration")
-        if calibration:
-            parts.append(f"{stage} {calibration['held_out']} (half-width {calibration['halfwidth_reached']:.3f})")
+        if task.get("sequential"):
+            parts.append(f"{stage} up to {task['held_out']}")
     return ", ".join(parts)
 
 

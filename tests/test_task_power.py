@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import attnlens
-import attnlens.analysis.task as task_module
+import attnlens.analysis.task.judge as judge_module  # where TaskJudge reads AUTO_POOL, so where to patch it
 from attnlens.analysis.changes import Ablation
 from attnlens.analysis.task import ProbeHead, TaskJudge, TaskSettings, batches
 from attnlens.data.tasks import load_task
@@ -132,52 +132,63 @@ def test_power_columns_follow_from_the_paired_outcomes(minilm_l6):
     assert judged["detectable_delta"] == pytest.approx((1.959964 + 0.841621) * paired.std(ddof=1) / np.sqrt(60))
 
 
-def test_task_eval_auto_grows_the_held_out_set_until_the_headline_changes_reach_the_target(minilm_l6, monkeypatch):
-    monkeypatch.setattr(task_module, "AUTO_PILOT", 40)
-    monkeypatch.setattr(task_module, "AUTO_POOL", 400)
+def test_task_eval_auto_judges_each_change_sequentially_on_a_prefix_of_the_pool(minilm_l6, monkeypatch):
+    """Each change stops at the first look where its interval excludes zero or narrows to the target;
+    the interval is recomputed here from the per-example outcomes (mean ± boundary × the Agresti–Min
+    standard error), and every earlier look is checked not to have stopped."""
+    monkeypatch.setattr(judge_module, "AUTO_POOL", 400)
     settings = TaskSettings(task="rotten-tomatoes", task_train=64, task_eval="auto", task_target=0.06)
     judge = TaskJudge(minilm_l6, settings, seq_len=48, batch_size=32)
-    headline = [Ablation("sep", CLASSES), Ablation("cls", CLASSES)]
-    calibration = judge.calibrate(headline)
-    count = calibration["held_out"]
-    assert count > 40, "the pilot's spread asked for more examples"
-    assert len(judge.held_out) == count and judge.held_out.rows.tolist() == judge.pool.rows[:count].tolist()
-    unmodified = judge.judge(None)["correct"]
-    spread = max(np.std(judge.judge(change)["correct"] - unmodified, ddof=1) for change in headline)
-    reached = 1.959964 * spread / np.sqrt(count)  # recomputed here from the final examples' outcomes
-    assert calibration["halfwidth_reached"] == pytest.approx(reached)
-    assert calibration["reached_target"] == (reached <= 0.06)
-    assert reached <= 0.06 or count == len(judge.pool), "stopped short of the target with examples left"
-    assert judge.calibrate([Ablation("self", CLASSES)]) is calibration, "calibrated once"
+    looks, bounds = judge.design.looks, judge.design.bounds
+    assert looks[-1] == len(judge.pool) == 400 and looks[0] == 200
+
+    def interval(paired: np.ndarray, look: int) -> tuple[float, float]:
+        count = len(paired)
+        adjusted = paired.sum() / (count + 2)
+        spread = (np.square(paired).sum() + 1) / (count + 2) - adjusted**2
+        half = bounds[look] * np.sqrt(spread / (count + 2))
+        return paired.mean() - half, paired.mean() + half
+
+    for change in (Ablation("cls", CLASSES), Ablation("other", CLASSES), Ablation("sep", CLASSES, "random")):
+        judged = judge.judge(change)
+        count, look = judged["held_out"], looks.index(judged["held_out"])
+        paired = judged["correct"] - judge._outcomes(None, count).correct[:count]
+        assert len(judged["correct"]) == count
+        low, high = interval(paired, look)
+        assert (judged["delta_accuracy_low"], judged["delta_accuracy_high"]) == pytest.approx((low, high))
+        assert judged["delta_accuracy"] == pytest.approx(paired.mean())
+        assert judged["unmodified_accuracy"] == pytest.approx(judge._outcomes(None, count).correct[:count].mean())
+        for earlier in range(look):  # no earlier look met a stopping rule
+            outcomes = judge._paired(change, None, looks[earlier])
+            low_then, high_then = interval(outcomes, earlier)
+            assert low_then <= 0 <= high_then and (high_then - low_then) / 2 > 0.06
+        reason = {"excludes zero": low > 0 or high < 0, "half-width reached": (high - low) / 2 <= 0.06}
+        assert reason.get(judged["stopped"], look == len(looks) - 1), judged["stopped"]
+    assert judge.held_out.rows.tolist() == judge.pool.rows[: len(judge.held_out)].tolist()
 
 
-def test_growing_the_held_out_set_computes_only_the_added_examples(minilm_l6, tmp_path, monkeypatch):
-    # calibration adds the pool's next examples: a change judged on the first ones is judged only
-    # on the new ones, and its outcomes then match one judgement of them all (bucketing differs, so
-    # the probe's losses agree to float32 rounding, not bit for bit)
+def test_a_judgement_computes_each_example_once_in_the_designs_slices(minilm_l6, tmp_path, monkeypatch):
+    """Between looks only the added examples run, in the same slices for every change (so the same
+    length buckets), and the outcomes equal one judgement of them all to float32 rounding."""
     monkeypatch.setenv("ATTNLENS_CACHE", str(tmp_path / "cache"))
-    settings = TaskSettings(task="rotten-tomatoes", task_train=64, task_eval=80)
-    judge = TaskJudge(minilm_l6, settings, seq_len=48, batch_size=16)
-    whole = judge.judge(Ablation("cls", CLASSES))
-    grown = TaskJudge(minilm_l6, settings, seq_len=48, batch_size=16)
-    grown._hold_out(30)
-    grown.judge(Ablation("cls", CLASSES))
-    judged, features = [], grown.features
+    monkeypatch.setattr(judge_module, "AUTO_POOL", 400)
+    auto = TaskJudge(minilm_l6, TaskSettings(task="rotten-tomatoes", task_train=64, task_eval="auto"), seq_len=48, batch_size=16)
+    judged, features = [], auto.features
 
     def counted(examples, change, *rest):
-        judged.append((len(examples), change is not None))
+        judged.append((examples.rows[0], len(examples), change is not None))
         return features(examples, change, *rest)
 
-    monkeypatch.setattr(grown, "features", counted)
-    grown._hold_out(80)
-    again = grown.judge(Ablation("cls", CLASSES))
-    assert judged == [(50, True)], "only the 50 added examples were run under the change"
-    assert (
-        np.abs(grown._judged[Ablation("cls", CLASSES).key].losses - judge._judged[Ablation("cls", CLASSES).key].losses).max()
-        < 1e-5
-    )
-    assert again["held_out"] == whole["held_out"] == 80
-    assert again["task_sparsity"] == pytest.approx(whole["task_sparsity"])
+    monkeypatch.setattr(auto, "features", counted)
+    change = Ablation("sep", CLASSES, "random")  # a small change: more than the first look
+    outcome = auto.judge(change)
+    count, looks = outcome["held_out"], auto.design.looks
+    assert count > looks[0]
+    ran = [(rows, size) for rows, size, changed in judged if changed]
+    assert [size for _, size in ran] == np.diff((0, *looks[: looks.index(outcome["held_out"]) + 1])).tolist()
+    fixed = TaskJudge(minilm_l6, TaskSettings(task="rotten-tomatoes", task_train=64, task_eval=400), seq_len=48, batch_size=16)
+    assert fixed.pool.rows.tolist() == auto.pool.rows.tolist()
+    np.testing.assert_allclose(auto._judged[change.key].losses, fixed._outcomes(change, 400).losses[:count], atol=1e-5)
 
 
 @pytest.mark.parametrize("change", [("pattern", "band", 2), ("pattern", "bigbird", 3), ("ablation", "cls")])
@@ -202,9 +213,10 @@ def test_task_eval_auto_on_a_task_too_small_uses_every_example_and_says_so(minil
     frame.to_csv(path, index=False)
     settings = TaskSettings(task=str(path), task_train=40, task_eval="auto", task_target=0.001, probe_c=1.0)
     judge = TaskJudge(minilm_l6, settings, seq_len=48, batch_size=32)
-    calibration = judge.calibrate([Ablation("other", CLASSES)])  # most of attention gone: many examples flip
-    assert calibration["held_out"] == 50 == calibration["examples_available"]
-    assert calibration["halfwidth_reached"] > 0.001 and calibration["reached_target"] is False
+    judged = judge.judge(Ablation("sep", CLASSES, "random"))  # a small change: 50 examples cannot decide it
+    assert judge.design.looks == (50,) and judged["held_out"] == 50
+    assert judged["stopped"] == "examples ran out" and judged["delta_halfwidth"] > 0.001
+    assert judge.describe()["sequential"]["examples_available"] == 50
 
 
 # ----------------------------------------------------------------------------- bad input, before any model
@@ -241,16 +253,17 @@ def test_task_eval_takes_a_number_or_auto(value, tmp_path, capsys):
 
 
 def test_task_eval_auto_is_recorded_with_what_it_reached(minilm_l6, tmp_path, monkeypatch):
-    monkeypatch.setattr(task_module, "AUTO_PILOT", 40)
-    monkeypatch.setattr(task_module, "AUTO_POOL", 120)
+    monkeypatch.setattr(judge_module, "AUTO_POOL", 240)
     result = attnlens.importance(
         minilm_l6, seq_len=32, num_seqs=4, batch_size=4, task="rotten-tomatoes", task_train=48, task_eval="auto",
         task_target=0.2, gradient=False, progress=False,
     )  # fmt: skip
-    calibration = result.meta["task"]["calibration"]
-    assert calibration["held_out"] == len(result.meta["task"]["held_out_rows"])
-    assert set(calibration["headline_changes"]) == {c for c in calibration["headline_changes"] if "/model/" in c}
-    assert "--task-eval auto:" in result.text()
+    sequential = result.meta["task"]["sequential"]
+    table = result.tables["task"]
+    assert set(table["held_out"][1:]) <= set(sequential["looks"]) and len(sequential["bounds"]) == len(sequential["looks"])
+    assert set(table["stopped"][1:]) <= {"excludes zero", "half-width reached", "examples ran out"}
+    assert len(result.meta["task"]["held_out_rows"]) == table["held_out"].max()
+    assert "judged sequentially" in result.text()
     assert json.loads(json.dumps(result.meta))  # provenance stays JSON
     assert "nan" not in result.text().lower()
 

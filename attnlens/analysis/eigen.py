@@ -47,8 +47,7 @@ from attnlens.rows.moments import (
     split_halves,
     unit_sums,
 )
-from attnlens.rows.partials import is_moments_source
-from attnlens.rows.sources import open_rows
+from attnlens.rows.sources import is_moments_source, open_rows
 from attnlens.settings import CorpusSettings, at_least, numbered_from_zero, one_of
 
 ENERGY_LEVELS = (0.90, 0.95, 0.99)

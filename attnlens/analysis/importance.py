@@ -55,7 +55,7 @@ from attnlens.analysis.changes import Ablation
 from attnlens.analysis.evaluation import bootstrap_interval, evaluate_batch, frozen, layer_groups
 from attnlens.analysis.experiment import Experiment
 from attnlens.analysis.objectives import OBJECTIVES, Objective, PreparedBatch
-from attnlens.analysis.task import TaskJudge, TaskSettings, paired_difference, task_columns
+from attnlens.analysis.task import TaskJudge, TaskSettings, task_columns
 from attnlens.data.positions import parse_classes
 from attnlens.io.results import Result, format_table
 from attnlens.models.capture import Capture
@@ -401,23 +401,22 @@ class _Passes:
 
 
 def _task_table(model, task_settings, s, conditions: list[Ablation | None], progress: Progress) -> tuple[pd.DataFrame, dict]:
-    """Every ablation judged by task accuracy; class rows carry their excess over the random control."""
+    """Every ablation judged by task accuracy; class rows carry their excess over the random control
+    (the class's accuracy minus the control's, paired over examples, judged as a judgement is)."""
     judge = TaskJudge(model, task_settings, seq_len=s.seq_len, batch_size=s.batch_size, seed=s.seed, progress=progress)
     if s.task_classes is not None:  # the unmodified run, then the chosen classes, each beside its random control
         chosen = parse_classes(s.task_classes)
         conditions = [condition for condition in conditions if condition is None or condition.cls in chosen]
-    judge.calibrate([condition for condition in conditions if condition is not None and condition.scope == "model"])
-    rows, correct = [], []
+    rows = []
     with progress_bar(total=len(conditions), desc="importance: task", unit="condition", enabled=progress) as bar:
         for condition in conditions:
-            judged = judge.judge(condition)
-            correct.append(judged["correct"])
-            rows.append({**condition_row(condition), **task_columns(judged)})
+            rows.append({**condition_row(condition), **task_columns(judge.judge(condition))})
             bar.update(1)
     table = pd.DataFrame(rows)
     excess = np.full((len(table), 3), np.nan)
     for index in np.flatnonzero((table["control"] == "class").to_numpy()):  # the random control follows its class
-        excess[index] = paired_difference(correct[index], correct[index + 1], task_settings.bootstrap, s.seed)
+        compared = judge.compare(conditions[index], conditions[index + 1])
+        excess[index] = compared["difference"], compared["difference_low"], compared["difference_high"]
     table["excess_accuracy"], table["excess_accuracy_low"], table["excess_accuracy_high"] = excess.T
     return table, judge.describe()
 

@@ -1,8 +1,6 @@
-"""The shared look of attnlens figures, and saving them as PNG and PDF."""
+"""The shared look of attnlens figures (saving them is :meth:`attnlens.io.results.Result.save_figures`)."""
 
 from __future__ import annotations
-
-from pathlib import Path
 
 # No backend is forced: without a display matplotlib falls back to Agg by itself, and in
 # Jupyter the inline backend shows the figures.
@@ -13,8 +11,6 @@ from matplotlib.artist import Artist
 from matplotlib.collections import LineCollection
 from matplotlib.text import Annotation, Text
 from matplotlib.transforms import Bbox
-
-FORMATS = ("png", "pdf")
 
 
 def apply_style() -> None:
@@ -27,19 +23,6 @@ def new_axes(ax: plt.Axes | None, size: tuple[float, float] = (6.4, 4.2)) -> plt
         return ax
     apply_style()
     return plt.subplots(figsize=size, layout="constrained")[1]
-
-
-def save_figure(figure: plt.Figure, stem: str | Path) -> list[Path]:
-    """Write ``stem.png`` and ``stem.pdf``; close the figure."""
-    stem = Path(stem)
-    stem.parent.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for suffix in FORMATS:
-        path = stem.with_suffix(f".{suffix}")
-        figure.savefig(path, dpi=150)
-        paths.append(path)
-    plt.close(figure)
-    return paths
 
 
 def layer_colours(count: int) -> list:

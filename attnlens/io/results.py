@@ -44,6 +44,7 @@ from attnlens.errors import BadFile, BadInput
 from attnlens.io.files import json_safe, swap_into_place
 
 FORMAT_VERSION = 1
+FIGURE_FORMATS = ("png", "pdf")  # every figure is saved in each
 
 
 # ---------------------------------------------------------------------- the registry
@@ -162,19 +163,19 @@ class Result:
             f"{task['unmodified_accuracy']:.4f}, majority class {task['majority_accuracy']:.4f}"
         )
         lines = [said]
-        calibration = task.get("calibration")
-        if calibration:
+        sequential = task.get("sequential")
+        if sequential:
             lines.append(
-                f"--task-eval auto: {calibration['held_out']} of {calibration['examples_available']} examples held out, "
-                f"paired Δ half-width {calibration['halfwidth_reached']:.4f} on the headline changes (target "
-                f"{calibration['target_halfwidth']:g}{'' if calibration['reached_target'] else ', not reached: too few examples'})"
+                f"--task-eval auto: each change judged sequentially on up to {sequential['examples_available']} examples "
+                f"(looks at {', '.join(map(str, sequential['looks']))}), until its paired Δ interval excludes zero or its "
+                f"half-width is at most {sequential['target_halfwidth']:g} (held_out: examples used; stopped: why)"
             )
-        hidden = ("protocol", "unmodified_accuracy", "majority_accuracy", "task_loss", "held_out")
+        hidden = ("protocol", "unmodified_accuracy", "majority_accuracy", "task_loss")
         lines.append(format_table(table[[column for column in table.columns if column not in hidden]]))
         if "detectable_delta" in table:
             lines.append(
                 "delta_halfwidth: half the paired Δ accuracy interval; detectable_delta: the smallest Δ these examples "
-                "detect 80% of the time at the 5% level"
+                "detect 80% of the time at the interval's level"
             )
         return lines
 
@@ -311,8 +312,6 @@ def first_figure(result: Result) -> str | None:
 def save_figures(result: Result, directory: str | Path, on_figure: Callable[[str], None] | None = None) -> list[Path]:
     """Every figure of ``result`` as ``NAME.png`` and ``NAME.pdf`` in ``directory``, which is
     written into a staging directory and swapped into place (a crash leaves the old figures)."""
-    from attnlens.figures.style import save_figure
-
     directory = Path(directory)
     directory.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
@@ -327,6 +326,21 @@ def save_figures(result: Result, directory: str | Path, on_figure: Callable[[str
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return [directory / name for name in written]
+
+
+def save_figure(figure: Any, stem: str | Path) -> list[Path]:
+    """Write a matplotlib figure as ``stem.png`` and ``stem.pdf``; close the figure."""
+    import matplotlib.pyplot as plt  # only once there is a figure: this storage layer does not load matplotlib
+
+    stem = Path(stem)
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for suffix in FIGURE_FORMATS:
+        path = stem.with_suffix(f".{suffix}")
+        figure.savefig(path, dpi=150)
+        paths.append(path)
+    plt.close(figure)
+    return paths
 
 
 # ---------------------------------------------------------------------- result directories

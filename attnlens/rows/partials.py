@@ -203,17 +203,6 @@ class MomentsResult(Result):
         return f"n={s['n']}, {s['num_seqs']} sequences, {s['quantity']}"
 
 
-def is_moments_source(path: str | Path) -> bool:
-    """A moments result directory, or a moments job's work directory."""
-    path = Path(str(path))
-    if (path / "job.json").is_file():
-        return True
-    try:
-        return json.loads((path / "result.json").read_text()).get("kind") == "moments"
-    except (OSError, ValueError, AttributeError):
-        return False
-
-
 def load_moments(path: str | Path) -> MomentsResult:
     """Merged moments from a moments result directory or from a job's work directory."""
     path = Path(path)

@@ -21,6 +21,7 @@ reach the consumer on the CPU, or, with ``to_cpu=False``, where the model comput
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -137,6 +138,17 @@ def source_kinds(*, moments: bool = True) -> str:
     return ", ".join(kinds)
 
 
+def is_moments_source(path: str | Path) -> bool:
+    """A moments result directory, or a moments job's work directory."""
+    path = Path(str(path))
+    if (path / "job.json").is_file():
+        return True
+    try:
+        return json.loads((path / "result.json").read_text()).get("kind") == "moments"
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def check_source_path(source: str | Path, *, moments: bool = True) -> None:
     """Refuse a SOURCE that is an existing file or directory but neither a store nor a model
     directory (nor, with ``moments``, merged moments), naming what SOURCE may be. A moments
@@ -145,8 +157,6 @@ def check_source_path(source: str | Path, *, moments: bool = True) -> None:
     ``moments`` says whether the caller also takes moments (:func:`attnlens.analysis.eigen`
     does, and reads them before it asks for rows); it changes only the messages.
     """
-    from attnlens.rows.partials import is_moments_source  # partials imports this module's neighbours; import late
-
     path = Path(str(source)).expanduser()
     if not path.exists() or is_store(path) or (path / "config.json").is_file():
         return

@@ -24,7 +24,7 @@ from attnlens.analysis.evaluation import evaluate_change, layer_groups
 from attnlens.analysis.experiment import Split
 from attnlens.analysis.objectives import Objective
 from attnlens.analysis.patterns import PATTERNS
-from attnlens.analysis.task import TaskJudge, paired_difference, t_halfwidth, task_columns
+from attnlens.analysis.task import TaskJudge, t_halfwidth, task_columns
 from attnlens.models.capture import Capture
 from attnlens.models.loading import LoadedModel
 
@@ -182,27 +182,29 @@ def adapt_to_pattern(
 
 def judge_patterns_on_task(
     task: TaskJudge, points: pd.DataFrame, n: int, seed: int, bar=None
-) -> tuple[pd.DataFrame, list[np.ndarray]]:
+) -> tuple[pd.DataFrame, list[PatternChange]]:
     """Every pattern point of ``points`` judged by the task: its columns beside the point's, and
-    each point's per-example 0/1 outcomes (for paired comparisons with a mask)."""
-    judged, correct = [], []
+    each point's change (for paired comparisons with a mask, :meth:`TaskJudge.compare`)."""
+    judged, changes = [], []
     for row in points.itertuples():
-        outcome = task.judge(PatternChange(row.pattern, int(row.value), n, seed))
-        judged.append(task_columns(outcome))
-        correct.append(outcome["correct"])
+        change = PatternChange(row.pattern, int(row.value), n, seed)
+        judged.append(task_columns(task.judge(change)))
+        changes.append(change)
         if bar is not None:
             bar.update(1)
     table = points[["pattern", "value", "sparsity"]].reset_index(drop=True).join(pd.DataFrame(judged)).assign(kind="pattern")
-    return table, correct
+    return table, changes
 
 
 def compare_on_task(
-    compared: pd.DataFrame, masks: pd.DataFrame, mask_correct: list[np.ndarray], patterns: pd.DataFrame,
-    pattern_correct: list[np.ndarray], bootstrap: int, seed: int,
+    task: TaskJudge, compared: pd.DataFrame, masks: pd.DataFrame, mask_changes: list[Change], patterns: pd.DataFrame,
+    pattern_changes: list[Change], *, extend: bool,
 ) -> pd.DataFrame:  # fmt: skip
     """Each mask against the patterns it is compared with (``compared``: rows of lambda, scope,
-    pattern and value), by task accuracy: the mask's accuracy minus the pattern's, paired over held-out examples,
-    with its bootstrap interval; ``verdict`` "better" or "worse" only where the interval excludes 0."""
+    pattern and value), by task accuracy: the mask's accuracy minus the pattern's, paired over
+    held-out examples (:meth:`TaskJudge.compare`; ``extend``: either may be run on more examples,
+    which a mask judged with the weights it trained cannot); ``verdict`` "better" or "worse" only
+    where the interval excludes 0."""
     rows = []
     for _, row in compared.iterrows():
         mask = int(np.flatnonzero(masks["lambda"].to_numpy() == row["lambda"])[0])
@@ -210,7 +212,6 @@ def compare_on_task(
         if "lambda" in patterns:  # patterns adapted beside each mask: the one trained beside this mask
             same &= (patterns["lambda"] == row["lambda"]).to_numpy()
         point = int(np.flatnonzero(same)[0])
-        difference, low, high = paired_difference(mask_correct[mask], pattern_correct[point], bootstrap, seed)
         rows.append(
             {
                 "lambda": row["lambda"],
@@ -221,10 +222,7 @@ def compare_on_task(
                 "task_sparsity": patterns["task_sparsity"].iloc[point],
                 "dam_accuracy": masks["accuracy"].iloc[mask],
                 "accuracy": patterns["accuracy"].iloc[point],
-                "difference": difference,
-                "difference_low": low,
-                "difference_high": high,
-                "verdict": "better" if low > 0 else "worse" if high < 0 else "on par",
+                **task.compare(mask_changes[mask], pattern_changes[point], extend=extend),
                 **_across_seeds(masks.iloc[mask], patterns.iloc[point]),
             }
         )

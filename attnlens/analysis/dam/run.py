@@ -301,8 +301,9 @@ class Run:
     logits: np.ndarray
     image: np.ndarray
     task: dict | None = None
-    adapted: list[tuple[dict, np.ndarray, dict | None]] = field(default_factory=list)  # row, per-block losses, task outcome
-    task_correct: np.ndarray | None = None  # per held-out task example, 1.0 if classified right
+    # row, per-block losses, and (the change as judged, the task's judgement) or None
+    adapted: list[tuple[dict, np.ndarray, tuple[PatternChange, dict] | None]] = field(default_factory=list)
+    task_change: MaskChange | None = None  # as the task judged it (its outcomes are the judge's, by its key)
     reference: dict | None = None  # the swap search's mask against this one (reference)
     reference_logits: np.ndarray | None = None
 
@@ -327,7 +328,7 @@ def train_and_judge(setup: Setup, lam: float | None, target: float | None, seed:
     seconds = time.perf_counter() - began
     noise = trainer.noise(trainer.steps_used_ - 1)  # the sampler's at the end: keep-probabilities are σ(α / noise)
     judged = evaluate_mask(setup.layout, logits, setup.judge, setup.held_out, noise)
-    task = outcome = None
+    task = change = None
     if setup.task is not None:  # before the weights are restored: a mask trained with them is judged with them
         change = MaskChange(setup.layout, logits, content_key(f"dam/{s.variant}/{lam}", logits))
         outcome = setup.task.judge(change)
@@ -350,8 +351,7 @@ def train_and_judge(setup: Setup, lam: float | None, target: float | None, seed:
         **(polish_columns(polished, trainer) if polished is not None else {}),
     }
     image = _keep_image(setup, logits, noise)
-    correct = None if outcome is None else outcome["correct"]
-    run = Run(lam, judged, curve.assign(**{"lambda": lam}), summary, logits.cpu().numpy(), image, task, adapted, correct)
+    run = Run(lam, judged, curve.assign(**{"lambda": lam}), summary, logits.cpu().numpy(), image, task, adapted, change)
     if s.reference is not None:
         run.reference, run.reference_logits = judge_reference(setup, trainer, run, bar)
     return run
@@ -435,7 +435,7 @@ def adapt_patterns(
     steps of its ``curve``: the same batches of ``order`` at the same learning rates) and
     judged on the held-out blocks, and by the task with the weights it trained (as the mask is);
     the weights are restored after each. Returns (row of ``patterns_adapted``, per-block losses,
-    task outcome or None)."""
+    (the change as the task judged it, its judgement) or None)."""
     s, model, adapted = setup.settings, setup.experiment.model, []
     if not s.patterns:
         return adapted
@@ -456,7 +456,8 @@ def adapt_patterns(
         removed = removed_fraction(change, held_out, setup.layout.valid)
         outcome = None
         if setup.task is not None:  # with the weights it trained: two masks may adapt one pattern, each its own way
-            outcome = setup.task.judge(replace(change, weights=module_sha256(model.model)[:16]))
+            change = replace(change, weights=module_sha256(model.model)[:16])
+            outcome = (change, setup.task.judge(change))
         model.model.load_state_dict(original)
         row = {
             "lambda": lam,
@@ -470,7 +471,7 @@ def adapt_patterns(
     return adapted
 
 
-def adapted_on_task(runs: list[Run]) -> tuple[pd.DataFrame, pd.DataFrame, list[np.ndarray]]:
+def adapted_on_task(runs: list[Run]) -> tuple[pd.DataFrame, pd.DataFrame, list[PatternChange]]:
     """The adapted patterns as the task judged them (each with the weights it trained, beside its
     mask): the rows each mask is compared with (scope "same fine-tuning"), their task table (with the
     mask's ``lambda``: two masks adapt a pattern each with its own training) and outcomes."""
@@ -483,14 +484,14 @@ def adapted_on_task(runs: list[Run]) -> tuple[pd.DataFrame, pd.DataFrame, list[n
         columns=["lambda", "scope", "pattern", "value"],
     )
     rows = [
-        {"lambda": lam, "pattern": row["pattern"], "value": row["value"], "sparsity": row["sparsity"], **task_columns(outcome)}
+        {"lambda": lam, "pattern": row["pattern"], "value": row["value"], "sparsity": row["sparsity"], **task_columns(outcome[1])}
         for lam, row, outcome in adapted
     ]
     # no pattern near a mask's sparsity: an empty table that still has the columns the figures read
     table = (pd.DataFrame(rows) if rows else pd.DataFrame(columns=["lambda", "pattern", "value", "sparsity"])).assign(
         kind="pattern"
     )
-    return compared, table, [outcome["correct"] for _, _, outcome in adapted]
+    return compared, table, [outcome[0] for _, _, outcome in adapted]
 
 
 def assemble(
@@ -540,9 +541,12 @@ def assemble(
     }
     result = DamResult(_metadata(setup, command), tables, arrays)
     if task_patterns is not None:
-        masks = [run.task_correct for run in runs]
-        compared, judged, correct = task_patterns
-        result.tables["task_compared"] = compare_on_task(compared, task_table, masks, judged, correct, s.bootstrap, s.seed)
+        # a mask judged with the weights it trained (and patterns adapted beside it) cannot be run again on more examples
+        compared, judged, changes = task_patterns
+        masks = [run.task_change for run in runs]
+        result.tables["task_compared"] = compare_on_task(
+            setup.task, compared, task_table, masks, judged, changes, extend=not s.train_weights
+        )
     return result
 
 

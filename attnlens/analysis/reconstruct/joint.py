@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from attnlens.analysis.changes import Change
-from attnlens.analysis.reconstruct import LayerMaps, exact_mask
+from attnlens.analysis.reconstruct.maps import LayerMaps, exact_mask
 from attnlens.errors import BadInput
 
 JOINT_LR = 1e-3  # the maps' learning rate in the fine-tune (the encoder's is ~2e-5: R's entries are of order 1)

@@ -1,0 +1,131 @@
+"""Plug-in runs: the model with each config's maps inside attention, judged on the held-out
+blocks by the objective and, with a task, on its examples by accuracy (with ``task_joint_r``,
+also with the maps trained jointly with the weights: :mod:`attnlens.analysis.reconstruct.joint`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from attnlens.analysis.evaluation import bootstrap_interval, evaluate_change, prepare_batches
+from attnlens.analysis.objectives import Objective
+from attnlens.analysis.reconstruct.joint import JointMaps
+from attnlens.analysis.reconstruct.maps import LayerMaps, evaluate_objective, reconstruction
+from attnlens.analysis.reconstruct.settings import ReconstructSettings
+from attnlens.analysis.task import TaskJudge, TaskSettings, content_key, task_columns
+from attnlens.errors import BadInput
+from attnlens.models.loading import LoadedModel, load_model
+from attnlens.progress import Progress
+from attnlens.rows.sources import ModelRows, StoreRows
+
+if TYPE_CHECKING:  # the package's orchestration imports this module
+    from attnlens.analysis.reconstruct import _Plan
+
+
+def _plug_in(
+    objective: Objective,
+    rows: StoreRows | ModelRows,
+    plan: _Plan,
+    evaluated: np.ndarray,
+    s: ReconstructSettings,
+    progress: Progress = False,
+) -> _PlugIn:
+    """The model run with each config's maps inside attention on the held-out blocks (and, with a
+    task, its examples padded to the maps' width n; its fine-tunes name their steps on ``progress``);
+    with ``learn_r`` alone, the layers and batches it needs."""
+    layers = plan.layers if s.plug_in_layers is None else rows.check_layers(s.plug_in_layers)
+    scopes = set(plan.scopes if s.plug_in_scopes is None else s.plug_in_scopes) if s.plug_in else set()
+    task = None
+    if s.task is not None and s.plug_in:
+        task = TaskJudge(
+            objective.model,
+            TaskSettings.of(s),
+            seq_len=plan.n,
+            batch_size=s.batch_size,
+            seed=s.seed,
+            pad_to=plan.n,
+            progress=progress,
+        )
+    used = [layer for layer in layers if layer in plan.layers]
+    return _PlugIn(
+        objective, used, rows.tokens(evaluated), s.batch_size, s.seed, scopes, task, _judged_by_task(s), s.task_joint_r
+    )
+
+
+def _judged_by_task(s: ReconstructSettings) -> Callable[[tuple[str, str, int]], bool]:
+    """Whether a (strategy, scope, k) config is judged by the task: its strategy, scope and k each
+    among the task's (``None``: any)."""
+    wanted = (s.task_strategies, s.task_scopes, s.task_ks)
+    return lambda config: all(chosen is None or value in chosen for value, chosen in zip(config, wanted))
+
+
+def _model_for_plug_in(rows: StoreRows | ModelRows, model: str | LoadedModel | None, device: str) -> LoadedModel:
+    if isinstance(rows, ModelRows):
+        return rows.model
+    if model is None:
+        raise BadInput("plug-in evaluation runs the model: give `model` (the model the store was made with)")
+    loaded = model if isinstance(model, LoadedModel) else load_model(model, device=device)
+    if loaded.weights_sha256() != rows.model_info["weights_sha256"]:
+        raise BadInput(
+            f"the store was made with model '{rows.model_info['name']}' (weights {rows.model_info['weights_sha256'][:12]}), "
+            f"not '{loaded.name}' (weights {loaded.weights_sha256()[:12]}); give the same `model`"
+        )
+    return loaded
+
+
+class _PlugIn:
+    """Runs the model with each config's maps inside attention, on the held-out blocks."""
+
+    def __init__(
+        self,
+        objective: Objective,
+        layers: list[int],
+        eval_ids: np.ndarray,
+        batch_size: int,
+        seed: int,
+        scopes: set[str],
+        task: TaskJudge | None = None,
+        judged_by_task: Callable[[tuple[str, str, int]], bool] = lambda config: True,
+        joint: bool = False,
+    ) -> None:
+        self.objective, self.layers, self.scopes, self.task = objective, layers, scopes, task
+        self.judged_by_task, self.joint = judged_by_task, joint
+        self.seed = seed
+        self.batches = prepare_batches(objective, eval_ids, batch_size)
+        self.baseline = evaluate_objective(objective, self.batches, None)["loss"] if scopes else None
+        self.records: list[dict] = []
+
+    def wants(self, scope: str) -> bool:
+        return scope in self.scopes
+
+    def run(self, config: tuple[str, str, int], maps: dict[int, LayerMaps]) -> None:
+        strategy, scope, k = config
+        used = {layer: maps[layer] for layer in self.layers}
+        judged_by_task = self.task is not None and self.judged_by_task(config)
+        key = "reconstruct/" + "/".join(map(str, config))
+        if judged_by_task:  # a cached fine-tune run is reused only for the very same maps
+            key = content_key(key, *[t for m in used.values() for t in (m.positions, m.weights, m.offset)])
+        change = reconstruction(used, key)
+        metrics = evaluate_change(self.objective, self.batches, [None] * len(self.batches), change)
+        record = {
+            "strategy": strategy,
+            "scope": scope,
+            "k": k,
+            "layers": " ".join(map(str, self.layers)),
+            "objective": self.objective.name,
+        }
+        metrics = {**metrics, "loss_increase": metrics["loss"] - self.baseline}
+        if self.objective.name == "hidden":  # the unmodified loss is 0: loss would repeat loss_increase
+            del metrics["loss"]
+        for name, values in metrics.items():
+            mean, low, high = bootstrap_interval(values[None], seed=self.seed)
+            record.update({name: float(mean[0]), f"{name}_low": float(low[0]), f"{name}_high": float(high[0])})
+        record["baseline_loss"] = float(self.baseline.mean())
+        if judged_by_task:
+            record.update(task_columns(self.task.judge(change)))
+        if judged_by_task and self.joint:  # the same maps, trained with the weights from the closed form
+            joint = JointMaps(used, scope, f"{key}/joint")
+            record.update({f"joint_{name}": value for name, value in task_columns(self.task.judge(joint)).items()})
+        self.records.append(record)

@@ -1,0 +1,93 @@
+"""Task accuracy: judge a change to attention by what a classifier on the model gets right.
+
+The papers judge attention by a downstream task (MNLI, GLUE); so can attnlens, on a
+labelled task (:mod:`attnlens.data.tasks`), under one of four protocols (``auto``, the
+default: ``head`` for a model with a sequence-classification head, ``probe`` otherwise):
+
+- ``probe``: the frozen model's pooled features (:data:`POOLING`: the mean of the valid
+  tokens' final hidden states for encoders, the last valid token's for decoders), a
+  scikit-learn logistic regression (features standardised by :func:`standardiser`, L2
+  penalty ``probe_c``, chosen by cross-validation unless given) fitted on the
+  **unmodified** model's training features. A change is judged by the held-out
+  accuracy of that same probe on the changed model's features: the readout does not adapt.
+- ``refit``: the probe is fitted again on the changed model's training features (a
+  readout that adapts to the change, the encoder still frozen).
+- ``finetune``: the encoder and a linear head on the pooled features trained together,
+  with the change inside attention during training (the papers' protocol). The head
+  (:class:`ProbeHead`) starts from the unmodified probe; ``finetune_steps`` AdamW steps on
+  the training examples, dropout on (the fixed budget is the stopping rule; the curve is
+  recorded). Each run's weights are cached under the attnlens cache, keyed by model, task,
+  split, probe, settings, change and seed, so a rerun loads them instead of training.
+- ``head``: the model's own classification head (a local ``…ForSequenceClassification``
+  directory, such as a model fine-tuned on the task), its classes matched to the task's
+  by name through its ``id2label``; no probe.
+
+Every judgement carries the accuracy with a percentile-bootstrap interval over held-out
+examples, the change in accuracy paired over examples with its interval (with ``task_eval="auto"``
+judged sequentially, :mod:`attnlens.analysis.sequential`: each change on as many examples as
+its interval needs to exclude zero or reach ``task_target``), the probe's cross-entropy, the
+unmodified model's accuracy and the majority-class baseline on the same examples.
+
+The package, one idea a module: :mod:`~attnlens.analysis.task.settings` (what to judge by, and
+the constants), :mod:`~attnlens.analysis.task.batching` (batches, pooled features, a change on a
+batch), :mod:`~attnlens.analysis.task.probe`, :mod:`~attnlens.analysis.task.outcomes` (per-example
+outcomes and their statistics), :mod:`~attnlens.analysis.task.head` and
+:mod:`~attnlens.analysis.task.finetune` (two of the protocols) and :mod:`~attnlens.analysis.task.judge`
+(:class:`TaskJudge`, which uses them all). Every public name is exported here.
+
+>>> from attnlens import load_model
+>>> judge = TaskJudge(load_model("minilm-l6"), TaskSettings(task="rotten-tomatoes", task_train=64, task_eval=32),
+...                   seq_len=64, batch_size=32)
+>>> unmodified = judge.judge(None)
+>>> unmodified["accuracy"] == judge.unmodified_accuracy, unmodified["delta_accuracy"]
+(True, 0.0)
+"""
+
+from attnlens.analysis.task.batching import TaskBatch, batches, in_order, pooled_features
+from attnlens.analysis.task.finetune import FINETUNE_VERSION, content_key
+from attnlens.analysis.task.head import head_columns
+from attnlens.analysis.task.judge import TaskJudge, TaskLoss
+from attnlens.analysis.task.outcomes import paired_difference, t_halfwidth, task_columns
+from attnlens.analysis.task.probe import CONSTANT_SPREAD, PROBE_CS, Probe, ProbeHead, choose_c, fit_probe, standardiser
+from attnlens.analysis.task.settings import (
+    AUTO,
+    AUTO_POOL,
+    FEATURES_VERSION,
+    MIN_HELD_OUT,
+    POOLING,
+    PROTOCOLS,
+    Z_INTERVAL,
+    Z_POWER,
+    TaskSettings,
+)
+
+__all__ = [
+    "AUTO",
+    "AUTO_POOL",
+    "CONSTANT_SPREAD",
+    "FEATURES_VERSION",
+    "FINETUNE_VERSION",
+    "MIN_HELD_OUT",
+    "POOLING",
+    "PROBE_CS",
+    "PROTOCOLS",
+    "Z_INTERVAL",
+    "Z_POWER",
+    "Probe",
+    "ProbeHead",
+    "TaskBatch",
+    "TaskJudge",
+    "TaskLoss",
+    "TaskSettings",
+    "batches",
+    "choose_c",
+    "content_key",
+    "fit_probe",
+    "head_columns",
+    "in_order",
+    "paired_difference",
+    "pooled_features",
+    "standardiser",
+    "t_halfwidth",
+    "task_columns",
+]

@@ -1,0 +1,378 @@
+"""The judge: a task loaded and split once, the unmodified model's features and probe, then one
+change at a time judged by held-out accuracy (:class:`TaskJudge`), and the task's loss for training
+a change (:class:`TaskLoss`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+from collections.abc import Callable
+
+import numpy as np
+import torch
+from torch import nn
+
+from attnlens.analysis.changes import Change, Removal
+from attnlens.analysis.evaluation import bootstrap_interval, layer_groups, valid_masks
+from attnlens.analysis.sequential import Design
+from attnlens.analysis.task.batching import TaskBatch, _changed, batches, in_order, pooled_features
+from attnlens.analysis.task.finetune import FineTuning
+from attnlens.analysis.task.head import head_columns
+from attnlens.analysis.task.outcomes import _key, _Outcomes, _scored, _with_seed_row, t_halfwidth
+from attnlens.analysis.task.probe import PROBE_CS, choose_c, fit_probe
+from attnlens.analysis.task.settings import (
+    AUTO,
+    AUTO_POOL,
+    FEATURES_VERSION,
+    POOLING,
+    Z_INTERVAL,
+    Z_POWER,
+    TaskSettings,
+)
+from attnlens.data.tasks import Examples, Task, load_task
+from attnlens.errors import BadInput
+from attnlens.models.cache import cached_array
+from attnlens.models.loading import LoadedModel
+from attnlens.progress import Progress
+
+
+class TaskJudge(FineTuning):
+    """Judges changes to ``model``'s attention by held-out accuracy on a task; see :mod:`attnlens.analysis.task`.
+
+    Loads the task, splits it (``seq_len`` tokens at most, ``seed``), computes the
+    unmodified model's features and fits the probe once; :meth:`judge` then takes one
+    :class:`Change` at a time. ``pad_to`` pads every example to that width (changes whose
+    shape is fixed, like a reconstruction map of width n, need it).
+
+    The ``finetune`` protocol's training runs and their cache are
+    :class:`~attnlens.analysis.task.finetune.FineTuning`'s, which this class mixes in.
+    """
+
+    def __init__(
+        self,
+        model: LoadedModel,
+        settings: TaskSettings,
+        *,
+        seq_len: int,
+        batch_size: int,
+        seed: int = 0,
+        pad_to: int | None = None,
+        progress: Progress = False,
+    ) -> None:
+        if settings.task is None:
+            raise BadInput("judging by a task needs `task`; name a task (imdb, rotten-tomatoes or a file)")
+        self.model, self.settings, self.progress = model, settings, progress
+        self.batch_size, self.seed = batch_size, seed
+        self.task: Task = load_task(settings.task, text_column=settings.text_column, label_column=settings.label_column)
+        model.check_seq_len(seq_len)
+        auto = settings.task_eval == AUTO
+        # auto: every example the task has left, up to AUTO_POOL; each judgement uses as many as it needs
+        self.train, self.pool = self.task.split(
+            model, seq_len, settings.task_train, AUTO_POOL if auto else settings.task_eval, seed=seed, pad_to=pad_to, at_most=auto
+        )
+        self.protocol = settings.protocol if settings.protocol != "auto" else "head" if model.class_names else "probe"
+        self.pooling = POOLING[model.causal]
+        self.majority_label, _ = self.task.majority(self.train.labels)
+        if self.protocol == "head":  # the model's own classifier: no probe to fit
+            self.head_columns, self.c, self.probe = head_columns(model, self.task.label_names), None, None
+        else:
+            # bucketed by length even where the judged examples keep a fixed width: padding at the end changes
+            # no valid token's state beyond float rounding, and a probe on short texts then costs their length only
+            features = self.unmodified_features(dataclasses.replace(self.train, fixed_width=False))
+            self.c = settings.probe_c if settings.probe_c is not None else self._chosen_c(features)
+            self.probe = fit_probe(features, self.train.labels, self.c)
+        self.finetune_runs: list[dict] = []  # every fine-tune run: change, cache file, training curve
+        # auto: judged sequentially (attnlens.analysis.sequential), each change on as many examples as it needs
+        self.design = Design.for_pool(len(self.pool), settings.task_target) if auto else None
+        self._structure: tuple[list[int], torch.Tensor] | None = None  # removal_share's valid masks, by layer group
+        self._judged: dict[str | None, _Outcomes] = {}  # by change key: outcomes on the first examples of the pool
+        self.held_out = self.pool.take(slice(0, 0))
+        self._outcomes(None, self.design.looks[0] if auto else len(self.pool))
+
+    @property
+    def unmodified_accuracy(self) -> float:
+        """The unmodified model's accuracy on every held-out example judged so far."""
+        return float(self._judged[None].correct[: len(self.held_out)].mean())
+
+    @property
+    def majority_accuracy(self) -> float:
+        """The majority class's share of every held-out example judged so far."""
+        return self._majority(len(self.held_out))
+
+    def _majority(self, count: int) -> float:
+        return float((self.pool.labels[:count] == self.majority_label).mean())
+
+    # -- the one-off costs, cached
+
+    def unmodified_features(self, examples: Examples, *, as_judged: bool = False) -> np.ndarray:
+        """The unmodified model's features of ``examples``, computed once per model, examples' tokens,
+        pooling and batch size, and kept in the attnlens cache (a probe's training features are a
+        one-off cost). Padding is not part of the key: padding at the end changes no valid
+        token's state beyond float rounding, so analyses that pad to a fixed width share the
+        training features, and so the probe, of those that do not. Held-out features
+        (``as_judged``) are the baseline every change is paired with, so they are computed in
+        the changes' own arithmetic: their width is part of the key where it is fixed."""
+        tokens = hashlib.sha256(examples.lengths.astype(np.int64).tobytes())
+        tokens.update(examples.ids[examples.attention_mask.astype(bool)].astype(np.int64).tobytes())
+        parts = {
+            "version": FEATURES_VERSION,
+            "model": self.model.weights_sha256(),
+            "tokens": tokens.hexdigest(),
+            "pooling": self.pooling,
+            "width": int(examples.ids.shape[1]) if as_judged and examples.fixed_width else None,
+            "batch_size": self.batch_size,
+            "device": str(self.model.device),
+            "torch": torch.__version__,
+        }
+        key = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
+        return cached_array("task-features", key, lambda: self.features(examples, None))
+
+    def _chosen_c(self, features: np.ndarray) -> float:
+        key = hashlib.sha256(features.tobytes() + self.train.labels.tobytes() + str(self.seed).encode()).hexdigest()[:32]
+        return float(cached_array("task-probe-c", key, lambda: np.array(choose_c(features, self.train.labels, self.seed)))[()])
+
+    def removal_share(self, change: Removal) -> float:
+        """The share of the held-out pool's valid positions (their own tokens, every layer and
+        head) that ``change`` removes, read off its removal masks without running the model: the
+        ``task_sparsity`` a judgement reports, at the cost of building masks only (to match a
+        pattern to a mask on the task's own positions before judging either)."""
+        if self._structure is None:  # causal, windows: no padding; one forward, once per judge
+            self._structure = layer_groups(valid_masks(self.model, self.pool.ids[:1]))
+        group, structures = self._structure
+        # a change that depends on a layer only through its valid mask is counted once per distinct mask
+        layers = list(range(len(group))) if not change.shared_by_layers else [group.index(g) for g in range(len(structures))]
+        heads, removed, total = self.model.num_heads, 0.0, 0.0
+        for batch in batches(self.pool, self.batch_size, self.model.device):
+            view, own, width = batch.view(self.model), batch.attention_mask.bool(), batch.ids.shape[1]
+            for layer in layers:
+                times = 1 if not change.shared_by_layers else group.count(group[layer])
+                structure = structures[group[layer], :width, :width].to(own.device)
+                valid = structure[None] & own[:, None, :] & own[:, :, None]
+                hit = change.removed(view, layer, valid) & valid[:, None]
+                removed += times * float(hit.sum()) * (heads // hit.shape[1])
+                total += times * float(valid.sum()) * heads
+        return removed / total if total else 0.0
+
+    # -- features under a change
+
+    def features(self, examples: Examples, change: Change | None, counts: np.ndarray | None = None) -> np.ndarray:
+        """(examples, hidden) float64 pooled features of the model, with ``change`` inside attention
+        (adding to ``counts`` the positions it removes and the valid ones, when given)."""
+        return self._per_example(examples, change, lambda batch: pooled_features(self.model.model, self.pooling, batch), counts)
+
+    def _per_example(
+        self, examples: Examples, change: Change | None, compute: Callable[[TaskBatch], torch.Tensor], counts=None
+    ) -> np.ndarray:
+        """``compute(batch)`` (one row per example) over length-bucketed batches with ``change``
+        inside attention, as float64 in the examples' own order."""
+        parts, batched = [], list(batches(examples, self.batch_size, self.model.device))
+        with torch.no_grad():
+            for batch in batched:
+                with _changed(change, batch, self.model, counts):
+                    parts.append(compute(batch).double().cpu().numpy())
+        return in_order(parts, batched)
+
+    def loss(self, batch: TaskBatch) -> torch.Tensor:
+        """Per-example cross-entropy of the unmodified probe (or the model's own head), differentiable
+        (runs inside any active capture)."""
+        if self.protocol == "head":
+            logits = self.head_logits(batch)
+        else:
+            logits = self.probe.torch_logits(pooled_features(self.model.model, self.pooling, batch))
+        return nn.functional.cross_entropy(logits, batch.labels, reduction="none")
+
+    def head_logits(self, batch: TaskBatch) -> torch.Tensor:
+        """The classification head's logits, one column per task class (in the task's order)."""
+        logits = self.model.model(input_ids=batch.ids, attention_mask=batch.attention_mask).logits
+        return logits[:, self.head_columns].float()
+
+    # -- judging
+
+    def judge(self, change: Change | None) -> dict[str, object]:
+        """Accuracy of the protocol's classifier under ``change`` (``None``: unmodified), with intervals;
+        ``"correct"`` holds the per-example 0/1 array (for paired comparisons between changes).
+
+        With ``task_eval="auto"`` the change is judged sequentially (:class:`~attnlens.analysis.sequential.Design`):
+        on as many of the pool's examples as it takes for its paired Δ interval to exclude zero or
+        to narrow to ``task_target``; ``held_out`` says how many, ``stopped`` why. Otherwise on
+        every held-out example, with a percentile-bootstrap interval."""
+        if change is None:
+            count, interval, bound, stopped = len(self.held_out), (0.0, 0.0, 0.0), Z_INTERVAL, "unmodified"
+        elif self.design is None:
+            count, bound, stopped = len(self.pool), Z_INTERVAL, "every example"
+            interval = self._bootstrap(self._paired(change, None, count))
+        else:
+            decision = self.design.run(lambda count: self._paired(change, None, count))
+            count, bound, stopped = decision.examples, decision.bound, decision.reason
+            interval = (decision.mean, decision.low, decision.high)
+        outcomes = self._outcomes(change, count)
+        correct, paired = outcomes.correct[:count], self._paired(change, None, count)
+        mean, low, high = self._bootstrap(correct)
+        return {
+            "protocol": self.protocol,
+            "accuracy": mean,
+            "accuracy_low": low,
+            "accuracy_high": high,
+            "delta_accuracy": interval[0],
+            "delta_accuracy_low": interval[1],
+            "delta_accuracy_high": interval[2],
+            "delta_halfwidth": (interval[2] - interval[1]) / 2,
+            # the smallest true Δ this many examples would detect 80% of the time at this look's level
+            "detectable_delta": float((bound + Z_POWER) * paired.std(ddof=1) / math.sqrt(count)),
+            "held_out": count,
+            "stopped": stopped,
+            "task_loss": float(outcomes.losses[:count].mean()),
+            # what a removal takes from the examples it ran on (padding aside): short texts lose less than full blocks
+            "task_sparsity": float(outcomes.removed[0] / outcomes.removed[1])
+            if change is not None and outcomes.removed[1]
+            else 0.0,
+            "unmodified_accuracy": float(self._outcomes(None, count).correct[:count].mean()),
+            "majority_accuracy": self._majority(count),
+            **self._across_seeds(change, count),
+            "correct": correct,
+        }
+
+    def compare(self, first: Change, second: Change | None, *, extend: bool = True) -> dict[str, object]:
+        """``first``'s accuracy minus ``second``'s, paired over examples, with its interval: judged
+        sequentially like :meth:`judge` (``extend``: run either change on more examples where the
+        difference needs them; without it, on the examples both were already judged on, at that look's
+        boundary: repeated intervals hold at every look, so this one holds too), or with a bootstrap
+        over every held-out example when ``task_eval`` is a number. ``verdict``: "better" or "worse"
+        only where the interval excludes 0, "on par" where it is as narrow as ``task_target``."""
+        if self.design is None:
+            count = len(self.pool)
+            mean, low, high = self._bootstrap(self._paired(first, second, count))
+            examples, stopped = count, "every example"
+        else:
+            known = min(len(self._judged.get(_key(change), _Outcomes.none()).correct) for change in (first, second))
+            decision = self.design.run(lambda count: self._paired(first, second, count), available=None if extend else known)
+            mean, low, high, examples, stopped = decision.mean, decision.low, decision.high, decision.examples, decision.reason
+        narrow = (high - low) / 2 <= self.settings.task_target
+        verdict = "better" if low > 0 else "worse" if high < 0 else "on par" if narrow else "not decided"
+        return {"difference": mean, "difference_low": low, "difference_high": high, "compared_on": examples,
+                "compared_stopped": stopped, "verdict": verdict}  # fmt: skip
+
+    def _paired(self, first: Change | None, second: Change | None, count: int) -> np.ndarray:
+        """Per example of the pool's first ``count``: ``first``'s outcome minus ``second``'s."""
+        return self._outcomes(first, count).correct[:count] - self._outcomes(second, count).correct[:count]
+
+    def _bootstrap(self, values: np.ndarray) -> tuple[float, float, float]:
+        mean, low, high = bootstrap_interval(values[None], self.settings.bootstrap, self.seed)
+        return float(mean[0]), float(low[0]), float(high[0])
+
+    def _across_seeds(self, change: Change | None, count: int) -> dict[str, object]:
+        """With two or more fine-tune seeds: each seed's accuracy, and t intervals across seeds of
+        the accuracy and of Δ (paired by seed), so a verdict counts seed-to-seed variance."""
+        if self.protocol != "finetune" or self.settings.seeds < 2:
+            return {}
+        own = self._judged[_key(change)].seeds[:, :count].mean(1)
+        delta = own - self._judged[None].seeds[:, :count].mean(1)
+        columns = {"seed_accuracies": " ".join(f"{value:.4f}" for value in own)}
+        for name, values in (("accuracy_seeds", own), ("delta_seeds", delta)):
+            mean, half = float(values.mean()), float(t_halfwidth(values))
+            columns.update({name: mean, f"{name}_low": mean - half, f"{name}_high": mean + half})
+        return columns
+
+    def _outcomes(self, change: Change | None, count: int) -> _Outcomes:
+        """``change``'s outcomes on (at least) the pool's first ``count`` examples. Each change is run
+        once per example, on the examples between the design's looks (the same slices, so the same
+        length buckets, for every change): a judgement that needs more examples computes only those.
+        The held-out examples, and the unmodified model's outcomes on them, grow with the largest count."""
+        key = _key(change)
+        known = self._judged.get(key, _Outcomes.none())
+        if len(known.correct) < count:
+            cuts = sorted({len(known.correct), count, *(look for look in self._looks() if len(known.correct) < look < count)})
+            for start, stop in zip(cuts, cuts[1:]):
+                self._removed = np.zeros(2)  # (removed, valid) positions on the examples judged now
+                known = known.extended(*self._classified(change, self.pool.take(slice(start, stop))), self._removed)
+            self._judged[key] = known
+        if count > len(self.held_out):
+            self.held_out = self.pool.take(slice(0, count))
+            if change is not None:
+                self._outcomes(None, count)
+        return known
+
+    def _looks(self) -> tuple[int, ...]:
+        return self.design.looks if self.design is not None else ()
+
+    def _classified(self, change: Change | None, examples: Examples) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per example of ``examples``: correct, cross-entropy, and (seed, example) correct (one row
+        but for fine-tuning, one per seed)."""
+        if self.protocol == "finetune":
+            return self._finetuned(change, examples)
+        if self.protocol == "head":
+            logits = self._per_example(examples, change, self.head_logits, self._removed)
+            return _with_seed_row(*_scored(logits, examples.labels))
+        probe = self.probe
+        if self.protocol == "refit" and change is not None:
+            probe = fit_probe(self.features(self.train, change), self.train.labels, self.c)
+        if change is None:
+            features = self.unmodified_features(examples, as_judged=True)
+        else:
+            features = self.features(examples, change, self._removed)
+        return _with_seed_row(*_scored(probe.logits(features), examples.labels))
+
+    # -- provenance
+
+    def describe(self) -> dict[str, object]:
+        """What a result records about the task, the split and the probe."""
+        return {
+            **self.task.describe(),
+            "protocol": self.protocol,
+            "pooling": self.pooling if self.protocol != "head" else "the model's own classification head",
+            "settings": self.settings.to_dict(),
+            "train_rows": self.train.rows.tolist(),
+            "held_out_rows": self.held_out.rows.tolist(),
+            "width": int(self.held_out.ids.shape[1]),
+            "batches": "bucketed by length, each padded to its own longest example"
+            if not self.held_out.fixed_width
+            else "padded to a fixed width",
+            "held_out": len(self.held_out),
+            "sequential": None
+            if self.design is None
+            else {
+                "rule": "group-sequential repeated 95% intervals, power-family alpha spending alpha*t^2 (Kim & DeMets 1987), "
+                "Agresti-Min standard error; each change stops once its interval excludes zero or is as narrow as the target",
+                "looks": list(self.design.looks),
+                "bounds": [round(bound, 4) for bound in self.design.bounds],
+                "target_halfwidth": self.design.target,
+                "examples_available": len(self.pool),
+            },
+            "padded": self.held_out.padded or self.train.padded,
+            "head": None if self.protocol != "head" else {"classes": list(self.model.class_names), "columns": self.head_columns},
+            "probe": None
+            if self.probe is None
+            else {
+                "iterations": self.probe.iterations,
+                "converged": self.probe.converged,
+                "C": self.c,
+                "C_chosen_by": "given"
+                if self.settings.probe_c is not None
+                else f"5-fold cross-validation on the training examples over {list(PROBE_CS)}",
+            },
+            "unmodified_accuracy": self.unmodified_accuracy,
+            "majority_accuracy": self.majority_accuracy,
+            "finetune": None
+            if self.protocol != "finetune"
+            else {
+                "recipe": f"AdamW, {self.settings.finetune_steps} steps of {self.batch_size} examples, encoder lr "
+                f"{self.settings.finetune_lr:g}, head lr {100 * self.settings.finetune_lr:g}, head started from the probe; "
+                "the fixed number of steps is the stopping rule",
+                "runs": self.finetune_runs,
+            },
+        }
+
+
+class TaskLoss:
+    """The task's probe loss in the shape of an :class:`~attnlens.analysis.objectives.Objective`
+    (``name``, ``model``, ``evaluate``), for training a change (a DAM mask) against the task."""
+
+    name = "task"
+
+    def __init__(self, judge: TaskJudge) -> None:
+        self.judge, self.model = judge, judge.model
+
+    def evaluate(self, batch: TaskBatch) -> dict[str, torch.Tensor]:
+        return {"loss": self.judge.loss(batch)}

@@ -1,0 +1,74 @@
+"""Per-example outcomes of a judgement (correct, cross-entropy, per seed) and the statistics read
+off them: paired differences, t intervals across seeds, and a judgement's table columns."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from attnlens.analysis.changes import Change
+from attnlens.analysis.evaluation import bootstrap_interval
+
+
+def task_columns(judged: dict[str, object]) -> dict[str, object]:
+    """A judgement's columns for a table (everything but the per-example array)."""
+    return {name: value for name, value in judged.items() if name != "correct"}
+
+
+def paired_difference(first: np.ndarray, second: np.ndarray, bootstrap: int, seed: int) -> tuple[float, float, float]:
+    """Mean of ``first - second`` (per-example 0/1 arrays) and its bootstrap interval, paired over examples."""
+    mean, low, high = bootstrap_interval((np.asarray(first) - np.asarray(second))[None], bootstrap, seed)
+    return float(mean[0]), float(low[0]), float(high[0])
+
+
+def _key(change: Change | None) -> str | None:
+    """What a judgement is remembered by: the change's key (``None``: the unmodified model)."""
+    return None if change is None else change.key
+
+
+@dataclass(frozen=True)
+class _Outcomes:
+    """A change's outcomes on the first examples of the held-out pool: per example correct (0/1,
+    or the fraction of fine-tune seeds) and cross-entropy, (seed, example) correct, and the
+    (removed, valid) positions counted over them."""
+
+    correct: np.ndarray
+    losses: np.ndarray
+    seeds: np.ndarray
+    removed: np.ndarray
+
+    @classmethod
+    def none(cls) -> _Outcomes:
+        return cls(np.zeros(0), np.zeros(0), np.zeros((0, 0)), np.zeros(2))
+
+    def extended(self, correct: np.ndarray, losses: np.ndarray, seeds: np.ndarray, removed: np.ndarray) -> _Outcomes:
+        """These outcomes followed by those of the next examples."""
+        return _Outcomes(
+            np.concatenate([self.correct, correct]),
+            np.concatenate([self.losses, losses]),
+            np.concatenate([self.seeds, seeds], axis=1) if len(self.correct) else seeds,
+            self.removed + removed,
+        )
+
+
+def _with_seed_row(correct: np.ndarray, losses: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A judgement without seeds: its correct array doubles as the one seed's row."""
+    return correct, losses, correct[None]
+
+
+def t_halfwidth(values: np.ndarray, level: float = 0.95) -> float:
+    """Half the width of the t interval of the mean of ``values`` (a few seeds' results).
+
+    >>> round(t_halfwidth(np.array([0.70, 0.72, 0.74])), 4)   # t(0.975, 2) = 4.303, sd 0.02, sqrt(3)
+    0.0497
+    """
+    from scipy import stats
+
+    return float(stats.t.ppf(0.5 + level / 2, len(values) - 1) * np.std(values, ddof=1) / np.sqrt(len(values)))
+
+
+def _scored(logits: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    shifted = logits - logits.max(1, keepdims=True)
+    log_probability = shifted - np.log(np.exp(shifted).sum(1, keepdims=True))
+    return (logits.argmax(1) == labels).astype(np.float64), -log_probability[np.arange(len(labels)), labels]

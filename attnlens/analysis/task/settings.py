@@ -1,0 +1,79 @@
+"""What judges a change by a task, and how (:class:`TaskSettings`), and the constants the judge runs by."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from attnlens.data.tasks import check_task
+from attnlens.errors import BadInput
+from attnlens.settings import Settings, at_least, one_of, positive
+
+PROTOCOLS = ("auto", "probe", "refit", "finetune", "head")
+POOLING: dict[bool, str] = {False: "mean", True: "last"}  # by LoadedModel.causal: what each family pools
+MIN_HELD_OUT = 20  # fewer held-out examples give percentile intervals that mean little
+AUTO = "auto"  # task_eval: each change judged sequentially, on as many held-out examples as it needs
+AUTO_POOL = 4000  # auto's cap, beside the number of examples the task has left
+Z_INTERVAL = 1.959964  # two-sided 95%
+Z_POWER = 0.841621  # 80% power
+FEATURES_VERSION = 1  # part of the features cache key: bump when pooling or batching changes
+
+
+@dataclass(frozen=True)
+class TaskSettings(Settings):
+    """Which task judges a change, and how: ``task`` (``None``: no task; a built-in name or
+    a file), its ``text_column``/``label_column``, ``task_train`` and ``task_eval`` examples
+    (disjoint, seeded; ``task_eval="auto"``: each change judged sequentially, on as many as it
+    needs for its paired Δ interval to exclude zero or narrow to a half-width of ``task_target``,
+    :mod:`attnlens.analysis.sequential`), the ``protocol``, the
+    probe's inverse L2 strength ``probe_c`` (``None``: chosen by cross-validation on the
+    training examples, :func:`choose_c`), and
+    the fine-tune recipe (``finetune_steps``, ``finetune_lr`` for the encoder; the head
+    takes 100× that; ``seeds`` runs per change, seeds ``seed``, ``seed + 1``, …, whose
+    spread gives an interval across seeds). ``bootstrap`` resamples give the intervals.
+
+    >>> TaskSettings(protocol="finetune")
+    Traceback (most recent call last):
+        ...
+    attnlens.errors.BadInput: protocol finetune needs task; name a task (imdb, rotten-tomatoes or a file)
+    """
+
+    task: str | None = None
+    protocol: str = "auto"
+    text_column: str = "text"
+    label_column: str = "label"
+    task_train: int = 1024
+    task_eval: int | str = 512
+    task_target: float = 0.015
+    probe_c: float | None = None
+    finetune_steps: int = 200
+    finetune_lr: float = 2e-5
+    seeds: int = 1
+    bootstrap: int = 1000
+
+    def validate(self) -> None:
+        super().validate()
+        one_of("protocol", self.protocol, PROTOCOLS)
+        if self.task is None and self.protocol not in ("auto", "probe"):
+            raise BadInput(f"`protocol` {self.protocol} needs `task`; name a task (imdb, rotten-tomatoes or a file)")
+        if self.task is not None:  # its file is read now: a missing column or a broken line fails before any model loads
+            check_task(self.task, text_column=self.text_column, label_column=self.label_column)
+        if self.task_eval != AUTO:
+            if not isinstance(self.task_eval, int) or isinstance(self.task_eval, bool):
+                raise BadInput(f"`task_eval` {self.task_eval!r} must be a number of held-out examples or 'auto'")
+            at_least("task_eval", self.task_eval, MIN_HELD_OUT, " held-out examples for a bootstrap interval")
+        positive("task_target", self.task_target)
+        at_least("task_train", self.task_train, 2)
+        if self.probe_c is not None:
+            positive("probe_c", self.probe_c)
+        at_least("finetune_steps", self.finetune_steps, 1)
+        at_least("seeds", self.seeds, 1, " fine-tune runs per change")
+        if self.seeds > 1 and self.protocol != "finetune":
+            raise BadInput(f"`seeds` {self.seeds} needs `protocol` finetune: only fine-tuning varies from seed to seed")
+        positive("finetune_lr", self.finetune_lr)
+        at_least("bootstrap", self.bootstrap, 10, " resamples for an interval (1000 is usual)")
+
+    @classmethod
+    def of(cls, settings: Settings) -> TaskSettings:
+        """The task fields of an analysis's settings (which mix this class in)."""
+        return cls(**{field.name: getattr(settings, field.name) for field in dataclasses.fields(cls)})
