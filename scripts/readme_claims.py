@@ -1,15 +1,17 @@
-"""Rewrite the README's claims section from a saved default report, so the two cannot disagree.
+"""Rewrite the README's claims section from a saved report, so the two cannot disagree.
 
 The section between the ``<!-- claims -->`` and ``<!-- claims end -->`` markers of README.md is
-generated, never edited by hand: the report's own claims table (the one its page prints, with
-its rounding), the settings and provenance of the report, a digest that tests check against the
-table, and the report's overlap figure copied to ``docs/overlap.png``. After a change to the
-report, make the default report and run this script::
+generated, never edited by hand: each claim with what the papers report, its verdict here (the
+report's own words and rounding) and the preset that made it, one line of settings and provenance,
+a digest that tests check against the table, and the report's first screen at 1,280 px as
+``docs/report.png``. A claim the default report leaves to ``--full`` is taken from a full report
+when one is given. After a change to the report::
 
-    attnlens report --out report && python scripts/readme_claims.py report
+    attnlens report --out report && attnlens report --full --out report-full
+    python scripts/readme_claims.py report --full report-full
 
->>> section = claims_section(pd.DataFrame([["q", "yes", "a | b", ""]], columns=COLUMNS), {"model": {"name": "m"}})
->>> "a \\\\| b" in section
+>>> section = claims_section(pd.DataFrame([["q", "yes", "holds: a | b", "default"]], columns=COLUMNS), {"model": {"name": "m"}})
+>>> "holds: a \\\\| b" in section
 True
 """
 
@@ -25,9 +27,10 @@ import pandas as pd
 
 ROOT = Path(__file__).resolve().parent.parent
 BEGIN, END = "<!-- claims -->", "<!-- claims end -->"
-COLUMNS = ["claim", "papers report", "measured here (proxy)", "task accuracy here"]
-FIGURE = ("overlap", "figures", "curves_layers_0.png")  # inside the report: every pair of layers against d
-FIGURE_COPY = Path("docs") / "overlap.png"
+COLUMNS = ["claim", "papers report", "verdict", "made by"]
+FIGURE_COPY = Path("docs") / "report.png"
+RUN_FULL = "not decided at this size (run --full)"
+WIDTH, HEIGHT = 1280, 800  # the first screen a reader sees of the report page
 
 
 def markdown_table(claims: pd.DataFrame) -> str:
@@ -46,61 +49,40 @@ def digest(table: str) -> str:
     return hashlib.sha256(table.encode()).hexdigest()[:16]
 
 
-def claims_section(claims: pd.DataFrame, meta: dict, power: str = "") -> str:
-    """The README's claims section (markers included) from a report's claims table and meta
-    (``power``: what each stage's task judgements reached, :func:`task_power`)."""
+def merged(default: pd.DataFrame, full: pd.DataFrame | None) -> pd.DataFrame:
+    """The default report's claims, each it leaves to ``--full`` taken from the full report instead."""
+    if full is None:
+        return default
+    by_claim = full.set_index("claim")
+    rows = [by_claim.loc[row["claim"]] if row["verdict"] == RUN_FULL and row["claim"] in by_claim.index else row
+            for _, row in default.iterrows()]  # fmt: skip
+    return pd.DataFrame([{"claim": claim, **row[COLUMNS[1:]].to_dict()} for claim, row in zip(default["claim"], rows)])
+
+
+def claims_section(claims: pd.DataFrame, meta: dict) -> str:
+    """The README's claims section (markers included) from a report's claims table and meta."""
     settings = meta.get("settings", {})
     model = meta.get("model", {}).get("name", "?")
-    task = settings.get("task")
-    said = [
-        f"`{model}` on `{meta.get('corpus', 'kjv')}`, n = {settings.get('seq_len')}",
-        f"{settings.get('eigen_seqs')} blocks for the spectra and overlaps",
-        f"{settings.get('reconstruct_seqs')} for the reconstruction",
-        f"{settings.get('importance_seqs')} held-out blocks for importance and DAM "
-        f"(DAM at n = {settings.get('dam_seq_len')}, target sparsities "
-        f"{', '.join(f'{value:.0%}' for value in settings.get('dam_sparsity', []))}, {settings.get('dam_mask_seeds', 1)} "
-        f"masks per target, at most {settings.get('dam_steps')} steps, then a swap search to a local optimum; another "
-        f"from the {settings.get('dam_reference')} as a reference)",
-    ]
-    if task:
-        held_out = (
-            f"{settings.get('task_eval')} held-out examples"
-            if settings.get("task_eval") != "auto"
-            else "as many held-out examples as a paired Δ half-width of "
-            f"{settings.get('task_target')} on the headline changes needs, stage by stage" + (f": {power}" if power else "")
-        )
-        said.append(
-            f"task `{task}` under the {settings.get('protocol', 'probe')} protocol ({settings.get('task_train')} training; {held_out})"
-        )
+    task = f"; task `{settings['task']}` under the {settings.get('protocol', 'probe')} protocol" if settings.get("task") else ""
     table = markdown_table(claims)
     return "\n".join(
         [
             BEGIN,
-            "<!-- generated by scripts/readme_claims.py from a saved default report; do not edit by hand -->",
+            "<!-- generated by scripts/readme_claims.py from saved reports; do not edit by hand -->",
             "",
-            "What the two papers report, and what the default `attnlens report` measures (findings, not verdicts: the "
-            "papers used BERT-base on GLUE and fine-tuned; here the model is frozen). Settings: " + "; ".join(said) + ". "
-            f"Made {meta.get('created', '?')} with attnlens {meta.get('attnlens_version', '?')} by `{meta.get('command', '?')}`; "
-            "every other command's numbers in this README are its own, under the settings it names.",
+            f"`{model}` on `{meta.get('corpus', 'kjv')}`, n = {settings.get('seq_len')}{task}; made "
+            f"{meta.get('created', '?')[:10]} with attnlens {meta.get('attnlens_version', '?')}. The papers used BERT-base "
+            "on GLUE, fine-tuned: these are findings about this model. How a verdict is reached: "
+            "[science](docs/science.md#how-the-report-decides-a-claim).",
             "",
             table,
             "",
-            f"![Overlap of every pair of {model}'s layers against d, from the default report]({FIGURE_COPY.as_posix()})",
+            f"![The default report's first screen, {model}]({FIGURE_COPY.as_posix()})",
             "",
             f"<!-- claims digest {digest(table)} -->",
             END,
         ]
     )
-
-
-def task_power(report) -> str:
-    """Each stage's most held-out examples used by a sequential judgement."""
-    parts = []
-    for stage in ("reconstruct", "importance", "dam"):
-        task = report.result(stage).meta.get("task") or {}
-        if task.get("sequential"):
-            parts.append(f"{stage} up to {task['held_out']}")
-    return ", ".join(parts)
 
 
 def replace_section(readme: str, section: str) -> str:
@@ -110,34 +92,60 @@ def replace_section(readme: str, section: str) -> str:
     return readme[: readme.index(BEGIN)] + section + readme[readme.index(END) + len(END) :]
 
 
-def update(report_dir: Path, readme: Path = ROOT / "README.md", figure: Path | None = ROOT / FIGURE_COPY) -> str:
-    """Rewrite ``readme``'s claims section (and ``figure``) from the report in ``report_dir``; returns the section."""
+def screenshot(page: Path, path: Path) -> None:
+    """The report page's first screen at 1,280 px, as a reader opens it (headless Chromium, selenium)."""
+    from selenium import webdriver
+
+    options = webdriver.ChromeOptions()
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--no-first-run"):
+        options.add_argument(flag)
+    options.add_argument(f"--window-size={WIDTH},{HEIGHT}")
+    driver = webdriver.Chrome(options=options)
+    try:
+        driver.get(page.resolve().as_uri())
+        path.parent.mkdir(parents=True, exist_ok=True)
+        driver.save_screenshot(str(path))
+    finally:
+        driver.quit()
+
+
+def update(
+    report_dir: Path, readme: Path = ROOT / "README.md", figure: Path | None = ROOT / FIGURE_COPY, full: Path | None = None
+) -> str:
+    """Rewrite ``readme``'s claims section (and ``figure``, the first screen) from the report in
+    ``report_dir`` (and the ``full`` report's verdicts where the default's are left to it); returns the section."""
     import attnlens
     from attnlens.io.files import write_bytes_atomic
 
     report = attnlens.load_result(report_dir)
-    section = claims_section(report.claims, report.meta, task_power(report))
+    claims = merged(report.claims, attnlens.load_result(full).claims if full is not None else None)
+    section = claims_section(claims, report.meta)
     write_bytes_atomic(readme, replace_section(readme.read_text(), section).encode())
     if figure is not None:
-        write_bytes_atomic(figure, report_dir.joinpath(*FIGURE).read_bytes())
+        screenshot(report_dir / "report.html", figure)
     return section
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("report", type=Path, help="a report directory written by `attnlens report` (default settings)")
+    parser.add_argument("--full", type=Path, help="a report written by `attnlens report --full`, for the claims it decides")
     parser.add_argument("--readme", type=Path, default=ROOT / "README.md")
     args = parser.parse_args(argv)
-    if not (args.report / "result.json").is_file():
-        print(
-            f"readme_claims: error: {args.report} is not a report directory; make one with attnlens report --out DIR",
-            file=sys.stderr,
-        )
-        return 2
-    if json.loads((args.report / "result.json").read_text()).get("quick"):
-        print(f"readme_claims: error: {args.report} is a --quick report; the README quotes the default one", file=sys.stderr)
-        return 2
-    update(args.report, args.readme)
+    for directory, preset in ((args.report, "default"), (args.full, "full")):
+        if directory is None:
+            continue
+        if not (directory / "result.json").is_file():
+            print(
+                f"readme_claims: error: {directory} is not a report directory; make one with attnlens report --out DIR",
+                file=sys.stderr,
+            )
+            return 2
+        made = json.loads((directory / "result.json").read_text()).get("preset")
+        if made != preset:
+            print(f"readme_claims: error: {directory} is a {made} report; give a {preset} one here", file=sys.stderr)
+            return 2
+    update(args.report, args.readme, full=args.full)
     print(f"rewrote the claims section of {args.readme} and {FIGURE_COPY} from {args.report}")
     return 0
 

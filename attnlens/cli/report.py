@@ -6,6 +6,8 @@ from typing import Annotated
 
 import typer
 
+from attnlens.report.presets import took
+
 from .app import CorpusOption, DeviceOption, ModelOption, OutOption, OverwriteOption, ProgressOption, SeedOption, app
 
 
@@ -17,7 +19,17 @@ def report(
     compare: Annotated[
         str, typer.Option("--compare", help="Second model for cross-model overlap: auto, none, or a model.")
     ] = "auto",
-    quick: Annotated[bool, typer.Option("--quick", help="Small settings: a first look in under a minute.")] = False,
+    quick: Annotated[
+        bool, typer.Option("--quick", help=f"Small settings: a first look at every stage ({took('quick')}).")
+    ] = False,
+    full: Annotated[
+        bool,
+        typer.Option(
+            "--full",
+            help=f"Every claim decided: DAM with 3 seeds and the reference search, the plan on 3,000 examples, the "
+            f"reconstruction judged by the task ({took('full')}). The default decides what fits in 10 minutes ({took('default')}).",
+        ),
+    ] = False,
     protocol: Annotated[
         str,
         typer.Option(
@@ -46,6 +58,7 @@ def report(
         corpus=corpus,
         compare=None if compare == "none" else compare,
         quick=quick,
+        full=full,
         protocol=protocol,
         task=None if task == "none" else task,
         seed=seed,

@@ -205,10 +205,12 @@ class Result:
         """Every figure of this result, drawn now: ``{name: matplotlib Figure}``."""
         return dict(draw(self))
 
-    def save_figures(self, directory: str | Path, on_figure: Callable[[str], None] | None = None) -> list[Path]:
-        """Draw every figure and write it as PNG and PDF into ``directory`` (replaced atomically);
-        ``on_figure(name)`` is called as each is written (a progress bar)."""
-        return save_figures(self, directory, on_figure)
+    def save_figures(
+        self, directory: str | Path, on_figure: Callable[[str], None] | None = None, formats: tuple[str, ...] = FIGURE_FORMATS
+    ) -> list[Path]:
+        """Draw every figure and write it in each of ``formats`` (PNG and PDF) into ``directory``
+        (replaced atomically); ``on_figure(name)`` is called as each is written (a progress bar)."""
+        return save_figures(self, directory, on_figure, formats)
 
     # ------------------------------------------------------------------ display
     def __repr__(self) -> str:
@@ -309,8 +311,13 @@ def first_figure(result: Result) -> str | None:
     return base64.b64encode(buffer.getvalue()).decode()
 
 
-def save_figures(result: Result, directory: str | Path, on_figure: Callable[[str], None] | None = None) -> list[Path]:
-    """Every figure of ``result`` as ``NAME.png`` and ``NAME.pdf`` in ``directory``, which is
+def save_figures(
+    result: Result,
+    directory: str | Path,
+    on_figure: Callable[[str], None] | None = None,
+    formats: tuple[str, ...] = FIGURE_FORMATS,
+) -> list[Path]:
+    """Every figure of ``result`` as ``NAME.png`` and ``NAME.pdf`` (``formats``) in ``directory``, which is
     written into a staging directory and swapped into place (a crash leaves the old figures)."""
     directory = Path(directory)
     directory.parent.mkdir(parents=True, exist_ok=True)
@@ -318,7 +325,7 @@ def save_figures(result: Result, directory: str | Path, on_figure: Callable[[str
     try:
         written = []
         for name, figure in draw(result):
-            written += [path.name for path in save_figure(figure, staging / name)]
+            written += [path.name for path in save_figure(figure, staging / name, formats)]
             if on_figure is not None:
                 on_figure(name)
         swap_into_place(staging, directory)
@@ -328,14 +335,14 @@ def save_figures(result: Result, directory: str | Path, on_figure: Callable[[str
     return [directory / name for name in written]
 
 
-def save_figure(figure: Any, stem: str | Path) -> list[Path]:
-    """Write a matplotlib figure as ``stem.png`` and ``stem.pdf``; close the figure."""
+def save_figure(figure: Any, stem: str | Path, formats: tuple[str, ...] = FIGURE_FORMATS) -> list[Path]:
+    """Write a matplotlib figure as ``stem.png`` and ``stem.pdf`` (``formats``); close the figure."""
     import matplotlib.pyplot as plt  # only once there is a figure: this storage layer does not load matplotlib
 
     stem = Path(stem)
     stem.parent.mkdir(parents=True, exist_ok=True)
     paths = []
-    for suffix in FIGURE_FORMATS:
+    for suffix in formats:
         path = stem.with_suffix(f".{suffix}")
         figure.savefig(path, dpi=150)
         paths.append(path)

@@ -11,7 +11,6 @@ import pandas as pd
 
 from attnlens.io.provenance import provenance
 from attnlens.progress import Progress, progress_bar
-from attnlens.report.claims import _dam_claims as _dam_claims  # tests/test_dam_convergence.py reads it here
 from attnlens.report.claims import claims
 from attnlens.report.sections import (
     Figures,
@@ -28,17 +27,24 @@ from attnlens.report.sections import (
 
 
 def write_page(
-    directory: Path, results: dict, names: dict[str, str], command: str | None, *, progress: Progress = False
+    directory: Path,
+    results: dict,
+    names: dict[str, str],
+    command: str | None,
+    preset: str = "default",
+    *,
+    progress: Progress = False,
 ) -> tuple[Path, pd.DataFrame]:
     """Save every result (with its figures) into ``directory``, then ``report.html`` from them;
     returns the page and its claims table (the table the README's claims section is made from)."""
     with progress_bar(total=len(results), desc="figures", unit="result", enabled=progress) as bar:
         for key, result in results.items():
             result.save(directory / names[key])
-            result.save_figures(directory / names[key] / "figures")  # drawing the figures is most of the stage
+            # PNG only, the page's format (drawing them is most of the stage); `attnlens figures` writes PDFs too
+            result.save_figures(directory / names[key] / "figures", formats=("png",))
             bar.update(1)
     figures = Figures(directory)
-    table = claims(results)
+    table = claims(results, preset)
     sections = [
         _summary_section(results, table),
         *_eigen_sections(results, names, figures),

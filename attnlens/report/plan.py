@@ -5,18 +5,11 @@ from __future__ import annotations
 import pandas as pd
 
 from attnlens.analysis.plan.result import choices_name
+from attnlens.report.verdicts import DOES_NOT_HOLD, HOLDS, NOT_DECIDED, RUN_FULL, Claim, Evidence, Verdict
+from attnlens.report.words import TOO_FEW, delta_points
 
-CLAIM = "The cheapest attention within 1 point of accuracy, planned head by head"
-PAPERS = (
-    "Both allocate uniformly and count FLOPs: A one k (up to 45% fewer attention FLOPs, MNLI 79.7 vs 81.6 at k = 32), "
-    "SparseBERT one λ (91.2% sparse)"
-)
-
-
-def _points(row: pd.Series, prefix: str) -> str:
-    """A drop in accuracy as a change in points, with its interval: ``−0.27 [−0.71, +0.14]``."""
-    values = [0.0 - 100 * row[f"{prefix}{end}"] for end in ("", "_high", "_low")]  # 0.0 -: no "−0.00"
-    return "{:+.2f} [{:+.2f}, {:+.2f}]".format(*values).replace("-", "−")
+CLAIM = "A plan head by head is the cheapest attention within 1 point (attnlens)"
+PAPERS = "both papers allocate uniformly: one k, one λ"
 
 
 def headline(plan_result) -> pd.DataFrame:
@@ -26,26 +19,38 @@ def headline(plan_result) -> pd.DataFrame:
     return summary[summary.budget == budget].set_index("method")
 
 
-def plan_claims(plan_result) -> list[tuple[str, ...]]:
-    """The claims row: the plan's FLOPs and held-out verdict beside the uniform and random plans."""
+def plan_claims(plan_result, evidence: Evidence) -> list[Claim]:
+    """The claims row: the plan holds where it meets its budget on the held-out half and no uniform plan
+    that meets it there costs fewer FLOPs; below the full size, "run --full"."""
     rows = headline(plan_result)
-    plan = rows.loc["plan"]
-    units = plan_result.settings["units"]
-    said = [
-        f"plan: {plan.flops_ratio:.0%} of the FLOPs, Δ {_points(plan, 'check_cost')} points "
-        f"({'meets' if plan.check_meets else 'misses'} −{plan.budget:g})"
-    ]
+    plan, units = rows.loc["plan"], plan_result.settings["units"]
+    check = units["check"]
+    said = [f"plan {plan.flops_ratio:.0%} of the FLOPs, {_drop(plan, check)}"]
+    cheaper = []
     for kind, label in (("partial", "one k"), ("window", "one window")):
         if f"uniform {kind}" in rows.index:
-            row, matched = rows.loc[f"uniform {kind}"], rows.loc[f"uniform {kind} at plan FLOPs"]
-            chosen = "none meets" if row.detail.startswith("none") else f"{row.detail} meets at {row.flops_ratio:.0%}"
-            if matched.detail != row.detail:
-                chosen += f", {matched.detail} at the plan's FLOPs {_points(matched, 'check_cost')}"
-            said.append(f"{label}: {chosen}")
-    random = rows.loc["random"]
-    said.append(f"random: {_points(random, 'check_cost')}")
+            row = rows.loc[f"uniform {kind}"]
+            meets = not row.detail.startswith("none") and bool(row.check_meets)
+            said.append(f"{label}: " + (f"{row.detail} at {row.flops_ratio:.0%}, {_drop(row, check)}" if meets else "none meets"))
+            if meets and row.flops_ratio < plan.flops_ratio:
+                cheaper.append(f"{row.detail} at {row.flops_ratio:.0%}")
+    said.append(f"random: {_drop(rows.loc['random'], check)}")
+    if evidence.preset != "full" or min(units["select"], units["check"]) < TOO_FEW:
+        verdict = Verdict(RUN_FULL) if evidence.preset != "full" else Verdict(NOT_DECIDED, f"{units['check']} examples checked")
+    elif not bool(plan.check_meets):
+        verdict = Verdict(DOES_NOT_HOLD, f"the plan misses −{plan.budget:g} points on held-out examples: {_drop(plan, check)}")
+    elif cheaper:
+        verdict = Verdict(DOES_NOT_HOLD, f"one knob is cheaper: {cheaper[0]} against the plan's {plan.flops_ratio:.0%}")
+    else:
+        verdict = Verdict(HOLDS, f"{plan.flops_ratio:.0%} of the FLOPs within −{plan.budget:g} points on held-out examples")
     proxy = f"chosen on {units['select']:,} examples, checked on {units['check']:,} others"
-    return [(CLAIM, PAPERS, proxy, "; ".join(said))]
+    return [Claim(CLAIM, PAPERS, verdict, proxy, "; ".join(said))]
+
+
+def _drop(row: pd.Series, examples: int) -> str:
+    """The held-out change of accuracy in points (changed − unmodified) with its interval, over ``examples``."""
+    return delta_points(pd.Series({"delta_accuracy": -row.check_cost, "delta_accuracy_low": -row.check_cost_high,
+                                   "delta_accuracy_high": -row.check_cost_low, "held_out": examples}))  # fmt: skip
 
 
 def plan_section(plan_result, shown, figures, section, table) -> str:

@@ -11,8 +11,8 @@ import pandas as pd
 
 from attnlens.analysis.dam.result import SEED_TABLES
 from attnlens.data.positions import parse_classes
-from attnlens.report.claims import _layer_summary, _steps, _task_meta, number
 from attnlens.report.plan import plan_section
+from attnlens.report.words import layer_summary, number, steps, task_meta
 
 
 class Figures:
@@ -55,18 +55,26 @@ def _section(title: str, question: str, body: list[str]) -> str:
 
 
 def _summary_section(results: dict, table: pd.DataFrame) -> str:
-    task = _task_meta(results)
+    """The first screen: every paper's question with its verdict here and the one number that decides it."""
+    task = task_meta(results)
     said = (
-        f" Task: {task['task']}, {task['protocol']} protocol, {len(task['held_out_rows'])} held-out examples; unmodified "
-        f"accuracy {number(task['unmodified_accuracy'], 3)}, majority class {number(task['majority_accuracy'], 3)}."
+        f" Task: {task['task']} under the {task['protocol']} protocol; unmodified accuracy "
+        f"{number(task['unmodified_accuracy'], 3)}, majority class {number(task['majority_accuracy'], 3)}."
         if task
         else ""
     )
+    shown = table[["claim", "papers report", "verdict"]]
+    behind = table.drop(columns=["papers report", "verdict"])
     return _section(
-        "Summary: the papers' claims against this model",
-        "What the papers report, and what attnlens measures here, by a proxy (how far outputs move) and by task "
-        "accuracy (what the papers measured). Findings, not verdicts: settings differ from the papers'." + said,
-        [_table(table, text=True)],
+        "The papers' claims, measured here",
+        "Each claim's verdict on this model, with the number that decides it; the papers used BERT-base on GLUE, "
+        "fine-tuned, so these are findings about this model, not re-runs of their tables." + said,
+        [
+            _table(shown, text=True),
+            "<details><summary>The numbers behind each verdict</summary>",
+            _table(behind, text=True),
+            "</details>",
+        ],
     )
 
 
@@ -82,7 +90,7 @@ def _eigen_sections(results: dict, names: dict[str, str], figures: Figures) -> l
             figures.embed(spectra / "energy.png", "Cumulative explained energy per layer"),
             "<p>Per layer: components for 90% energy of single heads (median, min, max over heads), of the heads "
             "pooled, and the variance fraction along the all-ones direction (which softmax ignores).</p>",
-            _table(_layer_summary(eigen_result)),
+            _table(layer_summary(eigen_result)),
         ],
     )
     shown = figures.directory / names["overlap"] / "figures"
@@ -176,7 +184,7 @@ def _dam_section(results: dict, names: dict[str, str], figures: Figures) -> str:
             _table(result.tables["reference"]),
         ]
     settings = result.meta["settings"]
-    steps = ", ".join(_steps(row) for _, row in result.table.iterrows())
+    ended = ", ".join(steps(row) for _, row in result.table.iterrows())
     return _section(
         "5. Can attention be made sparse, and where?",
         f"DAM ({settings['variant']} masks, model {'trained alongside' if settings['train_weights'] else 'frozen'}, "
@@ -188,7 +196,7 @@ def _dam_section(results: dict, names: dict[str, str], figures: Figures) -> str:
         f"{settings['stop_window']} steps and the training loss within {number(settings['stop_plateau'], 0, percent=True)} "
         f"across them. Converged: over the last {settings['check_window']} steps at a learning rate of at least "
         f"{settings['check_lr']:g}× the start, the judged mask's training loss did not improve beyond its 95% interval"
-        f"{_polish_said(result)}. Runs: {steps}.",
+        f"{_polish_said(result)}. Runs: {ended}.",
         body,
     )
 
@@ -211,7 +219,7 @@ def _learned_on(settings: dict) -> str:
 
 def _task_section(results: dict, names: dict[str, str], figures: Figures) -> str:
     """Accuracy against k, per class and against sparsity: the task beside the proxies."""
-    task = _task_meta(results)
+    task = task_meta(results)
     if task is None:
         return ""
     body = []
@@ -319,6 +327,6 @@ def _other_figures_section(names: dict[str, str], figures: Figures) -> str:
         return ""
     return _section(
         "8. Every other figure",
-        "The remaining figures the stages saved (each also as PNG and PDF in its result's figures/ directory).",
+        "The remaining figures the stages saved (each as PNG in its result's figures/ directory; `attnlens figures` redraws them as PNG and PDF).",
         body,
     )

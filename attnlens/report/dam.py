@@ -1,0 +1,132 @@
+"""Paper 2's learned masks in the report's claims: a DAM mask at its target sparsity, and the fixed
+patterns against it at matched sparsity (:func:`dam_claims`).
+
+A learned mask is a result only when every run converged and another seed reproduces it (the seeds'
+masks agree on the same held-out blocks, or fine-tune seeds give an interval across seeds); short of
+that the verdict is "not decided" (at a smaller size: "run --full"), with no number beside it.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from attnlens.report.verdicts import (
+    DOES_NOT_HOLD,
+    HOLDS,
+    NOT_DECIDED,
+    PROXY_TOLERANCE,
+    RUN_FULL,
+    Claim,
+    Evidence,
+    Verdict,
+    combine,
+    seeds_points,
+    task_verdict,
+)
+from attnlens.report.words import LOSS_UNITS, delta_points, interval, number, points, steps
+
+LEARNED = ("A learned mask keeps the model at 90% sparsity (paper 2)", "DAM_s 91.2% sparse at GLUE 80.9, fine-tuned")
+PATTERNS = ("Fixed sparse patterns are worse than DAM (paper 2)", "at similar sparsity, e.g. BigBird 93.2% / 79.4")
+
+
+def dam_claims(result, evidence: Evidence) -> list[Claim]:
+    """The learned-mask claim and, where patterns were compared, the patterns' claim."""
+    unit = LOSS_UNITS.get(result.meta["settings"]["objective"], result.meta["settings"]["objective"])
+    undecided = _undecided(result, evidence)
+    rows = [_learned(result, evidence, unit, undecided)]
+    if len(result.patterns):
+        rows.append(_patterns(result, evidence, unit, undecided))
+    return rows
+
+
+def _undecided(result, evidence: Evidence) -> Verdict | None:
+    """Why no verdict may stand on these masks (none: they may decide), see the module docstring."""
+    table = result.table
+    if not table["converged"].astype(bool).all():
+        reason = "a run did not converge"
+    elif "mask_seed" not in table and not evidence.seeded:
+        reason = "one seed: no run reproduces it"
+    else:
+        across = result.across_seeds()
+        agree = across["delta"]["agree"].astype(bool).all() if across else True
+        reason = None if agree else "seeds disagree on the same blocks"
+    if reason is None:
+        return None
+    return Verdict(RUN_FULL) if evidence.preset != "full" else Verdict(NOT_DECIDED, reason)
+
+
+def _learned(result, evidence: Evidence, unit: str, undecided: Verdict | None) -> Claim:
+    """Each mask's change by the proxy and, where judged, by the task."""
+    table = result.table
+    proxy_said = "; ".join(
+        f"{number(row['sparsity'], 1, percent=True)} sparse: {interval(row)} ({unit}), {steps(row)}"
+        for _, row in table.iterrows()
+    )
+    masks = _task_rows(result, "dam")
+    task_said = "; ".join(points(row) for row in masks)
+    seeds_said = "; ".join(seeds_points(row) for row in masks)
+    if undecided is not None:
+        return Claim(*LEARNED, undecided, proxy_said, task_said, seeds_said)
+    verdicts = {task_verdict(row, evidence) for row in masks}
+    judged = bool(masks) and all(was for _, was in verdicts)
+    task = next(iter(verdicts))[0] if len(verdicts) == 1 else None
+    proxy = bool((table["delta"] <= PROXY_TOLERANCE).all()) if unit == LOSS_UNITS["hidden"] else None
+    phrase = combine(proxy=proxy, task=task, judged=judged, missing=evidence.missing)
+    decided = _range(masks) if judged else f"{number(table['delta'].median(), 3)} ({unit}, median of {len(table)} masks)"
+    return Claim(*LEARNED, Verdict(phrase, decided), proxy_said, task_said, seeds_said)
+
+
+def _patterns(result, evidence: Evidence, unit: str, undecided: Verdict | None) -> Claim:
+    """DAM against the best pattern of its own family and overall, at matched sparsity."""
+    compared = result.compared()
+    proxy_said = "; ".join(
+        f"DAM − {row['scope']} {row['pattern']}({int(row['value'])}) {interval(row, 'difference')}"
+        for _, row in compared.iterrows()
+    )
+    task_table = result.tables.get("task_compared")
+    task_said = _compared_points(task_table)
+    if undecided is not None:
+        return Claim(*PATTERNS, undecided, proxy_said, task_said)
+    across = result.across_seeds()
+    proxy = _worse(across["compared"] if across else compared)
+    worse = None if task_table is None or not len(task_table) else _worse(across.get("task_compared", task_table))
+    task = None if worse is None else HOLDS if worse else DOES_NOT_HOLD
+    phrase = combine(proxy=proxy, task=task, judged=task_table is not None, missing=evidence.missing)
+    decided = task_said.split("; ")[0] if task_table is not None and len(task_table) else proxy_said.split("; ")[0]
+    return Claim(*PATTERNS, Verdict(phrase, decided), proxy_said, task_said)
+
+
+def _worse(compared: pd.DataFrame) -> bool | None:
+    """Whether every pattern compared is worse than DAM (its ``verdict`` "better" for DAM everywhere):
+    True; False where some pattern is on par or better; ``None`` where some comparison is undecided."""
+    verdicts = set(compared["verdict"])
+    if verdicts <= {"better"}:
+        return True
+    if verdicts & {"worse", "on par"}:
+        return False
+    return None
+
+
+def _task_rows(result, kind: str) -> list[pd.Series]:
+    table = result.tables.get("task")
+    return [] if table is None else [row for _, row in table[table["kind"] == kind].iterrows()]
+
+
+def _range(rows: list[pd.Series]) -> str:
+    """The masks' Δ accuracy in points: one mask's with its interval, or several masks' span."""
+    if len(rows) == 1:
+        return delta_points(rows[0])
+    values = sorted(100 * row["delta_accuracy"] for row in rows)
+    return f"Δ {values[0]:+.1f} to {values[-1]:+.1f} points across {len(rows)} masks".replace("-", "−")
+
+
+def _compared_points(table: pd.DataFrame | None) -> str:
+    """Each mask against each pattern it is compared with, by task accuracy in points (DAM − pattern)."""
+    if table is None or not len(table):
+        return ""
+    said = []
+    for _, row in table.drop_duplicates(["lambda", "pattern", "value"]).iterrows():
+        named = pd.Series({"delta_accuracy": row["difference"], "delta_accuracy_low": row["difference_low"],
+                           "delta_accuracy_high": row["difference_high"], "held_out": row.get("compared_on", 10**9)})  # fmt: skip
+        said.append(f"DAM − {row['pattern']}({int(row['value'])}) {points(named)}")
+    return "; ".join(said)
