@@ -16,6 +16,11 @@ here are shared and noisy); every ratio is against a baseline measured in the sa
      separate  one ``forward_from(l)`` per head (12 forwards of the batch)        <- the baseline
      stacked   ``LayerInputs.forward_each(l, ...)``: one forward of 12 stacked copies
    and the largest difference between the two, which on CPU is 0 (see tests/test_layer_inputs.py).
+3. **The planner's per-head curves** (``attnlens.analysis.plan``: every head alone under a window and a
+   partial choice, each judged by the proxy on the selection blocks), per curve:
+     full      each curve's forward through every layer                        <- the baseline: one full forward
+     started   as ``attnlens plan`` runs them: from the curve's layer (``Split.starts``)
+   the ratio started/full is what a curve costs against one full forward of the same blocks.
 """
 
 from __future__ import annotations
@@ -99,6 +104,34 @@ def all_heads(model, ids: torch.Tensor, repeats: int) -> None:
     print(f"  {'mean':>5s} {'':11s} {'':10s} {sum(ratios) / len(ratios):16.2f}")
 
 
+def planner_curves(model, n: int, blocks: int, repeats: int) -> None:
+    """The planner's per-head curves, as ``plan`` runs them, against each curve as a full forward."""
+    from attnlens.analysis.plan import PlanSettings, _planner
+    from attnlens.analysis.plan.allocate import head_curves
+
+    settings = PlanSettings(seq_len=n, fit_seqs=16, select_seqs=blocks, eval_seqs=2, max_loss=[0.05], ks=[4], widths=[8])
+    planner = _planner(model, settings, "cpu", False)
+    split = planner.proxy.splits["select"]
+    starts = split.starts
+    units = planner.units[:: max(1, len(planner.units) // 24)]  # two heads per layer: the layers' mix of a full curve
+
+    def curves(started: bool) -> Callable[[], object]:
+        def run() -> object:
+            split.starts = starts if started else None
+            planner.proxy._known = {}  # judge every change afresh
+            return head_curves(units, planner.choices, planner.change, lambda change: planner.proxy.costs(change, "select"),
+                               planner.flops, progress=False)  # fmt: skip
+
+        return run
+
+    times = best_of({"full": curves(False), "started": curves(True)}, repeats)
+    count = len(units) * len(planner.choices)
+    print(
+        f"  {count} curves: full {times['full'] / count:8.1f} ms a curve, started {times['started'] / count:8.1f} ms a curve; "
+        f"started/full {times['started'] / times['full']:.2f}"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ns", default="64,128")
@@ -116,6 +149,8 @@ def main() -> None:
         one_head(model, ids, args.repeats)
         print(f"2. all {model.num_heads} heads of layer l, each alone, ms; ratios against one forward_from(l) per head")
         all_heads(model, ids, args.repeats)
+        print("3. the planner's per-head curves, as `attnlens plan` judges them, against the same curves as full forwards")
+        planner_curves(model, n, args.blocks, args.repeats)
 
 
 if __name__ == "__main__":

@@ -110,6 +110,30 @@ def problems(driver, shown: list) -> list[str]:
     return found
 
 
+# What a reader meets on the page: tables wider than their box, figures shown smaller than their text
+# reads (below 800 px and below 60% of their drawn size, without a link to the full image), and a
+# section's answer (its first paragraph) of 60 words or more.
+READABILITY = """
+const found = [];
+document.querySelectorAll("div.table").forEach((box) => {
+    if (box.scrollWidth > box.clientWidth + 1) found.push(`a table ${box.scrollWidth} px wide in a box of ${box.clientWidth}: `
+        + box.textContent.trim().slice(0, 50));
+});
+document.querySelectorAll("img").forEach((image) => {
+    const shown = image.getBoundingClientRect().width;
+    if (!shown) return;  // folded away: it is shown at its full width when opened
+    const linked = image.closest("a") && image.closest("a").getAttribute("href").endsWith(".png");
+    if (shown < Math.min(800, 0.6 * image.naturalWidth) && !linked) found.push(`a figure at ${Math.round(shown)} of `
+        + `${image.naturalWidth} px: ${image.alt}`);
+});
+document.querySelectorAll("p.answer").forEach((answer) => {
+    const words = answer.textContent.trim().split(/\\s+/).length;
+    if (words >= 60) found.push(`an answer of ${words} words: ${answer.textContent.slice(0, 50)}`);
+});
+return found;
+"""
+
+
 def test_report_page_in_a_browser(browser, quick_report):
     from selenium.webdriver.common.by import By
 
@@ -119,13 +143,33 @@ def test_report_page_in_a_browser(browser, quick_report):
     assert browser.save_screenshot(str(screenshot))
     print(f"screenshot of the report's first screen: {screenshot}")
 
-    summary = browser.find_element(By.CSS_SELECTOR, "section")  # the first section is the summary
-    claims = summary.find_element(By.TAG_NAME, "table")
-    assert "papers report" in claims.get_attribute("textContent"), "the summary's first table is the claims table"
+    claims = browser.find_element(By.CSS_SELECTOR, "section#claims table.claims")
+    assert "papers report" in claims.get_attribute("textContent"), "the first table is the claims table"
+    rows = claims.find_elements(By.CSS_SELECTOR, "tbody tr")
+    bottom = max(row.rect["y"] + row.rect["height"] for row in rows)
+    assert bottom <= HEIGHT, f"every claim and its verdict on the first screen ({bottom:.0f} px of {HEIGHT})"
     headings = browser.find_elements(By.TAG_NAME, "h2")
     assert len(headings) >= 7, "a heading per section"
     assert browser.execute_script("return document.images.length") == len(list(quick_report.glob("*/figures/*.png")))
+    for folded in browser.find_elements(By.TAG_NAME, "details"):  # open every fold: its tables and figures too
+        browser.execute_script("arguments[0].open = true", folded)
+    assert browser.execute_script(READABILITY) == []
     assert problems(browser, [claims, *headings]) == []
+
+
+def test_the_readme_figure_is_the_report_first_screen(quick_report, tmp_path, browser):
+    """scripts/readme_claims.py's screenshot: the report page's first screen at 1,280 px."""
+    import importlib.util
+
+    from PIL import Image
+
+    root = Path(__file__).resolve().parent.parent
+    spec = importlib.util.spec_from_file_location("readme_claims", root / "scripts" / "readme_claims.py")
+    generator = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(generator)
+    generator.screenshot(quick_report / "report.html", tmp_path / "first.png")
+    with Image.open(tmp_path / "first.png") as image:
+        assert image.size[0] == generator.WIDTH and image.size[1] >= 600
 
 
 def _moments(directory: Path) -> Path:

@@ -17,17 +17,17 @@ from tiny_models import assert_one_line_error, run_cli
 
 def test_report_page_embeds_figures_tables_and_provenance(quick_report):
     page = (quick_report / "report.html").read_text()
-    images = re.findall(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', page)
-    assert len(images) >= 8 and all(len(image) > 10_000 for image in images), "figures are embedded, not linked"
-    assert "<table" in page and "papers report" in page and "measured here" in page
+    images = re.findall(r"src=['\"]data:image/png;base64,([A-Za-z0-9+/=]+)['\"]", page)
+    assert len(images) >= 8 and all(len(image) > 10_000 for image in images), "figures are embedded"
+    assert "<table" in page and "papers report" in page and "verdict" in page
     assert "attnlens report --quick" in page and "<td>torch</td>" in page  # the versions, as a table
     report = attnlens.load_result(quick_report)
     assert set(report.meta["results"]) >= {"eigen", "eigen_second", "overlap", "reconstruct", "importance", "dam"}
-    assert "Which positions of the attention matrix matter?" in page and "cheapest class to remove" in page
+    assert "Which positions of the attention matrix matter?" in page and "The diagonal (self) matters least" in page
     overlap = report.result("overlap")
     assert overlap.meta["models"] == ["minilm-l6", "minilm-l3"]
     # the task section: accuracy against k, per class and against sparsity, and task numbers in the claims
-    assert "What does the task say?" in page and "task accuracy here" in page and "typical head: median" in page
+    assert "What does the task say?" in page and "Δ accuracy, points" in page and "typical head" in page
     for key, table in (("reconstruct", "plug_in"), ("importance", "task"), ("dam", "task")):
         judged = report.result(key).tables[table].dropna(subset=["accuracy"])
         assert judged["accuracy"].between(0, 1).all() and (judged["accuracy_low"] <= judged["accuracy_high"]).all()
@@ -37,31 +37,40 @@ def test_report_page_embeds_figures_tables_and_provenance(quick_report):
     assert set(zip(plug.strategy, plug.scope, plug.k)) == {("greedy", "head", 16)}
     ablated = report.result("importance").tables["task"]
     assert set(ablated["class"]) <= {"none", "self", "cls", "sep"} and set(ablated["control"]) == {"none", "class", "random"}
-    assert "What the task judged, stage by stage" in page and "held-out examples" in page
+    assert "Judged by the task" in page and "held-out examples" in page
     compared = report.result("dam").tables["task_compared"]
     assert (abs(compared["task_sparsity"] - compared["dam_task_sparsity"]) <= 0.03).all(), "matched on the task's positions"
 
 
 def test_report_page_holds_every_figure_the_stages_saved(quick_report):
     page = (quick_report / "report.html").read_text()
-    embedded = re.findall(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', page)
+    embedded = re.findall(r"src=['\"]data:image/png;base64,([A-Za-z0-9+/=]+)['\"]", page)
     saved = sorted(quick_report.glob("*/figures/*.png"))
     assert len(saved) > 20
     assert sorted(embedded) == sorted(base64.b64encode(path.read_bytes()).decode() for path in saved), "each exactly once"
 
 
 def test_report_claims_are_the_page_summary_and_reload(quick_report):
+    from attnlens.report.claims import CLAIM_COLUMNS
+    from attnlens.report.verdicts import DOES_NOT_HOLD, HOLDS, NOT_DECIDED, RUN_FULL
+
     report = attnlens.load_result(quick_report)
     claims = report.claims
-    assert list(claims.columns) == ["claim", "papers report", "measured here (proxy)", "task accuracy here"]
+    assert list(claims.columns) == CLAIM_COLUMNS and set(claims["made by"]) == {"quick"}
     page = (quick_report / "report.html").read_text()
-    summary = page[page.index("Summary: the papers") : page.index("1. Are attention score rows")]
-    for cell in claims.to_numpy().ravel():
-        assert f">{html.escape(cell, quote=False)}<" in summary, cell  # the page prints the saved table, cell for cell
+    summary = page[page.index("<section id='claims'>") : page.index("1. Are attention score rows")]
+    for cell in claims.drop(columns=["made by"]).to_numpy().ravel():
+        assert f">{html.escape(cell, quote=False)}<" in summary or not cell, cell  # the page prints the saved table, cell for cell
+    phrases = (HOLDS, DOES_NOT_HOLD, "holds at task level, not by the proxy", "holds by the proxy, not at task level", NOT_DECIDED)
+    for verdict in claims["verdict"]:  # one phrase, then the number that decides it (none where nothing is decided)
+        phrase = verdict.split(":")[0].split(" by the proxy (")[0].split(" (")[0]
+        assert phrase in phrases or verdict == RUN_FULL or phrase + " by the proxy" in verdict, verdict
+    learned = claims[claims["claim"].str.startswith(("A learned mask", "Fixed sparse", "A plan head"))]
+    assert (learned["verdict"] == RUN_FULL).all(), "a quick look decides nothing learned and prints no number for it"
     overlap = report.result("overlap")
-    own = overlap.split_half.query("result == 0 and level == 'layer'")
-    stated = ", ".join(f"L{row.layer} {row.stable_dim}" for row in own.itertuples())
-    assert f"up to d = {stated};" in claims.iloc[1]["measured here (proxy)"]
+    adjacent = overlap.pairs.query("comparison == 'layers_0' and layer_b == layer_a + 1 and d > 0")
+    for row in adjacent.itertuples():
+        assert f"L{row.layer_a}–L{row.layer_b} {row.overlap:.2f} at d = {row.d}" in claims.iloc[1]["proxy"]
 
 
 def test_report_refuses_to_overwrite(capsys, quick_report):
@@ -168,12 +177,14 @@ def test_the_finetune_protocol_report_trains_each_change_and_says_so_across_seed
         QUICK_FINETUNE, seq_len=32, dam_seq_len=32, ks=(4, 16), eigen_seqs=48, reconstruct_seqs=32, importance_seqs=8, dam_steps=20, dam_stop_window=10,
         dam_train_seqs=8, task_train=64, task_eval=40, finetune_steps=3,
     )  # fmt: skip
-    monkeypatch.setitem(PRESETS, ("finetune", True), tiny)
+    monkeypatch.setitem(PRESETS, ("finetune", "quick"), tiny)
     monkeypatch.setenv("ATTNLENS_CACHE", str(tmp_path / "cache"))
     page = report(tmp_path / "ft", model=minilm_l6, quick=True, protocol="finetune", compare=None, progress=False)
     result = attnlens.load_result(page.parent)
-    assert list(result.claims.columns)[-1] == "trained with the change"
-    assert "over 2 seeds" in " ".join(result.claims["trained with the change"])
+    from attnlens.report.claims import SEEDS_COLUMN
+
+    assert list(result.claims.columns)[-1] == SEEDS_COLUMN
+    assert "over 2 seeds" in " ".join(result.claims[SEEDS_COLUMN])
     plug = result.result("reconstruct").plug_in.dropna(subset=["accuracy"])
     assert set(zip(plug.scope, plug.k)) == {("all", 16)} and plug["joint_accuracy"].between(0, 1).all()
     seeds = [float(value) for value in plug["seed_accuracies"].iloc[0].split()]
@@ -191,6 +202,12 @@ def test_an_unknown_report_protocol_is_one_line(capsys, tmp_path):
     assert_one_line_error(code, err, "protocol")
 
 
+def test_quick_and_full_together_are_one_line(capsys, tmp_path):
+    code, out, err = run_cli(capsys, "report", "--quick", "--full", "--out", str(tmp_path / "r"))
+    assert_one_line_error(code, err, "quick", "full", "choose one")
+    assert not (tmp_path / "r").exists()
+
+
 def test_report_plans_the_cheapest_attention(quick_report):
     """The plan stage: its section, and a claims row whose numbers are the plan result's own."""
     report = attnlens.load_result(quick_report)
@@ -200,6 +217,6 @@ def test_report_plans_the_cheapest_attention(quick_report):
     assert plan.meta["task"]["task"] == "rotten-tomatoes" and plan.settings["protocol"] == "probe"
     row = report.claims[report.claims["claim"].str.startswith("The cheapest attention")].iloc[0]
     methods = plan.methods[plan.methods.budget == 1.0].set_index("method")
-    assert f"plan: {methods.loc['plan', 'flops_ratio']:.0%} of the FLOPs" in row["task accuracy here"]
+    assert f"plan {methods.loc['plan', 'flops_ratio']:.0%} of the FLOPs" in row["task: Δ accuracy, points (changed − unmodified)"]
     units = plan.settings["units"]
     assert units["select"] + units["check"] == plan.settings["task_eval"]

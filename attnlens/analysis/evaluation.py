@@ -29,6 +29,7 @@ from attnlens.analysis.objectives import Objective, PreparedBatch
 from attnlens.data.corpus import Blocks, Corpus
 from attnlens.errors import BadInput
 from attnlens.models.capture import Capture, Intervention
+from attnlens.models.layer_inputs import DEFAULT_BUDGET, LayerInputs
 from attnlens.models.loading import LoadedModel
 
 CONFIDENCE = 0.95
@@ -168,29 +169,63 @@ def class_counts(masks: dict[str, torch.Tensor], valid: torch.Tensor) -> dict[st
     return {name: int(sum(int((mask & layer).sum()) for layer in valid)) for name, mask in masks.items()}
 
 
-def evaluate_change(objective: Objective, inputs: list, views: list, change=None) -> dict[str, np.ndarray]:
+class Starts:
+    """Each batch's unmodified layer inputs, recorded the first time a change needs them, so that a
+    change confined to layers ≥ l runs from layer l (:mod:`attnlens.models.layer_inputs`): equal to
+    the full forward, for less. Up to ``budget_bytes`` in all; past it, batches run in full."""
+
+    def __init__(self, model: LoadedModel, budget_bytes: int = DEFAULT_BUDGET) -> None:
+        self.model, self.budget_bytes = model, budget_bytes
+        self.caches: dict[int, LayerInputs] = {}
+
+    def at(self, index: int, input_ids: torch.Tensor, layers: list[int] | None) -> contextlib.AbstractContextManager:
+        """Inside, a forward of batch ``index`` (``input_ids``) starts at the first of ``layers`` (all: at 0)."""
+        start = min(layers) if layers else 0
+        if start == 0:
+            return contextlib.nullcontext()
+        cache = self.caches.get(index)
+        if cache is None:
+            spent = sum(kept.nbytes for kept in self.caches.values())
+            cache = self.caches[index] = LayerInputs.record(self.model, input_ids, budget_bytes=self.budget_bytes - spent)
+        return cache.started_at(start)
+
+
+def evaluate_change(
+    objective: Objective, inputs: list, views: list, change=None, starts: Starts | None = None
+) -> dict[str, np.ndarray]:
     """Per-sequence metrics of every batch (``inputs``: what the objective evaluates) under a
     :class:`~attnlens.analysis.changes.Change` (``None``: unmodified), which reads each batch
-    through its view (``views``, :class:`~attnlens.analysis.changes.Batch`)."""
+    through its view (``views``, :class:`~attnlens.analysis.changes.Batch`); with ``starts``, a
+    change to layers ≥ l runs from layer l."""
     per_batch = [
         evaluate_batch(
-            objective, batch, None if change is None else change.intervention(view), None if change is None else change.layers
+            objective,
+            batch,
+            None if change is None else change.intervention(view),
+            None if change is None else change.layers,
+            None if starts is None else (starts, index),
         )
-        for batch, view in zip(inputs, views)
+        for index, (batch, view) in enumerate(zip(inputs, views))
     ]
     return {name: np.concatenate([metrics[name] for metrics in per_batch]) for name in per_batch[0]}
 
 
 def evaluate_batch(
-    objective: Objective, batch: PreparedBatch, intervene: Intervention | None = None, layers: list[int] | None = None
+    objective: Objective,
+    batch: PreparedBatch,
+    intervene: Intervention | None = None,
+    layers: list[int] | None = None,
+    start: tuple[Starts, int] | None = None,
 ) -> dict[str, np.ndarray]:
-    """Per-block metrics of one batch, under an optional score intervention, without gradients."""
+    """Per-block metrics of one batch, under an optional score intervention, without gradients;
+    ``start`` (the split's :class:`Starts` and this batch's index) runs it from the first of ``layers``."""
     with torch.no_grad():
         if intervene is None:
             metrics = objective.evaluate(batch)
         else:
             with Capture(layers=layers, intervene=intervene, record=False):
-                metrics = objective.evaluate(batch)
+                with contextlib.nullcontext() if start is None else start[0].at(start[1], batch.input_ids, layers):
+                    metrics = objective.evaluate(batch)
     return {name: value.double().cpu().numpy() for name, value in metrics.items()}
 
 

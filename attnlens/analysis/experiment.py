@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from attnlens.analysis.changes import Batch
-from attnlens.analysis.evaluation import check_classes_occur, class_counts, prepare_batches, split_blocks, valid_masks
+from attnlens.analysis.evaluation import Starts, check_classes_occur, class_counts, prepare_batches, split_blocks, valid_masks
 from attnlens.analysis.objectives import Objective
 from attnlens.data.corpus import Blocks, Corpus, load_corpus
 from attnlens.data.positions import TokenRoles, class_masks, parse_classes, token_roles
@@ -41,11 +41,13 @@ class Split:
     """A set of sequences as judging needs them, one entry per batch: what the objective
     evaluates (``inputs``: :class:`~attnlens.analysis.objectives.PreparedBatch` of corpus
     blocks, or :class:`~attnlens.analysis.task.TaskBatch` of task examples) and what a change
-    reads (``views``); ``ids`` (sequences, n) are the tokens as read."""
+    reads (``views``); ``ids`` (sequences, n) are the tokens as read; ``starts``, for corpus
+    blocks, lets a change to layers ≥ l run from layer l."""
 
     inputs: list
     views: list[Batch]
     ids: torch.Tensor
+    starts: Starts | None = None  # corpus blocks: each batch's layer inputs, so a change to layers >= l runs from l
 
     @property
     def sizes(self) -> list[int]:
@@ -103,7 +105,7 @@ class Experiment:
         views = [
             Batch(ids[start : start + batch_size].to(self.model.device), self.model, int(blocks.index[start])) for start in starts
         ]
-        return Split(inputs, views, ids)
+        return Split(inputs, views, ids, Starts(self.model))
 
     def metadata(self, s: CorpusSettings, command: str | None, *, settings: dict, **extra: object) -> dict[str, object]:
         """The result's ``meta``: the model, the corpus with the blocks it gave, the settings as

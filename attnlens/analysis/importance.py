@@ -365,11 +365,12 @@ class _Passes:
         total = len(held_out.inputs) * (len(conditions) + (1 if s.gradient else 0))
         with progress_bar(total=total, desc="importance", unit="pass", enabled=progress) as bar:
             start = 0
-            for batch, view in zip(held_out.inputs, held_out.views):
+            for number, (batch, view) in enumerate(zip(held_out.inputs, held_out.views)):
                 rows = slice(start, start + view.ids.shape[0])
                 stacked = torch.stack(list(view.classes(classes).values())).float()
-                for index, condition in enumerate(conditions):
-                    passes.measure(experiment, index, condition, batch, view, rows, stacked, groups, group_valid)
+                for index, condition in enumerate(conditions):  # a per-layer ablation runs from its layer (starts)
+                    where = (held_out.starts, number)
+                    passes.measure(experiment, index, condition, batch, view, rows, stacked, groups, group_valid, where)
                     bar.update(1)
                 if s.gradient:
                     passes.gradients[rows] = _batch_gradients(experiment.objective, batch, blocks.index[rows], stacked, s.seed)
@@ -377,7 +378,7 @@ class _Passes:
                 start = rows.stop
         return passes
 
-    def measure(self, experiment, index, condition, batch, view, rows, stacked, groups, group_valid) -> None:
+    def measure(self, experiment, index, condition, batch, view, rows, stacked, groups, group_valid, where) -> None:
         """One condition on one batch: the unmodified pass records the mass; an ablation its losses
         and what it removed from (and spared of) the valid positions of the layers it changes."""
         if condition is None:
@@ -385,7 +386,7 @@ class _Passes:
             with torch.no_grad(), Capture(weights=True, sink=self.mass.sink):
                 metrics = evaluate_batch(experiment.objective, batch)
         else:
-            metrics = evaluate_batch(experiment.objective, batch, condition.intervention(view), layers=condition.layers)
+            metrics = evaluate_batch(experiment.objective, batch, condition.intervention(view), condition.layers, where)
             prepared, size = condition.prepare(view), view.ids.shape[0]
             affected = range(experiment.model.num_layers) if condition.layer < 0 else [condition.layer]
             for layer in affected:

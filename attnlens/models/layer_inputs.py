@@ -247,23 +247,33 @@ class LayerInputs:
         partial plan that reaches a layer below ``start`` is refused (it would be skipped), also
         where the forward is full. Not thread-safe: it swaps the skipped layers' ``forward``.
         """
-        if not 0 <= start < self.model.num_layers:
-            raise BadInput(
-                f"`start` {start} is out of range; model '{self.model.name}' has layers 0 to {self.model.num_layers - 1}"
-            )
         if copies < 1:
             raise BadInput(f"`copies` {copies} must be at least 1")
-        _refuse_below(self.model, start)
         inputs = _inputs(
             self.input_ids.repeat(copies, 1), None if self.attention_mask is None else self.attention_mask.repeat(copies, 1)
         )
         run = self.model.model if head else self.model.model.base_model
-        if start == 0 or self.hidden_ is None:
+        with self.started_at(start, copies=copies):
             return run(**inputs)
+
+    @contextlib.contextmanager
+    def started_at(self, start: int, *, copies: int = 1) -> Iterator[None]:
+        """Inside, every forward of the model on the recorded batch (or ``copies`` of it) runs from layer
+        ``start``: the layers below it return the cached input of ``start``. A forward on other inputs
+        inside is refused (its hidden states would not be the ones cached), as is an active capture or
+        partial plan reaching below ``start``, on entry."""
+        if not 0 <= start < self.model.num_layers:
+            raise BadInput(
+                f"`start` {start} is out of range; model '{self.model.name}' has layers 0 to {self.model.num_layers - 1}"
+            )
+        _refuse_below(self.model, start)
+        if start == 0 or self.hidden_ is None:
+            yield
+            return
         handoff = self.hidden_[start - 1]
         handoff = handoff.repeat(copies, 1, 1) if copies > 1 else handoff
-        with _skipping(self._layers()[:start], _HANDOFF[layer_stack(self.model).returns](handoff)):
-            return run(**inputs)
+        with _skipping(self._layers()[:start], _HANDOFF[layer_stack(self.model).returns](handoff), tuple(handoff.shape)):
+            yield
 
     def _layers(self) -> list[nn.Module]:
         if self._layer_modules is None:
@@ -354,15 +364,24 @@ def _refuse_plans(model: Any, layers: range, action: str) -> None:
 
 
 @contextlib.contextmanager
-def _skipping(layers: list[nn.Module], handoff: object) -> Iterator[None]:
+def _skipping(layers: list[nn.Module], handoff: object, shape: tuple[int, ...]) -> Iterator[None]:
     """Replace each layer's ``forward`` by one that returns ``handoff``, for the time of the ``with``.
 
     An instance attribute shadows the class's ``forward`` (``nn.Module.__call__`` calls
     ``self.forward``), so hooks still run; a ``forward`` already set on the instance (accelerate's
-    device hooks) is put back as it was. Not reentrant: one forward at a time per model.
+    device hooks) is put back as it was. Not reentrant: one forward at a time per model. A layer
+    handed hidden states of another ``shape`` (a forward on other inputs) is refused.
     """
     saved = [layer.__dict__.get("forward") for layer in layers]
-    skip = lambda *args, **kwargs: handoff
+
+    def skip(hidden_states: torch.Tensor, *args: object, **kwargs: object) -> object:
+        if tuple(hidden_states.shape) != shape:
+            raise BadInput(
+                f"a forward on inputs of shape {tuple(hidden_states.shape[:2])} inside started_at, whose cache holds "
+                f"{shape[:2]}; run only the recorded batch there"
+            )
+        return handoff
+
     for layer in layers:
         layer.forward = skip
     try:

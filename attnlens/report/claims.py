@@ -35,15 +35,20 @@ STRONG_OVERLAP = 0.8  # "strong overlap": ‖UᵀV‖²/d at the d both subspace
 MIN_REMOVED = 0.001  # classes removing fewer of the valid positions are not ranked as "cheapest"
 
 
-def claims(results: dict, preset: str = "default") -> pd.DataFrame:
-    """Every claim the report's results speak to, one row each (see the module docstring)."""
+def evidence_of(results: dict, preset: str) -> Evidence:
+    """What every claim of these results reads besides its own result."""
     task = task_meta(results)
-    evidence = Evidence(
+    return Evidence(
         preset,
         target=task["settings"]["task_target"] if task else 0.02,
         missing="no task judged it" if not task else "task: run --full" if preset != "full" else "the task did not judge it",
         seeded=bool(task) and task["protocol"] == "finetune" and task["settings"]["seeds"] > 1,
     )
+
+
+def claims(results: dict, preset: str = "default") -> pd.DataFrame:
+    """Every claim the report's results speak to, one row each (see the module docstring)."""
+    evidence = evidence_of(results, preset)
     rows = [*_eigen_claims(results), *_reconstruct_claims(results["reconstruct"], evidence)]
     rows += _importance_claims(results["importance"], evidence)
     rows += dam_claims(results["dam"], evidence)

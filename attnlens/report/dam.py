@@ -1,5 +1,5 @@
-"""Paper 2's learned masks in the report's claims: a DAM mask at its target sparsity, and the fixed
-patterns against it at matched sparsity (:func:`dam_claims`).
+"""Paper 2's learned masks in the report: the claims (a DAM mask at its target sparsity, and the fixed
+patterns against it at matched sparsity, :func:`dam_claims`) and the section (:func:`dam_section`).
 
 A learned mask is a result only when every run converged and another seed reproduces it (the seeds'
 masks agree on the same held-out blocks, or fine-tune seeds give an interval across seeds); short of
@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import pandas as pd
 
+from attnlens.analysis.dam.result import SEED_TABLES
+from attnlens.report.html import Figures, folded, section, table
 from attnlens.report.verdicts import (
     DOES_NOT_HOLD,
     HOLDS,
@@ -130,3 +132,59 @@ def _compared_points(table: pd.DataFrame | None) -> str:
                            "delta_accuracy_high": row["difference_high"], "held_out": row.get("compared_on", 10**9)})  # fmt: skip
         said.append(f"DAM − {row['pattern']}({int(row['value'])}) {points(named)}")
     return "; ".join(said)
+
+
+def dam_section(results: dict, names: dict[str, str], figures: Figures, evidence: Evidence) -> str:
+    """Section 5: the masks DAM learned beside the fixed patterns; first, whether they may decide."""
+    result = results["dam"]
+    shown = figures.directory / names["dam"] / "figures"
+    settings = result.meta["settings"]
+    unit = LOSS_UNITS.get(settings["objective"], settings["objective"])
+    undecided = _undecided(result, evidence)
+    best = result.table.sort_values("delta").iloc[0]
+    measured = (
+        f"at {number(best['sparsity'], 1, percent=True)} sparsity the mask changes the outputs by {interval(best)} ({unit})"
+    )
+    answer = (
+        f"Not decided at this size ({undecided.number or 'one seed, a short schedule'}): run --full; here {measured}."
+        if undecided is not None
+        else measured[0].upper() + measured[1:] + f", {len(result.table)} masks, every one converged."
+    )
+    body = [
+        figures.embed(shown / "loss_vs_sparsity.png", "Objective against sparsity: DAM and fixed patterns"),
+        table(result.view(frame=result.table.dropna(axis=1, how="all")), notes=result.column_notes),
+    ]
+    extra = [figures.embed(shown / name, caption) for name, caption in (
+        ("masks.png", "Learned masks"), ("keep_per_class.png", "Keep-probability of each class per target"),
+        ("training.png", "Training curves: objective, density, undecided logits"))]  # fmt: skip
+    if len(result.patterns):
+        extra.append(table(result.view("compared", result.compared()), notes=result.column_notes))
+    for name, across in result.across_seeds().items():
+        extra.append(f"<p>Across the {result.settings['mask_seeds']} seeds, {SEED_TABLES[name]}:</p>" + table(across))
+    if "reference" in result.tables:
+        extra.append("<p>The swap search at each mask's sparsity (difference: the mask's loss minus the search's):</p>")
+        extra.append(
+            table(result.tables["reference"][["start", "rounds", "swaps", "sparsity", "delta", "difference", "verdict"]])
+        )
+    body.append(folded("Masks, training and the patterns compared", extra))
+    return section("5. Can attention be made sparse, and where?", answer, body, _method(result))
+
+
+def _method(result) -> str:
+    settings = result.meta["settings"]
+    learned = (
+        "the task's training examples" if settings.get("trained_on") == "task" else f"{settings['train_seqs']} corpus blocks"
+    )
+    polish = (
+        f" A swap search from each trained mask finishes it at the target (at most {settings['polish_rounds']} rounds); "
+        "the mask converged where that search stopped at a local optimum."
+        if "polish_rounds" in result.table
+        else ""
+    )
+    return (
+        f"DAM ({settings['variant']} masks, model {'trained alongside' if settings['train_weights'] else 'frozen'}, n = "
+        f"{settings['n']}, learned on {learned}) aimed at target sparsities, λ by dual ascent, the threshold set to meet "
+        f"the target; judged on {settings['eval_seqs']} held-out blocks with the deterministic mask, beside fixed sparse "
+        f"patterns swept over their parameter. Adam at {settings['lr']:g}, cosine schedule over at most {settings['steps']} "
+        f"steps. Runs: {', '.join(steps(row) for _, row in result.table.iterrows())}.{polish}"
+    )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pandas as pd
 
 from attnlens.analysis.plan.result import choices_name
+from attnlens.report.html import Figures, section, table
 from attnlens.report.verdicts import DOES_NOT_HOLD, HOLDS, NOT_DECIDED, RUN_FULL, Claim, Evidence, Verdict
 from attnlens.report.words import TOO_FEW, delta_points
 
@@ -53,24 +54,33 @@ def _drop(row: pd.Series, examples: int) -> str:
                                    "delta_accuracy_high": -row.check_cost_low, "held_out": examples}))  # fmt: skip
 
 
-def plan_section(plan_result, shown, figures, section, table) -> str:
-    """Section 7: FLOPs against budget, the chosen heads, and every method's verdicts."""
-    budget = headline(plan_result).budget.iloc[0]
-    settings = plan_result.settings
+def plan_section(results: dict, names: dict[str, str], figures: Figures, evidence: Evidence) -> str:
+    """Section 7: FLOPs against budget, the chosen heads, and every method's held-out verdict."""
+    if "plan" not in results:
+        return ""
+    plan_result = results["plan"]
+    shown = figures.directory / names["plan"] / "figures"
+    rows, settings = headline(plan_result), plan_result.settings
+    budget, units = rows.budget.iloc[0], settings["units"]
+    plan = rows.loc["plan"]
+    verdict = plan_claims(plan_result, evidence)[0].verdict
+    answer = (
+        f"Within {budget:g} point{'s' if budget != 1 else ''}, the plan computes {plan.flops_ratio:.0%} of the attention "
+        f"FLOPs and {'meets' if plan.check_meets else 'misses'} its budget on {units['check']:,} held-out examples"
+    )
+    if verdict.phrase.startswith("not decided"):
+        answer = f"Not decided at this size ({units['check']:,} examples to check on): run --full; here {answer[0].lower()}{answer[1:]}"
     body = [
         figures.embed(shown / "flops_by_budget.png", "Attention FLOPs within each budget: the plan, uniform and random"),
         figures.embed(shown / f"{choices_name(budget)}.png", f"The plan at {budget:g} points: each head's choice"),
-        table(plan_result.view(frame=plan_result.tables["summary"])),
+        table(plan_result.view(frame=plan_result.tables["summary"]), notes=plan_result.column_notes),
     ]
-    return section(
-        "7. What is the cheapest attention that keeps the model?",
-        f"Per layer and head: exact, partial with its own k (greedy keys, closed-form map fitted on "
-        f"{settings['fit_seqs']} blocks) or a window, at the fewest attention FLOPs within each budget of task accuracy "
-        f"({', '.join(settings['budgets'])}). Curves of every head alone on {settings['select_seqs']} blocks give a greedy "
-        f"path; the plan is the last step of it that meets the budget, run on the model, on {settings['units']['select']} "
-        f"task examples (the upper end of the paired 95% interval plus a margin for the check's interval within the "
-        f"budget), then checked on {settings['units']['check']} other examples, beside the cheapest uniform plans that meet "
-        f"it on the same examples and a random allocation of the plan's FLOPs. FLOPs count a window's kept pairs as a "
-        f"sparse kernel would; bench/bench_partial.py says what they become in seconds.",
-        body,
+    method = (
+        f"Per layer and head: exact, partial with its own k (greedy keys, a closed-form map fitted on {settings['fit_seqs']} "
+        f"blocks) or a window, at the fewest attention FLOPs within each budget of task accuracy ({', '.join(settings['budgets'])}). "
+        f"Curves of every head alone on {settings['select_seqs']} blocks give a greedy path; the plan is the last step that "
+        f"meets the budget on {units['select']:,} task examples, then checked on {units['check']:,} others, beside the "
+        "cheapest uniform plans and a random allocation of the plan's FLOPs. FLOPs count a window's kept pairs as a sparse "
+        "kernel would."
     )
+    return section("7. What is the cheapest attention that keeps the model?", answer + ".", body, method)

@@ -126,7 +126,7 @@ QUICK = replace(
     task_ks=(16,),
     task_strategies=("greedy",),
     task_scopes=("head",),
-    **_MACHINERY,
+    **{**_MACHINERY, "dam_task": True},  # a probe on 256 examples costs seconds: the quick look shows DAM's task too
 )
 
 # The papers' protocol: the headline changes inside fine-tuning, 3 seeds each (cached per run), at n = 64.

@@ -108,7 +108,7 @@ class ProxyCosts(Costs):
         self.baseline = {part: self._losses(split, None) for part, split in self.splits.items()}
 
     def _losses(self, split: Split, change: Change | None) -> np.ndarray:
-        return evaluate_change(self.objective, split.inputs, split.views, change)["loss"]
+        return evaluate_change(self.objective, split.inputs, split.views, change, split.starts)["loss"]
 
     def _compute(self, change: Change, part: str) -> np.ndarray:
         return self._losses(self.splits[part], change) - self.baseline[part]
