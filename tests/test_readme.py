@@ -65,7 +65,9 @@ def test_a_full_report_fills_the_claims_the_default_leaves_to_it():
     import pandas as pd
 
     generator = _generator()
-    default = pd.DataFrame([["a", "p", "holds: 1", "default"], ["b", "p", generator.RUN_FULL, "default"]], columns=generator.COLUMNS)
+    default = pd.DataFrame(
+        [["a", "p", "holds: 1", "default"], ["b", "p", generator.RUN_FULL, "default"]], columns=generator.COLUMNS
+    )
     full = pd.DataFrame([["a", "p", "does not hold: 2", "full"], ["b", "p", "holds: 3", "full"]], columns=generator.COLUMNS)
     merged = generator.merged(default, full)
     assert merged["verdict"].tolist() == ["holds: 1", "holds: 3"] and merged["made by"].tolist() == ["default", "full"]

@@ -60,8 +60,16 @@ def test_report_claims_are_the_page_summary_and_reload(quick_report):
     page = (quick_report / "report.html").read_text()
     summary = page[page.index("<section id='claims'>") : page.index("1. Are attention score rows")]
     for cell in claims.drop(columns=["made by"]).to_numpy().ravel():
-        assert f">{html.escape(cell, quote=False)}<" in summary or not cell, cell  # the page prints the saved table, cell for cell
-    phrases = (HOLDS, DOES_NOT_HOLD, "holds at task level, not by the proxy", "holds by the proxy, not at task level", NOT_DECIDED)
+        assert f">{html.escape(cell, quote=False)}<" in summary or not cell, (
+            cell
+        )  # the page prints the saved table, cell for cell
+    phrases = (
+        HOLDS,
+        DOES_NOT_HOLD,
+        "holds at task level, not by the proxy",
+        "holds by the proxy, not at task level",
+        NOT_DECIDED,
+    )
     for verdict in claims["verdict"]:  # one phrase, then the number that decides it (none where nothing is decided)
         phrase = verdict.split(":")[0].split(" by the proxy (")[0].split(" (")[0]
         assert phrase in phrases or verdict == RUN_FULL or phrase + " by the proxy" in verdict, verdict
