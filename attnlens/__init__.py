@@ -32,7 +32,7 @@ from attnlens.analysis.task import TaskJudge, TaskSettings
 from attnlens.data.corpus import Blocks, Corpus, load_corpus
 from attnlens.data.positions import class_masks, parse_classes
 from attnlens.data.tasks import Task, load_task
-from attnlens.errors import AttnlensError, BadFile, BadInput, UnsupportedModel
+from attnlens.errors import AttnlensError, AttnlensWarning, BadFile, BadInput, UnsupportedModel
 from attnlens.io.extract import extract
 from attnlens.io.results import Result, load_result
 from attnlens.io.store import Store, open_store
@@ -50,6 +50,7 @@ except importlib.metadata.PackageNotFoundError:  # run from a source tree that w
 
 __all__ = [
     "AttnlensError",
+    "AttnlensWarning",
     "BadFile",
     "BadInput",
     "Blocks",

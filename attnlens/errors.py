@@ -46,11 +46,11 @@ def option_name(parameter: str) -> str:
     return "--" + parameter.replace("_", "-")
 
 
-class AttnlensError(Exception):
-    """Bad input or an unusable environment, with a one-line message saying how to fix it.
+class _OneLine:
+    """A one-line message that names parameters between backticks: plain for Python callers,
+    as command-line options on the command line."""
 
-    The CLI prints :meth:`cli_message` on stderr, without a traceback, and exits non-zero.
-    """
+    args: tuple
 
     def __str__(self) -> str:
         return _PARAMETER.sub(r"\1", str(self.args[0]) if self.args else "")
@@ -63,6 +63,13 @@ class AttnlensError(Exception):
         return _PARAMETER.sub(lambda match: options.get(match.group(1), option_name(match.group(1))), text)
 
 
+class AttnlensError(_OneLine, Exception):
+    """Bad input or an unusable environment, with a one-line message saying how to fix it.
+
+    The CLI prints :meth:`cli_message` on stderr, without a traceback, and exits non-zero.
+    """
+
+
 class BadInput(AttnlensError, ValueError):
     """A setting or argument that is out of range, unknown, or contradicts another."""
 
@@ -73,3 +80,9 @@ class BadFile(AttnlensError):
 
 class UnsupportedModel(AttnlensError):
     """A model attnlens cannot load, or whose attention it cannot capture."""
+
+
+class AttnlensWarning(_OneLine, UserWarning):
+    """Something a user should know that does not stop the work (a judged set that may hold the
+    classifier's own training examples). The command line prints it as one line on stderr,
+    ``attnlens: warning: ...``; Python callers see a :mod:`warnings` warning they can filter."""

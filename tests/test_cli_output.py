@@ -34,7 +34,17 @@ def test_command_summaries_are_whole_sentences(capsys):
 def test_dam_options_come_in_groups(capsys):
     out = _help(capsys, "dam")
     panels = re.findall(r"╭─ ([^─]+?) ─", out)
-    assert panels[1:] == ["Model and corpus", "Mask", "Analysis", "Training", "Stopping rule", "Task", "Output"], panels
+    assert panels == [
+        "Arguments",
+        "Options",
+        "Model and corpus",
+        "Mask",
+        "Analysis",
+        "Training",
+        "Stopping rule",
+        "Task",
+        "Output",
+    ], panels
     stopping = out[out.index("Stopping rule") : out.index("╭─ Task")]
     assert all(option in stopping for option in ("--stop-window", "--stop-flips", "--stop-plateau", "--stop-margin"))
 

@@ -15,7 +15,7 @@ from attnlens import BadInput, load_result
 from attnlens.analysis.objectives import Objective
 from attnlens.analysis.plan.allocate import at_step, greedy_path, random_allocation
 from attnlens.analysis.plan.choices import EXACT, Choice, flops, window_keep
-from attnlens.analysis.plan.judging import TaskCosts
+from attnlens.analysis.plan.judging import Costs, TaskCosts
 from tiny_models import assert_one_line_error, run_cli
 
 N = 16
@@ -117,8 +117,9 @@ def test_the_plan_meets_its_budgets_and_the_check_is_what_the_partial_path_compu
     batch = objective.prepare(torch.from_numpy(held_out))
     for row in result.methods.query("method == 'plan'").itertuples():
         mine = probes.query("budget == @row.budget")
-        chosen = mine[mine.step == int(row.detail)]
-        assert chosen.meets.all() and not mine[mine.step > int(row.detail)].meets.any()
+        step = int(row.detail.split()[1])  # "step 48 of the path"
+        chosen = mine[mine.step == step]
+        assert chosen.meets.all() and not mine[mine.step > step].meets.any()
         assert row.select_meets
         with torch.no_grad(), result.apply(minilm_l3, row.budget):
             loss = objective.evaluate(batch)["loss"].double().numpy()
@@ -191,3 +192,77 @@ def test_a_budget_below_the_unmodified_loss_cannot_be_met(gemma3, capsys, tmp_pa
         "--seq-len", "8", "--fit-seqs", "2", "--select-seqs", "2", "--eval-seqs", "2", "--out", str(tmp_path / "p"), "--no-progress",
     )  # fmt: skip
     assert_one_line_error(code, err, "cannot be met even with every head exact")
+
+
+class _Drawn(Costs):
+    """Per-unit costs of an assignment: its heads' costs summed, times an interaction, plus noise
+    drawn from the assignment itself (so the same change on the same part always costs the same)."""
+
+    def __init__(self, table: dict, interaction: float) -> None:
+        super().__init__()
+        self.table, self.interaction, self.bootstrap = table, interaction, 200
+
+    def _compute(self, change, part: str) -> np.ndarray:
+        assignment = dict(change.key)
+        mean = sum(self.table.get((unit, str(choice)), 0.0) for unit, choice in assignment.items()) * self.interaction
+        rng = np.random.default_rng(abs(hash((change.key, part))) % 2**32)
+        return mean + rng.normal(0, 0.002, size=32)
+
+    def unmodified_loss(self, part: str) -> float:
+        return 0.0
+
+    def units(self, part: str) -> int:
+        return 32
+
+
+def test_the_plan_never_costs_more_than_a_uniform_plan_that_meets_on_the_selection_data():
+    """Random per-head curves that mislead (each off from the judge's own cost by a random factor, as the
+    proxy's curves are for a task), costs that interact (the sum off by up to 2×): whatever the path reaches, the plan returned meets the budget on the selection data and costs no more FLOPs than
+    any uniform plan (one choice for every head) that meets there."""
+    from types import SimpleNamespace
+
+    from attnlens.analysis.plan import _plan_budget, _Planner
+    from attnlens.analysis.plan.allocate import uniform
+    from attnlens.analysis.plan.choices import options
+    from attnlens.analysis.plan.judging import Budget
+
+    n, head_dim, rng = 64, 32, np.random.default_rng(11)
+    choices = options(n, head_dim, [8, 16, 32], [8, 16, 32], causal=False)
+    units = [(layer, head) for layer in range(3) for head in range(4)]
+    flops_of = lambda choice: flops(choice, n, head_dim, causal=False)  # noqa: E731
+    chose_uniform = 0
+    for trial in range(20):
+        scale = rng.uniform(0.001, 0.02, size=len(units))  # some heads cheap to change, some dear
+        table = {
+            (unit, str(c)): float(scale[i] * (1 - flops_of(c) / flops_of(EXACT)) ** rng.uniform(0.5, 3))
+            for i, unit in enumerate(units)
+            for c in choices
+        }
+        judge = _Drawn(table, interaction=rng.uniform(0.5, 2.0))
+        planner = SimpleNamespace(units=units, choices=choices, flops=flops_of, judge=judge, proxy=judge)
+        planner.total = lambda a, p=planner: _Planner.total(p, a)
+        planner.change = lambda a: SimpleNamespace(key=tuple(sorted(a.items(), key=lambda item: item[0])))
+        curves = pd.DataFrame(
+            [
+                {
+                    "layer": u[0],
+                    "head": u[1],
+                    "choice": str(c),
+                    "flops": flops_of(c),
+                    "cost": table[u, str(c)] * rng.lognormal(0, 1),
+                }
+                for u in units
+                for c in choices
+            ]
+        )
+        path = greedy_path(curves, flops_of(EXACT))
+        uniforms = {choice: uniform(units, choice) for choice in choices}
+        budget = Budget("loss", float(rng.uniform(0.01, 0.08)))
+        judged, _, _ = _plan_budget(planner, path, uniforms, budget, seed=trial)
+        methods = pd.DataFrame(judged).set_index("method")
+        plan = methods.loc["plan"]
+        assert plan.select_meets, trial
+        meeting = [planner.total(a) for a in uniforms.values() if judge.judged(planner.change(a), "select", budget)["meets"]]
+        assert all(plan.flops_ratio <= ratio + 1e-12 for ratio in meeting), (trial, plan.flops_ratio, meeting)
+        chose_uniform += str(plan.detail).startswith("uniform")
+    assert 0 < chose_uniform < 20, "both kinds of candidate won somewhere: the test exercises the choice"

@@ -223,8 +223,21 @@ def test_report_plans_the_cheapest_attention(quick_report):
     assert "What is the cheapest attention that keeps the model?" in page
     plan = report.result("plan")
     assert plan.meta["task"]["task"] == "rotten-tomatoes" and plan.settings["protocol"] == "probe"
-    row = report.claims[report.claims["claim"].str.startswith("The cheapest attention")].iloc[0]
+    from attnlens.report.plan import CLAIM
+
+    row = report.claims[report.claims["claim"] == CLAIM].iloc[0]
     methods = plan.methods[plan.methods.budget == 1.0].set_index("method")
     assert f"plan {methods.loc['plan', 'flops_ratio']:.0%} of the FLOPs" in row["task: Δ accuracy, points (changed − unmodified)"]
     units = plan.settings["units"]
     assert units["select"] + units["check"] == plan.settings["task_eval"]
+
+
+def test_the_presets_keep_their_budgets_as_last_measured():
+    """The stages' seconds bench/bench_report.py measured (the progress bar's weights): the default report
+    within 10 minutes on 2 cores and --quick within 2; a stage that breaks them goes behind --full."""
+    from attnlens.report.presets import DEFAULT, FULL, QUICK, stage_weights
+
+    assert sum(stage_weights("default").values()) <= 600 and sum(stage_weights("quick").values()) <= 120
+    assert list(stage_weights("default")) == list(stage_weights("quick")) == list(stage_weights("full"))
+    assert FULL.dam_mask_seeds == 3 and FULL.dam_reference and FULL.plan_task_eval >= 3000 and FULL.reconstruct_task
+    assert DEFAULT.dam_mask_seeds == QUICK.dam_mask_seeds == 1 and not DEFAULT.reconstruct_task

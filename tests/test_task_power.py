@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import attnlens
-import attnlens.analysis.task.judge as judge_module  # where TaskJudge reads AUTO_POOL, so where to patch it
+import attnlens.analysis.task.prepare as judge_module  # where prepare_task reads AUTO_POOL, so where to patch it
 from attnlens.analysis.changes import Ablation
 from attnlens.analysis.task import ProbeHead, TaskJudge, TaskSettings, batches
 from attnlens.data.tasks import load_task

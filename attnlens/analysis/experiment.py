@@ -2,7 +2,8 @@
 
 :meth:`Experiment.start` is the prologue of :func:`~attnlens.analysis.importance.importance`
 and :func:`~attnlens.analysis.dam.dam`: the corpus and the model (loaded unless given),
-the checks that need them, the objective, disjoint held-out and training blocks
+the checks that need them (with ``task``, every check of the task's: :func:`~attnlens.analysis.task.prepare.prepare_task`,
+before the first forward pass), the objective, disjoint held-out and training blocks
 (:func:`~attnlens.analysis.evaluation.split_blocks`), the valid masks, the tokens' roles,
 and the position classes that occur (a class that never occurs is an error when named,
 else dropped with a note). :meth:`Experiment.split` gives a set of blocks as judging needs
@@ -28,6 +29,8 @@ import torch
 from attnlens.analysis.changes import Batch
 from attnlens.analysis.evaluation import Starts, check_classes_occur, class_counts, prepare_batches, split_blocks, valid_masks
 from attnlens.analysis.objectives import Objective
+from attnlens.analysis.task.prepare import PreparedTask, prepare_task
+from attnlens.analysis.task.settings import TaskSettings
 from attnlens.data.corpus import Blocks, Corpus, load_corpus
 from attnlens.data.positions import TokenRoles, class_masks, parse_classes, token_roles
 from attnlens.data.tasks import Examples
@@ -76,16 +79,32 @@ class Experiment:
     classes: tuple[str, ...]  # the classes that occur
     counts: dict[str, int]  # valid (layer, block, query, key) positions of every class asked for
     notes: dict[str, str]  # class -> why it was dropped
+    task: PreparedTask | None = None  # the task, loaded, checked and split before any forward pass
 
     @classmethod
     def start(
-        cls, source: str | LoadedModel, s: CorpusSettings, *, num_eval: int, num_train: int = 0, device: str = "cpu"
+        cls,
+        source: str | LoadedModel,
+        s: CorpusSettings,
+        *,
+        num_eval: int,
+        num_train: int = 0,
+        device: str = "cpu",
+        task: TaskSettings | None = None,
+        task_pad_to: int | None = None,
+        task_trains: bool = False,
     ) -> Experiment:
-        """The prologue, for settings ``s`` with ``classes`` and ``objective`` (and corpus settings)."""
+        """The prologue, for settings ``s`` with ``classes`` and ``objective`` (and corpus settings);
+        with ``task`` (settings whose task judges the analysis), the task prepared at ``s.seq_len``
+        (padded to ``task_pad_to``; ``task_trains``: something trains on its examples) before the first
+        forward pass, so a task that cannot be judged costs seconds, not the passes before its judge."""
         classes = parse_classes(s.classes)
         corpus = s.corpus if isinstance(s.corpus, Corpus) else load_corpus(s.corpus)
         model = source if isinstance(source, LoadedModel) else load_model(source, device=device)
         model.check_seq_len(s.seq_len)
+        prepared = None
+        if task is not None and task.task is not None:
+            prepared = prepare_task(model, task, seq_len=s.seq_len, seed=s.seed, pad_to=task_pad_to, train_needed=task_trains)
         objective = Objective(model, s.objective, seed=s.seed)
         held_out, train = split_blocks(corpus, model, s.seq_len, num_eval, num_train, seed=s.seed)
         valid = valid_masks(model, held_out.ids)
@@ -93,7 +112,7 @@ class Experiment:
         roles = token_roles(ids, model)
         counts = class_counts(class_masks(ids, model, classes, roles=roles), valid)
         occurring, notes = check_classes_occur(classes, counts, model, len(held_out), explicit=s.classes is not None)
-        return cls(model, corpus, objective, held_out, train, valid, roles, occurring, counts, notes)
+        return cls(model, corpus, objective, held_out, train, valid, roles, occurring, counts, notes, prepared)
 
     def split(self, blocks: Blocks, batch_size: int, objective: Objective | None = None) -> Split:
         """Corpus ``blocks`` in batches: the inputs of ``objective`` (default the experiment's; its

@@ -300,14 +300,15 @@ def importance(
     :data:`attnlens.data.positions.DEFAULT_CLASSES` and drops those that never occur.
     """
     s = ImportanceSettings.build(settings, **changes)
-    experiment = Experiment.start(source, s, num_eval=s.num_seqs, device=device)
+    # the task is prepared (and so checked) in the prologue, before the first forward pass
+    experiment = Experiment.start(source, s, num_eval=s.num_seqs, device=device, task=TaskSettings.of(s))
     model, classes = experiment.model, experiment.classes
     conditions = ablation_conditions(classes, s.per, model.num_layers, model.num_heads, s.seed)
     # The task's part (its probe, then every condition judged on its examples) costs more than the
     # blocks' passes: the larger share of the bar.
     passes_progress, task_progress = split(progress, 2, 5 if s.task is not None else 0)
     passes = _Passes.run(experiment, conditions, s, passes_progress)
-    task_table = _task_table(model, TaskSettings.of(s), s, conditions, task_progress) if s.task is not None else None
+    task_table = _task_table(experiment, TaskSettings.of(s), s, conditions, task_progress) if s.task is not None else None
     mass_table, entropy_table = _mass_tables(passes.mass, classes)
     ablation_table = _ablation_table(conditions, passes.losses, passes.pooled, passes.removed, passes.spared, s.bootstrap, s.seed)
     gradient_table = (
@@ -330,6 +331,8 @@ def importance(
         arrays["ablation_pooled_cosine"] = passes.pooled
     if s.gradient:
         arrays["gradient_blocks"] = passes.gradients
+    if task_table is not None:  # every judged change's per-example outcomes, to re-pair any two
+        arrays.update(task_table[2])
     removal = "-inf before softmax; rows that would lose every valid key are spared"
     run = {"num_seqs": len(experiment.held_out), "removal": removal}
     meta = experiment.metadata(s, command, settings=run, task=task_table[1] if task_table is not None else None)
@@ -401,10 +404,16 @@ class _Passes:
             self.pooled[index, rows] = metrics["pooled_cosine"]
 
 
-def _task_table(model, task_settings, s, conditions: list[Ablation | None], progress: Progress) -> tuple[pd.DataFrame, dict]:
+def _task_table(
+    experiment: Experiment, task_settings, s, conditions: list[Ablation | None], progress: Progress
+) -> tuple[pd.DataFrame, dict, dict[str, np.ndarray]]:
     """Every ablation judged by task accuracy; class rows carry their excess over the random control
-    (the class's accuracy minus the control's, paired over examples, judged as a judgement is)."""
-    judge = TaskJudge(model, task_settings, seq_len=s.seq_len, batch_size=s.batch_size, seed=s.seed, progress=progress)
+    (the class's accuracy minus the control's, paired over examples, judged as a judgement is);
+    the judge's description and every judged change's per-example outcomes."""
+    judge = TaskJudge(
+        experiment.model, task_settings, seq_len=s.seq_len, batch_size=s.batch_size, seed=s.seed, progress=progress,
+        prepared=experiment.task,
+    )  # fmt: skip
     if s.task_classes is not None:  # the unmodified run, then the chosen classes, each beside its random control
         chosen = parse_classes(s.task_classes)
         conditions = [condition for condition in conditions if condition is None or condition.cls in chosen]
@@ -419,7 +428,7 @@ def _task_table(model, task_settings, s, conditions: list[Ablation | None], prog
         compared = judge.compare(conditions[index], conditions[index + 1])
         excess[index] = compared["difference"], compared["difference_low"], compared["difference_high"]
     table["excess_accuracy"], table["excess_accuracy_low"], table["excess_accuracy_high"] = excess.T
-    return table, judge.describe()
+    return table, judge.describe(), judge.outcome_arrays()
 
 
 def _batch_gradients(

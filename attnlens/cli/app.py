@@ -9,13 +9,14 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
+import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, TypeVar
 
 import typer
 
-from attnlens.errors import AttnlensError, BadInput
+from attnlens.errors import AttnlensError, AttnlensWarning, BadInput
 
 if TYPE_CHECKING:
     from attnlens.io.results import Result
@@ -36,8 +37,36 @@ SOURCE, MASK, TRAINING, STOPPING, TASK, OUTPUT = "Model and corpus", "Mask", "Tr
 ANALYSIS = "Analysis"
 
 # ------------------------------------------------------------------ shared options
+# The model is named the same way on every command: positional (MODEL, or SOURCE where a store or
+# moments may stand in its place) or --model, either one; both, naming different models, is bad input
+# (model_named, source_named).
+DEFAULT_MODEL = "minilm-l6"
+ModelArgument = Annotated[
+    str | None,
+    typer.Argument(
+        help=f"The model: alias (see 'attnlens models'), local directory or Hub id; or give it as --model [default: {DEFAULT_MODEL}].",
+        metavar="MODEL",
+        show_default=False,
+    ),
+]
+SourceArgument = Annotated[
+    str | None,
+    typer.Argument(
+        help="A model (alias, local directory or Hub id; or give it as --model) to stream from, a store directory "
+        "(attnlens extract), or for eigen moments (attnlens moments, attnlens merge).",
+        metavar="SOURCE",
+        show_default=False,
+    ),
+]
 ModelOption = Annotated[
-    str, typer.Option("--model", "-m", help="Alias (see 'attnlens models'), local directory or Hub id.", rich_help_panel=SOURCE)
+    str | None,
+    typer.Option(
+        "--model",
+        "-m",
+        help="The model, as the positional MODEL names it (give one of the two); with a store as SOURCE, the store's model.",
+        show_default=False,
+        rich_help_panel=SOURCE,
+    ),
 ]
 CorpusOption = Annotated[
     str, typer.Option("--corpus", "-c", help="Built-in name (kjv, wordnet), .txt/.jsonl file, or folder.", rich_help_panel=SOURCE)
@@ -87,7 +116,18 @@ TaskOption = Annotated[
     str | None,
     typer.Option(
         "--task",
-        help="Also judge by accuracy on a labelled task: imdb, rotten-tomatoes, or a .csv/.jsonl file or folder.",
+        help="Also judge by accuracy on a labelled task: imdb, rotten-tomatoes, or a .csv/.jsonl file or folder. Both "
+        "built-ins are their datasets' usual train splits (IMDB's 25,000 train reviews; Rotten Tomatoes' 8,530 train "
+        "sentences): a classifier fine-tuned on them has seen them; see --task-exclude.",
+        rich_help_panel=TASK,
+    ),
+]
+TaskExcludeOption = Annotated[
+    str | None,
+    typer.Option(
+        "--task-exclude",
+        help="Texts to keep out of the task before any split (the classifier's training data): one per line, or a task "
+        "file whose --text-column is read; matched case and whitespace aside; duplicates within the task are dropped too.",
         rich_help_panel=TASK,
     ),
 ]
@@ -101,7 +141,14 @@ ProtocolOption = Annotated[
     ),
 ]
 TaskTrainOption = Annotated[
-    int, typer.Option("--task-train", help="Task examples to fit the probe (or fine-tune) on.", rich_help_panel=TASK)
+    int | None,
+    typer.Option(
+        "--task-train",
+        help="Task examples to fit the probe (or fine-tune) on [default: 1024; under --protocol head none: every example "
+        "not excluded is held out].",
+        show_default=False,
+        rich_help_panel=TASK,
+    ),
 ]
 
 
@@ -168,6 +215,17 @@ def _fill_live_help(group) -> None:
                 option.help = text()
 
 
+def _quiet_flags(command) -> None:
+    """A flag takes no value, so --help shows none beside it (typer would show ``<bool>``); the help
+    option included, which the command makes on first use."""
+    helper = command.get_help_option(command.context_class(command))
+    for param in [*command.params, *([helper] if helper is not None else [])]:
+        if getattr(param, "is_flag", False):
+            param.metavar = ""
+    for sub in getattr(command, "commands", {}).values():
+        _quiet_flags(sub)
+
+
 # Library parameters whose command-line option is not simply --parameter-name (errors name parameters).
 OPTION_NAMES = {"strategies": "--select", "scopes": "--scope", "plug_in_scopes": "--plug-in-scope", "source": "SOURCE"}
 
@@ -200,6 +258,38 @@ def _launch(
             f"(commands that split work over ranks: {', '.join(DISTRIBUTED_COMMANDS)})"
         )
         raise (BadInput if os.environ.get("RANK", "0") == "0" else ReportedError)(message)
+
+
+def model_named(positional: str | None, option: str | None, default: str | None = DEFAULT_MODEL, *, what: str = "MODEL") -> str:
+    """The model a command runs on: the positional ``what`` or ``--model``, either (the same name
+    twice is fine), else ``default``; two different names, or none without a default, are bad input.
+
+    >>> model_named(None, "minilm-l3"), model_named("minilm-l3", None), model_named(None, None)
+    ('minilm-l3', 'minilm-l3', 'minilm-l6')
+    >>> model_named("minilm-l3", "minilm-l6")
+    Traceback (most recent call last):
+        ...
+    attnlens.errors.BadInput: MODEL 'minilm-l3' and model 'minilm-l6' name different models; name the model once, as MODEL or model
+    """
+    if positional is not None and option is not None and positional != option:
+        raise BadInput(
+            f"{what} '{positional}' and `model` '{option}' name different models; name the model once, as {what} or `model`"
+        )
+    named = positional if positional is not None else option if option is not None else default
+    if named is None:
+        raise BadInput(f"name what to read: {what} (a model, a store or moments) or `model`")
+    return named
+
+
+def source_named(source: str | None, option: str | None) -> tuple[str, str | None]:
+    """(what a command reads, the store's model): ``SOURCE`` or ``--model``, as :func:`model_named`
+    says; with a store as SOURCE, ``--model`` is the model the store was made with (for the commands
+    that run it, reconstruct's plug-in runs), not a second source."""
+    from attnlens.io.store import is_store
+
+    if source is not None and option is not None and is_store(Path(source)):
+        return source, option
+    return model_named(source, option, None, what="SOURCE"), None
 
 
 def parse_int_list(text: str | None, option: str) -> list[int] | None:
@@ -267,8 +357,12 @@ def main(argv: list[str] | None = None) -> None:
     set_cli_command(sys.argv[1:] if argv is None else list(argv))
     command = typer.main.get_command(app)
     _fill_live_help(command)
+    _quiet_flags(command)
     try:
-        status = command.main(args=argv, prog_name="attnlens", standalone_mode=False)
+        with warnings.catch_warnings():  # attnlens' own notices as one line each (restored on the way out)
+            warnings.simplefilter("always", AttnlensWarning)
+            warnings.showwarning = _show_warning
+            status = command.main(args=argv, prog_name="attnlens", standalone_mode=False)
     except AttnlensError as error:
         if getattr(error, "reported", False):  # rank 0 has printed it already
             sys.exit(2)
@@ -285,6 +379,15 @@ def main(argv: list[str] | None = None) -> None:
     if status == 130:
         _fail("interrupted; finished work is kept (rerun with --resume where the command has it)", status=130)
     sys.exit(status if isinstance(status, int) else 0)
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """An :class:`AttnlensWarning` as one line on stderr, ``attnlens: warning: ...``, its parameters
+    spelt as options; any other warning as Python prints it."""
+    if isinstance(message, AttnlensWarning):
+        print(f"attnlens: warning: {message.cli_message(OPTION_NAMES)}", file=sys.stderr)
+    else:
+        print(warnings.formatwarning(message, category, filename, lineno, line), file=sys.stderr, end="")
 
 
 def _fail(message: str, status: int = 2) -> None:

@@ -24,6 +24,7 @@ from .app import (
     FinetuneLrOption,
     FinetuneStepsOption,
     LabelColumnOption,
+    ModelArgument,
     ModelOption,
     ObjectiveOption,
     OutOption,
@@ -35,11 +36,13 @@ from .app import (
     SeedsOption,
     SeqLenOption,
     TaskEvalOption,
+    TaskExcludeOption,
     TaskOption,
     TaskTargetOption,
     TaskTrainOption,
     TextColumnOption,
     app,
+    model_named,
     parse_float_list,
     run_and_save,
     settings_from,
@@ -213,7 +216,7 @@ PolishRoundsOption = Annotated[
 
 @app.command()
 def dam(
-    model: ModelOption = "minilm-l6",
+    model: ModelArgument = None,
     corpus: CorpusOption = D.corpus,
     seq_len: SeqLenOption = D.seq_len,
     train_seqs: Annotated[int, _option("--train-seqs", "Blocks to train the masks on.", SOURCE)] = D.train_seqs,
@@ -253,6 +256,7 @@ def dam(
     bootstrap: BootstrapOption = D.bootstrap,
     task: TaskOption = D.task,
     protocol: ProtocolOption = D.protocol,
+    task_exclude: TaskExcludeOption = D.task_exclude,
     task_train: TaskTrainOption = D.task_train,
     task_eval: TaskEvalOption = D.task_eval,
     task_target: TaskTargetOption = D.task_target,
@@ -266,6 +270,7 @@ def dam(
     seeds: SeedsOption = D.seeds,
     *,
     out: OutOption,
+    model_option: ModelOption = None,
     device: DeviceOption = "cpu",
     overwrite: OverwriteOption = False,
     figures: FiguresOption = True,
@@ -274,7 +279,8 @@ def dam(
     """Learn sparse attention masks (DAM) to target sparsities and compare them with fixed sparse patterns at matched sparsity."""
     from attnlens.analysis.dam import dam as run
 
+    named = model_named(model, model_option)
     settings = settings_from(
         DamSettings, locals(), lambdas=parse_float_list(lambdas, "--lambdas"), sparsity=parse_float_list(sparsity, "--sparsity")
     )  # checked before any model loads
-    run_and_save(out, overwrite=overwrite, figures=figures, work=lambda: run(model, settings, device=device, progress=progress))
+    run_and_save(out, overwrite=overwrite, figures=figures, work=lambda: run(named, settings, device=device, progress=progress))

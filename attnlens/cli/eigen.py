@@ -14,13 +14,16 @@ from .app import (
     DeviceOption,
     FiguresOption,
     LayersOption,
+    ModelOption,
     NumSeqsOption,
     OutOption,
     OverwriteOption,
     ProgressOption,
     SeedOption,
     SeqLenOption,
+    SourceArgument,
     app,
+    model_named,
     parse_int_list,
     run_and_save,
     settings_from,
@@ -29,13 +32,10 @@ from .app import (
 
 @app.command()
 def eigen(
-    source: Annotated[
-        str,
-        typer.Argument(
-            help="A store directory (attnlens extract), a model to stream from, or moments (attnlens moments WORKDIR, attnlens merge)."
-        ),
-    ],
+    source: SourceArgument = None,
+    *,
     out: OutOption,
+    model: ModelOption = None,
     corpus: CorpusOption = EigenSettings.corpus,
     seq_len: SeqLenOption = EigenSettings.seq_len,
     num_seqs: NumSeqsOption = EigenSettings.num_seqs,
@@ -69,6 +69,7 @@ def eigen(
     """Eigen analysis of attention rows per head, layer and model, against a Gaussian baseline."""
     from attnlens.analysis.eigen import eigen as run
 
+    source = model_named(source, model, None, what="SOURCE")  # a model, or a store or moments as SOURCE
     settings = settings_from(
         EigenSettings,
         locals(),

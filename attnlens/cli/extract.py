@@ -11,6 +11,7 @@ from .app import (
     CorpusOption,
     DeviceOption,
     LayersOption,
+    ModelArgument,
     ModelOption,
     NumSeqsOption,
     OutOption,
@@ -18,6 +19,7 @@ from .app import (
     SeedOption,
     SeqLenOption,
     app,
+    model_named,
     parse_int_list,
 )
 
@@ -37,8 +39,10 @@ def models() -> None:
 
 @app.command()
 def extract(
+    model: ModelArgument = None,
+    *,
     out: OutOption,
-    model: ModelOption = "minilm-l6",
+    model_option: ModelOption = None,
     corpus: CorpusOption = "kjv",
     seq_len: SeqLenOption = 128,
     num_seqs: NumSeqsOption = 256,
@@ -56,7 +60,7 @@ def extract(
     from attnlens.io.extract import extract as run
 
     store = run(
-        model,
+        model_named(model, model_option),
         out,
         corpus=corpus,
         seq_len=seq_len,

@@ -21,6 +21,7 @@ from .app import (
     FinetuneLrOption,
     FinetuneStepsOption,
     LabelColumnOption,
+    ModelArgument,
     ModelOption,
     ObjectiveOption,
     OutOption,
@@ -32,11 +33,13 @@ from .app import (
     SeedsOption,
     SeqLenOption,
     TaskEvalOption,
+    TaskExcludeOption,
     TaskOption,
     TaskTargetOption,
     TaskTrainOption,
     TextColumnOption,
     app,
+    model_named,
     run_and_save,
     settings_from,
 )
@@ -46,7 +49,7 @@ S = ImportanceSettings  # the defaults live there
 
 @app.command()
 def importance(
-    model: ModelOption = "minilm-l6",
+    model: ModelArgument = None,
     corpus: CorpusOption = S.corpus,
     seq_len: SeqLenOption = S.seq_len,
     num_seqs: Annotated[
@@ -65,6 +68,7 @@ def importance(
     bootstrap: BootstrapOption = S.bootstrap,
     task: TaskOption = S.task,
     protocol: ProtocolOption = S.protocol,
+    task_exclude: TaskExcludeOption = S.task_exclude,
     task_train: TaskTrainOption = S.task_train,
     task_eval: TaskEvalOption = S.task_eval,
     task_target: TaskTargetOption = S.task_target,
@@ -85,6 +89,7 @@ def importance(
     seeds: SeedsOption = S.seeds,
     *,
     out: OutOption,
+    model_option: ModelOption = None,
     device: DeviceOption = "cpu",
     overwrite: OverwriteOption = False,
     figures: FiguresOption = True,
@@ -93,5 +98,6 @@ def importance(
     """Attention mass, ablation importance (with a random control) and gradient importance of position classes."""
     from attnlens.analysis.importance import importance as run
 
+    named = model_named(model, model_option)
     settings = settings_from(ImportanceSettings, locals())  # checked before any model loads
-    run_and_save(out, overwrite=overwrite, figures=figures, work=lambda: run(model, settings, device=device, progress=progress))
+    run_and_save(out, overwrite=overwrite, figures=figures, work=lambda: run(named, settings, device=device, progress=progress))

@@ -17,6 +17,7 @@ from .app import (
     DeviceOption,
     FiguresOption,
     LabelColumnOption,
+    ModelArgument,
     ModelOption,
     ObjectiveOption,
     OutOption,
@@ -27,10 +28,12 @@ from .app import (
     SeedOption,
     SeqLenOption,
     TaskEvalOption,
+    TaskExcludeOption,
     TaskOption,
     TaskTrainOption,
     TextColumnOption,
     app,
+    model_named,
     parse_float_list,
     parse_int_list,
     run_and_save,
@@ -51,7 +54,7 @@ def _blocks(name: str, help: str) -> typer.models.OptionInfo:
 
 @app.command()
 def plan(
-    model: ModelOption = "minilm-l6",
+    model: ModelArgument = None,
     max_drop: Annotated[
         str | None,
         typer.Option(
@@ -87,6 +90,7 @@ def plan(
     bootstrap: BootstrapOption = P.bootstrap,
     task: TaskOption = P.task,
     protocol: ProtocolOption = P.protocol,
+    task_exclude: TaskExcludeOption = P.task_exclude,
     task_train: TaskTrainOption = P.task_train,
     task_eval: TaskEvalOption = P.task_eval,
     text_column: TextColumnOption = P.text_column,
@@ -94,6 +98,7 @@ def plan(
     probe_c: ProbeCOption = P.probe_c,
     *,
     out: OutOption,
+    model_option: ModelOption = None,
     device: DeviceOption = "cpu",
     overwrite: OverwriteOption = False,
     figures: FiguresOption = True,
@@ -103,6 +108,7 @@ def plan(
     each budget; verified on the model, checked on held-out data beside uniform and random plans."""
     from attnlens.analysis.plan import plan as run
 
+    named = model_named(model, model_option)
     settings = settings_from(
         PlanSettings,
         locals(),
@@ -112,4 +118,4 @@ def plan(
         widths=_sizes(widths, "--widths"),
     )
     settings.budgets  # noqa: B018 -- no budget is bad input, before any model loads
-    run_and_save(out, overwrite=overwrite, figures=figures, work=lambda: run(model, settings, device=device, progress=progress))
+    run_and_save(out, overwrite=overwrite, figures=figures, work=lambda: run(named, settings, device=device, progress=progress))

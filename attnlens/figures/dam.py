@@ -135,7 +135,10 @@ def plot_accuracy_vs_sparsity(result, ax: plt.Axes | None = None) -> plt.Axes:
     task_references(ax, task)
     ax.set_xlabel("sparsity on the task's examples (fraction of valid positions removed)")
     ax.set_ylabel("held-out accuracy")
-    ax.set_xlim(-0.02, 1.02)
+    shown = table["task_sparsity"].dropna()
+    low, high = float(shown.min()), float(shown.max())
+    margin = max(0.02, 0.08 * (high - low))  # fitted to the points: masks at one target sit close together
+    ax.set_xlim(max(-0.02, low - margin), min(1.02, high + margin))
     trained = result.meta["settings"].get("trained_on", result.meta["settings"]["objective"])
     ax.set_title(
         f"Task accuracy against sparsity (masks trained on: {trained}; 95% intervals)\n{task_describe(result.meta)}", fontsize=10

@@ -22,7 +22,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import seaborn as sns
 
-from .style import apply_style, label_points, new_axes, task_describe, task_references
+from .style import apply_style, heatmap, label_points, new_axes, task_describe, task_references
 
 LOSS_LABELS = {
     "hidden": "Δ loss (1 − token cosine to the unmodified model)",
@@ -89,7 +89,7 @@ def plot_mass(result, cls: str, ax: plt.Axes | None = None) -> plt.Axes:
     ax = new_axes(ax, (6.4, 3.6))
     table = result.mass[result.mass["class"] == cls]
     matrix = table.pivot(index="layer", columns="head", values="mass")
-    sns.heatmap(matrix, ax=ax, cmap="viridis", vmin=0, cbar_kws={"label": "mass per query"}, square=False)
+    heatmap(ax, matrix, "viridis", "mass per query", vmin=0)
     ax.set_title(f"{cls}  (uniform attention: {table['share'].mean():.3f})")
     ax.set_xlabel("head")
     ax.set_ylabel("layer")
@@ -100,7 +100,7 @@ def plot_entropy(result, ax: plt.Axes | None = None) -> plt.Axes:
     """Attention entropy per query (nats), layer × head."""
     ax = new_axes(ax, (6.4, 3.6))
     matrix = result.entropy.pivot(index="layer", columns="head", values="entropy")
-    sns.heatmap(matrix, ax=ax, cmap="mako", vmin=0, cbar_kws={"label": "entropy (nats)"})
+    heatmap(ax, matrix, "mako", "entropy (nats)", vmin=0)
     ax.set_title(f"attention entropy (uniform: {result.entropy['uniform_entropy'].mean():.2f} nats)")
     ax.set_xlabel("head")
     ax.set_ylabel("layer")
@@ -173,8 +173,8 @@ def plot_task_ablation(result, ax: plt.Axes | None = None) -> plt.Axes:
     ax.set_xlabel("position class removed in every layer and head")
     ax.set_ylabel("held-out accuracy")
     ax.grid(axis="x", visible=False)
-    ax.set_title(f"Task accuracy without each class, 95% bootstrap intervals\n{task_describe(result.meta)}", fontsize=10)
-    ax.legend(fontsize=7, loc="best")
+    ax.set_title(f"Task accuracy without each class, 95% intervals\n{task_describe(result.meta)}", fontsize=10)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)  # beside: no line under it
     return ax
 
 
@@ -265,7 +265,7 @@ def plot_scope(result, cls: str | None = None, ax: plt.Axes | None = None) -> pl
         ax.set_ylabel("class")
     else:
         matrix = table[table["class"] == cls].pivot(index="layer", columns="head", values="delta")
-        sns.heatmap(matrix, ax=ax, cmap="rocket_r", cbar_kws={"label": label.split(" (")[0]})
+        heatmap(ax, matrix, "rocket_r", label.split(" (")[0])
         ax.set_title(f"Removing {cls} in one head")
         ax.set_xlabel("head")
         ax.set_ylabel("layer")

@@ -42,6 +42,7 @@ import pandas as pd
 
 from attnlens.errors import BadFile, BadInput
 from attnlens.io.files import json_safe, swap_into_place
+from attnlens.io.outcomes import task_outcomes
 
 FORMAT_VERSION = 1
 FIGURE_FORMATS = ("png", "pdf")  # every figure is saved in each
@@ -93,6 +94,7 @@ class Result:
     figures_module: ClassVar[str | None] = None
     shown: ClassVar[dict[str, tuple[str, ...]]] = {}
     column_notes: ClassVar[dict[str, str]] = {}
+    task_table: ClassVar[str] = "task"  # the table whose rows are task judgements (a `change` column names each)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -141,6 +143,20 @@ class Result:
         columns = [column for column in self.shown.get(name, ()) if column in frame]
         return frame[columns] if columns else frame
 
+    def outcomes(self, change: str | int | pd.Series, *, every: bool = False) -> pd.DataFrame:
+        """The per-example task outcomes of one judged ``change``, beside the unmodified model's on the
+        same examples (columns ``row``, the example's row in the task; ``correct``; ``loss``, the
+        classifier's cross-entropy; ``unmodified_correct``; ``unmodified_loss``), on the examples its
+        judgement used (its ``held_out``; ``every``: every example it was run on, more where a
+        comparison needed them), in the order judged: pair two changes by subtracting their
+        ``correct`` columns over the examples both have.
+
+        ``change``: its key (the task table's ``change`` column; ``"unmodified"`` for the unmodified
+        model), a row of the task table (:attr:`task_table`: ``task``, or ``plug_in`` for a
+        reconstruction), or that row's number. See :mod:`attnlens.io.outcomes`.
+        """
+        return task_outcomes(self.arrays, change, self.tables.get(self.task_table), every=every)
+
     def notes_for(self, frame: pd.DataFrame) -> list[str]:
         """What the columns of ``frame`` that need saying mean (:attr:`column_notes`), one line each."""
         return [f"{column}: {note}" for column, note in self.column_notes.items() if column in frame]
@@ -158,11 +174,18 @@ class Result:
         table, task = self.tables.get("task"), self.meta.get("task")
         if table is None or not task:
             return []
+        majority_from = f" (the most frequent class of the {task['majority_from']})" if task.get("majority_from") else ""
         said = (
             f"task {task['task']} ({task['protocol']}, {len(task['held_out_rows'])} held out): unmodified accuracy "
-            f"{task['unmodified_accuracy']:.4f}, majority class {task['majority_accuracy']:.4f}"
+            f"{task['unmodified_accuracy']:.4f}, majority class {task['majority_accuracy']:.4f}{majority_from}"
         )
         lines = [said]
+        exclusion = task.get("exclusion")
+        if exclusion:
+            lines.append(
+                f"--task-exclude: {exclusion['excluded']} examples excluded (matching {exclusion['texts']} texts), "
+                f"{exclusion['duplicates']} duplicates dropped, {exclusion['available']} left to draw from"
+            )
         sequential = task.get("sequential")
         if sequential:
             lines.append(
@@ -170,7 +193,7 @@ class Result:
                 f"(looks at {', '.join(map(str, sequential['looks']))}), until its paired Δ interval excludes zero or its "
                 f"half-width is at most {sequential['target_halfwidth']:g} (held_out: examples used; stopped: why)"
             )
-        hidden = ("protocol", "unmodified_accuracy", "majority_accuracy", "task_loss")
+        hidden = ("change", "protocol", "unmodified_accuracy", "majority_accuracy", "task_loss")  # change: Result.outcomes
         lines.append(format_table(table[[column for column in table.columns if column not in hidden]]))
         if "detectable_delta" in table:
             lines.append(

@@ -137,6 +137,7 @@ def report(
         settings = replace(settings, task=task)
     _check_inputs(settings, corpus, compare, device)
     loaded = model if isinstance(model, LoadedModel) else load_model(model, device=device)
+    _check_task(loaded, settings, seed)  # before the first stage's forward pass, not stages later
     second = companion_for(loaded) if compare == "auto" else compare
     weights = {stage: w for stage, w in stage_weights(name).items() if second or stage != "eigen (second model)"}
     stages = _Stages(weights, progress)
@@ -182,6 +183,18 @@ def _check_inputs(settings: ReportSettings, corpus: str, compare: str | None, de
             locate_model(compare)
         except AttnlensError as error:  # the model's own message and kind, said of the option that named it
             raise type(error)(f"`compare`: {error.args[0]}") from None
+
+
+def _check_task(loaded: LoadedModel, settings: ReportSettings, seed: int) -> None:
+    """Every check of the task that needs the model (the protocol, the split at each width a stage
+    judges at), made by preparing it as the stages will; they prepare it again, at the cost of tokenising."""
+    from attnlens.analysis.task import TaskSettings, prepare_task
+
+    if settings.task is None:
+        return
+    task = TaskSettings(**task_settings(settings))
+    for seq_len in {settings.seq_len, *([settings.dam_seq_len] if settings.dam_task else [])}:
+        prepare_task(loaded, task, seq_len=seq_len, seed=seed)
 
 
 def _directory_name(key: str, result: object) -> str:

@@ -20,8 +20,8 @@ from attnlens.report.verdicts import (
     Claim,
     Evidence,
     Verdict,
-    at_least,
     combine,
+    reaches,
     seeds_points,
     task_verdict,
 )
@@ -71,7 +71,7 @@ def _eigen_claims(results: dict) -> list[Claim]:
             "Score rows are low-dimensional (paper 1)",
             "most variance in a few of n directions",
             Verdict(
-                at_least(LOW_DIMENSIONAL * n, median),
+                reaches(LOW_DIMENSIONAL * n, median),
                 f"the median head needs {number(median, 0)} of {n} directions for 90% of its variance (Gaussian rows: "
                 f"{number(baseline, 0)})",
             ),
@@ -90,7 +90,7 @@ def _eigen_claims(results: dict) -> list[Claim]:
                 "overlap between different models",
                 Verdict(NOT_DECIDED, "the data determine no d for both models")
                 if not model.d
-                else Verdict(at_least(model.overlap, STRONG_OVERLAP), f"{models}: {_at_d(model)}"),
+                else Verdict(reaches(model.overlap, STRONG_OVERLAP), f"{models}: {_at_d(model)}"),
                 _closest_layers(pairs),
             )
         )
@@ -112,7 +112,7 @@ def _across_layers(eigen_result, overlap_result) -> Claim:
         claim,
         papers,
         Verdict(
-            at_least(median, STRONG_OVERLAP),
+            reaches(median, STRONG_OVERLAP),
             f"adjacent layers overlap {number(median)} (median) at the d both determine (chance "
             f"{number(determined['chance'].median())})",
         ),

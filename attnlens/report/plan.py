@@ -7,7 +7,7 @@ import pandas as pd
 from attnlens.analysis.plan.result import choices_name
 from attnlens.report.html import Figures, section, table
 from attnlens.report.verdicts import DOES_NOT_HOLD, HOLDS, NOT_DECIDED, RUN_FULL, Claim, Evidence, Verdict
-from attnlens.report.words import TOO_FEW, delta_points
+from attnlens.report.words import LOSS_UNITS, TOO_FEW, counted, delta_points, number
 
 CLAIM = "A plan head by head is the cheapest attention within 1 point (attnlens)"
 PAPERS = "both papers allocate uniformly: one k, one λ"
@@ -39,13 +39,30 @@ def plan_claims(plan_result, evidence: Evidence) -> list[Claim]:
     if evidence.preset != "full" or min(units["select"], units["check"]) < TOO_FEW:
         verdict = Verdict(RUN_FULL) if evidence.preset != "full" else Verdict(NOT_DECIDED, f"{units['check']} examples checked")
     elif not bool(plan.check_meets):
-        verdict = Verdict(DOES_NOT_HOLD, f"the plan misses −{plan.budget:g} points on held-out examples: {_drop(plan, check)}")
+        verdict = Verdict(
+            DOES_NOT_HOLD, f"the plan misses −{counted(plan.budget, 'point')} on held-out examples: {_drop(plan, check)}"
+        )
     elif cheaper:
         verdict = Verdict(DOES_NOT_HOLD, f"one knob is cheaper: {cheaper[0]} against the plan's {plan.flops_ratio:.0%}")
     else:
-        verdict = Verdict(HOLDS, f"{plan.flops_ratio:.0%} of the FLOPs within −{plan.budget:g} points on held-out examples")
-    proxy = f"chosen on {units['select']:,} examples, checked on {units['check']:,} others"
-    return [Claim(CLAIM, PAPERS, verdict, proxy, "; ".join(said))]
+        verdict = Verdict(
+            HOLDS, f"{plan.flops_ratio:.0%} of the FLOPs within −{counted(plan.budget, 'point')} on held-out examples"
+        )
+    return [Claim(CLAIM, PAPERS, verdict, _proxy_cost(plan_result, plan), "; ".join(said))]
+
+
+def _proxy_cost(plan_result, plan: pd.Series) -> str:
+    """The plan's proxy cost as measured: its heads' single-head costs (each head changed alone, on the
+    selection blocks) summed, along the path up to the plan's step or over a uniform plan's heads."""
+    detail, unit = str(plan.detail), LOSS_UNITS[plan_result.settings["objective"]]
+    if detail.startswith("uniform "):  # a uniform plan: every head under one choice
+        curves = plan_result.tables["curves"]
+        chosen = curves[curves.choice == detail.removeprefix("uniform ")]
+        changed, summed = len(chosen), float(chosen.cost.sum())
+    else:
+        changed = int(detail.split()[1] if detail.startswith("step") else detail)
+        summed = float(plan_result.tables["path"]["added"].iloc[:changed].sum())
+    return f"{counted(changed, 'head')} changed, each measured alone: summed cost {number(summed, 2, significant=True)} ({unit})"
 
 
 def _drop(row: pd.Series, examples: int) -> str:
@@ -65,21 +82,22 @@ def plan_section(results: dict, names: dict[str, str], figures: Figures, evidenc
     plan = rows.loc["plan"]
     verdict = plan_claims(plan_result, evidence)[0].verdict
     answer = (
-        f"Within {budget:g} point{'s' if budget != 1 else ''}, the plan computes {plan.flops_ratio:.0%} of the attention "
+        f"Within {counted(budget, 'point')}, the plan computes {plan.flops_ratio:.0%} of the attention "
         f"FLOPs and {'meets' if plan.check_meets else 'misses'} its budget on {units['check']:,} held-out examples"
     )
     if verdict.phrase.startswith("not decided"):
         answer = f"Not decided at this size ({units['check']:,} examples to check on): run --full; here {answer[0].lower()}{answer[1:]}"
     body = [
         figures.embed(shown / "flops_by_budget.png", "Attention FLOPs within each budget: the plan, uniform and random"),
-        figures.embed(shown / f"{choices_name(budget)}.png", f"The plan at {budget:g} points: each head's choice"),
+        figures.embed(shown / f"{choices_name(budget)}.png", f"The plan within {counted(budget, 'point')}: each head's choice"),
+        f"<p>{'; '.join(plan_result.misses())}.</p>",
         table(plan_result.view(frame=plan_result.tables["summary"]), notes=plan_result.column_notes),
     ]
     method = (
         f"Per layer and head: exact, partial with its own k (greedy keys, a closed-form map fitted on {settings['fit_seqs']} "
         f"blocks) or a window, at the fewest attention FLOPs within each budget of task accuracy ({', '.join(settings['budgets'])}). "
-        f"Curves of every head alone on {settings['select_seqs']} blocks give a greedy path; the plan is the last step that "
-        f"meets the budget on {units['select']:,} task examples, then checked on {units['check']:,} others, beside the "
+        f"Curves of every head alone on {settings['select_seqs']} blocks give a greedy path; the plan is the cheapest of its last step "
+        f"that meets the budget and the uniform plans that meet it, on {units['select']:,} task examples, then checked on {units['check']:,} others, beside the "
         "cheapest uniform plans and a random allocation of the plan's FLOPs. FLOPs count a window's kept pairs as a sparse "
         "kernel would."
     )

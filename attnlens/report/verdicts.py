@@ -77,7 +77,7 @@ def combine(*, proxy: bool | None, task: str | None, judged: bool = True, missin
     return "holds at task level, not by the proxy" if task == HOLDS else "holds by the proxy, not at task level"
 
 
-def at_least(value: float, threshold: float) -> str:
+def reaches(value: float, threshold: float) -> str:
     """A measured claim without an interval: it holds where the value reaches the threshold."""
     return HOLDS if value >= threshold else DOES_NOT_HOLD
 

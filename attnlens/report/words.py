@@ -31,6 +31,15 @@ def number(value: float, digits: int = 2, *, sign: bool = False, percent: bool =
     return f"{value:{spec}}"
 
 
+def counted(value: float, noun: str, plural: str | None = None) -> str:
+    """``1 point``, ``2 points``, ``0.5 points``: a number with its noun agreeing.
+
+    >>> counted(1, "point"), counted(0.5, "point"), counted(3, "mask")
+    ('1 point', '0.5 points', '3 masks')
+    """
+    return f"{value:g} {noun if value == 1 else plural or noun + 's'}"
+
+
 def interval(row: pd.Series, prefix: str = "delta") -> str:
     """``+0.012 [+0.010, +0.014]``: a mean and its 95% interval, three significant digits.
 
@@ -98,7 +107,7 @@ def steps(row: pd.Series) -> str:
     ended = "annealed in" if row.get("schedule_end") == "annealed" else "capped at"
     said = f"schedule {ended} {int(row['steps'])} steps"
     if polished(row):
-        relaxed = "converged" if bool(row["relaxed_converged"]) else "not converged"
+        relaxed = "settled" if bool(row["relaxed_converged"]) else "not settled"  # the verdict word is the search's
         ending = "a local optimum" if bool(row["converged"]) else "its round cap, not converged"
         return f"{said} ({relaxed}), then {int(row['polish_swaps'])} swaps to {ending}"
     return f"{said}, {'converged' if bool(row['converged']) else 'not converged'}"

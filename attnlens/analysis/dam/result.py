@@ -66,6 +66,8 @@ class DamResult(Result):
         "learning rate, the judged mask's loss did not change beyond the interval, and (with a target) the threshold "
         "shift to it changed training's own hard mask by at most a point (check_shifted: the share it removed there)",
         "polish_swaps": "swaps the finishing search kept, each lowering the training loss (relaxed_train_loss: before it)",
+        "relaxed_converged": "whether the relaxation alone had settled before the swap search finished the mask; the "
+        "verdict on the mask judged is converged",
         "expected_sparsity": "of the masks sampled at the final noise scale (1 - mean keep-probability)",
         "rows_rescued": "share of rows the mask would leave empty; they keep their keys of largest logit",
         "delta": "change of the held-out loss against the unmodified model, with its 95% bootstrap interval over blocks",
@@ -214,8 +216,10 @@ class DamResult(Result):
         for row in self.table.to_dict("records"):
             ended = "annealed" if row["schedule_end"] == "annealed" else f"capped at {settings['steps']} steps"
             if polished(row):
+                # the verdict is the search's; the relaxation before it is said in other words, so the two never clash
                 relaxed = _verdict(row, settings, rate, row["relaxed_converged"])
-                verdict = f"{_polish_verdict(row, settings)}; the relaxation before it: {relaxed}"
+                relaxed = relaxed.replace("not converged: ", "had not settled: ", 1).replace("converged: ", "had settled: ", 1)
+                verdict = f"{_polish_verdict(row, settings)}; before the search, the relaxation alone {relaxed}"
             else:
                 verdict = _verdict(row, settings, rate, row["converged"])
             lines.append(f"{labels[row['lambda']]}: schedule {ended} after {row['steps']} steps; {verdict}")

@@ -80,7 +80,10 @@ def dam(
     (2, 12, 16)
     """
     s = DamSettings.build(settings, **changes)
-    experiment = Experiment.start(source, s, num_eval=s.eval_seqs, num_train=s.train_seqs, device=device)
+    experiment = Experiment.start(  # the task is prepared (and so checked) here, before the first forward pass
+        source, s, num_eval=s.eval_seqs, num_train=s.train_seqs, device=device, task=TaskSettings.of(s),
+        task_trains=s.train_on == "task",
+    )  # fmt: skip
     setup = Setup.of(experiment, s, progress)
     with progress_bar(total=setup.total_steps(), desc="dam", unit="step", enabled=progress) as bar:
         # the patterns first (on the unmodified model): weight training under a pattern needs their sparsity
@@ -233,8 +236,9 @@ class Setup:
         task = None
         if s.task is not None:  # length-bucketed: masks and patterns decide positions by place, and take a batch's corner
             task = TaskJudge(
-                model, TaskSettings.of(s), seq_len=s.seq_len, batch_size=s.batch_size, seed=s.seed, progress=progress
-            )
+                model, TaskSettings.of(s), seq_len=s.seq_len, batch_size=s.batch_size, seed=s.seed, progress=progress,
+                prepared=experiment.task,
+            )  # fmt: skip
         full = task is not None and not (task.train.padded or task.held_out.padded) and task.train.ids.shape[1] == s.seq_len
         if s.train_on == "task" or (
             s.train_on == "auto" and full and s.train_objective is None
@@ -544,9 +548,10 @@ def assemble(
         # a mask judged with the weights it trained (and patterns adapted beside it) cannot be run again on more examples
         compared, judged, changes = task_patterns
         masks = [run.task_change for run in runs]
-        result.tables["task_compared"] = compare_on_task(
-            setup.task, compared, task_table, masks, judged, changes, extend=not s.train_weights
-        )
+        extend = not s.train_weights
+        result.tables["task_compared"] = compare_on_task(setup.task, compared, task_table, masks, judged, changes, extend=extend)
+    if setup.task is not None:  # after the comparisons, which may judge changes on more examples
+        result.arrays.update(setup.task.outcome_arrays())
     return result
 
 

@@ -135,7 +135,7 @@ class DamSettings(CorpusSettings, TaskSettings):
         positive("dual_lr", self.dual_lr)
         if self.dual_start is not None:
             positive("dual_start", self.dual_start, " (λ moves in log space), e.g. `dual_start` 1")
-        at_least("mask_seeds", self.mask_seeds, 1, " masks per target (each its own noise and batch order)")
+        at_least("mask_seeds", self.mask_seeds, 1, " (masks per target, each its own noise and batch order)")
         if self.mask_seeds > 1 and self.lambdas is not None:
             raise BadInput("`mask_seeds` needs target sparsities (runs are told apart by the λ they end at); give `sparsity`")
         if self.reference is not None:

@@ -11,7 +11,10 @@ window of keys, and which must stay exact, at the fewest attention FLOPs?":
 3. **verify and repair**: heads interact, so the step the sum predicts is run on the model
    and judged on the selection data (the selection blocks, or half of the task's held-out
    examples, with a margin for the check's own interval); where it misses the budget, a binary search moves back along the path to the
-   last step that meets it (and forward where the sum was too cautious);
+   last step that meets it (and forward where the sum was too cautious); one choice for every
+   head (each uniform k, each uniform window) is a candidate too, and the plan is the cheapest
+   candidate that meets the budget on the selection data, so it never costs more there than a
+   uniform plan that meets;
 4. **check**: the chosen plan is judged on data it was not chosen on (held-out blocks, or
    the other half of the task's examples), beside the best uniform plans (one k for every
    head; one window for every head) and a random allocation of the same FLOPs, each
@@ -134,12 +137,16 @@ def plan(
 def _plan_budget(
     planner: _Planner, path: list[dict], uniforms: dict[Choice, Assignment], budget: Budget, seed: int
 ) -> tuple[list[dict], list[dict], list[dict]]:
-    """One budget: the verified step of the path, its methods judged, its choices and its probes, as records."""
+    """One budget: the cheapest candidate that meets it on the selection data (the verified step of
+    the path, or one choice for every head), its methods judged, its choices and its probes, as records."""
     step, predicted, probed = _verified_step(planner, path, budget)
-    assignment = at_step(path, step)
+    cheapest = _cheapest_uniforms(planner, uniforms, budget)
+    candidates = [(planner.total(at_step(path, step)), f"step {step} of the path", at_step(path, step))]
+    candidates += [(planner.total(a), f"uniform {name}", a) for kind, (name, a) in cheapest.items() if a]
+    _, detail, assignment = min(candidates, key=lambda item: item[0])  # the path's step on a tie
     spent = planner.total(assignment) * planner.flops(EXACT) * len(planner.units)
     rival = random_allocation(planner.units, planner.choices, planner.flops, spent, seed)
-    judged = _judged_methods(planner, budget, assignment, uniforms, rival, step, predicted)
+    judged = _judged_methods(planner, budget, (detail, assignment), uniforms, cheapest, rival, predicted)
     choices = [
         {"budget": budget.value, "layer": layer, "head": head, "choice": str(assignment.get((layer, head), EXACT))}
         for layer, head in planner.units
@@ -147,10 +154,26 @@ def _plan_budget(
     return judged, choices, [{"budget": budget.value, **probe} for probe in probed]
 
 
+def _cheapest_uniforms(
+    planner: _Planner, uniforms: dict[Choice, Assignment], budget: Budget
+) -> dict[str, tuple[str, Assignment]]:
+    """Per kind, the cheapest uniform plan (one choice for every head) that meets ``budget`` on the
+    selection data; none meeting, exact attention ("none meets: exact", no assignment)."""
+    cheapest = {}
+    for kind in ("partial", "window"):
+        mine = sorted((planner.total(a), str(choice), a) for choice, a in uniforms.items() if choice.kind == kind)
+        meeting = next((item for item in mine if planner.judge.judged(planner.change(item[2]), "select", budget)["meets"]), None)
+        cheapest[kind] = (meeting[1], meeting[2]) if meeting else ("none meets: exact", {})
+    return cheapest
+
+
 def _planner(source: str | LoadedModel, s: PlanSettings, device: str, progress: Progress) -> _Planner:
     """The experiment (its training blocks divided into fit and selection blocks, and the held-out
     blocks), the choices, the maps and the judges."""
-    experiment = Experiment.start(source, s, num_eval=s.eval_seqs, num_train=s.fit_seqs + s.select_seqs, device=device)
+    experiment = Experiment.start(  # an accuracy budget's task is prepared (and so checked) before the first forward pass
+        source, s, num_eval=s.eval_seqs, num_train=s.fit_seqs + s.select_seqs, device=device,
+        task=TaskSettings.of(s) if s.max_drop is not None else None, task_pad_to=s.seq_len,
+    )  # fmt: skip
     fit, select = _divided(experiment.train, s.fit_seqs, s.seed)
     model = experiment.model
     s.check_geometry(model.num_layers, model.num_heads, model.causal)
@@ -220,19 +243,23 @@ def _verified_step(planner: _Planner, path: list[dict], budget: Budget) -> tuple
 
 
 def _judged_methods(
-    planner: _Planner, budget: Budget, assignment: Assignment, uniforms: dict, rival: Assignment, step: int, predicted: int
+    planner: _Planner,
+    budget: Budget,
+    plan: tuple[str, Assignment],
+    uniforms: dict,
+    cheapest: dict[str, tuple[str, Assignment]],
+    rival: Assignment,
+    predicted: int,
 ) -> list[dict]:
     """The plan; for each kind, the cheapest uniform plan that meets the budget on the selection data
     and the uniform plan at the plan's FLOPs (the cheapest that spends at least as much); the random
     allocation; each judged on the held-out check and paired with the plan."""
-    judge, spent = planner.judge, planner.total(assignment)
-    methods = {"plan": (str(step), assignment)}
-    for kind in ("partial", "window"):
+    judge, (detail, assignment) = planner.judge, plan
+    spent = planner.total(assignment)
+    methods = {"plan": (detail, assignment)}
+    for kind, best in cheapest.items():
+        methods[f"uniform {kind}"] = best
         mine = sorted((planner.total(a), str(choice), a) for choice, a in uniforms.items() if choice.kind == kind)
-        meeting = [item for item in mine if judge.judged(planner.change(item[2]), "select", budget)["meets"]]
-        # none meeting the budget: the best uniform plan of this kind is exact attention
-        _, name, cheapest = meeting[0] if meeting else (1.0, "none meets: exact", {})
-        methods[f"uniform {kind}"] = (name, cheapest)
         if mine:
             _, name, matched = next((item for item in mine if item[0] >= spent), mine[-1])
             methods[f"uniform {kind} at plan FLOPs"] = (name, matched)
@@ -275,6 +302,8 @@ def _result(
     picked = [(int(row.layer), int(row.head), parse(row.choice)) for row in chosen.itertuples()]
     used = {(layer, head, choice.size) for layer, head, choice in picked if choice.kind == "partial"}
     map_rows, arrays = saved_maps(planner.bank, used)
+    if isinstance(planner.judge, TaskCosts):  # every judged plan's per-example outcomes, to re-pair any two
+        arrays = {**arrays, **planner.judge.judge.outcome_arrays()}
     meta = planner.experiment.metadata(
         s,
         command,

@@ -47,7 +47,9 @@ class PlanResult(Result):
         ),
     }  # fmt: skip
     column_notes: ClassVar[dict[str, str]] = {
+        "detail": "the plan's step on the greedy path (or the uniform plan it is, where one meeting the budget was cheaper), or the uniform choice (none meets: exact attention is the cheapest that does)",
         "flops_ratio": "attention FLOPs as a share of every head exact",
+        "select_cost_high": "upper end of the paired 95% interval of the cost on the selection data (where the plan was chosen)",
         "check_cost": "mean cost on the held-out check (accuracy drop, or proxy loss increase), 95% paired interval beside it",
         "check_meets": "the interval's upper end is within the allowance",
         "plan_minus": "held-out cost of the plan minus this method's, paired (negative: the plan loses less)",
@@ -94,9 +96,33 @@ class PlanResult(Result):
         with planned(model, self.layer_plans(budget)):
             yield
 
+    def misses(self) -> list[str]:
+        """One line per budget whose plan misses it on the held-out check (or one saying none does).
+
+        >>> import attnlens
+        >>> result = attnlens.plan("minilm-l3", seq_len=16, fit_seqs=8, select_seqs=4, eval_seqs=4, max_loss=[0.05],
+        ...                        ks=[2], widths=[2], progress=False)
+        >>> result.misses()[0].startswith(("every plan meets", "MISSES"))
+        True
+        """
+        plans = self.methods[self.methods.method == "plan"]
+        missed = plans[~plans.check_meets.astype(bool)]
+        if missed.empty:
+            return [f"every plan meets its budget on the held-out check ({len(plans)} of {len(plans)})"]
+        points = self.settings.get("max_drop") is not None  # accuracy costs are fractions: say them in points
+        scale, unit = (100, " points") if points else (1, "")
+        return [
+            f"MISSES on the held-out check: the plan for {row.budget:g}{unit} costs {scale * row.check_cost:.4g} "
+            f"[{scale * row.check_cost_low:.4g}, {scale * row.check_cost_high:.4g}]{unit}, above its allowance of "
+            f"{scale * row.check_allowance:.4g}{unit}"
+            for row in missed.itertuples()
+        ]
+
     def text(self) -> str:
         lines = [f"plans for {self.model_name} at n = {self.settings['seq_len']}, budgets {', '.join(self.settings['budgets'])}"]
-        lines += [format_table(self.view("summary")), "", "choices per layer (heads at each choice), by budget:"]
+        shown = self.view("summary")
+        lines += [format_table(shown), *self.notes_for(shown), "", *self.misses(), ""]
+        lines.append("choices per layer (heads at each choice), by budget:")
         counts = self.tables["choices"].groupby(["budget", "layer", "choice"]).size().rename("heads").reset_index()
         lines.append(format_table(counts))
         return "\n".join(lines)

@@ -55,7 +55,7 @@ from attnlens.analysis.reconstruct.errors import (
     _evaluate_pairs,
     layer_errors,
 )
-from attnlens.analysis.reconstruct.judging import _model_for_plug_in, _plug_in, _PlugIn
+from attnlens.analysis.reconstruct.judging import _model_for_plug_in, _plug_in, _PlugIn, _prepared_task
 from attnlens.analysis.reconstruct.maps import (
     LayerMaps,
     MapFitter,
@@ -129,6 +129,8 @@ def reconstruct(
     plan = _Plan.of(source_rows, s)  # every check that needs the source, before any work
     judged_by_model = s.plug_in or s.learn_r
     objective = Objective(_model_for_plug_in(source_rows, model, device), s.objective, seed=s.seed) if judged_by_model else None
+    # the task, checked and split now: a task that cannot be judged fails before the moments' pass, not after it
+    task = _prepared_task(objective.model, plan.n, s) if s.task is not None and s.plug_in else None
     fitted, evaluated = held_out_split(source_rows.num_seqs, s.eval_fraction, s.seed)
     # Shares of the bars, one after another: the moments' pass is quick beside the maps' evaluation.
     moments_progress, maps_progress, pairs_progress, learn_progress = split(
@@ -145,7 +147,7 @@ def reconstruct(
     ).total
     fitter = MapFitter(moments, ridge=s.ridge, seed=s.seed, global_positions=(0,))
 
-    plug = _plug_in(objective, source_rows, plan, evaluated, s, maps_progress) if judged_by_model else None
+    plug = _plug_in(objective, source_rows, plan, evaluated, s, maps_progress, task) if judged_by_model else None
     configs = [(strategy, scope, k) for strategy in plan.strategies for scope in plan.scopes for k in plan.ks]
     table, selections = _evaluate(
         source_rows, fitter, configs, evaluated, plan.layers, s.batch_size, plug, maps_progress, seed=s.seed
@@ -175,7 +177,8 @@ def reconstruct(
             learn_progress,
         )
     meta = _metadata(source_rows, plan, s, fitted, evaluated, objective, plug, command)
-    return ReconstructResult(meta, tables, selections=selections)
+    arrays = plug.task.outcome_arrays() if plug is not None and plug.task is not None else None  # to re-pair any two
+    return ReconstructResult(meta, tables, arrays, selections=selections)
 
 
 def _metadata(rows, plan: _Plan, s: ReconstructSettings, fitted, evaluated, objective, plug, command) -> dict:

@@ -10,11 +10,11 @@ import numpy as np
 import pandas as pd
 import torch
 
-from attnlens.analysis.eigen import matrix_spectrum
 from attnlens.analysis.evaluation import CONFIDENCE, bootstrap_weights
 from attnlens.analysis.reconstruct.cost import pairs_attention_flops
 from attnlens.analysis.reconstruct.maps import MapFitter
 from attnlens.analysis.reconstruct.pairs import fit_pairs, greedy_pairs
+from attnlens.analysis.spectra import matrix_spectrum
 from attnlens.progress import Progress, progress_bar
 from attnlens.rows.sources import StoreRows
 

@@ -14,7 +14,7 @@ from attnlens.analysis.objectives import Objective
 from attnlens.analysis.reconstruct.joint import JointMaps
 from attnlens.analysis.reconstruct.maps import LayerMaps, evaluate_objective, reconstruction
 from attnlens.analysis.reconstruct.settings import ReconstructSettings
-from attnlens.analysis.task import TaskJudge, TaskSettings, content_key, task_columns
+from attnlens.analysis.task import PreparedTask, TaskJudge, TaskSettings, content_key, prepare_task, task_columns
 from attnlens.errors import BadInput
 from attnlens.models.loading import LoadedModel, load_model
 from attnlens.progress import Progress
@@ -31,10 +31,11 @@ def _plug_in(
     evaluated: np.ndarray,
     s: ReconstructSettings,
     progress: Progress = False,
+    prepared: PreparedTask | None = None,
 ) -> _PlugIn:
     """The model run with each config's maps inside attention on the held-out blocks (and, with a
-    task, its examples padded to the maps' width n; its fine-tunes name their steps on ``progress``);
-    with ``learn_r`` alone, the layers and batches it needs."""
+    task, ``prepared`` by :func:`_prepared_task`, its examples padded to the maps' width n; its
+    fine-tunes name their steps on ``progress``); with ``learn_r`` alone, the layers and batches it needs."""
     layers = plan.layers if s.plug_in_layers is None else rows.check_layers(s.plug_in_layers)
     scopes = set(plan.scopes if s.plug_in_scopes is None else s.plug_in_scopes) if s.plug_in else set()
     task = None
@@ -47,11 +48,17 @@ def _plug_in(
             seed=s.seed,
             pad_to=plan.n,
             progress=progress,
+            prepared=prepared,
         )
     used = [layer for layer in layers if layer in plan.layers]
     return _PlugIn(
         objective, used, rows.tokens(evaluated), s.batch_size, s.seed, scopes, task, _judged_by_task(s), s.task_joint_r
     )
+
+
+def _prepared_task(model: LoadedModel, n: int, s: ReconstructSettings) -> PreparedTask:
+    """The task of the plug-in runs, loaded, checked and split at the maps' width ``n`` before any forward pass."""
+    return prepare_task(model, TaskSettings.of(s), seq_len=n, seed=s.seed, pad_to=n)
 
 
 def _judged_by_task(s: ReconstructSettings) -> Callable[[tuple[str, str, int]], bool]:

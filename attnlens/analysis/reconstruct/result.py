@@ -19,6 +19,7 @@ class ReconstructResult(Result):
 
     kind = "reconstruct"
     figures_module = "attnlens.figures.reconstruct"
+    task_table = "plug_in"  # each plug-in run judged by the task names its change (and joint_change with task_joint_r)
     shown = {
         "table": (
             "strategy", "scope", "k", "layer", "head", "rel_error", "rel_error_low", "rel_error_high", "rel_error_zero", "tv",

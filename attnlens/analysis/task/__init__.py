@@ -26,10 +26,12 @@ Every judgement carries the accuracy with a percentile-bootstrap interval over h
 examples, the change in accuracy paired over examples with its interval (with ``task_eval="auto"``
 judged sequentially, :mod:`attnlens.analysis.sequential`: each change on as many examples as
 its interval needs to exclude zero or reach ``task_target``), the probe's cross-entropy, the
-unmodified model's accuracy and the majority-class baseline on the same examples.
+unmodified model's accuracy and the majority-class baseline on the same examples. Every judged
+change's per-example outcomes are kept (:meth:`TaskJudge.outcome_arrays`), so a result can re-pair any two.
 
 The package, one idea a module: :mod:`~attnlens.analysis.task.settings` (what to judge by, and
-the constants), :mod:`~attnlens.analysis.task.batching` (batches, pooled features, a change on a
+the constants), :mod:`~attnlens.analysis.task.prepare` (the task loaded, excluded, checked and split
+before any model pass), :mod:`~attnlens.analysis.task.batching` (batches, pooled features, a change on a
 batch), :mod:`~attnlens.analysis.task.probe`, :mod:`~attnlens.analysis.task.outcomes` (per-example
 outcomes and their statistics), :mod:`~attnlens.analysis.task.head` and
 :mod:`~attnlens.analysis.task.finetune` (two of the protocols) and :mod:`~attnlens.analysis.task.judge`
@@ -47,11 +49,13 @@ from attnlens.analysis.task.batching import TaskBatch, batches, in_order, pooled
 from attnlens.analysis.task.finetune import FINETUNE_VERSION, content_key
 from attnlens.analysis.task.head import head_columns
 from attnlens.analysis.task.judge import TaskJudge, TaskLoss
-from attnlens.analysis.task.outcomes import paired_difference, t_halfwidth, task_columns
+from attnlens.analysis.task.outcomes import UNMODIFIED, outcome_arrays, paired_difference, t_halfwidth, task_columns
+from attnlens.analysis.task.prepare import PreparedTask, prepare_task, resolve_protocol
 from attnlens.analysis.task.probe import CONSTANT_SPREAD, PROBE_CS, Probe, ProbeHead, choose_c, fit_probe, standardiser
 from attnlens.analysis.task.settings import (
     AUTO,
     AUTO_POOL,
+    DEFAULT_TRAIN,
     FEATURES_VERSION,
     MIN_HELD_OUT,
     POOLING,
@@ -65,15 +69,18 @@ __all__ = [
     "AUTO",
     "AUTO_POOL",
     "CONSTANT_SPREAD",
+    "DEFAULT_TRAIN",
     "FEATURES_VERSION",
     "FINETUNE_VERSION",
     "MIN_HELD_OUT",
     "POOLING",
     "PROBE_CS",
     "PROTOCOLS",
+    "UNMODIFIED",
     "Z_INTERVAL",
     "Z_POWER",
     "Probe",
+    "PreparedTask",
     "ProbeHead",
     "TaskBatch",
     "TaskJudge",
@@ -85,8 +92,11 @@ __all__ = [
     "fit_probe",
     "head_columns",
     "in_order",
+    "outcome_arrays",
     "paired_difference",
     "pooled_features",
+    "prepare_task",
+    "resolve_protocol",
     "standardiser",
     "t_halfwidth",
     "task_columns",

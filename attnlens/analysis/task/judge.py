@@ -19,20 +19,11 @@ from attnlens.analysis.evaluation import bootstrap_interval, layer_groups, valid
 from attnlens.analysis.sequential import Design
 from attnlens.analysis.task.batching import TaskBatch, _changed, batches, in_order, pooled_features
 from attnlens.analysis.task.finetune import FineTuning
-from attnlens.analysis.task.head import head_columns
-from attnlens.analysis.task.outcomes import _key, _Outcomes, _scored, _with_seed_row, t_halfwidth
+from attnlens.analysis.task.outcomes import UNMODIFIED, _key, _Outcomes, _scored, _with_seed_row, outcome_arrays, t_halfwidth
+from attnlens.analysis.task.prepare import PreparedTask, majority_share, prepare_task
 from attnlens.analysis.task.probe import PROBE_CS, choose_c, fit_probe
-from attnlens.analysis.task.settings import (
-    AUTO,
-    AUTO_POOL,
-    FEATURES_VERSION,
-    POOLING,
-    Z_INTERVAL,
-    Z_POWER,
-    TaskSettings,
-)
-from attnlens.data.tasks import Examples, Task, load_task
-from attnlens.errors import BadInput
+from attnlens.analysis.task.settings import AUTO, FEATURES_VERSION, POOLING, Z_INTERVAL, Z_POWER, TaskSettings
+from attnlens.data.tasks import Examples, Task
 from attnlens.models.cache import cached_array
 from attnlens.models.loading import LoadedModel
 from attnlens.progress import Progress
@@ -41,10 +32,12 @@ from attnlens.progress import Progress
 class TaskJudge(FineTuning):
     """Judges changes to ``model``'s attention by held-out accuracy on a task; see :mod:`attnlens.analysis.task`.
 
-    Loads the task, splits it (``seq_len`` tokens at most, ``seed``), computes the
-    unmodified model's features and fits the probe once; :meth:`judge` then takes one
-    :class:`Change` at a time. ``pad_to`` pads every example to that width (changes whose
-    shape is fixed, like a reconstruction map of width n, need it).
+    Takes the task ``prepared`` in the caller's prologue (:func:`~attnlens.analysis.task.prepare.prepare_task`:
+    loaded, the examples a classifier saw taken out, checked and split, ``seq_len`` tokens at most,
+    ``seed``; prepared here when not given), computes the unmodified model's features and fits the
+    probe once; :meth:`judge` then takes one :class:`Change` at a time. ``pad_to`` pads every
+    example to that width (changes whose shape is fixed, like a reconstruction map of width n, need it).
+    :meth:`outcome_arrays` gives every judged change's per-example outcomes, for a result to keep.
 
     The ``finetune`` protocol's training runs and their cache are
     :class:`~attnlens.analysis.task.finetune.FineTuning`'s, which this class mixes in.
@@ -60,23 +53,24 @@ class TaskJudge(FineTuning):
         seed: int = 0,
         pad_to: int | None = None,
         progress: Progress = False,
+        prepared: PreparedTask | None = None,
     ) -> None:
-        if settings.task is None:
-            raise BadInput("judging by a task needs `task`; name a task (imdb, rotten-tomatoes or a file)")
         self.model, self.settings, self.progress = model, settings, progress
         self.batch_size, self.seed = batch_size, seed
-        self.task: Task = load_task(settings.task, text_column=settings.text_column, label_column=settings.label_column)
-        model.check_seq_len(seq_len)
-        auto = settings.task_eval == AUTO
-        # auto: every example the task has left, up to AUTO_POOL; each judgement uses as many as it needs
-        self.train, self.pool = self.task.split(
-            model, seq_len, settings.task_train, AUTO_POOL if auto else settings.task_eval, seed=seed, pad_to=pad_to, at_most=auto
-        )
-        self.protocol = settings.protocol if settings.protocol != "auto" else "head" if model.class_names else "probe"
+        if prepared is None:
+            prepared = prepare_task(model, settings, seq_len=seq_len, seed=seed, pad_to=pad_to)
+        elif (prepared.seq_len, prepared.pad_to, prepared.seed) != (seq_len, pad_to, seed):  # only a bug in attnlens
+            raise AssertionError(
+                f"the task was prepared for {prepared.seq_len, prepared.pad_to, prepared.seed}, not {seq_len, pad_to, seed}"
+            )
+        self.prepared = prepared
+        self.task: Task = prepared.task
+        self.train, self.pool = prepared.train, prepared.pool
+        self.protocol, self.majority_label = prepared.protocol, prepared.majority_label
         self.pooling = POOLING[model.causal]
-        self.majority_label, _ = self.task.majority(self.train.labels)
+        auto = settings.task_eval == AUTO
         if self.protocol == "head":  # the model's own classifier: no probe to fit
-            self.head_columns, self.c, self.probe = head_columns(model, self.task.label_names), None, None
+            self.head_columns, self.c, self.probe = prepared.head_columns, None, None
         else:
             # bucketed by length even where the judged examples keep a fixed width: padding at the end changes
             # no valid token's state beyond float rounding, and a probe on short texts then costs their length only
@@ -88,6 +82,7 @@ class TaskJudge(FineTuning):
         self.design = Design.for_pool(len(self.pool), settings.task_target) if auto else None
         self._structure: tuple[list[int], torch.Tensor] | None = None  # removal_share's valid masks, by layer group
         self._judged: dict[str | None, _Outcomes] = {}  # by change key: outcomes on the first examples of the pool
+        self._reported: dict[str | None, int] = {}  # by change key: the examples its judgement used
         self.held_out = self.pool.take(slice(0, 0))
         self._outcomes(None, self.design.looks[0] if auto else len(self.pool))
 
@@ -102,7 +97,7 @@ class TaskJudge(FineTuning):
         return self._majority(len(self.held_out))
 
     def _majority(self, count: int) -> float:
-        return float((self.pool.labels[:count] == self.majority_label).mean())
+        return majority_share(self.pool.labels[:count], self.majority_label)
 
     # -- the one-off costs, cached
 
@@ -210,7 +205,9 @@ class TaskJudge(FineTuning):
         outcomes = self._outcomes(change, count)
         correct, paired = outcomes.correct[:count], self._paired(change, None, count)
         mean, low, high = self._bootstrap(correct)
+        self._reported[_key(change)] = max(count, self._reported.get(_key(change), 0))
         return {
+            "change": UNMODIFIED if change is None else change.key,  # names its outcomes (outcome_arrays, Result.outcomes)
             "protocol": self.protocol,
             "accuracy": mean,
             "accuracy_low": low,
@@ -314,12 +311,18 @@ class TaskJudge(FineTuning):
             features = self.features(examples, change, self._removed)
         return _with_seed_row(*_scored(probe.logits(features), examples.labels))
 
+    def outcome_arrays(self) -> dict[str, np.ndarray]:
+        """Every judged change's per-example outcomes, for a result to keep beside its tables
+        (:func:`~attnlens.analysis.task.outcomes.outcome_arrays`; read back by
+        :meth:`attnlens.io.results.Result.outcomes`)."""
+        return outcome_arrays(self._judged, self._reported, self.pool.rows)
+
     # -- provenance
 
     def describe(self) -> dict[str, object]:
         """What a result records about the task, the split and the probe."""
         return {
-            **self.task.describe(),
+            **self.prepared.describe(),
             "protocol": self.protocol,
             "pooling": self.pooling if self.protocol != "head" else "the model's own classification head",
             "settings": self.settings.to_dict(),
@@ -354,6 +357,9 @@ class TaskJudge(FineTuning):
             },
             "unmodified_accuracy": self.unmodified_accuracy,
             "majority_accuracy": self.majority_accuracy,
+            "majority": f"the most frequent class of the {self.prepared.majority_from}, its share of the held-out examples",
+            "outcomes": "arrays task_rows, task_changes, task_correct, task_loss, task_judged: every judged change's "
+            "per-example outcomes (Result.outcomes)",
             "finetune": None
             if self.protocol != "finetune"
             else {

@@ -9,6 +9,36 @@ import numpy as np
 
 from attnlens.analysis.changes import Change
 from attnlens.analysis.evaluation import bootstrap_interval
+from attnlens.io.outcomes import UNMODIFIED  # the unmodified model's name among the judged changes (its key is None)
+
+
+def outcome_arrays(
+    judged: dict[str | None, _Outcomes], reported: dict[str | None, int], rows: np.ndarray
+) -> dict[str, np.ndarray]:
+    """Every judged change's per-example outcomes as arrays a result keeps: ``task_rows`` (the
+    held-out examples' rows in the task, in the order judged: each change used a prefix),
+    ``task_changes`` (the changes' keys, :data:`UNMODIFIED` first), ``task_correct`` and ``task_loss``
+    (change, example): 1/0 correct (the share of seeds under fine-tuning) and the classifier's
+    cross-entropy, NaN past the examples a change was run on, and ``task_judged`` (change,): how many
+    examples its judgement used (its table row's ``held_out``; a change only compared: those run).
+
+    >>> arrays = outcome_arrays({None: _Outcomes(np.ones(3), np.zeros(3), np.ones((1, 3)), np.zeros(2))}, {None: 3}, np.arange(5))
+    >>> arrays["task_rows"].tolist(), arrays["task_changes"].tolist(), arrays["task_judged"].tolist()
+    ([0, 1, 2], ['unmodified'], [3])
+    """
+    keys = [None, *(key for key in judged if key is not None)]
+    width = max(len(judged[key].correct) for key in keys)
+    correct, losses = np.full((len(keys), width), np.nan), np.full((len(keys), width), np.nan)
+    for index, key in enumerate(keys):
+        count = len(judged[key].correct)
+        correct[index, :count], losses[index, :count] = judged[key].correct, judged[key].losses
+    return {
+        "task_rows": np.asarray(rows[:width], dtype=np.int64),
+        "task_changes": np.array([UNMODIFIED if key is None else key for key in keys], dtype=str),
+        "task_correct": correct,
+        "task_loss": losses,
+        "task_judged": np.array([reported.get(key, len(judged[key].correct)) for key in keys], dtype=np.int64),
+    }
 
 
 def task_columns(judged: dict[str, object]) -> dict[str, object]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from attnlens.data.exclusion import read_exclusion
 from attnlens.data.tasks import check_task
 from attnlens.errors import BadInput
 from attnlens.settings import Settings, at_least, one_of, positive
@@ -17,12 +18,16 @@ AUTO_POOL = 4000  # auto's cap, beside the number of examples the task has left
 Z_INTERVAL = 1.959964  # two-sided 95%
 Z_POWER = 0.841621  # 80% power
 FEATURES_VERSION = 1  # part of the features cache key: bump when pooling or batching changes
+DEFAULT_TRAIN = 1024  # task_train when not given, for a protocol that fits or trains (head sets none aside)
 
 
 @dataclass(frozen=True)
 class TaskSettings(Settings):
     """Which task judges a change, and how: ``task`` (``None``: no task; a built-in name or
-    a file), its ``text_column``/``label_column``, ``task_train`` and ``task_eval`` examples
+    a file), its ``text_column``/``label_column``, ``task_exclude`` (a file of texts a classifier
+    was trained on, taken out of the task before any split: :mod:`attnlens.data.exclusion`),
+    ``task_train`` (``None``: :data:`DEFAULT_TRAIN` for the protocols that fit or train; none under
+    ``head``, whose held-out examples are then every example not excluded) and ``task_eval`` examples
     (disjoint, seeded; ``task_eval="auto"``: each change judged sequentially, on as many as it
     needs for its paired Δ interval to exclude zero or narrow to a half-width of ``task_target``,
     :mod:`attnlens.analysis.sequential`), the ``protocol``, the
@@ -42,7 +47,8 @@ class TaskSettings(Settings):
     protocol: str = "auto"
     text_column: str = "text"
     label_column: str = "label"
-    task_train: int = 1024
+    task_exclude: str | None = None
+    task_train: int | None = None
     task_eval: int | str = 512
     task_target: float = 0.015
     probe_c: float | None = None
@@ -58,20 +64,36 @@ class TaskSettings(Settings):
             raise BadInput(f"`protocol` {self.protocol} needs `task`; name a task (imdb, rotten-tomatoes or a file)")
         if self.task is not None:  # its file is read now: a missing column or a broken line fails before any model loads
             check_task(self.task, text_column=self.text_column, label_column=self.label_column)
+        if self.task_exclude is not None:
+            if self.task is None:
+                raise BadInput("`task_exclude` takes examples out of a task; name the task with `task`")
+            read_exclusion(self.task_exclude, text_column=self.text_column)
         if self.task_eval != AUTO:
             if not isinstance(self.task_eval, int) or isinstance(self.task_eval, bool):
                 raise BadInput(f"`task_eval` {self.task_eval!r} must be a number of held-out examples or 'auto'")
             at_least("task_eval", self.task_eval, MIN_HELD_OUT, " held-out examples for a bootstrap interval")
         positive("task_target", self.task_target)
-        at_least("task_train", self.task_train, 2)
+        if self.task_train is not None:
+            at_least("task_train", self.task_train, 0 if self.protocol == "head" else 2)
         if self.probe_c is not None:
             positive("probe_c", self.probe_c)
         at_least("finetune_steps", self.finetune_steps, 1)
-        at_least("seeds", self.seeds, 1, " fine-tune runs per change")
+        at_least("seeds", self.seeds, 1, " (fine-tune runs per change)")
         if self.seeds > 1 and self.protocol != "finetune":
             raise BadInput(f"`seeds` {self.seeds} needs `protocol` finetune: only fine-tuning varies from seed to seed")
         positive("finetune_lr", self.finetune_lr)
         at_least("bootstrap", self.bootstrap, 10, " resamples for an interval (1000 is usual)")
+
+    def train_examples(self, protocol: str) -> int:
+        """How many training examples ``protocol`` (resolved: not ``auto``) sets aside: ``task_train``,
+        or when not given :data:`DEFAULT_TRAIN`, and none under ``head`` (nothing is fitted).
+
+        >>> TaskSettings(task="rotten-tomatoes").train_examples("head"), TaskSettings(task="rotten-tomatoes").train_examples("probe")
+        (0, 1024)
+        """
+        if self.task_train is not None:
+            return self.task_train
+        return 0 if protocol == "head" else DEFAULT_TRAIN
 
     @classmethod
     def of(cls, settings: Settings) -> TaskSettings:
