@@ -95,7 +95,7 @@ def test_long_commands_show_progress(capsys, tmp_path, two_eigen, command):
 def test_dam_prints_what_its_sparsity_columns_mean_and_a_keep_table_without_stray_headers(capsys, tmp_path):
     code, out, _ = run_cli(
         capsys, "dam", "--sparsity", "0.5", "--seq-len", "16", "--train-seqs", "4", "--eval-seqs", "2", "--batch-size", "2",
-        "--steps", "4", "--stop-window", "2", "--no-patterns", "--no-progress", "--no-figures", "--out", str(tmp_path / "d"),
+        "--steps", "4", "--stop-window", "2", "--check-window", "2", "--polish-rounds", "2", "--no-patterns", "--no-progress", "--no-figures", "--out", str(tmp_path / "d"),
     )  # fmt: skip
     assert code == 0
     for column in ("sparsity", "trained_sparsity", "expected_sparsity"):

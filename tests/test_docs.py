@@ -212,7 +212,9 @@ def cli_command(name: str):
 
 
 def small_options(args: tuple[str, ...]) -> list[str]:
-    """What the test appends to ``attnlens ARGS``: small settings, and no progress bar."""
+    """What the test appends to ``attnlens ARGS``: small settings, no progress bar, and no figures
+    unless the line asks for them (figures are drawn and tested elsewhere; here they would be most
+    of a small command's time)."""
     params = cli_command(args[0]).params
     options = {name for param in params for name in [*param.opts, *getattr(param, "secondary_opts", [])]}
     source_is_a_path = len(args) > 1 and not args[1].startswith("-") and Path(args[1]).exists()
@@ -221,7 +223,8 @@ def small_options(args: tuple[str, ...]) -> list[str]:
         small += [
             part for option, value in zip(SMALL_TASK[::2], SMALL_TASK[1::2]) if option in options for part in (option, value)
         ]
-    return small + (["--no-progress"] if "--no-progress" in options else [])
+    quiet = [flag for flag in ("--no-progress", "--no-figures") if flag in options and flag.replace("no-", "") not in args]
+    return small + quiet
 
 
 # ---------------------------------------------------------------------- fast: every block can run, or says why not

@@ -40,7 +40,7 @@ def report(
         typer.Option(
             "--full",
             help=f"Every claim decided: DAM with 3 seeds and the reference search, the plan on 3,000 examples, the "
-            f"reconstruction judged by the task ({took('full')}). The default decides what fits in 10 minutes ({took('default')}).",
+            f"reconstruction judged by the task. The default decides what fits in 10 minutes ({took('default')}).",
         ),
     ] = False,
     protocol: Annotated[

@@ -82,7 +82,7 @@ def _patterns(result, evidence: Evidence, unit: str, undecided: Verdict | None) 
     """DAM against the best pattern of its own family and overall, at matched sparsity."""
     compared = result.compared()
     proxy_said = "; ".join(
-        f"DAM − {row['scope']} {row['pattern']}({int(row['value'])}) {interval(row, 'difference')}"
+        f"DAM − {row['scope']} {row['pattern']}({int(row['value'])}) ({row['sparsity']:.0%} sparse) {interval(row, 'difference')}"
         for _, row in compared.iterrows()
     )
     task_table = result.tables.get("task_compared")
@@ -127,10 +127,13 @@ def _compared_points(table: pd.DataFrame | None) -> str:
     if table is None or not len(table):
         return ""
     said = []
+    # a pattern matched at the task's positions (shorter than the blocks) may be narrower than the proxy's:
+    # its sparsity there says why the two columns name different widths
     for _, row in table.drop_duplicates(["lambda", "pattern", "value"]).iterrows():
         named = pd.Series({"delta_accuracy": row["difference"], "delta_accuracy_low": row["difference_low"],
                            "delta_accuracy_high": row["difference_high"], "held_out": row.get("compared_on", 10**9)})  # fmt: skip
-        said.append(f"DAM − {row['pattern']}({int(row['value'])}) {points(named)}")
+        sparse = f"{row['task_sparsity']:.0%} of the task's positions" if "task_sparsity" in row else "matched"
+        said.append(f"DAM − {row['scope']} {row['pattern']}({int(row['value'])}) ({sparse}) {points(named)}")
     return "; ".join(said)
 
 

@@ -126,7 +126,9 @@ QUICK = replace(
     task_ks=(16,),
     task_strategies=("greedy",),
     task_scopes=("head",),
-    **{**_MACHINERY, "dam_task": True},  # a probe on 256 examples costs seconds: the quick look shows DAM's task too
+    # a probe on 256 examples costs seconds: the quick look shows DAM's task too; 20 steps (half the default's)
+    # keep the look within 2 minutes: training is most of DAM's time (bench/bench_report.py)
+    **{**_MACHINERY, "dam_task": True, "dam_steps": 20},
 )
 
 # The papers' protocol: the headline changes inside fine-tuning, 3 seeds each (cached per run), at n = 64.
