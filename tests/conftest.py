@@ -25,8 +25,6 @@ import attnlens  # noqa: E402
 from tiny_models import readme_tour, skip_unless_ci  # noqa: E402
 
 torch.manual_seed(0)
-if os.environ.get("PYTEST_XDIST_WORKER"):  # two workers on two cores: one thread each, not two
-    torch.set_num_threads(1)
 
 
 # ---------------------------------------------------------------------------- no network
@@ -84,20 +82,12 @@ SLOW_FILES = {"test_notebooks.py"}
 MODEL_FIXTURES = {"minilm_l6", "minilm_l3", "gemma3", "kjv_blocks", "quick_report", "two_rank_job"}
 
 
-# Under pytest-xdist (``-n 2``, ``--dist loadgroup``): a file's tests stay on one worker (its module
-# fixtures are made once), and so do all the tests of a costly session fixture, across files.
-SHARED_FIXTURES = ("quick_report", "gemma3", "two_rank_job")
-
-
 def pytest_collection_modifyitems(config, items):
     """Mark ``slow`` every test that uses a slow fixture or sits in a slow file (``pytest -m "not slow"``
     is the fast run), and every test ``unit`` or ``integration`` (``pytest -m unit`` runs in seconds,
-    with no model). Doctests are examples on real models: integration. Group each test for the workers
-    (SHARED_FIXTURES)."""
+    with no model). Doctests are examples on real models: integration."""
     for item in items:
         names = set(getattr(item, "fixturenames", ()))
-        group = next((name for name in SHARED_FIXTURES if name in names), item.path.name)
-        item.add_marker(pytest.mark.xdist_group(group))
         if SLOW_FIXTURES & names or item.path.name in SLOW_FILES:
             item.add_marker(pytest.mark.slow)
         real = isinstance(item, pytest.DoctestItem) or names & MODEL_FIXTURES or item.path.name in SLOW_FILES
