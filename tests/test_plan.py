@@ -206,7 +206,9 @@ class _Drawn(Costs):
     def _compute(self, change, part: str) -> np.ndarray:
         assignment = dict(change.key)
         mean = sum(self.table.get((unit, str(choice)), 0.0) for unit, choice in assignment.items()) * self.interaction
-        rng = np.random.default_rng(list(zlib.crc32(repr((change.key, part)).encode()).to_bytes(4, "little")))  # not hash(): salted per process
+        rng = np.random.default_rng(
+            list(zlib.crc32(repr((change.key, part)).encode()).to_bytes(4, "little"))
+        )  # not hash(): salted per process
         return mean + rng.normal(0, 0.002, size=32)
 
     def unmodified_loss(self, part: str) -> float:
