@@ -15,15 +15,13 @@ import warnings
 import numpy as np
 import pandas as pd
 import pytest
-import torch
-import transformers
 
 import attnlens
 from attnlens.analysis.task import TaskSettings, prepare_task
 from attnlens.data.exclusion import excluding, read_exclusion
 from attnlens.data.tasks import load_task
 from attnlens.errors import AttnlensWarning, BadInput
-from tiny_models import assert_one_line_error, run_cli
+from tiny_models import assert_one_line_error, fine_tuned_classifier, run_cli
 
 SEEN = 192  # sentences the classifier is fine-tuned on: 12 steps of 16
 
@@ -104,26 +102,7 @@ def seen_rows() -> np.ndarray:
 @pytest.fixture(scope="module")
 def classifier_dir(minilm_l6, seen_rows, tmp_path_factory):
     """minilm-l6 with a classification head, fine-tuned by transformers on the seen rows (each once), saved."""
-    torch.manual_seed(0)
-    names = {0: "negative", 1: "positive"}
-    model = transformers.AutoModelForSequenceClassification.from_pretrained(
-        minilm_l6.source, num_labels=2, id2label=names, label2id={name: index for index, name in names.items()}
-    )
-    tokenizer = transformers.AutoTokenizer.from_pretrained(minilm_l6.source)
-    task = load_task("rotten-tomatoes")
-    optimiser = torch.optim.AdamW(model.parameters(), lr=5e-5)
-    model.train()
-    for start in range(0, SEEN, 16):
-        chosen = seen_rows[start : start + 16]
-        batch = tokenizer([task.texts[row] for row in chosen], padding=True, truncation=True, max_length=48, return_tensors="pt")
-        loss = model(**batch, labels=torch.from_numpy(task.labels[chosen])).loss
-        optimiser.zero_grad()
-        loss.backward()
-        optimiser.step()
-    directory = tmp_path_factory.mktemp("classifier")
-    model.save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    return directory
+    return fine_tuned_classifier(minilm_l6.source, seen_rows, tmp_path_factory.mktemp("classifier"), max_length=48)
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ from attnlens.analysis.changes import Ablation
 from attnlens.analysis.task import TaskJudge, TaskSettings
 from attnlens.data.tasks import load_task
 from attnlens.errors import BadInput
-from tiny_models import assert_one_line_error, run_cli
+from tiny_models import assert_one_line_error, fine_tuned_classifier, run_cli
 
 pytestmark = pytest.mark.integration
 
@@ -28,27 +28,8 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="module")
 def classifier_dir(minilm_l6, tmp_path_factory):
     """minilm-l6 fine-tuned on 320 Rotten Tomatoes sentences for 20 AdamW steps, saved by transformers."""
-    torch.manual_seed(0)
-    names = {0: "negative", 1: "positive"}
-    model = transformers.AutoModelForSequenceClassification.from_pretrained(
-        minilm_l6.source, num_labels=2, id2label=names, label2id={name: index for index, name in names.items()}
-    )
-    tokenizer = transformers.AutoTokenizer.from_pretrained(minilm_l6.source)
-    task = load_task("rotten-tomatoes")
-    rows = np.random.default_rng(7).permutation(len(task))[:320]
-    optimiser = torch.optim.AdamW(model.parameters(), lr=5e-5)
-    model.train()
-    for step in range(20):
-        chosen = rows[16 * step : 16 * step + 16]
-        batch = tokenizer([task.texts[row] for row in chosen], padding=True, truncation=True, max_length=64, return_tensors="pt")
-        loss = model(**batch, labels=torch.from_numpy(task.labels[chosen])).loss
-        optimiser.zero_grad()
-        loss.backward()
-        optimiser.step()
-    directory = tmp_path_factory.mktemp("classifier")
-    model.save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    return directory
+    rows = np.random.default_rng(7).permutation(len(load_task("rotten-tomatoes")))[:320]
+    return fine_tuned_classifier(minilm_l6.source, rows, tmp_path_factory.mktemp("classifier"), max_length=64)
 
 
 @pytest.fixture(scope="module")

@@ -19,6 +19,7 @@ from attnlens.analysis.evaluation import bootstrap_interval
 from attnlens.analysis.sequential import Design
 from attnlens.data.tasks import load_task
 from attnlens.errors import BadInput
+from tiny_models import fine_tuned_classifier
 
 pytestmark = pytest.mark.integration
 
@@ -27,27 +28,10 @@ pytestmark = pytest.mark.integration
 def classifier(minilm_l6, tmp_path_factory):
     """minilm-l6 fine-tuned two epochs on 256 sentences: it reads the task well enough that removing
     attention flips some of its predictions (so changes stop at different looks)."""
-    torch.manual_seed(1)
-    names = {0: "negative", 1: "positive"}
-    model = transformers.AutoModelForSequenceClassification.from_pretrained(
-        minilm_l6.source, num_labels=2, id2label=names, label2id={name: index for index, name in names.items()}
+    rows = np.random.default_rng(3).permutation(len(load_task("rotten-tomatoes")))[:256]
+    directory = fine_tuned_classifier(
+        minilm_l6.source, rows, tmp_path_factory.mktemp("classifier"), max_length=32, lr=1e-4, epochs=2, seed=1
     )
-    task = load_task("rotten-tomatoes")
-    rows = np.random.default_rng(3).permutation(len(task))[:256]
-    optimiser = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    model.train()
-    for start in [*range(0, len(rows), 16)] * 2:
-        chosen = rows[start : start + 16]
-        batch = minilm_l6.tokenizer(
-            [task.texts[row] for row in chosen], padding=True, truncation=True, max_length=32, return_tensors="pt"
-        )
-        loss = model(**batch, labels=torch.from_numpy(task.labels[chosen])).loss
-        optimiser.zero_grad()
-        loss.backward()
-        optimiser.step()
-    directory = tmp_path_factory.mktemp("classifier")
-    model.save_pretrained(directory)
-    minilm_l6.tokenizer.save_pretrained(directory)
     return directory, rows
 
 
