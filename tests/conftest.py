@@ -74,8 +74,11 @@ def no_network():
 # ---------------------------------------------------------------------------- unit, integration, slow
 
 # What makes a test slow: the 270M-parameter model, real multi-process torchrun jobs, the
-# whole --quick report, executed notebooks. Everything else is the fast run.
-SLOW_FIXTURES = {"gemma3", "two_rank_job", "quick_report"}
+# whole --quick report, executed notebooks, classifiers fine-tuned for a test (the ``classifier``
+# fixtures of the task files; ``at_n``: fine-tuning with maps), and tests marked ``slow`` by hand
+# because they train to convergence or fine-tune. Everything else is the fast run
+# (``pytest -m "not slow"``), which keeps an end-to-end test of every analysis.
+SLOW_FIXTURES = {"gemma3", "two_rank_job", "quick_report", "classifier", "classifier_dir", "at_n"}
 SLOW_FILES = {"test_notebooks.py"}
 # A test that uses a real model (through these fixtures, or marked so) is an integration test; the
 # others are unit tests, and a unit test that loads a model anyway fails (no_model_in_unit_tests).

@@ -19,8 +19,10 @@ from attnlens.report.dam import dam_claims
 from attnlens.report.verdicts import Evidence
 from tiny_models import assert_one_line_error, run_cli, save_with_minilm_tokenizer
 
+# polish_rounds=0: the relaxation alone, but where a test is about the swap search that finishes it
 SMALL = dict(
     seq_len=32, train_seqs=8, eval_seqs=4, batch_size=4, bootstrap=200, patterns=False, progress=False, stop_window=10,
+    polish_rounds=0,
 )  # fmt: skip
 
 
@@ -30,6 +32,7 @@ def _setup(model, kjv, **settings) -> Setup:
     return Setup.of(Experiment.start(model, s, num_eval=s.eval_seqs, num_train=s.train_seqs), s)
 
 
+@pytest.mark.slow
 def test_a_run_whose_loss_still_falls_when_the_schedule_ends_is_not_converged(minilm_l6, kjv):
     """The check scores the judged mask every 20 steps. Given 100 steps, the mask was still improving
     between the last two scores 40 steps apart while the learning rate was at least a quarter of its
@@ -37,10 +40,7 @@ def test_a_run_whose_loss_still_falls_when_the_schedule_ends_is_not_converged(mi
     is no such window: not converged. Given 300, the score has settled, but training's own mask was
     short of the target by more than a point, which the threshold shift made up: not converged either.
     (The relaxation alone: no swap search finishes the masks.)"""
-    runs = {
-        steps: attnlens.dam(minilm_l6, corpus=kjv, sparsity=[0.9], steps=steps, polish_rounds=0, **SMALL)
-        for steps in (10, 100, 300)
-    }
+    runs = {steps: attnlens.dam(minilm_l6, corpus=kjv, sparsity=[0.9], steps=steps, **SMALL) for steps in (10, 100, 300)}
     short, middle, long = (runs[steps].table.iloc[0] for steps in (10, 100, 300))
     assert not short["converged"] and "check_step" not in runs[10].table, "no window to judge"
     assert "raise --steps" in runs[10].text()
@@ -56,13 +56,14 @@ def test_a_run_whose_loss_still_falls_when_the_schedule_ends_is_not_converged(mi
     assert long["target_sparsity"] - long["trained_sparsity"] == pytest.approx(long["check_shifted"], abs=0.01)
 
 
-def test_the_polish_ends_at_a_local_optimum_at_the_target_and_never_above_the_relaxation(minilm_l6, kjv):
+@pytest.mark.slow
+def test_the_polish_ends_at_a_local_optimum_at_the_target_and_never_above_the_relaxation(minilm_l3, kjv):
     """The swap search that finishes a mask keeps it at the target, never raises its training loss
     above the relaxation's, and is converged only where no swap it judged helped: with its rounds cut to
     one while swaps still help, it says so. The table's training loss is the polished mask's, judged
     again independently, and the relaxation's own check is kept beside it."""
-    full = attnlens.dam(minilm_l6, corpus=kjv, sparsity=[0.9], steps=60, **SMALL)
-    cut = attnlens.dam(minilm_l6, corpus=kjv, sparsity=[0.9], steps=60, polish_rounds=1, **SMALL)
+    full = attnlens.dam(minilm_l3, corpus=kjv, sparsity=[0.9], steps=60, **{**SMALL, "polish_rounds": 20})
+    cut = attnlens.dam(minilm_l3, corpus=kjv, sparsity=[0.9], steps=60, **{**SMALL, "polish_rounds": 1})
     row, first = full.table.iloc[0], cut.table.iloc[0]
     assert row["train_loss"] <= row["relaxed_train_loss"] and abs(row["sparsity"] - 0.9) <= 0.01
     assert row["polish_rounds"] < 20 and row["converged"] and "local optimum" in full.text()
@@ -71,30 +72,32 @@ def test_the_polish_ends_at_a_local_optimum_at_the_target_and_never_above_the_re
     assert row["polish_swaps"] >= 1 and first["polish_swaps"] == 1, "the relaxation's mask was not a local optimum"
     assert not first["converged"] and "raise --polish-rounds" in cut.text()
     assert row["relaxed_train_loss"] == first["relaxed_train_loss"], "the same relaxation before either search"
-    setup = _setup(minilm_l6, kjv, sparsity=[0.9], **SMALL)
+    setup = _setup(minilm_l3, kjv, sparsity=[0.9], **SMALL)
     trained = evaluate_mask(setup.layout, torch.as_tensor(np.asarray(full.logits[0])), setup.train_objective, setup.train)
     assert row["train_loss"] == pytest.approx(trained["losses"].mean(), rel=1e-5)
 
 
-def test_a_fixed_lambda_run_that_settles_is_converged(minilm_l6, kjv):
+@pytest.mark.slow
+def test_a_fixed_lambda_run_that_settles_is_converged(minilm_l3, kjv):
     """Without a target nothing is shifted. A λ too small to remove anything stops at once, at full
     learning rate, its judged loss unchanged from the start: converged. A large λ still emptying the
     mask when the rate falls below a quarter is not."""
-    settled = attnlens.dam(minilm_l6, corpus=kjv, lambdas=[0.3], steps=300, **SMALL).table.iloc[0]
+    settled = attnlens.dam(minilm_l3, corpus=kjv, lambdas=[0.1], steps=300, **SMALL).table.iloc[0]
     assert settled["sparsity"] == 0 and settled["converged"] and settled["check_delta"] == 0
-    moving = attnlens.dam(minilm_l6, corpus=kjv, lambdas=[100.0], steps=300, **SMALL).table.iloc[0]
+    moving = attnlens.dam(minilm_l3, corpus=kjv, lambdas=[100.0], steps=300, **SMALL).table.iloc[0]
     assert moving["check_high"] < 0 and not moving["converged"]
 
 
-def test_mask_seeds_draw_different_noise_and_are_judged_on_the_same_blocks(minilm_l6, kjv):
-    result = attnlens.dam(minilm_l6, corpus=kjv, sparsity=[0.9], steps=60, mask_seeds=2, **SMALL)
+@pytest.mark.slow
+def test_mask_seeds_draw_different_noise_and_are_judged_on_the_same_blocks(minilm_l3, kjv):
+    result = attnlens.dam(minilm_l3, corpus=kjv, sparsity=[0.9], steps=60, mask_seeds=2, **SMALL)
     table, curves = result.table, result.training
     assert table["mask_seed"].tolist() == [0, 1]
     first, second = (curves[curves["lambda"] == lam] for lam in table["lambda"])
     assert len(first) == table["steps"].iloc[0] and len(second) == table["steps"].iloc[1], "two runs, told apart"
     assert first["density"].iloc[0] != second["density"].iloc[0], "another draw of the noise from the same logits"
     # judged again, independently, on the held-out blocks the command samples: each run's losses are its mask's there
-    setup = _setup(minilm_l6, kjv, sparsity=[0.9], **SMALL)
+    setup = _setup(minilm_l3, kjv, sparsity=[0.9], **SMALL)
     for number in range(2):
         logits = torch.as_tensor(np.asarray(result.logits[number]))
         again = evaluate_mask(setup.layout, logits, setup.judge, setup.held_out)["losses"]
@@ -119,16 +122,17 @@ def test_mask_seeds_draw_different_noise_and_are_judged_on_the_same_blocks(minil
     ), "below the full size, an undecided claim says run --full"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("start", ["dam", "band"])
-def test_the_reference_search_never_ends_worse_than_its_start(minilm_l6, kjv, start):
+def test_the_reference_search_never_ends_worse_than_its_start(minilm_l3, kjv, start):
     """Its training loss never rises above the start's, and its mask, judged again independently,
     has the training and held-out losses and the sparsity the table reports."""
-    result = attnlens.dam(minilm_l6, corpus=kjv, sparsity=[0.9], steps=30, reference=start, reference_rounds=3, **SMALL)
+    result = attnlens.dam(minilm_l3, corpus=kjv, sparsity=[0.9], steps=30, reference=start, reference_rounds=3, **SMALL)
     row = result.tables["reference"].iloc[0]
     assert row["train_loss"] <= row["start_train_loss"]
     if start == "dam":
         assert row["start_train_loss"] == pytest.approx(row["dam_train_loss"], rel=1e-6), "it starts at DAM's mask"
-    setup = _setup(minilm_l6, kjv, sparsity=[0.9], **SMALL)
+    setup = _setup(minilm_l3, kjv, sparsity=[0.9], **SMALL)
     logits = torch.as_tensor(np.asarray(result.arrays["reference_logits"][0]))
     held = evaluate_mask(setup.layout, logits, setup.judge, setup.held_out)
     trained = evaluate_mask(setup.layout, logits, setup.train_objective, setup.train)
@@ -185,6 +189,7 @@ def next_token(tmp_path_factory, minilm_l6):
     return attnlens.load_model(str(path))
 
 
+@pytest.mark.slow
 def test_dam_converges_to_the_known_optimum_of_a_model_built_by_hand(next_token, kjv):
     """n = 8: offsets 0..7 decide 8, 14, 12, 10, 8, 6, 4, 2 of the 64 positions, so at 75% sparsity
     (16 kept) offsets 1 and 7 alone are the optimum. DAM_s keeps exactly them, is converged, and no set
@@ -217,6 +222,7 @@ def test_layout_sizes_against_the_reference_limit():
     assert sizes == {"unstructured": 6 * 12 * 64 * 64, "structured": 12 * 64, "structured+global": 12 * 68, "class": 144}
 
 
+@pytest.mark.slow
 def test_masks_learn_from_a_train_objective_and_are_judged_by_the_objective(tmp_path_factory, minilm_l6, kjv):
     """--train-objective hidden: the training blocks are prepared and scored by the hidden objective
     (train_loss is the hidden loss of the learned mask there, judged again independently), the
@@ -236,22 +242,23 @@ def test_masks_learn_from_a_train_objective_and_are_judged_by_the_objective(tmp_
     assert result.table.iloc[0]["delta"] == pytest.approx(held.mean(), abs=1e-6)
 
 
-def test_resample_draws_each_seed_its_own_training_blocks(minilm_l6, kjv):
+@pytest.mark.slow
+def test_resample_draws_each_seed_its_own_training_blocks(minilm_l3, kjv):
     """--resample: the first seed trains on the blocks a plain run does (and gives its numbers), the
     second on its own draw, disjoint from the held-out blocks, which stay; the second mask's training
     loss is its mask's on those blocks, built again independently."""
-    settings = dict(SMALL, sparsity=[0.9], steps=20, polish_rounds=0)
-    plain = attnlens.dam(minilm_l6, corpus=kjv, **settings)
-    result = attnlens.dam(minilm_l6, corpus=kjv, mask_seeds=2, resample=True, **settings)
+    settings = dict(SMALL, sparsity=[0.9], steps=20)
+    plain = attnlens.dam(minilm_l3, corpus=kjv, **settings)
+    result = attnlens.dam(minilm_l3, corpus=kjv, mask_seeds=2, resample=True, **settings)
     corpus = result.meta["corpus"]
     drawn = result.meta["settings"]["train_block_index_by_seed"]
     assert list(drawn) == [1] and len(drawn[1]) == 8
     assert not set(drawn[1]) & set(corpus["eval_block_index"]) and drawn[1] != corpus["train_block_index"]
     assert corpus == plain.meta["corpus"], "the same held-out blocks, and the first seed's training blocks"
     assert result.table["delta"].iloc[0] == plain.table["delta"].iloc[0]
-    every = kjv.blocks(minilm_l6, 32, num_blocks=None)
+    every = kjv.blocks(minilm_l3, 32, num_blocks=None)
     blocks = type(every)(ids=every.ids[drawn[1]], index=np.asarray(drawn[1]), available=every.available)
-    setup = _setup(minilm_l6, kjv, **settings)
+    setup = _setup(minilm_l3, kjv, **settings)
     train = MaskSplit.of(setup.experiment.split(blocks, 4), setup.layout, setup.experiment.classes)
     trained = evaluate_mask(setup.layout, torch.as_tensor(np.asarray(result.logits[1])), setup.train_objective, train)
     assert result.table["train_loss"].iloc[1] == pytest.approx(trained["losses"].mean(), rel=1e-5)

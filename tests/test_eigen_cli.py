@@ -60,6 +60,7 @@ def test_eigen_cli_from_model_and_store(capsys, tmp_path, eigen_dirs):
     assert (result.matrix_table.k90 <= result.matrix_table.baseline_k90).all()
 
 
+@pytest.mark.slow
 def test_overlap_cli_across_models(capsys, tmp_path, eigen_dirs):
     code, out, _ = run_cli(
         capsys, "overlap", str(eigen_dirs / "l6"), str(eigen_dirs / "l3"), "--dim", "4", "--out", str(tmp_path / "o")

@@ -23,10 +23,10 @@ def _runs(result) -> dict[tuple[str | None, int], dict]:
 
 
 @pytest.fixture(scope="module")
-def at_n(minilm_l6, tmp_path_factory):
+def at_n(minilm_l3, tmp_path_factory):
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("ATTNLENS_CACHE", str(tmp_path_factory.mktemp("cache")))
-        yield reconstruct(minilm_l6, ks=(16,), scopes=("head", "all"), **SMALL)
+        yield reconstruct(minilm_l3, ks=(16,), scopes=("head", "all"), **SMALL)
 
 
 def test_joint_r_at_k_equal_n_is_training_without_the_change(at_n):
@@ -45,12 +45,13 @@ def test_joint_r_at_k_equal_n_is_training_without_the_change(at_n):
     assert row["joint_accuracy"] == row["unmodified_accuracy"]
 
 
-def test_joint_r_trains_the_maps_and_shares_them_as_its_scope_says(minilm_l6, tmp_path, monkeypatch):
+@pytest.mark.slow
+def test_joint_r_trains_the_maps_and_shares_them_as_its_scope_says(minilm_l3, tmp_path, monkeypatch):
     monkeypatch.setenv("ATTNLENS_CACHE", str(tmp_path / "cache"))
-    result = reconstruct(minilm_l6, ks=(4,), scopes=("head", "layer", "all"), **SMALL)
+    result = reconstruct(minilm_l3, ks=(4,), scopes=("head", "layer", "all"), **SMALL)
     runs = {key: state for (key, _), state in _runs(result).items() if key and key.endswith("/joint")}
     units = {key.split("/")[2]: state["change"] for key, state in runs.items()}
-    layers, heads = minilm_l6.num_layers, minilm_l6.num_heads
+    layers, heads = minilm_l3.num_layers, minilm_l3.num_heads
     assert len(units["head"]) == 2 * layers and units["head"][0].shape[0] == heads  # a map per head, per layer
     assert len(units["layer"]) == 2 * layers and units["layer"][0].shape[0] == 1  # one per layer, shared by its heads
     assert len(units["all"]) == 2 and units["all"][0].shape[0] == 1  # one for the whole model
@@ -63,11 +64,11 @@ def test_joint_r_trains_the_maps_and_shares_them_as_its_scope_says(minilm_l6, tm
     assert {"joint_accuracy", "joint_delta_accuracy_low"} <= set(result.plug_in.columns)
 
 
-def test_a_cached_joint_run_reloads_without_training(at_n, minilm_l6, monkeypatch):
+def test_a_cached_joint_run_reloads_without_training(at_n, minilm_l3, monkeypatch):
     monkeypatch.setattr(TaskJudge, "_train", lambda *args: pytest.fail("trained again"))
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("ATTNLENS_CACHE", str(at_n.meta["task"]["finetune"]["runs"][0]["cache"]).rsplit("/finetune/", 1)[0])
-        again = reconstruct(minilm_l6, ks=(16,), scopes=("head", "all"), **SMALL)
+        again = reconstruct(minilm_l3, ks=(16,), scopes=("head", "all"), **SMALL)
     columns = ["accuracy", "joint_accuracy", "joint_delta_accuracy"]
     assert again.plug_in[columns].equals(at_n.plug_in[columns])
 

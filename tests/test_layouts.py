@@ -67,6 +67,7 @@ def test_every_change_removes_the_same_positions_on_task_batches_as_on_corpus_bl
             assert torch.equal(a, b), f"{change.key}, layer {layer}: task batches and corpus blocks differ"
 
 
+@pytest.mark.slow
 def test_every_change_judged_on_length_bucketed_batches_equals_it_padded_to_n(minilm_l6, blocks):
     """Masks and patterns decide positions by their place, so a batch narrower than n takes their
     corner: features and the share removed equal those of the same examples padded to n (BigBird's

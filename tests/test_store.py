@@ -81,6 +81,7 @@ KILLER = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_resume_after_kill_is_bit_identical(tmp_path, reference_store):
     out = tmp_path / "killed"
     # Each batch writes scores, valid and weights for 2 layers: 6 writes; die in the 9th.

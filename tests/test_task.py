@@ -169,13 +169,14 @@ def test_a_real_change_moves_the_probe(rotten):
     assert judged["delta_accuracy"] == pytest.approx(judged["accuracy"] - rotten.unmodified_accuracy)
 
 
-def test_finetune_trains_once_then_loads_its_cached_checkpoint(minilm_l6, tmp_path, monkeypatch):
+@pytest.mark.slow
+def test_finetune_trains_once_then_loads_its_cached_checkpoint(minilm_l3, tmp_path, monkeypatch):
     monkeypatch.setenv("ATTNLENS_CACHE", str(tmp_path / "cache"))
     settings = TaskSettings(task="rotten-tomatoes", protocol="finetune", task_train=32, task_eval=24, finetune_steps=3)
-    first = TaskJudge(minilm_l6, settings, seq_len=48, batch_size=8)
+    first = TaskJudge(minilm_l3, settings, seq_len=48, batch_size=8)
     assert first.last_finetune["from_cache"] is False and len(first.last_finetune["curve"]) == 3
     monkeypatch.setattr(TaskJudge, "_train", lambda *args: pytest.fail("retrained instead of loading the cache"))
-    second = TaskJudge(minilm_l6, settings, seq_len=48, batch_size=8)
+    second = TaskJudge(minilm_l3, settings, seq_len=48, batch_size=8)
     assert second.last_finetune["from_cache"] is True
     assert second.last_finetune["curve"] == pytest.approx(first.last_finetune["curve"], rel=1e-6)  # the curve is kept too
     assert second.describe()["finetune"]["runs"][0]["from_cache"] is True
@@ -183,10 +184,11 @@ def test_finetune_trains_once_then_loads_its_cached_checkpoint(minilm_l6, tmp_pa
     assert first.judge(None)["accuracy"] == first.unmodified_accuracy
 
 
-def test_finetune_with_no_change_in_the_loop_reproduces_the_unmodified_run(minilm_l6, tmp_path, monkeypatch):
+@pytest.mark.slow
+def test_finetune_with_no_change_in_the_loop_reproduces_the_unmodified_run(minilm_l3, tmp_path, monkeypatch):
     monkeypatch.setenv("ATTNLENS_CACHE", str(tmp_path / "cache"))
     settings = TaskSettings(task="rotten-tomatoes", protocol="finetune", task_train=32, task_eval=24, finetune_steps=2)
-    judge = TaskJudge(minilm_l6, settings, seq_len=48, batch_size=8)
+    judge = TaskJudge(minilm_l3, settings, seq_len=48, batch_size=8)
     judged = judge.judge(Change("no-op", _no_op))  # trained again, with an intervention that changes nothing
     assert judge.last_finetune["from_cache"] is False
     assert judged["accuracy"] == judge.unmodified_accuracy
@@ -241,22 +243,24 @@ def test_dam_trains_on_the_task_loss_for_full_block_tasks(minilm_l6):
     assert (result.tables["training"]["objective"] > 0).all()  # cross-entropy of the probe, not a cosine at its minimum
 
 
-def test_dam_learns_from_padded_task_examples_with_the_weights(minilm_l6):
+@pytest.mark.slow
+def test_dam_learns_from_padded_task_examples_with_the_weights(minilm_l3):
     """SparseBERT's protocol: mask and weights learned on the task's own (padded, length-bucketed)
     examples; the learned mask meets its target on the positions those examples have."""
-    before = {name: tensor.clone() for name, tensor in minilm_l6.model.state_dict().items()}
+    before = {name: tensor.clone() for name, tensor in minilm_l3.model.state_dict().items()}
     result = attnlens.dam(
-        minilm_l6, sparsity=[0.8], steps=12, stop_window=4, train_seqs=4, eval_seqs=4, patterns=False, seq_len=32,
+        minilm_l3, sparsity=[0.8], steps=12, stop_window=4, train_seqs=4, eval_seqs=4, patterns=False, seq_len=32,
         task="rotten-tomatoes", task_train=64, task_eval=24, train_on="task", train_weights=True, progress=False,
     )  # fmt: skip
     assert result.meta["settings"]["trained_on"] == "task"
     summary = result.table.iloc[0]
     assert abs(summary["train_sparsity"] - 0.8) < 0.02, "calibrated on the examples' own positions"
     assert (result.tables["training"]["objective"] > 0).all()
-    assert all(torch.equal(before[name], tensor) for name, tensor in minilm_l6.model.state_dict().items()), "weights restored"
+    assert all(torch.equal(before[name], tensor) for name, tensor in minilm_l3.model.state_dict().items()), "weights restored"
 
 
-def test_patterns_adapted_beside_a_mask_are_judged_by_the_task_with_the_weights_they_trained(minilm_l6):
+@pytest.mark.slow
+def test_patterns_adapted_beside_a_mask_are_judged_by_the_task_with_the_weights_they_trained(minilm_l3):
     """With the weights trained alongside, band, local and bigbird get the mask's training and are
     judged by the task with those weights, as the mask is: not with the pretrained weights."""
     from attnlens.analysis.changes import PatternChange
@@ -264,14 +268,14 @@ def test_patterns_adapted_beside_a_mask_are_judged_by_the_task_with_the_weights_
 
     task = dict(task="rotten-tomatoes", task_train=64, task_eval=24, probe_c=1.0)
     result = attnlens.dam(
-        minilm_l6, sparsity=[0.8], steps=8, stop_window=4, train_seqs=4, eval_seqs=4, seq_len=32, batch_size=8,
+        minilm_l3, sparsity=[0.8], steps=8, stop_window=4, train_seqs=4, eval_seqs=4, seq_len=32, batch_size=8,
         train_on="task", train_weights=True, weights_lr=1e-3, task_patterns="adapted", progress=False, **task,
     )  # fmt: skip
     table = result.tables["task"]
     adapted = table[table["kind"] == "pattern"]
     compared = result.tables["task_compared"]
     assert len(adapted) and len(compared) == len(adapted) and (adapted["lambda"] == table["lambda"].iloc[0]).all()
-    pretrained = TaskJudge(minilm_l6, TaskSettings(**task), seq_len=32, batch_size=8)
+    pretrained = TaskJudge(minilm_l3, TaskSettings(**task), seq_len=32, batch_size=8)
     for row in adapted.itertuples():
         unadapted = pretrained.judge(PatternChange(row.pattern, int(row.value), 32))
         assert abs(row.task_loss - unadapted["task_loss"]) > 1e-4, f"{row.pattern} judged with the weights it trained"

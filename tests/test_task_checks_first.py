@@ -57,7 +57,7 @@ def forwards():
 
 
 @pytest.fixture(scope="module")
-def classifier(minilm_l6, tmp_path_factory) -> attnlens.LoadedModel:
+def untrained_classifier(minilm_l6, tmp_path_factory) -> attnlens.LoadedModel:
     """minilm-l6 with an untrained classification head (negative, positive): only its id2label matters here."""
     names = {0: "negative", 1: "positive"}
     model = transformers.AutoModelForSequenceClassification.from_pretrained(
@@ -78,10 +78,12 @@ def other_classes(tmp_path_factory):
 
 
 @pytest.mark.parametrize("analysis", ANALYSES)
-def test_a_head_whose_id2label_does_not_match_is_refused_before_any_forward(classifier, other_classes, forwards, analysis):
+def test_a_head_whose_id2label_does_not_match_is_refused_before_any_forward(
+    untrained_classifier, other_classes, forwards, analysis
+):
     started = time.perf_counter()
     with pytest.raises(BadInput, match=r"classes \(bad, good\) do not match the head's id2label \(negative, positive\)"):
-        ANALYSES[analysis](classifier, task=other_classes)
+        ANALYSES[analysis](untrained_classifier, task=other_classes)
     assert forwards.count == 0 and time.perf_counter() - started < 10
 
 
@@ -98,18 +100,18 @@ def test_too_few_examples_for_the_split_are_refused_before_any_forward(minilm_l6
     assert forwards.count == 0
 
 
-def test_masks_that_learn_from_a_heads_task_need_training_examples(classifier, forwards):
+def test_masks_that_learn_from_a_heads_task_need_training_examples(untrained_classifier, forwards):
     with pytest.raises(BadInput, match="give task_train"):
-        ANALYSES["dam"](classifier, task="rotten-tomatoes", train_on="task")
+        ANALYSES["dam"](untrained_classifier, task="rotten-tomatoes", train_on="task")
     assert forwards.count == 0
 
 
-def test_the_command_line_refuses_a_wrong_id2label_in_seconds(classifier, other_classes, tmp_path, capsys, forwards):
-    attnlens.load_model(classifier.source)  # what loading alone runs (its probe pass), the baseline
+def test_the_command_line_refuses_a_wrong_id2label_in_seconds(untrained_classifier, other_classes, tmp_path, capsys, forwards):
+    attnlens.load_model(untrained_classifier.source)  # what loading alone runs (its probe pass), the baseline
     loading = forwards.count
     started = time.perf_counter()
     code, _, err = run_cli(
-        capsys, "importance", classifier.source, "--out", str(tmp_path / "o"), "--task", other_classes, "--no-progress"
+        capsys, "importance", untrained_classifier.source, "--out", str(tmp_path / "o"), "--task", other_classes, "--no-progress"
     )
     took = time.perf_counter() - started
     assert_one_line_error(code, err, "do not match the head's id2label")

@@ -1,7 +1,7 @@
 """Your own classifier, judged on examples it never saw: ``task_exclude`` takes the texts it was
 trained on out of the task before any split, and under ``head`` nothing else is set aside.
 
-The classifier is made here: minilm-l6 with a classification head, fine-tuned by plain
+The classifier is made here: minilm-l3 with a classification head, fine-tuned by plain
 transformers/torch on a known subset of Rotten Tomatoes sentences and saved with
 ``save_pretrained``. Matching is checked against the test's own normalisation (case and
 whitespace aside), written independently of attnlens'.
@@ -100,9 +100,9 @@ def seen_rows() -> np.ndarray:
 
 
 @pytest.fixture(scope="module")
-def classifier_dir(minilm_l6, seen_rows, tmp_path_factory):
-    """minilm-l6 with a classification head, fine-tuned by transformers on the seen rows (each once), saved."""
-    return fine_tuned_classifier(minilm_l6.source, seen_rows, tmp_path_factory.mktemp("classifier"), max_length=48)
+def classifier_dir(minilm_l3, seen_rows, tmp_path_factory):
+    """minilm-l3 with a classification head, fine-tuned by transformers on the seen rows (each once), saved."""
+    return fine_tuned_classifier(minilm_l3.source, seen_rows, tmp_path_factory.mktemp("classifier"), max_length=48)
 
 
 @pytest.fixture(scope="module")

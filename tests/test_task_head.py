@@ -1,7 +1,7 @@
 """Bring your own classifier: the ``head`` protocol judges a change through the model's own
 sequence-classification head and its ``id2label``.
 
-The classifier is made here: minilm-l6 with a classification head, fine-tuned on Rotten
+The classifier is made here: minilm-l3 with a classification head, fine-tuned on Rotten
 Tomatoes by transformers itself and saved with ``save_pretrained``. Its predictions under
 attnlens are checked against transformers' own ``model(**batch).logits.argmax(-1)``, one
 unpadded example at a time.
@@ -26,10 +26,10 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
-def classifier_dir(minilm_l6, tmp_path_factory):
-    """minilm-l6 fine-tuned on 320 Rotten Tomatoes sentences for 20 AdamW steps, saved by transformers."""
+def classifier_dir(minilm_l3, tmp_path_factory):
+    """minilm-l3 fine-tuned on 320 Rotten Tomatoes sentences for 20 AdamW steps, saved by transformers."""
     rows = np.random.default_rng(7).permutation(len(load_task("rotten-tomatoes")))[:320]
-    return fine_tuned_classifier(minilm_l6.source, rows, tmp_path_factory.mktemp("classifier"), max_length=64)
+    return fine_tuned_classifier(minilm_l3.source, rows, tmp_path_factory.mktemp("classifier"), max_length=64)
 
 
 @pytest.fixture(scope="module")

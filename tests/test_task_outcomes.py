@@ -25,12 +25,12 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
-def classifier(minilm_l6, tmp_path_factory):
-    """minilm-l6 fine-tuned two epochs on 256 sentences: it reads the task well enough that removing
+def classifier(minilm_l3, tmp_path_factory):
+    """minilm-l3 fine-tuned two epochs on 256 sentences: it reads the task well enough that removing
     attention flips some of its predictions (so changes stop at different looks)."""
     rows = np.random.default_rng(3).permutation(len(load_task("rotten-tomatoes")))[:256]
     directory = fine_tuned_classifier(
-        minilm_l6.source, rows, tmp_path_factory.mktemp("classifier"), max_length=32, lr=1e-4, epochs=2, seed=1
+        minilm_l3.source, rows, tmp_path_factory.mktemp("classifier"), max_length=32, lr=1e-4, epochs=2, seed=1
     )
     return directory, rows
 

@@ -132,13 +132,14 @@ def test_power_columns_follow_from_the_paired_outcomes(minilm_l6):
     assert judged["detectable_delta"] == pytest.approx((1.959964 + 0.841621) * paired.std(ddof=1) / np.sqrt(60))
 
 
-def test_task_eval_auto_judges_each_change_sequentially_on_a_prefix_of_the_pool(minilm_l6, monkeypatch):
+@pytest.mark.slow
+def test_task_eval_auto_judges_each_change_sequentially_on_a_prefix_of_the_pool(minilm_l3, monkeypatch):
     """Each change stops at the first look where its interval excludes zero or narrows to the target;
     the interval is recomputed here from the per-example outcomes (mean ± boundary × the Agresti–Min
     standard error), and every earlier look is checked not to have stopped."""
     monkeypatch.setattr(judge_module, "AUTO_POOL", 400)
     settings = TaskSettings(task="rotten-tomatoes", task_train=64, task_eval="auto", task_target=0.06)
-    judge = TaskJudge(minilm_l6, settings, seq_len=48, batch_size=32)
+    judge = TaskJudge(minilm_l3, settings, seq_len=48, batch_size=32)
     looks, bounds = judge.design.looks, judge.design.bounds
     assert looks[-1] == len(judge.pool) == 400 and looks[0] == 200
 
@@ -167,12 +168,13 @@ def test_task_eval_auto_judges_each_change_sequentially_on_a_prefix_of_the_pool(
     assert judge.held_out.rows.tolist() == judge.pool.rows[: len(judge.held_out)].tolist()
 
 
-def test_a_judgement_computes_each_example_once_in_the_designs_slices(minilm_l6, tmp_path, monkeypatch):
+@pytest.mark.slow
+def test_a_judgement_computes_each_example_once_in_the_designs_slices(minilm_l3, tmp_path, monkeypatch):
     """Between looks only the added examples run, in the same slices for every change (so the same
     length buckets), and the outcomes equal one judgement of them all to float32 rounding."""
     monkeypatch.setenv("ATTNLENS_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(judge_module, "AUTO_POOL", 400)
-    auto = TaskJudge(minilm_l6, TaskSettings(task="rotten-tomatoes", task_train=64, task_eval="auto"), seq_len=48, batch_size=16)
+    auto = TaskJudge(minilm_l3, TaskSettings(task="rotten-tomatoes", task_train=64, task_eval="auto"), seq_len=48, batch_size=16)
     judged, features = [], auto.features
 
     def counted(examples, change, *rest):
@@ -186,7 +188,7 @@ def test_a_judgement_computes_each_example_once_in_the_designs_slices(minilm_l6,
     assert count > looks[0]
     ran = [(rows, size) for rows, size, changed in judged if changed]
     assert [size for _, size in ran] == np.diff((0, *looks[: looks.index(outcome["held_out"]) + 1])).tolist()
-    fixed = TaskJudge(minilm_l6, TaskSettings(task="rotten-tomatoes", task_train=64, task_eval=400), seq_len=48, batch_size=16)
+    fixed = TaskJudge(minilm_l3, TaskSettings(task="rotten-tomatoes", task_train=64, task_eval=400), seq_len=48, batch_size=16)
     assert fixed.pool.rows.tolist() == auto.pool.rows.tolist()
     np.testing.assert_allclose(auto._judged[change.key].losses, fixed._outcomes(change, 400).losses[:count], atol=1e-5)
 
@@ -252,10 +254,11 @@ def test_task_eval_takes_a_number_or_auto(value, tmp_path, capsys):
     assert_one_line_error(code, err, "--task-eval", "auto")
 
 
-def test_task_eval_auto_is_recorded_with_what_it_reached(minilm_l6, tmp_path, monkeypatch):
+@pytest.mark.slow
+def test_task_eval_auto_is_recorded_with_what_it_reached(minilm_l3, tmp_path, monkeypatch):
     monkeypatch.setattr(judge_module, "AUTO_POOL", 240)
     result = attnlens.importance(
-        minilm_l6, seq_len=32, num_seqs=4, batch_size=4, task="rotten-tomatoes", task_train=48, task_eval="auto",
+        minilm_l3, seq_len=32, num_seqs=4, batch_size=4, task="rotten-tomatoes", task_train=48, task_eval="auto",
         task_target=0.2, gradient=False, progress=False,
     )  # fmt: skip
     sequential = result.meta["task"]["sequential"]
@@ -300,10 +303,11 @@ def _plain_finetune(judge: TaskJudge, seed: int):
     return module, head
 
 
-def test_with_no_change_each_finetune_seed_is_the_plain_finetune_bit_for_bit(minilm_l6, tmp_path, monkeypatch):
+@pytest.mark.slow
+def test_with_no_change_each_finetune_seed_is_the_plain_finetune_bit_for_bit(minilm_l3, tmp_path, monkeypatch):
     monkeypatch.setenv("ATTNLENS_CACHE", str(tmp_path / "cache"))
     settings = TaskSettings(task="imdb", protocol="finetune", task_train=16, task_eval=20, finetune_steps=3, seeds=2)
-    judge = TaskJudge(minilm_l6, settings, seq_len=32, batch_size=8, seed=4)
+    judge = TaskJudge(minilm_l3, settings, seq_len=32, batch_size=8, seed=4)
     assert [run["seed"] for run in judge.finetune_runs] == [4, 5]
     for seed in (4, 5):
         module, head, _ = judge._finetune(None, seed)  # from the cache the judge wrote
@@ -313,12 +317,13 @@ def test_with_no_change_each_finetune_seed_is_the_plain_finetune_bit_for_bit(min
             assert torch.equal(value, plain), name
 
 
-def test_finetune_seeds_give_each_seed_and_an_interval_across_seeds(minilm_l6, tmp_path, monkeypatch):
+@pytest.mark.slow
+def test_finetune_seeds_give_each_seed_and_an_interval_across_seeds(minilm_l3, tmp_path, monkeypatch):
     from scipy import stats
 
     monkeypatch.setenv("ATTNLENS_CACHE", str(tmp_path / "cache"))
     settings = TaskSettings(task="imdb", protocol="finetune", task_train=16, task_eval=20, finetune_steps=2, seeds=3)
-    judge = TaskJudge(minilm_l6, settings, seq_len=32, batch_size=8)
+    judge = TaskJudge(minilm_l3, settings, seq_len=32, batch_size=8)
     judged = judge.judge(Ablation("cls", CLASSES))
     per_seed = np.array([float(value) for value in judged["seed_accuracies"].split()])
     unmodified = judge._judged[None].seeds.mean(1)

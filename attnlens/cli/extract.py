@@ -27,7 +27,8 @@ from .app import (
 @app.command()
 def models() -> None:
     """List the model aliases and whether each is installed."""
-    from attnlens.models.loading import cache_dir, list_models
+    from attnlens.models.aliases import list_models
+    from attnlens.models.cache import cache_dir
 
     rows = list_models()
     width = max(len(row["alias"]) for row in rows)
