@@ -160,7 +160,7 @@ def test_task_halves_are_disjoint(minilm_l3):
     from attnlens.analysis.experiment import Experiment
     from attnlens.analysis.plan import PlanSettings
 
-    s = PlanSettings(seq_len=32, task="rotten-tomatoes", task_train=64, task_eval=40, max_drop=(1.0,))
+    s = PlanSettings(seq_len=32, task="rotten-tomatoes", task_train=64, task_eval=40, max_drop=(50.0,))
     experiment = Experiment.start(minilm_l3, s, num_eval=2)
     costs = TaskCosts(experiment, s, 20, batch_size=16, seed=0)
     select, check = costs.parts["select"], costs.parts["check"]
@@ -173,18 +173,44 @@ def test_task_halves_are_disjoint(minilm_l3):
 
 
 @pytest.mark.parametrize(
-    ("argv", "phrase"),
+    ("argv", "phrases"),
     [
         (["--max-loss", "0"], "must be greater than 0"),
         (["--max-drop", "-1", "--task", "rotten-tomatoes"], "must be greater than 0"),
         ([], "give a budget"),
         (["--max-loss", "0.1", "--ks", "40", "--seq-len", "32"], "--ks 40 is larger than n = 32"),
         (["--max-drop", "1"], "name a task"),
+        (
+            ["--max-drop", "1,2", "--task", "rotten-tomatoes", "--task-eval", "512"],
+            ("cannot be forecast on 256 + 256", "at least 1,059"),
+        ),
     ],
 )
-def test_bad_plans_get_one_line(argv, phrase, capsys, tmp_path):
+def test_bad_plans_get_one_line(argv, phrases, capsys, tmp_path):
     code, _, err = run_cli(capsys, "plan", *argv, "--out", str(tmp_path / "p"))
-    assert_one_line_error(code, err, phrase)
+    assert_one_line_error(code, err, *([phrases] if isinstance(phrases, str) else phrases))
+    assert not (tmp_path / "p").exists()
+
+
+def test_an_accuracy_budget_needs_the_examples_that_can_forecast_it():
+    """One lost example among n/2, forecast by hand (mean 1/s, sd √(1/s), the one-sided t quantile of both
+    means' noise and the check's own half-width): the needed task_eval is the smallest n, by brute force,
+    whose forecast fits the budget; a budget refused below it is planned from it (no model is loaded)."""
+    from scipy import stats
+
+    from attnlens.analysis.plan import PlanSettings
+
+    def by_hand(n: int) -> float:
+        s, c = n // 2, n - n // 2
+        sd = np.sqrt(1 / s)  # the sample sd of one 1 among s values: √(s·(1/s)(1 − 1/s)/(s − 1)) = √(1/s)
+        return 1 / s + stats.t.ppf(0.95, s - 1) * sd * np.sqrt(1 / s + 1 / c) + 1.959964 * sd / np.sqrt(c)
+
+    for points in (0.5, 1.0, 2.0, 5.0):
+        needed = next(n for n in range(8, 10_000) if by_hand(n) <= points / 100)
+        with pytest.raises(BadInput, match=f"at least {needed:,}"):
+            PlanSettings(max_drop=(points,), task="rotten-tomatoes", task_eval=needed - 1)
+        PlanSettings(max_drop=(points,), task="rotten-tomatoes", task_eval=needed)
+        PlanSettings(max_drop=(points,), task="rotten-tomatoes", task_eval=needed - 1, forecastable_only=False)
 
 
 def test_a_budget_below_the_unmodified_loss_cannot_be_met(gemma3, capsys, tmp_path):

@@ -131,7 +131,10 @@ def _plan(loaded: LoadedModel, settings: ReportSettings, progress: Progress, **c
     """The plan stage: budgets of task accuracy under the probe, on the report's blocks and task."""
     from attnlens.analysis.plan import plan
 
+    # the default and quick sizes cannot forecast a budget of a few points: the plan runs anyway to show the
+    # machinery, and its claim says "not decided at this size (run --full)"
     chosen = {**task_settings(settings), "protocol": "probe", "seeds": 1, "task_eval": settings.plan_task_eval}
+    chosen["forecastable_only"] = False
     return plan(
         loaded,
         max_drop=settings.plan_budgets,

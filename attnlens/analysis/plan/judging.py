@@ -60,6 +60,40 @@ def forecast_high(values: np.ndarray, check_units: int, miss_rate: float = MISS_
     return float(np.mean(values)) + predicted + Z_CHECK * spread / np.sqrt(check_units)
 
 
+def one_loss_forecast(select: int, check: int) -> float:
+    """The check's forecast upper end (:func:`forecast_high`) of a change that loses one of ``select``
+    selection examples and changes nothing else: the least a change that costs anything can forecast.
+    Where it exceeds an accuracy budget, only changes that lose nothing can meet it at these sizes.
+
+    >>> round(one_loss_forecast(256, 256), 4)  # --task-eval 512: above a 2-point budget
+    0.0207
+    """
+    values = np.zeros(select)
+    values[0] = 1.0
+    return float(forecast_high(values, check))
+
+
+def task_eval_needed(allowance: float) -> int:
+    """The fewest held-out examples (``task_eval``, half choosing and half checking) at which one lost
+    example forecasts within ``allowance``: the size an accuracy budget needs before it can be planned.
+
+    >>> task_eval_needed(0.01), task_eval_needed(0.02)
+    (1059, 530)
+    """
+
+    def fits(count: int) -> bool:
+        return one_loss_forecast(count // 2, count - count // 2) <= allowance
+
+    high = 4
+    while not fits(high):
+        high *= 2
+    low = high // 2  # does not fit (or is below the smallest size tried): the answer lies in (low, high]
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (low, middle) if fits(middle) else (middle, high)
+    return high
+
+
 @dataclass(frozen=True)
 class Budget:
     """``kind`` ``"accuracy"`` (``value``: the most accuracy may drop, in points) or ``"loss"``

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from attnlens.analysis.plan.judging import Budget
+from attnlens.analysis.plan.judging import Budget, one_loss_forecast, task_eval_needed
 from attnlens.analysis.task import TaskSettings
 from attnlens.errors import BadInput
 from attnlens.settings import CorpusSettings, at_least, positive
@@ -25,7 +25,9 @@ class PlanSettings(CorpusSettings, TaskSettings):
     plan's choice are measured on ``select_seqs`` (not the fitting blocks, on which the maps
     look better than they are), and the proxy's held-out check runs on ``eval_seqs``. With a
     task, ``task_eval`` held-out examples are split in two halves: the first chooses, the
-    second checks. ``bootstrap`` resamples give every interval.
+    second checks. ``bootstrap`` resamples give every interval. An accuracy budget that one lost
+    example already forecasts above, at these halves, is refused with the ``task_eval`` it needs
+    (``forecastable_only``; the report plans anyway at its small sizes and says "not decided").
 
     >>> PlanSettings(max_loss=(0.01,), max_drop=(1.0,), task="rotten-tomatoes")
     Traceback (most recent call last):
@@ -43,6 +45,7 @@ class PlanSettings(CorpusSettings, TaskSettings):
     objective: str = "auto"
     classes: str | None = None
     seq_len: int = 128
+    forecastable_only: bool = True
 
     def validate(self) -> None:
         super().validate()
@@ -66,6 +69,24 @@ class PlanSettings(CorpusSettings, TaskSettings):
         at_least("fit_seqs", self.fit_seqs, 2, " blocks to fit the maps on")
         at_least("select_seqs", self.select_seqs, 2, " blocks to choose the plan on")
         at_least("eval_seqs", self.eval_seqs, 2, " held-out blocks")
+        if self.forecastable_only:
+            self._check_forecastable()
+
+    def _check_forecastable(self) -> None:
+        """Refuse an accuracy budget these halves cannot forecast: one lost example (the least a change
+        that costs anything can lose) forecasts above it, so only changes that lose nothing could meet it."""
+        if self.max_drop is None or not isinstance(self.task_eval, int):
+            return
+        select, check = self.task_eval // 2, self.task_eval - self.task_eval // 2
+        forecast = one_loss_forecast(select, check)
+        for value in sorted(self.max_drop):
+            if forecast > value / 100:
+                points = f"{value:g} point{'' if value == 1 else 's'}"
+                raise BadInput(
+                    f"a budget of {points} cannot be forecast on {select} + {check} held-out examples: one example lost among "
+                    f"them already forecasts {100 * forecast:.2g} points on the check; give `task_eval` at least "
+                    f"{task_eval_needed(value / 100):,} (half chooses the plan, half checks it)"
+                )
 
     @property
     def budgets(self) -> list[Budget]:
