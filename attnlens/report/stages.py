@@ -133,8 +133,9 @@ def _plan(loaded: LoadedModel, settings: ReportSettings, progress: Progress, **c
 
     # the default and quick sizes cannot forecast a budget of a few points: the plan runs anyway to show the
     # machinery, and its claim says "not decided at this size (run --full)"
-    chosen = {**task_settings(settings), "protocol": "probe", "seeds": 1, "task_eval": settings.plan_task_eval}
-    chosen["forecastable_only"] = False
+    chosen = {
+        **task_settings(settings), "protocol": "probe", "seeds": 1, "task_eval": settings.plan_task_eval, "forecastable_only": False,
+    }  # fmt: skip
     return plan(
         loaded,
         max_drop=settings.plan_budgets,

@@ -31,8 +31,9 @@ import torch
 from attnlens.data.corpus import Blocks, Corpus, load_corpus
 from attnlens.errors import BadInput
 from attnlens.io.store import Store, is_store, open_store
+from attnlens.models.aliases import ALIASES
 from attnlens.models.capture import Capture
-from attnlens.models.loading import ALIASES, LoadedModel, ModelNotFound, load_model
+from attnlens.models.loading import LoadedModel, ModelNotFound, load_model
 from attnlens.progress import progress_bar
 
 Consumer = Callable[[int, torch.Tensor, torch.Tensor, np.ndarray], None]
