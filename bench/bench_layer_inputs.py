@@ -17,7 +17,7 @@ here are shared and noisy); every ratio is against a baseline measured in the sa
      stacked   ``LayerInputs.forward_each(l, ...)``: one forward of 12 stacked copies
    and the largest difference between the two, which on CPU is 0 (see tests/test_layer_inputs.py).
 3. **The planner's per-head curves** (``attnlens.analysis.plan``: every head alone under a window and a
-   partial choice, each judged by the proxy on the selection blocks), per curve:
+   partial choice, each judged by the proxy on the curve blocks), per curve:
      full      each curve's forward through every layer                        <- the baseline: one full forward
      started   as ``attnlens plan`` runs them: from the curve's layer (``Split.starts``)
    the ratio started/full is what a curve costs against one full forward of the same blocks.
@@ -109,9 +109,11 @@ def planner_curves(model, n: int, blocks: int, repeats: int) -> None:
     from attnlens.analysis.plan import PlanSettings, _planner
     from attnlens.analysis.plan.allocate import head_curves
 
-    settings = PlanSettings(seq_len=n, fit_seqs=16, select_seqs=blocks, eval_seqs=2, max_loss=[0.05], ks=[4], widths=[8])
+    settings = PlanSettings(
+        seq_len=n, fit_seqs=16, curve_seqs=blocks, select_seqs=2, eval_seqs=2, max_loss=[0.05], ks=[4], widths=[8]
+    )
     planner = _planner(model, settings, "cpu", False)
-    split = planner.proxy.splits["select"]
+    split = planner.proxy.splits["curve"]
     starts = split.starts
     units = planner.units[:: max(1, len(planner.units) // 24)]  # two heads per layer: the layers' mix of a full curve
 
@@ -119,7 +121,7 @@ def planner_curves(model, n: int, blocks: int, repeats: int) -> None:
         def run() -> object:
             split.starts = starts if started else None
             planner.proxy._known = {}  # judge every change afresh
-            return head_curves(units, planner.choices, planner.change, lambda change: planner.proxy.costs(change, "select"),
+            return head_curves(units, planner.choices, planner.change, lambda change: planner.proxy.costs(change, "curve"),
                                planner.flops, progress=False)  # fmt: skip
 
         return run

@@ -56,7 +56,7 @@ SMALL = {
         "importance": "--seq-len 32 --num-seqs 4 --bootstrap 100",
         "dam": "--seq-len 16 --steps 3 --stop-window 2 --train-seqs 4 --eval-seqs 4 --bootstrap 100 --check-window 2 "
         "--reference-rounds 2 --polish-rounds 2",
-        "plan": "--seq-len 16 --fit-seqs 24 --select-seqs 4 --eval-seqs 4 --ks 2,4 --widths 1,4 --bootstrap 100",
+        "plan": "--seq-len 16 --fit-seqs 24 --curve-seqs 4 --select-seqs 4 --eval-seqs 4 --ks 2,4 --widths 1,4 --bootstrap 100",
     }.items()
 }
 SMALL_TASK = "--task-train 64 --task-eval 32 --finetune-steps 2".split()  # appended with --task
@@ -72,7 +72,7 @@ SMALL_CALLS = {
         "seq_len": 16, "steps": 3, "stop_window": 2, "train_seqs": 4, "eval_seqs": 4, "bootstrap": 100, "check_window": 2,
         "polish_rounds": 2,
     },
-    "plan": {"seq_len": 16, "fit_seqs": 24, "select_seqs": 4, "eval_seqs": 4, "ks": [2, 4], "widths": [1, 4], "bootstrap": 100},
+    "plan": {"seq_len": 16, "fit_seqs": 24, "curve_seqs": 4, "select_seqs": 4, "eval_seqs": 4, "ks": [2, 4], "widths": [1, 4], "bootstrap": 100},
 }  # fmt: skip
 
 # What a file's Python blocks leave behind: the blocks ran, on the small settings above.

@@ -25,7 +25,17 @@ ANALYSES = {
         model, seq_len=16, train_seqs=4, eval_seqs=4, steps=20, stop_window=2, check_window=2, progress=False, **task
     ),
     "plan": lambda model, **task: attnlens.plan(
-        model, seq_len=16, fit_seqs=4, select_seqs=4, eval_seqs=4, ks=[2], widths=[2], max_drop=[50.0], progress=False, **task
+        model,
+        seq_len=16,
+        fit_seqs=4,
+        curve_seqs=4,
+        select_seqs=4,
+        eval_seqs=4,
+        ks=[2],
+        widths=[2],
+        max_drop=[50.0],
+        progress=False,
+        **task,
     ),
     "reconstruct": lambda model, **task: attnlens.reconstruct(
         model, seq_len=16, num_seqs=8, ks=[4], layers=[0], plug_in=True, progress=False, **task

@@ -178,15 +178,17 @@ class Starts:
         self.model, self.budget_bytes = model, budget_bytes
         self.caches: dict[int, LayerInputs] = {}
 
-    def at(self, index: int, input_ids: torch.Tensor, layers: list[int] | None) -> contextlib.AbstractContextManager:
-        """Inside, a forward of batch ``index`` (``input_ids``) starts at the first of ``layers`` (all: at 0)."""
+    def at(self, index: int, batch: object, layers: list[int] | None) -> contextlib.AbstractContextManager:
+        """Inside, a forward of batch ``index`` (a corpus batch's ``input_ids``, or a task batch's ``ids``
+        and ``attention_mask``) starts at the first of ``layers`` (all: at 0)."""
         start = min(layers) if layers else 0
         if start == 0:
             return contextlib.nullcontext()
         cache = self.caches.get(index)
         if cache is None:
             spent = sum(kept.nbytes for kept in self.caches.values())
-            cache = self.caches[index] = LayerInputs.record(self.model, input_ids, budget_bytes=self.budget_bytes - spent)
+            ids, mask = (batch.input_ids, None) if hasattr(batch, "input_ids") else (batch.ids, batch.attention_mask)
+            cache = self.caches[index] = LayerInputs.record(self.model, ids, mask, budget_bytes=self.budget_bytes - spent)
         return cache.started_at(start)
 
 
@@ -224,7 +226,7 @@ def evaluate_batch(
             metrics = objective.evaluate(batch)
         else:
             with Capture(layers=layers, intervene=intervene, record=False):
-                with contextlib.nullcontext() if start is None else start[0].at(start[1], batch.input_ids, layers):
+                with contextlib.nullcontext() if start is None else start[0].at(start[1], batch, layers):
                     metrics = objective.evaluate(batch)
     return {name: value.double().cpu().numpy() for name, value in metrics.items()}
 

@@ -44,13 +44,13 @@ class Split:
     """A set of sequences as judging needs them, one entry per batch: what the objective
     evaluates (``inputs``: :class:`~attnlens.analysis.objectives.PreparedBatch` of corpus
     blocks, or :class:`~attnlens.analysis.task.TaskBatch` of task examples) and what a change
-    reads (``views``); ``ids`` (sequences, n) are the tokens as read; ``starts``, for corpus
-    blocks, lets a change to layers ≥ l run from layer l."""
+    reads (``views``); ``ids`` (sequences, n) are the tokens as read; ``starts`` lets a change to
+    layers ≥ l run from layer l."""
 
     inputs: list
     views: list[Batch]
     ids: torch.Tensor
-    starts: Starts | None = None  # corpus blocks: each batch's layer inputs, so a change to layers >= l runs from l
+    starts: Starts | None = None  # each batch's layer inputs, so a change to layers >= l runs from l
 
     @property
     def sizes(self) -> list[int]:
@@ -58,11 +58,12 @@ class Split:
 
     @classmethod
     def of_examples(cls, examples: Examples, model: LoadedModel, batch_size: int) -> Split:
-        """Task examples in batches (their first example's number seeds their draws)."""
+        """Task examples in batches (their first example's number seeds their draws); a change to layers
+        ≥ l judged through :func:`~attnlens.analysis.evaluation.evaluate_change` runs from layer l."""
         from attnlens.analysis.task import batches
 
         inputs = list(batches(examples, batch_size, model.device))
-        return cls(inputs, [batch.view(model) for batch in inputs], torch.from_numpy(examples.ids))
+        return cls(inputs, [batch.view(model) for batch in inputs], torch.from_numpy(examples.ids), Starts(model))
 
 
 @dataclass

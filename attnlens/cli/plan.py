@@ -80,9 +80,8 @@ def plan(
     corpus: CorpusOption = P.corpus,
     seq_len: SeqLenOption = P.seq_len,
     fit_seqs: Annotated[int, _blocks("--fit-seqs", "Blocks to fit the partial maps on.")] = P.fit_seqs,
-    select_seqs: Annotated[
-        int, _blocks("--select-seqs", "Other blocks to measure curves and choose the plan on.")
-    ] = P.select_seqs,
+    curve_seqs: Annotated[int, _blocks("--curve-seqs", "Other blocks to measure each head's curve on.")] = P.curve_seqs,
+    select_seqs: Annotated[int, _blocks("--select-seqs", "Other blocks to choose a loss budget's plan on.")] = P.select_seqs,
     eval_seqs: Annotated[int, _blocks("--eval-seqs", "Held-out blocks the plan is checked on.")] = P.eval_seqs,
     batch_size: BatchSizeOption = P.batch_size,
     seed: SeedOption = P.seed,

@@ -48,13 +48,15 @@ def plan_claims(plan_result, evidence: Evidence) -> list[Claim]:
         verdict = Verdict(
             HOLDS, f"{plan.flops_ratio:.0%} of the FLOPs within −{counted(plan.budget, 'point')} on held-out examples"
         )
-    return [Claim(CLAIM, PAPERS, verdict, _proxy_cost(plan_result, plan), "; ".join(said))]
+    return [Claim(CLAIM, PAPERS, verdict, _curve_cost(plan_result, plan), "; ".join(said))]
 
 
-def _proxy_cost(plan_result, plan: pd.Series) -> str:
-    """The plan's proxy cost as measured: its heads' single-head costs (each head changed alone, on the
-    selection blocks) summed, along the path up to the plan's step or over a uniform plan's heads."""
-    detail, unit = str(plan.detail), LOSS_UNITS[plan_result.settings["objective"]]
+def _curve_cost(plan_result, plan: pd.Series) -> str:
+    """The plan's cost on the curves as measured: its heads' single-head costs (each head changed alone, on
+    the curves' blocks or task examples) summed, along the path up to the plan's step or over a uniform plan's heads."""
+    settings = plan_result.settings
+    detail = str(plan.detail)
+    unit = "nats of task cross-entropy" if settings.get("curve_cost") == "task" else LOSS_UNITS[settings["objective"]]
     if detail.startswith("uniform "):  # a uniform plan: every head under one choice
         curves = plan_result.tables["curves"]
         chosen = curves[curves.choice == detail.removeprefix("uniform ")]
@@ -96,7 +98,8 @@ def plan_section(results: dict, names: dict[str, str], figures: Figures, evidenc
     method = (
         f"Per layer and head: exact, partial with its own k (greedy keys, a closed-form map fitted on {settings['fit_seqs']} "
         f"blocks) or a window, at the fewest attention FLOPs within each budget of task accuracy ({', '.join(settings['budgets'])}). "
-        f"Curves of every head alone on {settings['select_seqs']} blocks give a greedy path; the plan is the cheapest of its last step "
+        f"Curves of every head alone (the task's cross-entropy on {settings['curve_seqs']} of its training examples) give a greedy "
+        "path; the plan is the cheapest of its last step "
         f"that meets the budget and the uniform plans that meet it, on {units['select']:,} task examples, then checked on {units['check']:,} others, beside the "
         "cheapest uniform plans and a random allocation of the plan's FLOPs. FLOPs count a window's kept pairs as a sparse "
         "kernel would."

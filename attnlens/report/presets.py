@@ -81,7 +81,7 @@ class ReportSettings:
     plan_budgets: tuple[float, ...] = (0.5, 1.0, 2.0)
     plan_task_eval: int = 3000
     plan_fit_seqs: int = 64
-    plan_select_seqs: int = 32
+    plan_curve_seqs: int = 16
     plan_ks: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
     plan_widths: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
 
@@ -101,7 +101,7 @@ _MACHINERY = dict(
     plan_budgets=(1.0, 2.0),
     plan_task_eval=64,
     plan_fit_seqs=16,
-    plan_select_seqs=4,
+    plan_curve_seqs=4,
     plan_ks=(16,),
     plan_widths=(8,),
 )

@@ -140,7 +140,7 @@ def _plan(loaded: LoadedModel, settings: ReportSettings, progress: Progress, **c
         loaded,
         max_drop=settings.plan_budgets,
         fit_seqs=settings.plan_fit_seqs,
-        select_seqs=settings.plan_select_seqs,
+        curve_seqs=settings.plan_curve_seqs,
         eval_seqs=settings.importance_seqs,
         ks=tuple(k for k in settings.plan_ks if k <= settings.seq_len),
         widths=settings.plan_widths,

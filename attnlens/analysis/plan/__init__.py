@@ -5,7 +5,7 @@ be computed partially (k exact scores per query and a least-squares map), which 
 window of keys, and which must stay exact, at the fewest attention FLOPs?":
 
 1. **curves**: every head alone, under every choice (:mod:`~attnlens.analysis.plan.choices`),
-   costs so much proxy loss on the selection blocks;
+   costs so much proxy loss on the curve blocks (not the blocks the plan is chosen on);
 2. **path**: the greedy path spends FLOPs where they cost least, treating the heads' costs
    as additive (:func:`~attnlens.analysis.plan.allocate.greedy_path`);
 3. **verify and repair**: heads interact, so the step the sum predicts is run on the model
@@ -25,8 +25,8 @@ with its maps; :meth:`~attnlens.analysis.plan.result.PlanResult.apply` runs a mo
 plan through the partial attention function (:mod:`attnlens.models.partial`).
 
 >>> import attnlens
->>> result = attnlens.plan("minilm-l3", seq_len=16, fit_seqs=8, select_seqs=4, eval_seqs=4, max_loss=[0.05],
-...                        ks=[2], widths=[2], progress=False)
+>>> result = attnlens.plan("minilm-l3", seq_len=16, fit_seqs=8, curve_seqs=4, select_seqs=4, eval_seqs=4,
+...                        max_loss=[0.05], ks=[2], widths=[2], progress=False)
 >>> result.methods.method.tolist()
 ['plan', 'uniform partial', 'uniform partial at plan FLOPs', 'uniform window', 'uniform window at plan FLOPs', 'random']
 >>> bool(result.methods.flops_ratio.iloc[0] < 1)      # the plan computes less than exact attention
@@ -74,7 +74,8 @@ class _Planner:
     experiment: Experiment
     s: PlanSettings
     fit: Blocks  # the blocks the maps are fitted on
-    select: Blocks  # the blocks the curves and the plan's choice are measured on
+    curve: Blocks  # the blocks the heads' curves are measured on
+    select: Blocks  # the blocks a loss budget's plan is chosen on
     units: list[tuple[int, int]]
     choices: list[Choice]
     bank: MapBank
@@ -119,7 +120,7 @@ def plan(
         planner.units,
         planner.choices,
         planner.change,
-        lambda change: planner.proxy.costs(change, "select"),
+        lambda change: planner.judge.costs(change, "curve"),
         planner.flops,
         curves_progress,
     )
@@ -168,13 +169,13 @@ def _cheapest_uniforms(
 
 
 def _planner(source: str | LoadedModel, s: PlanSettings, device: str, progress: Progress) -> _Planner:
-    """The experiment (its training blocks divided into fit and selection blocks, and the held-out
-    blocks), the choices, the maps and the judges."""
+    """The experiment (its training blocks divided into fit, curve and selection blocks, and the
+    held-out blocks), the choices, the maps and the judges."""
     experiment = Experiment.start(  # an accuracy budget's task is prepared (and so checked) before the first forward pass
-        source, s, num_eval=s.eval_seqs, num_train=s.fit_seqs + s.select_seqs, device=device,
+        source, s, num_eval=s.eval_seqs, num_train=s.fit_seqs + s.curve_seqs + s.select_seqs, device=device,
         task=TaskSettings.of(s) if s.max_drop is not None else None, task_pad_to=s.seq_len,
     )  # fmt: skip
-    fit, select = _divided(experiment.train, s.fit_seqs, s.seed)
+    fit, curve, select = _divided(experiment.train, (s.fit_seqs, s.curve_seqs), s.seed)
     model = experiment.model
     s.check_geometry(model.num_layers, model.num_heads, model.causal)
     choices = options(s.seq_len, model.head_dim, s.ks, s.widths, causal=model.causal)
@@ -186,19 +187,21 @@ def _planner(source: str | LoadedModel, s: PlanSettings, device: str, progress: 
         queries = list(range(s.seq_len)) if model.causal else None
         moments = compute_moments(rows, queries=queries, batch_size=s.batch_size, seed=s.seed, progress=progress).total
         fitter = MapFitter(moments, ridge=MAP_RIDGE, seed=s.seed, global_positions=(0,))
-    proxy = ProxyCosts(experiment, select, s.batch_size, s.bootstrap, s.seed)
+    proxy = ProxyCosts(experiment, curve, select, s.batch_size, s.bootstrap, s.seed)
     judge: Costs = proxy
     if s.max_drop is not None:
-        judge = TaskCosts(experiment, TaskSettings.of(s), _choosing_half(s), s.batch_size, s.seed)
+        judge = TaskCosts(experiment, TaskSettings.of(s), _choosing_half(s), s.curve_seqs, s.batch_size, s.seed)
     units = [(layer, head) for layer in range(model.num_layers) for head in range(model.num_heads)]
-    return _Planner(experiment, s, fit, select, units, choices, MapBank(fitter), proxy, judge)
+    return _Planner(experiment, s, fit, curve, select, units, choices, MapBank(fitter), proxy, judge)
 
 
-def _divided(blocks: Blocks, first: int, seed: int) -> tuple[Blocks, Blocks]:
-    """``blocks`` in two disjoint parts, ``first`` of them and the rest, chosen by ``seed``, each in corpus order."""
+def _divided(blocks: Blocks, sizes: tuple[int, ...], seed: int) -> tuple[Blocks, ...]:
+    """``blocks`` in disjoint parts, one of each of ``sizes`` and the rest, chosen by ``seed``, each in corpus order."""
     order = np.random.default_rng([seed, FIT_STREAM]).permutation(len(blocks))
-    parts = (np.sort(order[:first]), np.sort(order[first:]))
-    return tuple(Blocks(ids=blocks.ids[index], index=blocks.index[index], available=blocks.available) for index in parts)
+    parts = np.split(order, np.cumsum(sizes))
+    return tuple(
+        Blocks(ids=blocks.ids[index], index=blocks.index[index], available=blocks.available) for index in map(np.sort, parts)
+    )
 
 
 def _choosing_half(s: PlanSettings) -> int:
@@ -221,7 +224,7 @@ def _verified_step(planner: _Planner, path: list[dict], budget: Budget) -> tuple
     and every step it ran on the model."""
     allowance = budget.allowance(planner.judge)
     added = np.cumsum([0.0] + [segment["added"] for segment in path])
-    # The curves are proxy costs: they predict a proxy budget's step; for accuracy the search starts halfway.
+    # The curves predict a loss budget's step (same units); an accuracy budget's (cross-entropy curves) starts halfway.
     predicted = int(np.flatnonzero(added <= allowance).max()) if planner.judge is planner.proxy else len(path) // 2
     probed: list[dict] = []
 
@@ -314,6 +317,8 @@ def _result(
             "evaluations": planner.judge.evaluations + (planner.proxy.evaluations if planner.judge is not planner.proxy else 0),
             "units": {part: planner.judge.units(part) for part in ("select", "check")},
             "fit_block_index": planner.fit.index.tolist(),
+            "curve_block_index": planner.curve.index.tolist(),
+            "curve_cost": "task" if isinstance(planner.judge, TaskCosts) else "proxy",
             "select_block_index": planner.select.index.tolist(),
         },
         task=planner.judge.judge.describe() if isinstance(planner.judge, TaskCosts) else None,

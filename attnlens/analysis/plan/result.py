@@ -100,7 +100,7 @@ class PlanResult(Result):
         """One line per budget whose plan misses it on the held-out check (or one saying none does).
 
         >>> import attnlens
-        >>> result = attnlens.plan("minilm-l3", seq_len=16, fit_seqs=8, select_seqs=4, eval_seqs=4, max_loss=[0.05],
+        >>> result = attnlens.plan("minilm-l3", seq_len=16, fit_seqs=8, curve_seqs=4, select_seqs=4, eval_seqs=4, max_loss=[0.05],
         ...                        ks=[2], widths=[2], progress=False)
         >>> result.misses()[0].startswith(("every plan meets", "MISSES"))
         True

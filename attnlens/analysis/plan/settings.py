@@ -20,12 +20,13 @@ class PlanSettings(CorpusSettings, TaskSettings):
     accuracy may drop, in points (needs ``task``); or ``max_loss``, the most the proxy loss
     may be (1 − cosine for encoders, whose unmodified loss is 0; next-token loss for
     decoders, in nats). Choices: partial computation with each of ``ks`` exact keys per
-    query, windows of each of ``widths``. Three disjoint sets of blocks: the maps are fitted
-    on ``fit_seqs`` (a causal model's per-query maps need more than n), the curves and the
-    plan's choice are measured on ``select_seqs`` (not the fitting blocks, on which the maps
-    look better than they are), and the proxy's held-out check runs on ``eval_seqs``. With a
-    task, ``task_eval`` held-out examples are split in two halves: the first chooses, the
-    second checks. ``bootstrap`` resamples give every interval. An accuracy budget that one lost
+    query, windows of each of ``widths``. Four disjoint sets of blocks: the maps are fitted
+    on ``fit_seqs`` (a causal model's per-query maps need more than n), the heads' curves are
+    measured on ``curve_seqs`` (not the fitting blocks, on which the maps look better than they
+    are), a loss budget's plan is chosen on ``select_seqs`` (not the curves' blocks: a path
+    built from those blocks' own noise looks better on them than it is), and the proxy's
+    held-out check runs on ``eval_seqs``. With a task, ``task_eval`` held-out examples are
+    split in two halves: the first chooses, the second checks. ``bootstrap`` resamples give every interval. An accuracy budget that one lost
     example already forecasts above, at these halves, is refused with the ``task_eval`` it needs
     (``forecastable_only``; the report plans anyway at its small sizes and says "not decided").
 
@@ -40,6 +41,7 @@ class PlanSettings(CorpusSettings, TaskSettings):
     ks: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
     widths: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
     fit_seqs: int = 64
+    curve_seqs: int = 16
     select_seqs: int = 32
     eval_seqs: int = 32
     objective: str = "auto"
@@ -67,6 +69,7 @@ class PlanSettings(CorpusSettings, TaskSettings):
         for width in self.widths:
             at_least("widths", width, 1, " position on each side")
         at_least("fit_seqs", self.fit_seqs, 2, " blocks to fit the maps on")
+        at_least("curve_seqs", self.curve_seqs, 1, " block to measure the heads' curves on")
         at_least("select_seqs", self.select_seqs, 2, " blocks to choose the plan on")
         at_least("eval_seqs", self.eval_seqs, 2, " held-out blocks")
         if self.forecastable_only:
