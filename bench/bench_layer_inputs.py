@@ -113,7 +113,7 @@ def planner_curves(model, n: int, blocks: int, repeats: int) -> None:
         seq_len=n, fit_seqs=16, curve_seqs=blocks, select_seqs=2, eval_seqs=2, max_loss=[0.05], ks=[4], widths=[8]
     )
     planner = _planner(model, settings, "cpu", False)
-    split = planner.proxy.splits["curve"]
+    split = planner.proxy.split("curve")
     starts = split.starts
     units = planner.units[:: max(1, len(planner.units) // 24)]  # two heads per layer: the layers' mix of a full curve
 

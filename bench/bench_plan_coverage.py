@@ -107,7 +107,7 @@ class Drawn(Costs):
         return self.pool.costs(change, "check")[self.parts[part]]
 
     def unmodified_loss(self, part: str) -> float:
-        return float(self.pool.baseline["check"][self.parts[part]].mean())
+        return float(self.pool.baseline("check")[self.parts[part]].mean())
 
     def units(self, part: str) -> int:
         return len(self.parts[part])

@@ -40,7 +40,6 @@ from attnlens.analysis.task import TaskJudge, TaskLoss, TaskSettings
 from attnlens.data.corpus import Blocks
 from attnlens.errors import BadInput
 
-PARTS = ("select", "check")
 Z_CHECK = 1.959964  # the check's interval is a two-sided 95% interval
 # The forecast's one-sided quantile for one plan. The search keeps the cheapest of several plans that pass,
 # and so the ones whose selection noise was favourable: at 5%, its plans met on the check 94-96% of the time
@@ -167,29 +166,40 @@ class Costs:
 
 
 class ProxyCosts(Costs):
-    """Proxy loss increases per block, on the curve blocks, the selection blocks and the held-out blocks (check)."""
+    """Proxy loss increases per block, on the curve blocks, the selection blocks and the held-out blocks (check).
+    Each part is prepared, and its unmodified losses computed, the first time it is asked for: a task
+    budget's plan never asks."""
 
     def __init__(self, experiment: Experiment, curve: Blocks, select: Blocks, batch_size: int, bootstrap: int, seed: int) -> None:
         super().__init__()
-        self.objective, self.bootstrap, self.seed = experiment.objective, bootstrap, seed
-        self.splits: dict[str, Split] = {
-            "curve": experiment.split(curve, batch_size),
-            "select": experiment.split(select, batch_size),
-            "check": experiment.split(experiment.held_out, batch_size),
-        }
-        self.baseline = {part: self._losses(split, None) for part, split in self.splits.items()}
+        self.experiment, self.batch_size, self.bootstrap, self.seed = experiment, batch_size, bootstrap, seed
+        self.blocks = {"curve": curve, "select": select, "check": experiment.held_out}
+        self._splits: dict[str, Split] = {}
+        self._baselines: dict[str, np.ndarray] = {}
 
-    def _losses(self, split: Split, change: Change | None) -> np.ndarray:
-        return evaluate_change(self.objective, split.inputs, split.views, change, split.starts)["loss"]
+    def split(self, part: str) -> Split:
+        if part not in self._splits:
+            self._splits[part] = self.experiment.split(self.blocks[part], self.batch_size)
+        return self._splits[part]
+
+    def baseline(self, part: str) -> np.ndarray:
+        """The unmodified model's proxy loss per block of ``part``."""
+        if part not in self._baselines:
+            self._baselines[part] = self._losses(part, None)
+        return self._baselines[part]
+
+    def _losses(self, part: str, change: Change | None) -> np.ndarray:
+        split = self.split(part)
+        return evaluate_change(self.experiment.objective, split.inputs, split.views, change, split.starts)["loss"]
 
     def _compute(self, change: Change, part: str) -> np.ndarray:
-        return self._losses(self.splits[part], change) - self.baseline[part]
+        return self._losses(part, change) - self.baseline(part)
 
     def unmodified_loss(self, part: str) -> float:
-        return float(self.baseline[part].mean())
+        return float(self.baseline(part).mean())
 
     def units(self, part: str) -> int:
-        return len(self.baseline[part])
+        return len(self.blocks[part])
 
 
 class TaskCosts(Costs):

@@ -23,10 +23,11 @@ class PlanSettings(CorpusSettings, TaskSettings):
     query, windows of each of ``widths``. Four disjoint sets of blocks: the maps are fitted
     on ``fit_seqs`` (a causal model's per-query maps need more than n), the heads' curves are
     measured on ``curve_seqs`` (not the fitting blocks, on which the maps look better than they
-    are), a loss budget's plan is chosen on ``select_seqs`` (not the curves' blocks: a path
-    built from those blocks' own noise looks better on them than it is), and the proxy's
-    held-out check runs on ``eval_seqs``. With a task, ``task_eval`` held-out examples are
-    split in two halves: the first chooses, the second checks. ``bootstrap`` resamples give every interval. An accuracy budget that one lost
+    are; with a task, ``curve_seqs`` of its training examples), a loss budget's plan is chosen
+    on ``select_seqs`` (not the curves' blocks: the forecast holds for plans fixed before the
+    selection data are seen), and the proxy's held-out check runs on ``eval_seqs``. With a
+    task, ``task_eval`` held-out examples are split in two halves: the first chooses, the
+    second checks. ``bootstrap`` resamples give every interval. An accuracy budget that one lost
     example already forecasts above, at these halves, is refused with the ``task_eval`` it needs
     (``forecastable_only``; the report plans anyway at its small sizes and says "not decided").
 
