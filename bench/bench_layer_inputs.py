@@ -122,7 +122,7 @@ def planner_curves(model, n: int, blocks: int, repeats: int) -> None:
             split.starts = starts if started else None
             planner.proxy._known = {}  # judge every change afresh
             return head_curves(units, planner.choices, planner.change, lambda change: planner.proxy.costs(change, "curve"),
-                               planner.flops, progress=False)  # fmt: skip
+                               planner.price, progress=False)  # fmt: skip
 
         return run
 

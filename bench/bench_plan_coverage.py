@@ -1,7 +1,7 @@
 """Do plans hold on data they never saw? The held-out meet rate of ``attnlens plan`` over many seeds of
 the fit/curve/selection/held-out draw, under its rule and under the rules it replaced.
 
-Run:  python bench/bench_plan_coverage.py [--seeds 20] [--seq-len 64] [--budgets 0.02,0.05]
+Run:  python bench/bench_plan_coverage.py [--seeds 20] [--first-seed 0] [--rules rule,margin] [--seq-len 64] [--budgets 0.02,0.05]
 
 For each seed (every part's blocks drawn anew, at the command's default sizes), each budget's plan is
 chosen two ways on the same blocks:
@@ -36,7 +36,6 @@ import numpy as np
 import attnlens
 from attnlens.analysis.plan import PlanSettings, _check_meetable, _plan_budget, _planner, judging
 from attnlens.analysis.plan.allocate import greedy_path, head_curves, uniform
-from attnlens.analysis.plan.choices import EXACT
 from attnlens.analysis.plan.judging import Costs, ProxyCosts
 
 
@@ -74,20 +73,20 @@ def wilson(hits: int, count: int) -> tuple[float, float]:
 RULES = {"rule": ("curve", "forecast"), "margin": ("select", "margin")}  # curves on, judged by
 
 
-def one_seed(model, settings: PlanSettings) -> list[dict]:
-    """Every budget's plan under every rule, on one draw of the blocks."""
+def one_seed(model, settings: PlanSettings, rules: dict[str, tuple[str, str]]) -> list[dict]:
+    """Every budget's plan under each of ``rules``, on one draw of the blocks."""
     planner = _planner(model, settings, "cpu", False)
     for budget in settings.budgets:
         _check_meetable(planner.judge, budget)
     paths = {}
-    for part in ("curve", "select"):
+    for part in {part for part, _ in rules.values()}:
         curves = head_curves(planner.units, planner.choices, planner.change, lambda change, part=part: planner.proxy.costs(change, part),
-                             planner.flops, progress=False)  # fmt: skip
-        paths[part] = greedy_path(curves, planner.flops(EXACT))
+                             planner.price, progress=False)  # fmt: skip
+        paths[part] = greedy_path(curves)
     uniforms = {choice: uniform(planner.units, choice) for choice in planner.choices}
     rows = []
     for number, budget in enumerate(settings.budgets):
-        for name, (part, judged_by) in RULES.items():
+        for name, (part, judged_by) in rules.items():
             with rule(judged_by):
                 judged, _, _ = _plan_budget(planner, paths[part], uniforms, budget, settings.seed * 100 + number)
             plan = next(row for row in judged if row["method"] == "plan")
@@ -117,8 +116,8 @@ def pooled(model, settings: PlanSettings, pool: int, draws: int) -> None:
     """The meet rate on ``draws`` draws of selection and check blocks from ``pool`` held-out blocks."""
     planner = _planner(model, dataclasses.replace(settings, eval_seqs=pool), "cpu", False)
     curves = head_curves(planner.units, planner.choices, planner.change, lambda change: planner.proxy.costs(change, "curve"),
-                         planner.flops, progress=False)  # fmt: skip
-    path = greedy_path(curves, planner.flops(EXACT))
+                         planner.price, progress=False)  # fmt: skip
+    path = greedy_path(curves)
     uniforms = {choice: uniform(planner.units, choice) for choice in planner.choices}
     print(f"minilm-l6, n = {settings.seq_len}: {draws} draws of {settings.select_seqs} selection and {settings.eval_seqs} "
           f"check blocks from {pool} held-out blocks (seed {settings.seed}'s maps and path)")  # fmt: skip
@@ -143,6 +142,8 @@ def pooled(model, settings: PlanSettings, pool: int, draws: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, default=20)
+    parser.add_argument("--first-seed", type=int, default=0, help="seeds first-seed, ..., first-seed + seeds - 1")
+    parser.add_argument("--rules", default="rule,margin", help="which rules to plan by (rule alone costs half)")
     parser.add_argument("--seq-len", type=int, default=64)
     parser.add_argument("--budgets", default="0.02,0.05")
     parser.add_argument("--ks", default=None, help="the command's default unless given, e.g. 1,4,16")
@@ -162,11 +163,12 @@ def main() -> None:
         return pooled(
             model, PlanSettings(seq_len=args.seq_len, max_loss=budgets, seed=args.seed, **chosen), args.pool, args.draws
         )
+    rules = {name: RULES[name] for name in args.rules.split(",")}
     rows = []
-    for seed in range(args.seeds):
+    for seed in range(args.first_seed, args.first_seed + args.seeds):
         began = time.perf_counter()
         settings = PlanSettings(seq_len=args.seq_len, max_loss=budgets, seed=seed, **chosen)
-        found = one_seed(model, settings)
+        found = one_seed(model, settings, rules)
         rows += [{**row, "seed": seed} for row in found]
         said = ", ".join(
             f"{row['budget']:g} {row['rule']} {row['flops']:.0%} {'meets' if row['meets'] else 'MISSES'}" for row in found
@@ -174,7 +176,7 @@ def main() -> None:
         print(f"seed {seed}: {said} ({time.perf_counter() - began:.0f} s)", flush=True)
     print(f"\nminilm-l6, n = {args.seq_len}, {args.seeds} seeds of the fit/curve/selection/held-out draw, default sizes")
     for budget in budgets:
-        for name in RULES:
+        for name in rules:
             mine = [row for row in rows if row["budget"] == budget and row["rule"] == name]
             hits = sum(row["meets"] for row in mine)
             low, high = wilson(hits, len(mine))

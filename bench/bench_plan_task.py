@@ -23,7 +23,6 @@ import time
 import attnlens
 from attnlens.analysis.plan import PlanSettings, _plan_budget, _planner
 from attnlens.analysis.plan.allocate import greedy_path, head_curves, uniform
-from attnlens.analysis.plan.choices import EXACT
 
 
 def main() -> None:
@@ -47,8 +46,8 @@ def main() -> None:
           f"{judge.units('select')} examples choose, {judge.units('check')} check")  # fmt: skip
     for name, costs in (("task", judge), ("proxy", planner.proxy)):
         curves = head_curves(planner.units, planner.choices, planner.change, lambda c, costs=costs: costs.costs(c, "curve"),
-                             planner.flops, progress=True)  # fmt: skip
-        judged, _, _ = _plan_budget(planner, greedy_path(curves, planner.flops(EXACT)), uniforms, budget, args.seed)
+                             planner.price, progress=True)  # fmt: skip
+        judged, _, _ = _plan_budget(planner, greedy_path(curves), uniforms, budget, args.seed)
         plan = next(row for row in judged if row["method"] == "plan")
         print(f"{name:5} curves: plan {plan['flops_ratio']:.1%} of the FLOPs ({plan['detail']}); selection "
               f"{'meets' if plan['select_meets'] else 'misses'} (forecast {100 * plan['select_forecast_high']:.2f} points), "

@@ -61,12 +61,12 @@ def test_the_greedy_path_runs_along_the_lower_hull_of_every_allocation():
     for _ in range(20):
         curves = pd.DataFrame(
             [
-                {"layer": 0, "head": h, "choice": c, "flops": float(rng.uniform(5, 95)), "cost": float(rng.uniform(0, 1))}
+                {"layer": 0, "head": h, "choice": c, "saved": float(rng.uniform(5, 95)), "cost": float(rng.uniform(0, 1))}
                 for h in range(3)
                 for c in names
             ]
         )
-        table = {(r.head, r.choice): (r.flops, r.cost) for r in curves.itertuples()}
+        table = {(r.head, r.choice): (100.0 - r.saved, r.cost) for r in curves.itertuples()}
         table.update({(h, "exact"): (100.0, 0.0) for h in range(3)})
         every = np.array(
             [
@@ -75,7 +75,7 @@ def test_the_greedy_path_runs_along_the_lower_hull_of_every_allocation():
             ]
         )
         hull = _lower_hull(every)
-        path = greedy_path(curves, full=100.0)
+        path = greedy_path(curves)
         for step in range(len(path) + 1):
             chosen = at_step(path, step)
             point = [sum(table[h, str(chosen.get((0, h), EXACT))][i] for h in range(3)) for i in (0, 1)]
@@ -86,9 +86,9 @@ def test_the_greedy_path_runs_along_the_lower_hull_of_every_allocation():
 def test_random_allocations_spend_at_most_the_target_and_repeat_with_their_seed():
     units = [(layer, head) for layer in range(2) for head in range(4)]
     choices = [Choice("partial", 2), Choice("window", 1)]
-    cost = lambda choice: {"exact": 10.0, "partial": 6.0, "window": 1.0}[choice.kind]  # noqa: E731
+    cost = lambda layer, choice: {"exact": 10.0, "partial": 6.0, "window": 1.0}[choice.kind] * (1 + layer)  # noqa: E731
     first = random_allocation(units, choices, cost, target=50.0, seed=4)
-    assert sum(cost(c) for c in first.values()) <= 50.0
+    assert sum(cost(layer, c) for (layer, _), c in first.items()) <= 50.0
     assert first == random_allocation(units, choices, cost, target=50.0, seed=4)
     assert first != random_allocation(units, choices, cost, target=50.0, seed=5)
 
@@ -273,10 +273,13 @@ class _Drawn(Costs):
         return 32
 
 
-def test_the_plan_never_costs_more_than_a_uniform_plan_that_meets_on_the_selection_data():
+@pytest.mark.parametrize("cost", ["flops", "seconds"])
+def test_the_plan_never_costs_more_than_a_uniform_plan_that_meets_on_the_selection_data(cost):
     """Random per-head curves that mislead (each off from the judge's own cost by a random factor, as the
-    proxy's curves are for a task), costs that interact (the sum off by up to 2×): whatever the path reaches, the plan returned meets the budget on the selection data and costs no more FLOPs than
-    any uniform plan (one choice for every head) that meets there."""
+    proxy's curves are for a task), costs that interact (the sum off by up to 2×): whatever the path reaches,
+    the plan returned meets the budget on the selection data and costs no more than any uniform plan (one
+    choice for every head) that meets there, in the plan's own price: FLOPs, or seconds from a timing table
+    drawn at random (not in the FLOPs' order, as measured times are not)."""
     from types import SimpleNamespace
 
     from attnlens.analysis.plan import _plan_budget, _Planner
@@ -290,6 +293,9 @@ def test_the_plan_never_costs_more_than_a_uniform_plan_that_meets_on_the_selecti
     flops_of = lambda choice: flops(choice, n, head_dim, causal=False)  # noqa: E731
     chose_uniform, TRIALS = 0, 60
     for trial in range(TRIALS):
+        seconds = {c: float(rng.uniform(0.1, 0.95)) for c in choices} | {EXACT: 1.0}
+        timings = SimpleNamespace(price=lambda layer, c: seconds[c] * (1 + layer)) if cost == "seconds" else None
+        price_of = (lambda layer, c: flops_of(c)) if timings is None else (lambda layer, c: seconds[c] * (1 + layer))
         scale = rng.uniform(0.001, 0.02, size=len(units))  # some heads cheap to change, some dear
         table = {
             (unit, str(c)): float(scale[i] * (1 - flops_of(c) / flops_of(EXACT)) ** rng.uniform(0.5, 3))
@@ -297,8 +303,11 @@ def test_the_plan_never_costs_more_than_a_uniform_plan_that_meets_on_the_selecti
             for c in choices
         }
         judge = _Drawn(table, interaction=rng.uniform(0.5, 2.0))
-        planner = SimpleNamespace(units=units, choices=choices, flops=flops_of, judge=judge, proxy=judge)
-        planner.total = lambda a, p=planner: _Planner.total(p, a)
+        planner = SimpleNamespace(units=units, choices=choices, flops=flops_of, judge=judge, proxy=judge, timings=timings)
+        planner.price = lambda layer, c, p=planner: _Planner.price(p, layer, c)
+        planner.spent = lambda a, price=None, p=planner: _Planner.spent(p, a, price)
+        planner.total = lambda a, price=None, p=planner: _Planner.total(p, a, price)
+        planner.shares = lambda a, p=planner: _Planner.shares(p, a)
         planner.change = lambda a: SimpleNamespace(key=tuple(sorted(a.items(), key=lambda item: item[0])))
         curves = pd.DataFrame(
             [
@@ -306,14 +315,14 @@ def test_the_plan_never_costs_more_than_a_uniform_plan_that_meets_on_the_selecti
                     "layer": u[0],
                     "head": u[1],
                     "choice": str(c),
-                    "flops": flops_of(c),
+                    "saved": price_of(u[0], EXACT) - price_of(u[0], c),
                     "cost": table[u, str(c)] * rng.lognormal(0, 2),
                 }
                 for u in units
                 for c in choices
             ]
         )
-        path = greedy_path(curves, flops_of(EXACT))
+        path = greedy_path(curves)
         uniforms = {choice: uniform(units, choice) for choice in choices}
         budget = Budget("loss", float(rng.uniform(0.01, 0.08)))
         judged, _, _ = _plan_budget(planner, path, uniforms, budget, seed=trial)
@@ -321,6 +330,7 @@ def test_the_plan_never_costs_more_than_a_uniform_plan_that_meets_on_the_selecti
         plan = methods.loc["plan"]
         assert plan.select_meets, trial
         meeting = [planner.total(a) for a in uniforms.values() if judge.judged(planner.change(a), "select", budget)["meets"]]
-        assert all(plan.flops_ratio <= ratio + 1e-12 for ratio in meeting), (trial, plan.flops_ratio, meeting)
+        spent = plan[f"{cost}_ratio"]
+        assert all(spent <= ratio + 1e-12 for ratio in meeting), (trial, spent, meeting)
         chose_uniform += str(plan.detail).startswith("uniform")
     assert 0 < chose_uniform < TRIALS, "both kinds of candidate won somewhere: the test exercises the choice"

@@ -77,6 +77,15 @@ def plan(
     widths: Annotated[
         str, typer.Option("--widths", help="Window widths a head may keep, or none.", rich_help_panel=ANALYSIS)
     ] = ",".join(map(str, P.widths)),
+    cost: Annotated[
+        str,
+        typer.Option(
+            "--cost",
+            help="What a plan spends: flops (attention FLOPs), or seconds (measured per call on this machine at n, "
+            "cached; windows run on FlexAttention where it is faster).",
+            rich_help_panel=ANALYSIS,
+        ),
+    ] = P.cost,
     corpus: CorpusOption = P.corpus,
     seq_len: SeqLenOption = P.seq_len,
     fit_seqs: Annotated[int, _blocks("--fit-seqs", "Blocks to fit the partial maps on.")] = P.fit_seqs,
@@ -103,8 +112,8 @@ def plan(
     figures: FiguresOption = True,
     progress: ProgressOption = True,
 ) -> None:
-    """Per layer and head: exact, partial with its own k, or a window, at the fewest attention FLOPs within
-    each budget; verified on the model, checked on held-out data beside uniform and random plans."""
+    """Per layer and head: exact, partial with its own k, or a window, at the fewest attention FLOPs (or
+    seconds) within each budget; verified on the model, checked on held-out data beside uniform and random plans."""
     from attnlens.analysis.plan import plan as run
 
     named = model_named(model, model_option)

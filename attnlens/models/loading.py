@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from attnlens.errors import BadInput, UnsupportedModel
-from attnlens.models import capture, partial
+from attnlens.models import capture, kernels, partial
 from attnlens.models.aliases import ALIASES, DEFAULT_MODEL, install_hint, missing_distributions
 from attnlens.settings import MIN_SEQ_LEN
 
@@ -412,6 +412,7 @@ def load_model(
         check_device(device)
     capture.register()
     partial.register()
+    kernels.register()
     source = locate_model(name)
     with _quiet_transformers():
         try:

@@ -108,10 +108,13 @@ class PartialHeads:
 
 @dataclass
 class MaskedHeads:
-    """Heads of one layer that keep only the positions of ``keep`` (n, n), computed densely."""
+    """Heads of one layer that keep only the positions of ``keep`` (n, n): computed densely here;
+    under ``"attnlens-kernels"`` (:mod:`attnlens.models.kernels`) by ``kernel``, ``"flex"`` or ``"sdpa"``."""
 
     heads: list[int]
     keep: torch.Tensor
+    kernel: str = "sdpa"
+    blocks: dict = field(default_factory=dict, repr=False, compare=False)  # FlexAttention's block mask, made once
 
 
 @dataclass
@@ -208,13 +211,14 @@ def attention_modules(model: nn.Module) -> dict[int, nn.Module]:
 
 
 @contextlib.contextmanager
-def planned(model: Any, plans: dict[int, LayerPlan]) -> Iterator[None]:
+def planned(model: Any, plans: dict[int, LayerPlan], implementation: str = PARTIAL_IMPLEMENTATION) -> Iterator[None]:
     """Run ``model`` (a :class:`~attnlens.models.loading.LoadedModel`) with ``plans`` by layer, through
-    ``"attnlens-partial"``, inside the ``with``; layers without a plan stay exact."""
+    ``implementation`` (``"attnlens-partial"``, or ``"attnlens-kernels"`` for speed), inside the ``with``;
+    layers without a plan stay exact."""
     modules = attention_modules(model.model)
     for layer, plan in plans.items():
         modules[layer].attnlens_plan = plan
-    model.model.set_attn_implementation(PARTIAL_IMPLEMENTATION)
+    model.model.set_attn_implementation(implementation)
     try:
         yield
     finally:

@@ -2,7 +2,9 @@
 
 :func:`plan` answers "at most this much loss, in accuracy or in the proxy: which heads can
 be computed partially (k exact scores per query and a least-squares map), which can keep a
-window of keys, and which must stay exact, at the fewest attention FLOPs?":
+window of keys, and which must stay exact, at the fewest attention FLOPs?" (or, with
+``cost="seconds"``, the fewest seconds per call measured on this machine:
+:mod:`~attnlens.analysis.plan.seconds`):
 
 1. **curves**: every head alone, under every choice (:mod:`~attnlens.analysis.plan.choices`),
    costs so much proxy loss on the curve blocks (not the blocks the plan is chosen on);
@@ -43,11 +45,12 @@ import pandas as pd
 
 from attnlens.analysis.changes import Change, seeded
 from attnlens.analysis.experiment import Experiment
-from attnlens.analysis.plan.allocate import at_step, greedy_path, head_curves, random_allocation, uniform
+from attnlens.analysis.plan.allocate import Price, at_step, greedy_path, head_curves, random_allocation, uniform
 from attnlens.analysis.plan.assemble import MapBank, assignment_key, layer_plans, plan_change, saved_maps
 from attnlens.analysis.plan.choices import EXACT, Assignment, Choice, flops, options, parse
 from attnlens.analysis.plan.judging import Budget, Costs, ProxyCosts, TaskCosts
 from attnlens.analysis.plan.result import PlanResult
+from attnlens.analysis.plan.seconds import Geometry, Timings, measure
 from attnlens.analysis.plan.settings import PlanSettings
 from attnlens.analysis.reconstruct import MapFitter
 from attnlens.analysis.task import TaskSettings
@@ -81,6 +84,7 @@ class _Planner:
     bank: MapBank
     proxy: ProxyCosts
     judge: Costs
+    timings: Timings | None = None  # with cost "seconds": each choice's measured seconds per head
 
     @property
     def model(self) -> LoadedModel:
@@ -89,10 +93,23 @@ class _Planner:
     def flops(self, choice: Choice) -> float:
         return flops(choice, self.s.seq_len, self.model.head_dim, causal=self.model.causal)
 
-    def total(self, assignment: Assignment) -> float:
-        """Attention FLOPs of an assignment, as a share of every head exact."""
-        spent = sum(self.flops(assignment.get(unit, EXACT)) for unit in self.units)
-        return spent / (self.flops(EXACT) * len(self.units))
+    def price(self, layer: int, choice: Choice) -> float:
+        """What a head of ``layer`` under ``choice`` spends: its FLOPs, or its measured seconds per call."""
+        return self.flops(choice) if self.timings is None else self.timings.price(layer, choice)
+
+    def spent(self, assignment: Assignment, price: Price | None = None) -> float:
+        """What an assignment spends by ``price`` (default the plan's), summed over heads."""
+        price = price or self.price
+        return sum(price(layer, assignment.get((layer, head), EXACT)) for layer, head in self.units)
+
+    def total(self, assignment: Assignment, price: Price | None = None) -> float:
+        """What an assignment spends, as a share of every head exact."""
+        return self.spent(assignment, price) / self.spent({}, price)
+
+    def shares(self, assignment: Assignment) -> dict[str, float]:
+        """The FLOPs share, and with cost "seconds" the predicted seconds share, for tables."""
+        shares = {"flops_ratio": self.total(assignment, lambda layer, choice: self.flops(choice))}
+        return shares if self.timings is None else {**shares, "seconds_ratio": self.total(assignment)}
 
     def change(self, assignment: Assignment) -> Change:
         plans = layer_plans(assignment, self.bank, self.s.seq_len, self.model.causal)
@@ -121,10 +138,10 @@ def plan(
         planner.choices,
         planner.change,
         lambda change: planner.judge.costs(change, "curve"),
-        planner.flops,
+        planner.price,
         curves_progress,
     )
-    path = greedy_path(curves, planner.flops(EXACT))
+    path = greedy_path(curves)
     uniforms = {choice: uniform(planner.units, choice) for choice in planner.choices}
     summaries, chosen, probes = [], [], []
     with progress_bar(total=len(s.budgets), desc="plans", unit="budget", enabled=plans_progress) as bar:
@@ -145,8 +162,7 @@ def _plan_budget(
     candidates = [(planner.total(at_step(path, step)), f"step {step} of the path", at_step(path, step))]
     candidates += [(planner.total(a), f"uniform {name}", a) for kind, (name, a) in cheapest.items() if a]
     _, detail, assignment = min(candidates, key=lambda item: item[0])  # the path's step on a tie
-    spent = planner.total(assignment) * planner.flops(EXACT) * len(planner.units)
-    rival = random_allocation(planner.units, planner.choices, planner.flops, spent, seed)
+    rival = random_allocation(planner.units, planner.choices, planner.price, planner.spent(assignment), seed)
     judged = _judged_methods(planner, budget, (detail, assignment), uniforms, cheapest, rival, predicted)
     choices = [
         {"budget": budget.value, "layer": layer, "head": head, "choice": str(assignment.get((layer, head), EXACT))}
@@ -178,9 +194,7 @@ def _planner(source: str | LoadedModel, s: PlanSettings, device: str, progress: 
     fit, curve, select = _divided(experiment.train, (s.fit_seqs, s.curve_seqs), s.seed)
     model = experiment.model
     s.check_geometry(model.num_layers, model.num_heads, model.causal)
-    choices = options(s.seq_len, model.head_dim, s.ks, s.widths, causal=model.causal)
-    if not choices:
-        raise BadInput(f"no choice of `ks` or `widths` costs less than exact attention at n = {s.seq_len}; offer smaller ones")
+    choices, timings = _choices(model, s, device)
     fitter = None
     if any(choice.kind == "partial" for choice in choices):
         rows = ModelRows(model, fit)
@@ -192,7 +206,26 @@ def _planner(source: str | LoadedModel, s: PlanSettings, device: str, progress: 
     if s.max_drop is not None:
         judge = TaskCosts(experiment, TaskSettings.of(s), _choosing_half(s), s.curve_seqs, s.batch_size, s.seed)
     units = [(layer, head) for layer in range(model.num_layers) for head in range(model.num_heads)]
-    return _Planner(experiment, s, fit, curve, select, units, choices, MapBank(fitter), proxy, judge)
+    return _Planner(experiment, s, fit, curve, select, units, choices, MapBank(fitter), proxy, judge, timings)
+
+
+def _choices(model: LoadedModel, s: PlanSettings, device: str) -> tuple[list[Choice], Timings | None]:
+    """The choices cheaper than exact attention, in FLOPs, and with cost "seconds" also in measured
+    seconds (with the timing table)."""
+    choices = options(s.seq_len, model.head_dim, s.ks, s.widths, causal=model.causal)
+    if not choices:
+        raise BadInput(f"no choice of `ks` or `widths` costs less than exact attention at n = {s.seq_len}; offer smaller ones")
+    if s.cost == "flops":
+        return choices, None
+    timings = measure(Geometry.of(model), s.seq_len, choices, device=device)
+    layers = range(model.num_layers)
+    faster = [c for c in choices if any(timings.price(layer, c) < timings.price(layer, EXACT) for layer in layers)]
+    if not faster:
+        raise BadInput(
+            f"no choice of `ks` or `widths` runs faster than exact attention (sdpa) at n = {s.seq_len} on this machine "
+            f"({1e6 * timings.price(0, EXACT):.3g} µs a head); plan with --cost flops, narrower windows or a longer --seq-len"
+        )
+    return faster, timings
 
 
 def _divided(blocks: Blocks, sizes: tuple[int, ...], seed: int) -> tuple[Blocks, ...]:
@@ -231,7 +264,7 @@ def _verified_step(planner: _Planner, path: list[dict], budget: Budget) -> tuple
     def meets(step: int) -> bool:
         assignment = at_step(path, step)
         verdict = planner.judge.judged(planner.change(assignment), "select", budget)
-        probed.append({"step": step, "flops_ratio": planner.total(assignment), "summed_proxy_cost": added[step], **verdict})
+        probed.append({"step": step, **planner.shares(assignment), "summed_proxy_cost": added[step], **verdict})
         return verdict["meets"]
 
     low, high = 0, len(path)  # step 0 (every head exact) costs nothing: it always meets
@@ -280,7 +313,7 @@ def _judged_methods(
                 "budget_kind": budget.kind,
                 "method": method,
                 "detail": detail,
-                "flops_ratio": planner.total(chosen),
+                **planner.shares(chosen),
                 **{f"select_{name}": value for name, value in selected.items()},
                 **{f"check_{name}": value for name, value in checked.items()},
                 "plan_minus": difference[0],
@@ -314,6 +347,7 @@ def _result(
             "budgets": [str(budget) for budget in s.budgets],
             "choices": [str(choice) for choice in planner.choices],
             "head_flops": {str(choice): planner.flops(choice) for choice in [EXACT, *planner.choices]},
+            "timings": planner.timings.describe() if planner.timings is not None else None,
             "evaluations": planner.judge.evaluations + (planner.proxy.evaluations if planner.judge is not planner.proxy else 0),
             "units": {part: planner.judge.units(part) for part in ("select", "check")},
             "fit_block_index": planner.fit.index.tolist(),

@@ -1,24 +1,25 @@
 """Allocating FLOPs over heads: per-head curves, the greedy path, and the plans to beat.
 
-**Curves.** For every head and every choice, the mean cost (proxy loss increase on the
-selection blocks) of changing that head alone, every other head exact.
+**Curves.** For every head and every choice, the mean cost (proxy loss increase, or the
+task's cross-entropy, on the curve blocks) of changing that head alone, every other head
+exact, beside the choice's price (FLOPs, or seconds from the timing table).
 
 **The greedy path** (:func:`greedy_path`) treats the heads' costs as additive and spends
-them where they buy the most FLOPs. Each head's choices are cut to their lower convex hull
-in (FLOPs saved, cost); the hull's segments of all heads, sorted by cost per FLOP saved,
-give the path: step t applies the first t segments. Step 0 is every head exact; the last
-step is every head at its cheapest choice. Costs are not additive (heads interact), so
+them where they save the most. Each head's choices are cut to their lower convex hull in
+(price saved, cost); the hull's segments of all heads, sorted by cost per unit saved, give
+the path: step t applies the first t segments. Step 0 is every head exact; the last step
+is every head at its cheapest choice. Costs are not additive (heads interact), so
 :func:`attnlens.analysis.plan.plan` verifies steps on the model and picks its step from
 what it measures, not from the sum.
 
 **Baselines.** :func:`uniform` gives every head the same choice (one k everywhere, as the
 paper does; one window everywhere, the analogue of one sparsity for all heads), and
-:func:`random_allocation` moves random heads to random cheaper choices until the FLOPs
-match a plan's.
+:func:`random_allocation` moves random heads to random cheaper choices until their price
+matches a plan's.
 
 >>> curves = pd.DataFrame({"layer": [0, 0, 0, 0], "head": [0, 0, 1, 1], "choice": ["partial(2)", "window(1)"] * 2,
-...                        "flops": [50.0, 20.0, 50.0, 20.0], "cost": [0.1, 0.5, 0.01, 0.9]})
->>> [(step["layer"], step["head"], step["choice"]) for step in greedy_path(curves, full=100.0)]
+...                        "saved": [50.0, 80.0, 50.0, 80.0], "cost": [0.1, 0.5, 0.01, 0.9]})
+>>> [(step["layer"], step["head"], step["choice"]) for step in greedy_path(curves)]
 [(0, 1, 'partial(2)'), (0, 0, 'partial(2)'), (0, 0, 'window(1)'), (0, 1, 'window(1)')]
 """
 
@@ -33,26 +34,39 @@ from attnlens.analysis.changes import Change
 from attnlens.analysis.plan.choices import EXACT, Assignment, Choice, parse
 from attnlens.progress import Progress, progress_bar
 
+Price = Callable[[int, Choice], float]
+"""What one head of a layer spends under a choice: ``price_of(layer, choice)``."""
+
 
 def head_curves(
     units: list[tuple[int, int]],
     choices: list[Choice],
     change_of: Callable[[Assignment], Change],
     cost_of: Callable[[Change], np.ndarray],
-    flops_of: Callable[[Choice], float],
+    price_of: Price,
     progress: Progress = True,
 ) -> pd.DataFrame:
-    """Mean cost of every (head, choice) alone, with its FLOPs: one row per pair."""
+    """Mean cost of every (head, choice) alone, with its price and what it saves against exact: one row
+    per pair that saves anything (a choice that costs a layer as much as exact is never worth a forward)."""
+    pairs = [(layer, head, c) for layer, head in units for c in choices if price_of(layer, c) < price_of(layer, EXACT)]
     records = []
-    with progress_bar(total=len(units) * len(choices), desc="head curves", unit="change", enabled=progress) as bar:
-        for layer, head in units:
-            for choice in choices:
-                values = cost_of(change_of({(layer, head): choice}))
-                records.append(
-                    {"layer": layer, "head": head, "choice": str(choice), "flops": flops_of(choice), "cost": float(values.mean())}
-                )
-                bar.update(1)
-    return pd.DataFrame(records)
+    with progress_bar(total=len(pairs), desc="head curves", unit="change", enabled=progress) as bar:
+        for layer, head, choice in pairs:
+            values = cost_of(change_of({(layer, head): choice}))
+            price = price_of(layer, choice)
+            saved = price_of(layer, EXACT) - price
+            records.append(
+                {
+                    "layer": layer,
+                    "head": head,
+                    "choice": str(choice),
+                    "price": price,
+                    "saved": saved,
+                    "cost": float(values.mean()),
+                }
+            )
+            bar.update(1)
+    return pd.DataFrame(records, columns=["layer", "head", "choice", "price", "saved", "cost"])
 
 
 def _hull(points: list[tuple[float, float, str]]) -> list[tuple[float, float, str]]:
@@ -71,12 +85,12 @@ def _slope(a: tuple, b: tuple) -> float:
     return (b[1] - a[1]) / (b[0] - a[0])
 
 
-def greedy_path(curves: pd.DataFrame, full: float) -> list[dict]:
-    """The greedy path's steps in order: for each, the head, its new choice, the FLOPs it saves and
+def greedy_path(curves: pd.DataFrame) -> list[dict]:
+    """The greedy path's steps in order: for each, the head, its new choice, the price it saves and
     the cost it adds (as measured alone); negative costs (noise) count as 0."""
     segments = []
     for (layer, head), rows in curves.groupby(["layer", "head"], sort=True):
-        points = [(full - f, max(c, 0.0), name) for f, c, name in zip(rows.flops, rows.cost, rows.choice)]
+        points = [(saved, max(c, 0.0), name) for saved, c, name in zip(rows.saved, rows.cost, rows.choice)]
         hull = _hull(points)
         for order, (a, b) in enumerate(zip(hull, hull[1:])):
             segments.append((_slope(a, b), layer, head, order, b[2], b[0] - a[0], b[1] - a[1]))
@@ -100,19 +114,23 @@ def uniform(units: list[tuple[int, int]], choice: Choice) -> Assignment:
 
 
 def random_allocation(
-    units: list[tuple[int, int]], choices: list[Choice], flops_of: Callable[[Choice], float], target: float, seed: int
+    units: list[tuple[int, int]], choices: list[Choice], price_of: Price, target: float, seed: int
 ) -> Assignment:
-    """Random heads moved to random cheaper choices until the total FLOPs are at most ``target``."""
+    """Random heads moved to random cheaper choices until the total price is at most ``target``."""
     rng = np.random.default_rng(seed)
     assignment: Assignment = {unit: EXACT for unit in units}
-    total = flops_of(EXACT) * len(units)
+    total = sum(price_of(layer, EXACT) for layer, _ in units)
+
+    def cheaper(unit: tuple[int, int]) -> list[Choice]:
+        return [c for c in choices if price_of(unit[0], c) < price_of(unit[0], assignment[unit])]
+
     while total > target:
-        movable = [u for u in units if any(flops_of(c) < flops_of(assignment[u]) for c in choices)]
+        movable = [u for u in units if cheaper(u)]
         if not movable:
             break  # every head at its cheapest choice
         unit = movable[rng.integers(len(movable))]
-        cheaper = [c for c in choices if flops_of(c) < flops_of(assignment[unit])]
-        choice = cheaper[rng.integers(len(cheaper))]
-        total += flops_of(choice) - flops_of(assignment[unit])
+        offered = cheaper(unit)
+        choice = offered[rng.integers(len(offered))]
+        total += price_of(unit[0], choice) - price_of(unit[0], assignment[unit])
         assignment[unit] = choice
     return assignment

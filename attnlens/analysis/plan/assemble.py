@@ -41,8 +41,12 @@ class MapBank:
         return PartialHeads(heads, maps.positions[heads], maps.weights[heads], maps.offset[heads])
 
 
-def layer_plans(assignment: Assignment, bank: MapBank | SavedMaps, n: int, causal: bool) -> dict[int, LayerPlan]:
-    """One :class:`LayerPlan` per layer with a head that is not exact."""
+def layer_plans(
+    assignment: Assignment, bank: MapBank | SavedMaps, n: int, causal: bool, kernels: dict[int, dict[str, str]] | None = None
+) -> dict[int, LayerPlan]:
+    """One :class:`LayerPlan` per layer with a head that is not exact; ``kernels``: per layer, the kernel
+    each window runs on under ``"attnlens-kernels"`` (by the choice's name; sdpa where none is named)."""
+    kernels = kernels or {}
     grouped: dict[int, dict[Choice, list[int]]] = defaultdict(lambda: defaultdict(list))
     for (layer, head), choice in sorted(assignment.items()):
         if choice.kind != "exact":
@@ -52,7 +56,11 @@ def layer_plans(assignment: Assignment, bank: MapBank | SavedMaps, n: int, causa
         plans[layer] = LayerPlan(
             n=n,
             partial=[bank.heads(layer, c.size, heads) for c, heads in groups.items() if c.kind == "partial"],
-            masked=[MaskedHeads(heads, window_keep(n, c.size, causal)) for c, heads in groups.items() if c.kind == "window"],
+            masked=[
+                MaskedHeads(heads, window_keep(n, c.size, causal), kernels.get(layer, {}).get(str(c), "sdpa"))
+                for c, heads in groups.items()
+                if c.kind == "window"
+            ],
         )
     return plans
 

@@ -1,7 +1,8 @@
 """The result of :func:`attnlens.plan`: each budget's plan, how it was judged, and its maps.
 
 Tables: ``summary`` (per budget: the plan, the cheapest uniform plans meeting the budget on
-the selection data, and a random allocation of the plan's FLOPs; each with its FLOPs share,
+the selection data, and a random allocation of the plan's price; each with its FLOPs share
+(and, for a plan made in seconds, the share of attention seconds its timing table predicts),
 its cost on the selection and the held-out check with intervals, whether it meets the
 budget there, and the held-out paired difference plan − it), ``choices`` (per budget,
 layer and head: the choice), ``curves`` (per head and choice alone), ``path`` (the greedy
@@ -9,7 +10,8 @@ path), ``probes`` (every step the verification ran on the model) and ``maps`` (t
 heads' maps, with the arrays ``positions``, ``weights`` and ``offset``).
 
 :meth:`PlanResult.apply` runs a model under one budget's plan through the partial
-attention function, and refuses a model of another geometry or other weights.
+attention function (or, with ``fast``, each head group on its fastest kernel), and refuses a
+model of another geometry or other weights.
 """
 
 from __future__ import annotations
@@ -20,10 +22,12 @@ from typing import ClassVar
 
 from attnlens.analysis.plan.assemble import SavedMaps, layer_plans
 from attnlens.analysis.plan.choices import Assignment, parse
+from attnlens.analysis.plan.seconds import Timings
 from attnlens.errors import BadInput
 from attnlens.io.results import Result, format_table
+from attnlens.models.kernels import KERNEL_IMPLEMENTATION
 from attnlens.models.loading import LoadedModel
-from attnlens.models.partial import LayerPlan, planned
+from attnlens.models.partial import PARTIAL_IMPLEMENTATION, LayerPlan, planned
 
 
 def choices_name(budget: float) -> str:
@@ -42,13 +46,14 @@ class PlanResult(Result):
     figures_module = "attnlens.figures.plan"
     shown: ClassVar[dict[str, tuple[str, ...]]] = {
         "summary": (
-            "budget", "method", "detail", "flops_ratio", "select_cost_high", "check_cost", "check_cost_low",
+            "budget", "method", "detail", "flops_ratio", "seconds_ratio", "select_cost_high", "check_cost", "check_cost_low",
             "check_cost_high", "check_allowance", "check_meets", "plan_minus", "plan_minus_low", "plan_minus_high",
         ),
     }  # fmt: skip
     column_notes: ClassVar[dict[str, str]] = {
         "detail": "the plan's step on the greedy path (or the uniform plan it is, where one meeting the budget was cheaper), or the uniform choice (none meets: exact attention is the cheapest that does)",
         "flops_ratio": "attention FLOPs as a share of every head exact",
+        "seconds_ratio": "attention seconds per call the timing table predicts, as a share of every head exact (sdpa)",
         "select_cost_high": "upper end of the paired 95% interval of the cost on the selection data (where the plan was chosen)",
         "check_cost": "mean cost on the held-out check (accuracy drop, or proxy loss increase), 95% paired interval beside it",
         "check_meets": "the interval's upper end is within the allowance",
@@ -71,7 +76,11 @@ class PlanResult(Result):
     def layer_plans(self, budget: float) -> dict[int, LayerPlan]:
         maps = self.tables.get("maps")
         bank = SavedMaps([] if maps is None else maps.to_dict("records"), self.arrays)
-        return layer_plans(self.assignment(budget), bank, int(self.settings["seq_len"]), self.meta["model"]["causal"])
+        timed = self.settings.get("timings")  # a plan made in seconds runs each window on the kernel it was timed on
+        kernels = (
+            None if timed is None else {layer: Timings.read(timed).kernels_of(layer) for layer in range(len(timed["spans"]))}
+        )
+        return layer_plans(self.assignment(budget), bank, int(self.settings["seq_len"]), self.meta["model"]["causal"], kernels)
 
     def check_model(self, model: LoadedModel) -> None:
         """Refuse a model this plan was not made for: another geometry, or other weights."""
@@ -90,10 +99,12 @@ class PlanResult(Result):
             )
 
     @contextlib.contextmanager
-    def apply(self, model: LoadedModel, budget: float) -> Iterator[None]:
-        """Run ``model`` under the plan for ``budget`` inside the ``with`` (inputs of the plan's n tokens)."""
+    def apply(self, model: LoadedModel, budget: float, *, fast: bool = False) -> Iterator[None]:
+        """Run ``model`` under the plan for ``budget`` inside the ``with`` (inputs of the plan's n tokens):
+        through ``"attnlens-partial"`` (eager, capture works), or with ``fast`` through ``"attnlens-kernels"``
+        (exact heads on sdpa, windows on the kernel the plan's timing table chose, no attention weights)."""
         self.check_model(model)
-        with planned(model, self.layer_plans(budget)):
+        with planned(model, self.layer_plans(budget), KERNEL_IMPLEMENTATION if fast else PARTIAL_IMPLEMENTATION):
             yield
 
     def misses(self) -> list[str]:

@@ -9,6 +9,7 @@ from attnlens.analysis.task import TaskSettings
 from attnlens.errors import BadInput
 from attnlens.settings import CorpusSettings, at_least, positive
 
+COSTS = ("flops", "seconds")  # what a plan spends: attention FLOPs, or measured seconds per call
 PER_QUERY_LIMIT = 4 * 2**30  # bytes of per-query moments a causal model's maps may need
 
 
@@ -27,7 +28,9 @@ class PlanSettings(CorpusSettings, TaskSettings):
     on ``select_seqs`` (not the curves' blocks: the forecast holds for plans fixed before the
     selection data are seen), and the proxy's held-out check runs on ``eval_seqs``. With a
     task, ``task_eval`` held-out examples are split in two halves: the first chooses, the
-    second checks. ``bootstrap`` resamples give every interval. An accuracy budget that one lost
+    second checks. ``bootstrap`` resamples give every interval. ``cost``: what a plan spends,
+    attention ``"flops"``, or ``"seconds"`` per call measured on this machine at n
+    (:mod:`~attnlens.analysis.plan.seconds`; windows then run on the faster of FlexAttention and sdpa). An accuracy budget that one lost
     example already forecasts above, at these halves, is refused with the ``task_eval`` it needs
     (``forecastable_only``; the report plans anyway at its small sizes and says "not decided").
 
@@ -48,6 +51,7 @@ class PlanSettings(CorpusSettings, TaskSettings):
     objective: str = "auto"
     classes: str | None = None
     seq_len: int = 128
+    cost: str = "flops"
     forecastable_only: bool = True
 
     def validate(self) -> None:
@@ -59,6 +63,8 @@ class PlanSettings(CorpusSettings, TaskSettings):
                 positive(
                     name, value, ": a budget of zero or below cannot be met by any change, and exact attention needs no plan"
                 )
+        if self.cost not in COSTS:
+            raise BadInput(f"`cost` '{self.cost}' is unknown; use one of {', '.join(COSTS)}")
         if self.max_drop is not None and self.task is None:
             raise BadInput("`max_drop` is a budget of task accuracy: name a task (imdb, rotten-tomatoes or a file)")
         for k in self.ks:
