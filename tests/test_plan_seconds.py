@@ -27,28 +27,24 @@ def eager_flex(monkeypatch):
     monkeypatch.setattr("attnlens.models.sparse.compiled_flex", lambda: flex_attention)
 
 
-def _random_partial(heads: list[int], n: int, k: int, per_query: bool, seed: int) -> PartialHeads:
-    generator = torch.Generator().manual_seed(seed)
-    queries = n if per_query else 1
-    positions = torch.stack([torch.randperm(n, generator=generator)[:k] for _ in range(len(heads) * queries)])
-    positions = positions.reshape(len(heads), queries, k)
-    if per_query:
-        positions = torch.minimum(positions, torch.arange(n)[None, :, None])
-    weights = torch.randn(len(heads), queries, n, k, generator=generator) / k**0.5
-    return PartialHeads(heads, positions, weights, torch.randn(len(heads), queries, n, generator=generator))
-
-
 def _mixed_plans(model, n: int, kernel: str) -> dict[int, LayerPlan]:
     """Every layer: two window heads (one narrow, one wide), one partial head, the rest exact."""
     causal, heads = model.causal, model.num_heads
     return {
         layer: LayerPlan(
             n,
-            partial=[_random_partial([heads - 1], n, 4, causal, layer)],
+            partial=[_random_partial(model, heads - 1, n, layer)],
             masked=[MaskedHeads([0], window_keep(n, 1, causal), kernel), MaskedHeads([1], window_keep(n, 4, causal), kernel)],
         )
         for layer in range(model.num_layers)
     }
+
+
+def _random_partial(model, head: int, n: int, seed: int) -> PartialHeads:
+    """One partial head at k = 4 with random keys and maps (per query for a causal model)."""
+    geometry = Geometry(1, 1, model.head_dim, model.causal)
+    maps = seconds._random_maps(geometry, n, 4, torch.Generator().manual_seed(seed))
+    return PartialHeads([head], maps.positions, maps.weights, maps.offset)
 
 
 def _outputs(model, ids, mask, plans, implementation) -> torch.Tensor:
