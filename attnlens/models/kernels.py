@@ -73,8 +73,9 @@ def kernel_attention(
     valid = _valid(attention_mask, batch, n, query.device)
     output = query.new_empty(batch, heads, n, value.shape[-1])
     exact = sorted(set(range(heads)) - {h for part in [*plan.partial, *plan.masked] for h in part.heads})
-    if exact:
-        output[:, exact] = _sdpa(*_own(exact, query, key, value), valid, scaling)
+    if exact:  # sdpa's causal path where the mask is plain causal: about twice as fast at n = 2,048
+        causal = valid is not None and _plain_causal(valid)
+        output[:, exact] = _sdpa(*_own(exact, query, key, value), None if causal else valid, scaling, causal)
     for part in plan.masked:
         output[:, part.heads] = _window(part, *_own(part.heads, query, key, value), valid, scaling)
     for part in plan.partial:
@@ -99,15 +100,12 @@ def _own(heads: list[int], query: torch.Tensor, key: torch.Tensor, value: torch.
     return query.index_select(1, index), key.index_select(1, kv_index), value.index_select(1, kv_index)
 
 
-def _sdpa(query, key, value, valid: torch.Tensor | None, scaling: float) -> torch.Tensor:
-    """sdpa; a plain causal mask through sdpa's causal path, which skips the blocks above the diagonal
-    (about twice as fast at n = 2,048 as the same mask given explicitly)."""
-    if valid is not None and _plain_causal(valid):
-        return nn.functional.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scaling)
-    return nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=valid, scale=scaling)
+def _sdpa(query, key, value, valid: torch.Tensor | None, scaling: float, causal: bool = False) -> torch.Tensor:
+    return nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=valid, is_causal=causal, scale=scaling)
 
 
 def _plain_causal(valid: torch.Tensor) -> bool:
+    """Whether ``valid`` (batch, 1, n, n) is the causal mask and nothing else (no padding, no sliding window)."""
     n = valid.shape[-1]
     return valid.shape[-2] == n and bool((valid == _lower(n, valid.device)).all())
 

@@ -77,9 +77,8 @@ class PlanResult(Result):
         maps = self.tables.get("maps")
         bank = SavedMaps([] if maps is None else maps.to_dict("records"), self.arrays)
         timed = self.settings.get("timings")  # a plan made in seconds runs each window on the kernel it was timed on
-        kernels = (
-            None if timed is None else {layer: Timings.read(timed).kernels_of(layer) for layer in range(len(timed["spans"]))}
-        )
+        timings = None if timed is None else Timings.read(timed)
+        kernels = None if timings is None else {layer: timings.kernels_of(layer) for layer in range(len(timings.spans))}
         return layer_plans(self.assignment(budget), bank, int(self.settings["seq_len"]), self.meta["model"]["causal"], kernels)
 
     def check_model(self, model: LoadedModel) -> None:
