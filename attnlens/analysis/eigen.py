@@ -339,6 +339,7 @@ def eigen(
     table, arrays = analyse_moments(
         halves, centred=s.centred, project_ones=s.project_ones, keep=s.keep, seed=s.seed, progress=analysis_progress
     )
+    check_rows(table)
     tables = {"table": table}
     if s.full_matrices:
         tables["matrix_table"], matrix_arrays = _matrix_analysis(
@@ -358,13 +359,52 @@ def eigen(
         "settings": {**s.to_dict(), "corpus": rows.corpus_info.get("source"), "queries": queries, "keep": min(s.keep, rows.n)},
         **provenance(command),
     }
+    windows = windowed_layers(table, rows.n)
+    if windows:
+        meta["windows"] = windows
     positions = fixed_tokens(rows)
     if positions:
         meta["fixed_tokens"] = positions
-    notes = last_direction_notes(table, positions)
+    notes = last_direction_notes(table, positions, windows) | window_notes(windows, rows.n, bool(rows.model_info.get("causal")))
     if notes:
         meta["notes"] = notes
     return EigenResult(meta, tables, arrays, moments=halves)
+
+
+def check_rows(table: pd.DataFrame) -> None:
+    """Refuse a result with a layer that no row entered, naming the layer and what fits (never zeros)."""
+    empty = table[(table["level"] == "layer") & (table["rows"] == 0)]
+    if len(empty):
+        row = empty.iloc[0]
+        where = f"query {row.query}" if row.query >= 0 else "pooled rows"
+        raise BadInput(
+            f"layer {row.layer} has no rows for {where} (no query there sees its keys); "
+            "choose query positions it sees (`queries`), or pooled rows (no `per_query`)"
+        )
+
+
+def windowed_layers(table: pd.DataFrame, n: int) -> dict[str, int]:
+    """``{layer: keys}`` of the layers whose pooled rows see fewer than n keys: windowed layers
+    (a sliding or local window shorter than n), whose rows are the windows, end-aligned."""
+    pooled = table[(table["level"] == "layer") & (table["query"] == -1) & (table["num_keys"] < n)]
+    return {str(int(row.layer)): int(row.num_keys) for row in pooled.itertuples()}
+
+
+def window_notes(windows: dict[str, int], n: int, causal: bool) -> dict[str, str]:
+    """What a windowed layer's rows are, in words (one note for all of them)."""
+    if not windows:
+        return {}
+    widths = sorted(set(windows.values()))
+    frame = (
+        "the offset of each key from its query, as in every layer of a causal model"
+        if causal
+        else "the offset of each key from the window's end, not its position in the block (full layers' rows are in "
+        "block positions, so the model level pools two frames)"
+    )
+    return {
+        "windowed layers": f"layers {', '.join(windows)} see windows of {'/'.join(map(str, widths))} of the {n} keys: their "
+        f"rows are the keys each query sees, on the last key coordinates; a coordinate is {frame}"
+    }
 
 
 def fixed_tokens(rows) -> dict[str, str]:
@@ -379,20 +419,24 @@ def fixed_tokens(rows) -> dict[str, str]:
     return {str(position): str(token) for position, token in zip(fixed, tokenizer.convert_ids_to_tokens(ids[0, fixed].tolist()))}
 
 
-def last_direction_notes(table: pd.DataFrame, positions: dict[str, str] | None = None) -> dict[str, str]:
+def last_direction_notes(
+    table: pd.DataFrame, positions: dict[str, str] | None = None, windows: dict[str, int] | None = None
+) -> dict[str, str]:
     """What each layer's isolated last eigenvalue (``last_isolated``) is, in words, from the
     table's ``last_*`` columns: the keys its direction loads on, how many of the layer's heads
-    share it, and how much of it lies along the all-ones direction."""
+    share it, and how much of it lies along the all-ones direction. Keys are named by their
+    token (``positions``) except in windowed layers (``windows``), whose coordinates are offsets."""
     if "last_isolated" not in table:
         return {}
-    positions = positions or {}
-    name = lambda key: f"{key} ({positions[str(key)]})" if str(key) in positions else str(key)
+    positions, windows = positions or {}, windows or {}
     notes = {}
     last_query = table["query"].max()  # per query position: the last one (the figure's default), whose row sees every key
     layers = table[(table["level"] == "layer") & (table["query"] == last_query) & (table["last_isolated"] == True)]  # noqa: E712
     heads = table[(table["level"] == "head") & (table["last_isolated"] == True)]  # noqa: E712
     for row in layers.itertuples():
         a, b = int(row.last_key_a), int(row.last_key_b)
+        named = positions if str(row.layer) not in windows else {}
+        name = lambda key: f"{key} ({named[str(key)]})" if str(key) in named else str(key)
         unit = (table["level"] == "head") & (table["layer"] == row.layer) & (table["query"] == row.query)
         alike = heads[unit[heads.index] & (heads["last_key_a"] == a) & (heads["last_key_b"] == b)]
         meaning = (

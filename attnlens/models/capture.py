@@ -179,17 +179,26 @@ def valid_and_bias(attention_mask: torch.Tensor | None, scores: torch.Tensor) ->
 
     With attnlens' mask entry registered, models pass a boolean (batch, 1, q, k) mask.
     A float mask (from a model that builds its own) is additive: very negative entries
-    are invalid, the rest are a bias that belongs to the scores (e.g. ALiBi).
+    are invalid, the rest are a bias that belongs to the scores. The bias keeps its head
+    axis: ALiBi (Falcon) gives every head its own slope. Which keys are valid must be the
+    same for every head (``valid`` has no head axis); a mask whose heads disagree is refused.
+
+    >>> alibi = torch.tensor([0.0, -1.0])[None, :, None, None] * torch.arange(3.0)   # (1, heads, 1, k)
+    >>> valid, bias = valid_and_bias(alibi.expand(1, 2, 3, 3), torch.zeros(1, 2, 3, 3))
+    >>> bias[0, :, 0].tolist()                                                       # each head its own
+    [[0.0, 0.0, 0.0], [-0.0, -1.0, -2.0]]
     """
     batch, _, q_len, k_len = scores.shape
     if attention_mask is None:
         return torch.ones(1, 1, 1, dtype=torch.bool, device=scores.device).expand(batch, q_len, k_len), None
-    mask = attention_mask[:, 0, :, -k_len:]
+    mask = attention_mask[..., -k_len:]
+    valid = mask if mask.dtype == torch.bool else mask > torch.finfo(mask.dtype).min / 2
+    if valid.shape[1] > 1 and not bool((valid == valid[:, :1]).all()):
+        raise UnsupportedModel("the attention mask differs between heads, which attnlens capture does not support")
     if mask.dtype == torch.bool:
-        return mask.expand(batch, q_len, k_len), None
-    valid = mask > torch.finfo(mask.dtype).min / 2
+        return valid[:, 0].expand(batch, q_len, k_len), None
     bias = torch.where(valid, mask, torch.zeros((), dtype=mask.dtype, device=mask.device))
-    return valid.expand(batch, q_len, k_len), bias[:, None].to(scores.dtype)
+    return valid[:, 0].expand(batch, q_len, k_len), bias.to(scores.dtype)
 
 
 def attention_scores(query: torch.Tensor, key: torch.Tensor, scaling: float, softcap: float | None = None) -> torch.Tensor:
@@ -245,20 +254,64 @@ def _attend(weights: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
     return torch.matmul(grouped, value).reshape(batch, heads, q_len, value.shape[-1])
 
 
-# Arguments some architectures pass to the attention function for terms outside q·kᵀ
-# (a sink is an extra logit per head in the softmax); computing attention without them
-# would silently change the model, so they are refused.
-_UNSUPPORTED_ARGUMENTS: dict[str, str] = {
-    "s_aux": "attention sinks (s_aux)",
-    "sinks": "attention sinks",
+# What each argument an architecture may pass to the attention function (besides the mask,
+# scaling, dropout and soft-capping) means for the scores. Family differences are data: a
+# term added to the scores before softmax is part of them ("bias"); a term outside q·kᵀ
+# that capture does not reproduce is refused; and arguments that describe what the mask
+# already holds, or how other kernels would run, change nothing here ("ignored"). A tensor
+# not in the table that is shaped like the scores (..., query, key) is refused: attnlens
+# cannot tell what it would do to them.
+_ARGUMENTS: dict[str, str] = {
+    "position_bias": "bias",  # T5, mT5, LongT5, UMT5, Switch, Pix2Struct, UDOP, ...: relative position bias
+    "s_aux": "refuse:attention sinks (s_aux)",  # gpt-oss: an extra logit per head in the softmax
+    "sinks": "refuse:attention sinks",
+    "indices": "refuse:sparse attention over selected keys (indices)",  # DeepSeek's sparse attention
+    "block_indices": "refuse:sparse attention over selected blocks (block_indices)",
+    **{
+        name: "ignored"
+        for name in (
+            "sliding_window",  # the mask holds the window
+            "is_causal",  # the mask holds the causal structure
+            "position_ids",
+            "cache_position",
+            "output_attentions",
+            "deterministic",
+            "use_cache",
+            "cu_seq_lens_q",  # flash attention's packed sequences (the mask holds them here)
+            "cu_seq_lens_k",
+            "max_length_q",
+            "max_length_k",
+            "layer_idx",
+        )
+    },
 }
 
 
+def _extra_bias(module: nn.Module, kwargs: dict[str, Any], shape: tuple[int, int]) -> torch.Tensor | None:
+    """The additive score terms the call carries (e.g. T5's position bias), after refusing
+    any argument whose meaning capture cannot reproduce or cannot tell; ``shape`` is the
+    scores' (query, key)."""
+    bias = None
+    for argument, value in kwargs.items():
+        if value is None:
+            continue
+        meaning = _ARGUMENTS.get(argument)
+        if meaning is None and isinstance(value, torch.Tensor) and tuple(value.shape[-2:]) == shape:
+            meaning = f"refuse:an argument `{argument}` to its attention whose meaning attnlens does not know"
+        if meaning is not None and meaning.startswith("refuse:"):
+            raise UnsupportedModel(
+                f"{type(module).__name__} uses {meaning.removeprefix('refuse:')}, which attnlens capture does not support"
+            )
+        if meaning == "bias":
+            bias = value if bias is None else bias + value
+    return bias
+
+
 def _refuse_unsupported(module: nn.Module, kwargs: dict[str, Any]) -> None:
-    """Raise :class:`UnsupportedModel` if the attention call carries an unsupported term."""
-    for argument, feature in _UNSUPPORTED_ARGUMENTS.items():
-        if kwargs.get(argument) is not None:
-            raise UnsupportedModel(f"{type(module).__name__} uses {feature}, which attnlens capture does not support")
+    """Raise :class:`UnsupportedModel` if the attention call carries a term the fast paths do not add."""
+    shape = (0, 0)  # no tensor needs checking by shape here: the unknown ones are refused under "attnlens" first
+    if _extra_bias(module, kwargs, shape) is not None:
+        raise UnsupportedModel(f"{type(module).__name__} adds a position bias to its scores; run it under 'attnlens'")
 
 
 def attnlens_attention(
@@ -273,13 +326,15 @@ def attnlens_attention(
     **kwargs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The ``AttentionInterface`` implementation registered as ``"attnlens"``."""
-    _refuse_unsupported(module, kwargs)
+    extra = _extra_bias(module, kwargs, (query.shape[2], key.shape[2]))
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
     scores = attention_scores(query, key, scaling, softcap)
     valid, bias = valid_and_bias(attention_mask, scores)
-    if bias is not None:
-        scores = scores + bias
+    # In the order the models' own eager code adds them (T5: position bias, then the mask).
+    for term in (extra, bias):
+        if term is not None:
+            scores = scores + term.to(scores.dtype)
 
     capture = _ACTIVE.get()
     layer = layer_index(module) if capture is not None else -1

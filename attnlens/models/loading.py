@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from attnlens.errors import BadInput, UnsupportedModel
-from attnlens.models import capture, kernels, partial
+from attnlens.models import adapters, capture, kernels, partial
 from attnlens.models.aliases import ALIASES, DEFAULT_MODEL, install_hint, missing_distributions
 from attnlens.settings import MIN_SEQ_LEN
 
@@ -297,11 +297,32 @@ def _hub_reachable(timeout: float = 3.0) -> bool:
 
 
 def _head_for(config: object) -> tuple[str, str]:
-    for architecture in getattr(config, "architectures", None) or []:
+    """The class that loads the checkpoint and the objective it supports: a head by its suffix
+    (:data:`_HEADS`); else the architecture's own class where it is a bare encoder of
+    transformers (``T5EncoderModel``: ``AutoModel`` would build the whole encoder-decoder);
+    else ``AutoModel``."""
+    import transformers
+
+    architectures = getattr(config, "architectures", None) or []
+    for architecture in architectures:
         for suffix, auto_class, objective in _HEADS:
             if architecture.endswith(suffix):
                 return auto_class, objective
+    for architecture in architectures:
+        if architecture.endswith("EncoderModel") and hasattr(transformers, architecture):
+            return architecture, "hidden"
     return "AutoModel", "hidden"
+
+
+def _text_encoder(model: nn.Module, config: object) -> nn.Module:
+    """The part of ``model`` attnlens reads: an encoder-decoder's encoder (T5, BART: the
+    decoder needs decoder inputs, and its cross-attention is not self-attention), else the
+    model itself."""
+    if getattr(config, "is_encoder_decoder", False) and type(model).__name__ != "T5EncoderModel":
+        encoder = model.get_encoder()
+        if encoder is not model:
+            return encoder
+    return model
 
 
 def _refuse_unsupported_attention(name: str, config: object) -> None:
@@ -331,17 +352,22 @@ def _special_tokens(tokenizer: object) -> SpecialTokens:
     )
 
 
-def _number_attention_layers(model: nn.Module, probe: torch.Tensor) -> tuple[list[nn.Module], torch.Tensor]:
-    """Find the attention modules in the order a forward pass calls them.
+def _number_attention_layers(model: nn.Module, probe: torch.Tensor) -> tuple[list[nn.Module], int, torch.Tensor]:
+    """Find the attention modules in the order a forward pass calls them, and count the calls.
 
     Numbering by call order works for every architecture without a per-family table;
     the probe also returns the valid mask of layer 0, which tells causal models apart.
+    A module called more than once per forward (ALBERT shares one layer among all) makes
+    the calls outnumber the modules.
     """
     order: list[nn.Module] = []
     valid: list[torch.Tensor] = []
+    calls = 0
     original = capture.attnlens_attention
 
     def spy(module, query, key, value, attention_mask, *args, **kwargs):
+        nonlocal calls
+        calls += 1
         if not any(module is seen for seen in order):
             order.append(module)
             valid.append(capture.valid_and_bias(attention_mask, torch.empty(query.shape[0], 1, query.shape[2], key.shape[2]))[0])
@@ -357,7 +383,28 @@ def _number_attention_layers(model: nn.Module, probe: torch.Tensor) -> tuple[lis
         AttentionInterface.register(capture.ATTENTION_IMPLEMENTATION, original)
     for index, module in enumerate(order):
         module.attnlens_layer = index
-    return order, valid[0] if valid else torch.ones(1, 1, 1, dtype=torch.bool)
+    return order, calls, valid[0] if valid else torch.ones(1, 1, 1, dtype=torch.bool)
+
+
+def _check_layer_count(name: str, family: str, modules: int, calls: int, num_layers: int) -> None:
+    """Refuse a model whose attention calls are not one module per layer, saying which way it differs."""
+    if modules == num_layers and calls == num_layers:
+        return
+    if modules == 0:
+        found = "does not call transformers' attention interface (it computes attention in its own modules)"
+    elif calls > modules:
+        found = (
+            f"shares {modules} attention module{'s' if modules > 1 else ''} among its {num_layers} layers "
+            f"({calls} calls per forward pass), which attnlens cannot number by layer"
+        )
+    else:
+        found = (
+            f"calls transformers' attention interface in {modules} of its {num_layers} layers (the others are not attention, "
+            "or compute it in their own modules)"
+        )
+    raise UnsupportedModel(
+        f"model '{name}' ({family}) {found}; use a model with one attention module per layer (BERT, Llama, Gemma, Qwen, T5, ...)"
+    )
 
 
 def check_device(device: str | torch.device) -> torch.device:
@@ -436,8 +483,10 @@ def load_model(
             model = getattr(transformers, auto_class).from_pretrained(
                 source, attn_implementation=capture.ATTENTION_IMPLEMENTATION, dtype=dtype, **placement
             )
-        except ValueError as error:
-            if "attn_implementation" in str(error) or "attention" in str(error).lower():
+        except (ValueError, KeyError) as error:
+            # KeyError: a family that picks its attention class from its own table (GPT-Neo) has no "attnlens" entry
+            refused = isinstance(error, KeyError) and error.args == (capture.ATTENTION_IMPLEMENTATION,)
+            if refused or "attn_implementation" in str(error) or "attention" in str(error).lower():
                 raise UnsupportedModel(
                     f"model '{name}' ({config.model_type}) does not route attention through transformers' "
                     "AttentionInterface, so attnlens cannot capture its scores; use a model that does "
@@ -445,6 +494,8 @@ def load_model(
                 ) from None
             raise
         tokenizer = transformers.AutoTokenizer.from_pretrained(source)
+    model = _text_encoder(model, config)
+    adapters.adapt(model, config.model_type)
     if device_map is None:  # a device map has placed the layers already
         model.to(device)
     model.eval()
@@ -452,15 +503,11 @@ def load_model(
     special = _special_tokens(tokenizer)
     probe_ids = [*special.prefix, *tokenizer("a b c", add_special_tokens=False)["input_ids"], *special.suffix]
     try:
-        modules, valid = _number_attention_layers(model, torch.tensor([probe_ids], device=next(model.parameters()).device))
+        modules, calls, valid = _number_attention_layers(model, torch.tensor([probe_ids], device=next(model.parameters()).device))
     except UnsupportedModel as error:  # capture refused a term of a family not in the table
         raise UnsupportedModel(f"model '{name}' ({config.model_type}) cannot be captured: {error}; {_SUPPORTED_HINT}") from None
     num_layers = text_config.num_hidden_layers
-    if len(modules) != num_layers:
-        raise UnsupportedModel(
-            f"model '{name}' ({config.model_type}) calls transformers' attention interface in {len(modules)} of its "
-            f"{num_layers} layers, so attnlens cannot capture all of them; this architecture is not supported"
-        )
+    _check_layer_count(name, config.model_type, len(modules), calls, num_layers)
     num_heads = text_config.num_attention_heads
     return LoadedModel(
         name=name,

@@ -15,9 +15,13 @@ of units, on the device that computes the scores, in float64 or float32),
 same loop over ranks and passes, with checkpoints.
 
 **Which rows enter.** Only valid entries are data. Pooled over queries (the default),
-a row enters only if all ``n`` of its keys are valid: for encoders on unpadded blocks
-that is every row; for causal models it is only the last query of each block, so use
-per-query moments there. Per query position, a row enters over its valid keys (a
+a row enters only if it sees as many keys as any row of its layer (a *full* row): for
+encoders on unpadded blocks that is every row; for causal models it is only the last
+query of each block, so use per-query moments there. In a windowed layer (a sliding or
+local window shorter than n) a full row sees a whole window of ``w`` keys; its keys enter
+in window-relative order, end-aligned on the last ``w`` key coordinates (the row's last
+visible key at n − 1), so ``key_count`` marks those ``w`` as the layer's keys. In a causal
+model that frame is the key's offset from the query in every layer, windowed or not. Per query position, a row enters over its valid keys (a
 causal row of query ``i`` has keys ``0…i``); ``key_count`` records in how many rows
 each key was valid, and analyses use the keys valid in every row of the unit (the
 "complete" keys: the valid prefix for causal models).
@@ -371,6 +375,7 @@ class UnitSums:
         self.dtype = ACCUMULATE[accumulate]
         self.head_chunk = head_chunk or num_heads
         self._layers = _layer_ranges(self.units)
+        self._widths: dict[int, int] = {}  # keys a full row of each layer sees (pooled rows)
         shape = (2, len(self.units), 1 if self.queries is None else len(self.queries))
         self.count = torch.zeros(shape, dtype=torch.float64, device=self.device)
         self.key_count = torch.zeros((*shape, n), dtype=torch.float64, device=self.device)
@@ -409,8 +414,7 @@ class UnitSums:
                 continue
             sequences = torch.from_numpy(chosen).to(source)
             if self.queries is None:
-                # (sequence, query) of every full row; rows of one query position are (sequence, position).
-                sequence_of, query_of = valid.to(source)[sequences].all(-1).nonzero(as_tuple=True)
+                sequence_of, query_of, key_of = self._full_rows(layer, valid.to(source)[sequences])
                 sequence_of = sequences[sequence_of]
                 if len(sequence_of) == 0:
                     continue
@@ -421,21 +425,54 @@ class UnitSums:
                 heads = torch.arange(start, stop, device=source)
                 units = slice(position + start - first, position + stop - first)
                 if self.queries is None:
-                    rows = scores[sequence_of[:, None], heads[None, :], query_of[:, None]].to(self.device)  # (rows, heads, k)
-                    keys = valid[sequence_of.to(valid.device), query_of.to(valid.device)].to(self.device)  # (rows, k), all True
-                    x = row_values(rows[:, :, None], keys[:, None], self.quantity, dtype=self.dtype)[:, :, 0]
+                    # (rows, heads, width): each full row's visible keys, end-aligned (see _full_rows)
+                    if key_of.shape[-1] == self.n:  # every key: a plain gather of whole rows
+                        rows = scores[sequence_of[:, None], heads[None, :], query_of[:, None]]
+                    else:
+                        rows = scores[
+                            sequence_of[:, None, None], heads[None, :, None], query_of[:, None, None], key_of[:, None, :]
+                        ]
+                    keys = torch.ones(rows.shape[0], 1, rows.shape[-1], dtype=torch.bool, device=self.device)  # all visible
+                    x = row_values(rows.to(self.device)[:, :, None], keys, self.quantity, dtype=self.dtype)[:, :, 0]
                     self._add_pooled(which, units, x.transpose(0, 1))
                 else:
                     rows = scores[sequences[:, None, None], heads[None, :, None], query_of[None, None, :]].to(self.device)
                     keys = valid[sequences.to(valid.device)][:, query_of.to(valid.device)].to(self.device)  # (batch, Q, k)
                     self._add_per_query(which, units, row_values(rows, keys, self.quantity, dtype=self.dtype), keys)
 
+    def _full_rows(self, layer: int, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(sequence, query, keys) of every full row of ``layer`` in ``valid`` (batch, q, k).
+
+        A full row sees as many keys as any row of its layer can (its width ``w``): every key
+        of an encoder, the last query of a causal block, or a whole window in a windowed
+        layer (sliding or local attention shorter than n). ``keys`` (rows, w) are its visible
+        keys in order, which land end-aligned on the last ``w`` of the n key coordinates; with
+        ``w = n`` that is every key where it is, as before windows existed. The width is fixed
+        by the first batch a layer sees: a later batch whose rows see more keys is refused
+        rather than mixed.
+        """
+        counts = valid.sum(-1)  # (batch, q)
+        width = self._widths.setdefault(layer, int(counts.max()) if counts.numel() else 0)
+        if counts.numel() and int(counts.max()) > width:
+            raise BadInput(
+                f"rows of layer {layer} see up to {int(counts.max())} keys in one batch but {width} in the first; "
+                "pooled rows need blocks of one length without padding (use per-query rows)"
+            )
+        sequence_of, query_of = (counts == width).nonzero(as_tuple=True)
+        first = valid[sequence_of, query_of].float().argmax(-1)  # the first visible key of each row
+        key_of = first[:, None] + torch.arange(width, device=valid.device)
+        contiguous = valid[sequence_of[:, None], query_of[:, None], key_of.clamp(max=valid.shape[-1] - 1)].all(-1)
+        if not bool(contiguous.all()):
+            raise BadInput(f"the visible keys of layer {layer}'s rows are not one run; use per-query rows")
+        return sequence_of, query_of, key_of
+
     def _add_pooled(self, which: int, units: slice, rows: torch.Tensor) -> None:
-        """``rows`` (heads, rows, k): full-length rows of each head."""
+        """``rows`` (heads, rows, w): full rows of each head, added on the last ``w`` keys."""
+        tail = slice(self.n - rows.shape[-1], self.n)
         self.count[which, units, 0] += rows.shape[1]
-        self.key_count[which, units, 0] += rows.shape[1]
-        self.sum[which, units, 0] += rows.sum(1)
-        self.sum_outer[which, units, 0] += torch.bmm(rows.transpose(1, 2), rows)
+        self.key_count[which, units, 0, tail] += rows.shape[1]
+        self.sum[which, units, 0, tail] += rows.sum(1)
+        self.sum_outer[which, units, 0, tail, tail] += torch.bmm(rows.transpose(1, 2), rows)
 
     def _add_per_query(self, which: int, units: slice, x: torch.Tensor, valid: torch.Tensor) -> None:
         """``x`` (batch, heads, Q, k) rows of the chosen queries, ``valid`` (batch, Q, k)."""

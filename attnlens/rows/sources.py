@@ -122,6 +122,17 @@ class ModelRows:
                 bar.update(len(chunk))
 
 
+def partial_row_layers(rows: StoreRows | ModelRows, layers: Iterable[int]) -> list[int]:
+    """The ``layers`` in which some query does not see every key of the first block: causal
+    layers, and windowed ones (a sliding or local window shorter than n). Their rows differ
+    in which keys they hold, so an analysis that pools rows over queries cannot use them all
+    (one forward of one block, or one read of a store)."""
+    found: list[int] = []
+    consume = lambda layer, scores, valid, chunk: found.append(layer) if not bool(valid.all()) else None
+    rows.for_each_batch(np.arange(1), list(layers), consume, batch_size=1, progress=False)
+    return sorted(set(found))
+
+
 def _chunks(sequences: np.ndarray, size: int) -> list[np.ndarray]:
     return [sequences[start : start + size] for start in range(0, len(sequences), size)]
 

@@ -73,7 +73,7 @@ from attnlens.io.store import Store
 from attnlens.models.loading import LoadedModel
 from attnlens.progress import Progress, progress_bar, split
 from attnlens.rows.moments import compute_moments
-from attnlens.rows.sources import ModelRows, StoreRows, open_rows
+from attnlens.rows.sources import ModelRows, StoreRows, open_rows, partial_row_layers
 
 # The names other modules, tests and notebooks read here; the modules of the package hold them.
 __all__ = [
@@ -240,13 +240,14 @@ class _Plan:
     @classmethod
     def of(cls, rows: StoreRows | ModelRows, s: ReconstructSettings) -> _Plan:
         n = rows.n
-        causal = bool(rows.model_info["causal"])
-        per_query = s.rows == "per-query" or (s.rows == "auto" and causal)
+        layers = rows.check_layers(s.layers)
+        # causal or windowed layers: a map fitted on pooled rows would be read at the wrong keys
+        partial = partial_row_layers(rows, layers) if s.rows != "per-query" else []
+        per_query = s.rows == "per-query" or (s.rows == "auto" and bool(partial))
         strategies = list(s.strategies)  # checked by the settings
-        if causal and not per_query:
-            raise BadInput(
-                "the model is causal: rows of different queries have different valid keys; use `rows` per-query (or auto)"
-            )
+        if partial and not per_query:
+            why = "the model is causal" if rows.model_info["causal"] else f"layers {', '.join(map(str, partial))} are windowed"
+            raise BadInput(f"{why}: rows of different queries have different valid keys; use `rows` per-query (or auto)")
         if not per_query and any(strategy in QUERY_DEPENDENT for strategy in strategies):
             raise BadInput(
                 "`strategies` local+global picks keys around each query, so it needs one map per query: add `rows` per-query"
@@ -257,7 +258,7 @@ class _Plan:
             n=n,
             head_dim=int(rows.model_info["head_dim"]),
             ks=check_ks(default_ks(n) if s.ks is None else s.ks, n),
-            layers=rows.check_layers(s.layers),
+            layers=layers,
             strategies=strategies,
             scopes=list(s.scopes),
             per_query=per_query,

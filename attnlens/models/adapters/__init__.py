@@ -1,0 +1,33 @@
+"""Adapters: families that compute attention in their own modules, routed through capture.
+
+Most families call transformers' ``AttentionInterface``, which is where attnlens reads and
+changes attention. A family that computes its scores in its own code (DeBERTa's
+disentangled scores) or calls one module for several layers (ALBERT) gets one small file
+here, as TransformerLens keeps one conversion file per family. Each file has one function,
+``adapt(model)``, that changes the loaded model in place so that every layer's attention
+goes through ``AttentionInterface`` once, with its exact pre-softmax scores, and the
+model's outputs stay what they were. :data:`ADAPTERS` maps a config's ``model_type`` to it.
+
+>>> sorted(ADAPTERS) == sorted(set(ADAPTERS))
+True
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from torch import nn
+
+# model_type -> the module under attnlens.models.adapters whose ``adapt(model)`` routes it
+ADAPTERS: dict[str, str] = {
+    "albert": "albert",  # one attention module shared by every layer
+    "deberta": "deberta",  # disentangled attention, computed in its own module
+    "deberta-v2": "deberta_v2",  # the same, for v2 and v3
+}
+
+
+def adapt(model: nn.Module, model_type: str) -> None:
+    """Route ``model``'s attention through ``AttentionInterface`` if its family needs an adapter."""
+    name = ADAPTERS.get(model_type)
+    if name is not None:
+        importlib.import_module(f"attnlens.models.adapters.{name}").adapt(model)

@@ -1,0 +1,41 @@
+"""Print docs/cli.md's table of architectures: the zoo of tests/zoo.py, captured or refused.
+
+Each captured architecture is built tiny from its config, loaded by attnlens and compared with
+transformers' eager attention on two sentences (one padded), as tests/test_zoo.py checks it;
+each refused one gives its one-line message. Paste the output over the table in docs/cli.md
+(the test checks that the table names every architecture with its outcome)::
+
+    python scripts/zoo_table.py > /tmp/zoo.md
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+import attnlens  # noqa: E402
+from zoo import CAPTURED, REFUSED, measure, refusal  # noqa: E402
+
+
+def main() -> None:
+    minilm = attnlens.load_model("minilm-l6")
+    print("| architecture | outcome | max \\|weights − eager\\| | max \\|outputs − eager\\| | note |")
+    print("|---|---|---|---|---|")
+    for architecture in CAPTURED:
+        with tempfile.TemporaryDirectory() as directory:
+            model, measured = measure(Path(directory), minilm, architecture)
+        note = f"the encoder ({type(model.model).__name__})" if model.model.config.is_encoder_decoder else ""
+        print(f"| {architecture} | captured | {measured['weights']:.1e} | {measured['outputs']:.1e} | {note} |")
+    for architecture in REFUSED:
+        with tempfile.TemporaryDirectory() as directory:
+            message = refusal(Path(directory), minilm, architecture) or "NOT REFUSED"
+        reason = message.split(") ", 1)[-1].split(";")[0]  # after "model '<path>' (<family>)"
+        print(f"| {architecture} | refused | | | {reason} |")
+
+
+if __name__ == "__main__":
+    main()
