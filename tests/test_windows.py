@@ -84,3 +84,18 @@ def test_gemma3_every_layer_has_a_spectrum_at_1024(gemma3, kjv):
     rows = _brute_force_rows(gemma3, ids, 4, head=0)
     expected = np.sort(np.linalg.eigvalsh(np.cov(rows.T)))[::-1][:8]
     np.testing.assert_allclose(result.arrays["head_eigenvalues"][0, 0, 0][:8], expected, rtol=1e-5)
+
+
+def test_overlap_and_importance_read_every_windowed_layer(tmp_path, minilm_l6, kjv):
+    """Overlap's chance level is set by the space the rows span (the window), and importance
+    measures every layer of a windowed model: mass and entropy over the keys each query sees."""
+    model = _windowed_model(tmp_path, minilm_l6, "mistral")
+    spectra = attnlens.eigen(model, corpus=kjv, seq_len=N, num_seqs=48, keep=8, progress=False)
+    shared = attnlens.overlap(spectra, dim=2, level=0.01, progress=False)  # a low level: every pair compared at some d
+    pairs = shared.pairs
+    assert len(pairs) and np.allclose(pairs.chance, pairs.d / 8), "two 8-key windows meet by chance at d / 8, not d / n"
+    found = attnlens.importance(model, corpus=kjv, seq_len=N, num_seqs=16, progress=False)
+    entropy = found.tables["entropy"]
+    assert sorted(set(entropy.layer)) == [0, 1] and (entropy.entropy > 0).all()
+    # uniform attention over a window of 8 (or fewer, at the block's start) keys: at most log 8
+    assert (entropy.uniform_entropy <= np.log(8) + 1e-9).all()

@@ -165,6 +165,14 @@ def _unit_labels(result: EigenResult, level: str) -> list[tuple[int, int]]:
     return [(layer, head) for layer in layers for head in heads]
 
 
+def _unit_keys(result: EigenResult, level: str, query: int) -> list[int]:
+    """The number of keys each unit's rows span, in :func:`_unit_labels` order: n, or a windowed
+    layer's window (the dimension its subspace lives in, which sets the chance level)."""
+    table = result.table[(result.table["level"] == level) & (result.table["query"] == query)]
+    keys = {(int(row.layer), int(row.head)): int(row.num_keys) for row in table.itertuples()}
+    return [keys.get(unit, result.n) for unit in _unit_labels(result, level)]
+
+
 def _query_index(result: EigenResult, query: int | None) -> tuple[int, int]:
     """Position on the query axis, and the query it stands for (-1 when rows are pooled)."""
     queries = result.meta["settings"]["queries"]
@@ -337,6 +345,7 @@ def overlap(
         curves = overlap_curves(a, b)
         arrays[f"{key}_overlap"], arrays[f"{key}_angles"], arrays[f"{key}_curve"] = overlaps, angles, curves
         units_a, units_b = _unit_labels(results[i], level), _unit_labels(results[j], level)
+        keys_a, keys_b = _unit_keys(results[i], level, positions[i][1]), _unit_keys(results[j], level, positions[j][1])
         for (x, (layer_a, head_a)), (y, (layer_b, head_b)) in itertools.product(enumerate(units_a), enumerate(units_b)):
             unit = {"comparison": key, "level": level, "model_a": names[i], "layer_a": layer_a, "head_a": head_a}
             unit |= {"model_b": names[j], "layer_b": layer_b, "head_b": head_b}
@@ -350,7 +359,8 @@ def overlap(
             )
             if level != "head" and (i != j or x < y):
                 d = int(min(stable[(i, level)][x], stable[(j, level)][y]))
-                pairs.append(unit | _pair_at(d, curves[x, y], halves[(i, level)][x], halves[(j, level)][y], n))
+                space = max(keys_a[x], keys_b[y])  # a random subspace of the larger space meets the other at d / space
+                pairs.append(unit | _pair_at(d, curves[x, y], halves[(i, level)][x], halves[(j, level)][y], space))
 
     for key, level, i, j in comparisons:
         compare(key, level, i, j)
@@ -440,7 +450,8 @@ def _same_result(a: EigenResult, b: EigenResult) -> bool:
 
 def _pair_at(d: int, cross: np.ndarray, split_a: np.ndarray, split_b: np.ndarray, n: int) -> dict:
     """Two units compared at ``d``, the largest d at which both their split-half overlaps stay at
-    or above the level (d = 0, overlaps NaN, when one's top direction is already below it)."""
+    or above the level (d = 0, overlaps NaN, when one's top direction is already below it); ``n``
+    the dimension of the larger of their two spaces (a windowed layer's rows span its window)."""
     at = (lambda curve: float(curve[d - 1])) if d else (lambda curve: float("nan"))
     return {
         "d": d,

@@ -495,7 +495,10 @@ def load_model(
             raise
         tokenizer = transformers.AutoTokenizer.from_pretrained(source)
     model = _text_encoder(model, config)
-    adapters.adapt(model, config.model_type)
+    try:
+        adapters.adapt(model, config.model_type)
+    except UnsupportedModel as error:  # a variant of the family its adapter cannot read exactly
+        raise UnsupportedModel(f"model '{name}' ({config.model_type}): {error}") from None
     if device_map is None:  # a device map has placed the layers already
         model.to(device)
     model.eval()

@@ -37,7 +37,7 @@ True
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -131,6 +131,7 @@ def reconstruct(
     objective = Objective(_model_for_plug_in(source_rows, model, device), s.objective, seed=s.seed) if judged_by_model else None
     # the task, checked and split now: a task that cannot be judged fails before the moments' pass, not after it
     task = _prepared_task(objective.model, plan.n, s) if s.task is not None and s.plug_in else None
+    plan = plan.with_windows(source_rows, s)
     fitted, evaluated = held_out_split(source_rows.num_seqs, s.eval_fraction, s.seed)
     # Shares of the bars, one after another: the moments' pass is quick beside the maps' evaluation.
     moments_progress, maps_progress, pairs_progress, learn_progress = split(
@@ -240,14 +241,13 @@ class _Plan:
     @classmethod
     def of(cls, rows: StoreRows | ModelRows, s: ReconstructSettings) -> _Plan:
         n = rows.n
-        layers = rows.check_layers(s.layers)
-        # causal or windowed layers: a map fitted on pooled rows would be read at the wrong keys
-        partial = partial_row_layers(rows, layers) if s.rows != "per-query" else []
-        per_query = s.rows == "per-query" or (s.rows == "auto" and bool(partial))
+        causal = bool(rows.model_info["causal"])
+        per_query = s.rows == "per-query" or (s.rows == "auto" and causal)
         strategies = list(s.strategies)  # checked by the settings
-        if partial and not per_query:
-            why = "the model is causal" if rows.model_info["causal"] else f"layers {', '.join(map(str, partial))} are windowed"
-            raise BadInput(f"{why}: rows of different queries have different valid keys; use `rows` per-query (or auto)")
+        if causal and not per_query:
+            raise BadInput(
+                "the model is causal: rows of different queries have different valid keys; use `rows` per-query (or auto)"
+            )
         if not per_query and any(strategy in QUERY_DEPENDENT for strategy in strategies):
             raise BadInput(
                 "`strategies` local+global picks keys around each query, so it needs one map per query: add `rows` per-query"
@@ -258,11 +258,24 @@ class _Plan:
             n=n,
             head_dim=int(rows.model_info["head_dim"]),
             ks=check_ks(default_ks(n) if s.ks is None else s.ks, n),
-            layers=layers,
+            layers=rows.check_layers(s.layers),
             strategies=strategies,
             scopes=list(s.scopes),
             per_query=per_query,
         )
+
+    def with_windows(self, rows: StoreRows | ModelRows, s: ReconstructSettings) -> _Plan:
+        """The plan with one map per query where an encoder's layers are windowed (found by one forward
+        of one block, so after every check that needs none): pooled maps would be read at the wrong keys."""
+        if self.per_query or s.rows == "per-query":
+            return self
+        windowed = partial_row_layers(rows, self.layers)
+        if windowed and s.rows == "pooled":
+            raise BadInput(
+                f"layers {', '.join(map(str, windowed))} are windowed: rows of different queries have different valid keys; "
+                "use `rows` per-query (or auto)"
+            )
+        return replace(self, per_query=True) if windowed else self
 
     def with_flops(self, table: pd.DataFrame) -> pd.DataFrame:
         """``table`` with the attention FLOPs ratio of each row's k beside it."""
