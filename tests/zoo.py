@@ -168,6 +168,10 @@ CAPTURED: Zoo = {
 }
 
 REFUSED: Zoo = {
+    "gemma4_text (per-layer head sizes)": lambda: (llama_like(T.Gemma4TextConfig, num_key_value_heads=2, head_dim=16, sliding_window=W,
+                                                              layer_types=SW2, hidden_size_per_layer_input=16,
+                                                              vocab_size_per_layer_input=V), "Gemma4ForCausalLM"),
+    "diffllama (two calls per layer)": lambda: (llama_like(T.DiffLlamaConfig, head_dim=16), "DiffLlamaForCausalLM"),
     "mpnet": lambda: (bert_like(T.MPNetConfig, relative_attention_num_buckets=32), "MPNetModel"),
     "xlnet": lambda: (T.XLNetConfig(vocab_size=V, d_model=H, n_layer=L, n_head=NH, d_inner=I, pad_token_id=0,
                                     bos_token_id=101, eos_token_id=102), "XLNetModel"),

@@ -352,15 +352,28 @@ def _special_tokens(tokenizer: object) -> SpecialTokens:
     )
 
 
-def _number_attention_layers(model: nn.Module, probe: torch.Tensor) -> tuple[list[nn.Module], int, torch.Tensor]:
+@dataclass(frozen=True)
+class _Probe:
+    """What one forward pass over a few tokens shows of a model's attention: its modules in the
+    order they are called, the number of calls, each module's geometry (query heads, key heads,
+    size of q·k) and layer 0's valid mask, which tells causal models apart."""
+
+    modules: list[nn.Module]
+    calls: int
+    shapes: list[tuple[int, int, int]]
+    valid: torch.Tensor
+
+
+def _number_attention_layers(model: nn.Module, probe: torch.Tensor) -> _Probe:
     """Find the attention modules in the order a forward pass calls them, and count the calls.
 
-    Numbering by call order works for every architecture without a per-family table;
-    the probe also returns the valid mask of layer 0, which tells causal models apart.
-    A module called more than once per forward (ALBERT shares one layer among all) makes
-    the calls outnumber the modules.
+    Numbering by call order works for every architecture without a per-family table. A module
+    called more than once per forward (ALBERT shares one layer among all) makes the calls
+    outnumber the modules. The geometry is read off the tensors each module passes, not off the
+    config (whose fields some families keep per layer).
     """
     order: list[nn.Module] = []
+    shapes: list[tuple[int, int, int]] = []
     valid: list[torch.Tensor] = []
     calls = 0
     original = capture.attnlens_attention
@@ -370,6 +383,7 @@ def _number_attention_layers(model: nn.Module, probe: torch.Tensor) -> tuple[lis
         calls += 1
         if not any(module is seen for seen in order):
             order.append(module)
+            shapes.append((query.shape[1], key.shape[1], query.shape[-1]))
             valid.append(capture.valid_and_bias(attention_mask, torch.empty(query.shape[0], 1, query.shape[2], key.shape[2]))[0])
         return original(module, query, key, value, attention_mask, *args, **kwargs)
 
@@ -383,7 +397,28 @@ def _number_attention_layers(model: nn.Module, probe: torch.Tensor) -> tuple[lis
         AttentionInterface.register(capture.ATTENTION_IMPLEMENTATION, original)
     for index, module in enumerate(order):
         module.attnlens_layer = index
-    return order, calls, valid[0] if valid else torch.ones(1, 1, 1, dtype=torch.bool)
+    return _Probe(order, calls, shapes, valid[0] if valid else torch.ones(1, 1, 1, dtype=torch.bool))
+
+
+def _read_attention(name: str, config: object, model: nn.Module, probe_ids: list[int]) -> tuple[_Probe, int]:
+    """Number the model's attention layers and check that attnlens can read every one alike;
+    returns the probe and the number of layers, or refuses in one line."""
+    family = config.model_type
+    try:
+        probe = _number_attention_layers(model, torch.tensor([probe_ids], device=next(model.parameters()).device))
+    except UnsupportedModel as error:  # capture refused a term of a family not in the table
+        raise UnsupportedModel(f"model '{name}' ({family}) cannot be captured: {error}; {_SUPPORTED_HINT}") from None
+    except Exception as error:  # e.g. X-MOD without a default language: the model needs more than token ids
+        reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
+        raise UnsupportedModel(f"model '{name}' ({family}) cannot run a forward pass on token ids alone: {reason}") from None
+    num_layers = config.get_text_config().num_hidden_layers
+    _check_layer_count(name, family, len(probe.modules), probe.calls, num_layers)
+    if len(set(probe.shapes)) > 1:
+        raise UnsupportedModel(
+            f"model '{name}' ({family}) has layers of different attention geometry (query heads, key heads, head size: "
+            f"{', '.join(map(str, sorted(set(probe.shapes))))}); attnlens analyses need every layer alike"
+        )
+    return probe, num_layers
 
 
 def _check_layer_count(name: str, family: str, modules: int, calls: int, num_layers: int) -> None:
@@ -392,6 +427,8 @@ def _check_layer_count(name: str, family: str, modules: int, calls: int, num_lay
         return
     if modules == 0:
         found = "does not call transformers' attention interface (it computes attention in its own modules)"
+    elif calls > modules == num_layers:
+        found = f"calls transformers' attention interface {calls // modules} times in each of its layers"
     elif calls > modules:
         found = (
             f"shares {modules} attention module{'s' if modules > 1 else ''} among its {num_layers} layers "
@@ -505,13 +542,8 @@ def load_model(
     text_config = config.get_text_config()
     special = _special_tokens(tokenizer)
     probe_ids = [*special.prefix, *tokenizer("a b c", add_special_tokens=False)["input_ids"], *special.suffix]
-    try:
-        modules, calls, valid = _number_attention_layers(model, torch.tensor([probe_ids], device=next(model.parameters()).device))
-    except UnsupportedModel as error:  # capture refused a term of a family not in the table
-        raise UnsupportedModel(f"model '{name}' ({config.model_type}) cannot be captured: {error}; {_SUPPORTED_HINT}") from None
-    num_layers = text_config.num_hidden_layers
-    _check_layer_count(name, config.model_type, len(modules), calls, num_layers)
-    num_heads = text_config.num_attention_heads
+    probe, num_layers = _read_attention(name, config, model, probe_ids)
+    num_heads, num_kv_heads, head_dim = probe.shapes[0]
     return LoadedModel(
         name=name,
         source=source,
@@ -519,9 +551,9 @@ def load_model(
         tokenizer=tokenizer,
         num_layers=num_layers,
         num_heads=num_heads,
-        num_kv_heads=getattr(text_config, "num_key_value_heads", None) or num_heads,
-        head_dim=getattr(text_config, "head_dim", None) or text_config.hidden_size // num_heads,
-        causal=not bool(valid[0, 0, -1]),
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        causal=not bool(probe.valid[0, 0, -1]),
         max_positions=int(getattr(text_config, "max_position_embeddings", 0) or tokenizer.model_max_length),
         objective=objective,
         special=special,
