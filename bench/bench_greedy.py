@@ -39,7 +39,7 @@ def main() -> None:
 
     import attnlens
     from attnlens.analysis.reconstruct.selection import greedy_path, naive_greedy_path
-    from attnlens.rows.moments import compute_moments
+    from attnlens.rows.accumulate import compute_moments
     from attnlens.rows.sources import ModelRows
 
     model = attnlens.load_model("minilm-l6")

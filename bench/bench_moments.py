@@ -7,7 +7,7 @@ own process (peak RSS is its own), rounds alternating the modes, medians reporte
 
   bare      read every layer's arrays batch by batch, convert to float64, one BLAS XᵀX
             per head on the same rows                                     <- the baseline
-  moments   attnlens.rows.moments.compute_moments from the store (scores, pooled, two halves)
+  moments   attnlens.rows.accumulate.compute_moments from the store (scores, pooled, two halves)
   pca       scikit-learn PCA fitted on each head's rows (all rows in memory)
   ipca      scikit-learn IncrementalPCA, partial_fit batch by batch, per head
 
@@ -40,7 +40,7 @@ def run_mode(mode: str, store_path: str, batch_size: int, num_seqs: int) -> dict
     import torch
 
     import attnlens
-    from attnlens.rows.moments import compute_moments
+    from attnlens.rows.accumulate import compute_moments
     from attnlens.rows.sources import ModelRows, StoreRows
 
     start = time.perf_counter()

@@ -220,7 +220,7 @@ def layer_costs() -> dict:
     import torch
 
     import attnlens
-    from attnlens.rows.moments import UnitSums
+    from attnlens.rows.accumulate import UnitSums
 
     torch.set_num_threads(1)
     model = attnlens.load_model("minilm-l6")

@@ -10,7 +10,8 @@ from sklearn.decomposition import PCA
 import attnlens
 from attnlens.analysis.eigen import analyse_moments, components_for_energy, gaussian_baseline, matrix_spectrum
 from attnlens.analysis.overlap import chance_overlap, principal_angles, stable_dim, subspace_overlap
-from attnlens.rows.moments import HalfMoments, Moments, compute_moments, split_halves
+from attnlens.rows.accumulate import compute_moments
+from attnlens.rows.moments import HalfMoments, Moments, split_halves
 from attnlens.rows.sources import StoreRows
 from tiny_models import moments_of_rows
 

@@ -290,7 +290,7 @@ def test_partial_file_without_an_array_is_a_bad_file(tmp_path):
 
 def test_saved_sums_of_another_shape_are_a_bad_file():
     """Sums restored from a checkpoint of another shape used to raise a ValueError; scores that do not fit, too."""
-    from attnlens.rows.moments import UnitSums
+    from attnlens.rows.accumulate import UnitSums
 
     sums = UnitSums([(0, 0)], n=3, num_heads=1, quantity="scores", queries=None)
     wrong = {name: np.zeros(shape) for name, shape in {"count": (2, 1, 1), "key_count": (2, 1, 1, 4)}.items()}

@@ -19,7 +19,7 @@ from attnlens.analysis.plan.choices import window_keep
 from attnlens.analysis.reconstruct import MapFitter, reconstruction
 from attnlens.models.partial import LayerPlan, MaskedHeads, PartialHeads, planned
 from attnlens.models.sparse import block_mask, masked_attention
-from attnlens.rows.moments import compute_moments
+from attnlens.rows.accumulate import compute_moments
 from attnlens.rows.sources import ModelRows
 
 # float32 has 24 bits; each output goes through every layer, so rounding differences of a few

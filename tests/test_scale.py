@@ -25,9 +25,10 @@ import torch
 
 import attnlens
 from attnlens.models.capture import Capture
+from attnlens.rows.accumulate import UnitSums, compute_moments
 from attnlens.rows.budgets import MomentsCost, parse_bytes, plan_units
 from attnlens.rows.jobs import run_moments
-from attnlens.rows.moments import ARRAYS, LEVELS, HalfMoments, Moments, UnitSums, compute_moments, split_halves
+from attnlens.rows.moments import ARRAYS, LEVELS, HalfMoments, Moments, split_halves
 from attnlens.rows.partials import load_moments, load_partial
 from attnlens.rows.sources import ModelRows
 from tiny_models import assert_one_line_error, reference_moments, run_cli, save_tiny

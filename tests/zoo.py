@@ -30,31 +30,12 @@ W = 4  # window, shorter than the 12-token test length
 
 
 def bert_like(cls, **kw):
-    return cls(
-        vocab_size=V,
-        hidden_size=H,
-        num_hidden_layers=L,
-        num_attention_heads=NH,
-        intermediate_size=I,
-        max_position_embeddings=P,
-        pad_token_id=0,
-        **kw,
-    )
+    sizes = dict(vocab_size=V, hidden_size=H, num_hidden_layers=L, num_attention_heads=NH, intermediate_size=I)
+    return cls(**{**sizes, "max_position_embeddings": P, "pad_token_id": 0, **kw})
 
 
 def roberta_like(cls, **kw):  # position ids start after the padding index
-    return cls(
-        vocab_size=V,
-        hidden_size=H,
-        num_hidden_layers=L,
-        num_attention_heads=NH,
-        intermediate_size=I,
-        max_position_embeddings=P + 2,
-        pad_token_id=0,
-        bos_token_id=101,
-        eos_token_id=102,
-        **kw,
-    )
+    return bert_like(cls, max_position_embeddings=P + 2, bos_token_id=101, eos_token_id=102, **kw)
 
 
 def llama_like(cls, **kw):

@@ -53,16 +53,8 @@ from attnlens.io.results import Result, format_table
 from attnlens.io.store import Store, is_store
 from attnlens.models.loading import LoadedModel
 from attnlens.progress import Progress, progress_bar, split
-from attnlens.rows.moments import (
-    LEVELS,
-    QUANTITIES,
-    HalfMoments,
-    Moments,
-    compute_moments,
-    level_shape,
-    split_halves,
-    unit_sums,
-)
+from attnlens.rows.accumulate import compute_moments
+from attnlens.rows.moments import LEVELS, QUANTITIES, HalfMoments, Moments, level_shape, split_halves, unit_sums
 from attnlens.rows.sources import is_moments_source, open_rows
 from attnlens.settings import CorpusSettings, at_least, numbered_from_zero, one_of
 
@@ -218,7 +210,7 @@ def _table_row(level: str, index: tuple, moments: Moments, count: int, spectrum:
 def _matrix_analysis(
     store: Store, layers: list[int], quantity: str, centred: bool, keep: int, seed: int, progress: Progress
 ) -> tuple[pd.DataFrame, dict[str, np.ndarray]]:
-    from attnlens.rows.moments import row_values
+    from attnlens.rows.accumulate import row_values
 
     rng = np.random.default_rng(seed)
     rows, values_by_unit, vectors_by_unit = [], [], []

@@ -287,10 +287,10 @@ _ARGUMENTS: dict[str, str] = {
 }
 
 
-def _extra_bias(module: nn.Module, kwargs: dict[str, Any], shape: tuple[int, int]) -> torch.Tensor | None:
+def _extra_bias(module: nn.Module, kwargs: dict[str, Any], shape: tuple[int, int] | None = None) -> torch.Tensor | None:
     """The additive score terms the call carries (e.g. T5's position bias), after refusing
-    any argument whose meaning capture cannot reproduce or cannot tell; ``shape`` is the
-    scores' (query, key)."""
+    any argument whose meaning capture cannot reproduce or cannot tell; ``shape``, the scores'
+    (query, key), also refuses an unknown tensor of that shape."""
     bias = None
     for argument, value in kwargs.items():
         if value is None:
@@ -309,8 +309,8 @@ def _extra_bias(module: nn.Module, kwargs: dict[str, Any], shape: tuple[int, int
 
 def _refuse_unsupported(module: nn.Module, kwargs: dict[str, Any]) -> None:
     """Raise :class:`UnsupportedModel` if the attention call carries a term the fast paths do not add."""
-    shape = (0, 0)  # no tensor needs checking by shape here: the unknown ones are refused under "attnlens" first
-    if _extra_bias(module, kwargs, shape) is not None:
+    # no unknown tensor is checked here: a plan is made under "attnlens", which refuses them first
+    if _extra_bias(module, kwargs) is not None:
         raise UnsupportedModel(f"{type(module).__name__} adds a position bias to its scores; run it under 'attnlens'")
 
 

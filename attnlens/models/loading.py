@@ -314,14 +314,14 @@ def _head_for(config: object) -> tuple[str, str]:
     return "AutoModel", "hidden"
 
 
-def _text_encoder(model: nn.Module, config: object) -> nn.Module:
-    """The part of ``model`` attnlens reads: an encoder-decoder's encoder (T5, BART: the
-    decoder needs decoder inputs, and its cross-attention is not self-attention), else the
-    model itself."""
-    if getattr(config, "is_encoder_decoder", False) and type(model).__name__ != "T5EncoderModel":
-        encoder = model.get_encoder()
-        if encoder is not model:
-            return encoder
+def _text_encoder(model: nn.Module) -> nn.Module:
+    """The part of ``model`` attnlens reads: the encoder of a model whose forward asks for
+    decoder inputs (T5Model, BART: the decoder's cross-attention is not self-attention), else
+    the model itself (``T5EncoderModel`` and the like already are the encoder)."""
+    import inspect
+
+    if "decoder_input_ids" in inspect.signature(model.forward).parameters:
+        return model.get_encoder()
     return model
 
 
@@ -531,7 +531,7 @@ def load_model(
                 ) from None
             raise
         tokenizer = transformers.AutoTokenizer.from_pretrained(source)
-    model = _text_encoder(model, config)
+    model = _text_encoder(model)
     try:
         adapters.adapt(model, config.model_type)
     except UnsupportedModel as error:  # a variant of the family its adapter cannot read exactly

@@ -20,7 +20,7 @@ rank 0 unit by unit (``torch.distributed.reduce``, in float64), which writes the
 moments; ``attnlens merge WORKDIR/partials/*.npz`` gives the same sums from the files.
 
 The split halves (for overlap's split-half check) are assigned over all sequences with
-the job's seed, exactly as :func:`attnlens.rows.moments.compute_moments` does, so a job's
+the job's seed, exactly as :func:`attnlens.rows.accumulate.compute_moments` does, so a job's
 moments equal those of a single in-memory pass up to float64 summation order.
 
 >>> import tempfile
@@ -49,8 +49,9 @@ from attnlens.io.results import check_resumable_out, write_result
 from attnlens.io.store import Store, is_store
 from attnlens.models.loading import LoadedModel
 from attnlens.progress import progress_bar
+from attnlens.rows.accumulate import UnitSums, accumulate_rows, check_rows_for_per_query
 from attnlens.rows.budgets import ACCUMULATE, MomentsCost, Plan, format_bytes, format_option, parse_bytes, plan_units
-from attnlens.rows.moments import ARRAYS, QUANTITIES, UnitSums, accumulate_rows, check_rows_for_per_query, split_halves
+from attnlens.rows.moments import ARRAYS, QUANTITIES, split_halves
 from attnlens.rows.partials import (
     MergedWriter,
     MomentsResult,

@@ -58,7 +58,7 @@ from attnlens.data.corpus import Blocks
 from attnlens.errors import BadInput
 from attnlens.models.loading import LoadedModel
 from attnlens.progress import Progress, progress_bar, split
-from attnlens.rows.moments import compute_moments
+from attnlens.rows.accumulate import compute_moments
 from attnlens.rows.sources import ModelRows
 
 __all__ = ["PlanResult", "PlanSettings", "plan"]

@@ -72,7 +72,7 @@ from attnlens.io.provenance import result_meta
 from attnlens.io.store import Store
 from attnlens.models.loading import LoadedModel
 from attnlens.progress import Progress, progress_bar, split
-from attnlens.rows.moments import compute_moments
+from attnlens.rows.accumulate import compute_moments
 from attnlens.rows.sources import ModelRows, StoreRows, open_rows, partial_row_layers
 
 # The names other modules, tests and notebooks read here; the modules of the package hold them.
