@@ -63,7 +63,7 @@ def sequential(classifier, task_file, tmp_path_factory):
 def test_saved_outcomes_re_pair_to_the_reported_delta_and_interval(sequential):
     table, task = sequential.tables["task"], sequential.meta["task"]
     design = Design.for_pool(task["sequential"]["examples_available"], task["sequential"]["target_halfwidth"])
-    assert design.looks == tuple(task["sequential"]["looks"])
+    assert design.grid == tuple(task["sequential"]["grid"])
     looks = set()
     for number, row in table.iterrows():
         outcomes = sequential.outcomes(number)
@@ -71,9 +71,11 @@ def test_saved_outcomes_re_pair_to_the_reported_delta_and_interval(sequential):
         paired = (outcomes.correct - outcomes.unmodified_correct).to_numpy()
         if row.change == "unmodified":
             continue
-        look = design.looks.index(row.held_out)
-        looks.add(look)
-        mean, low, high, _ = design.interval(paired, look)
+        every = sequential.outcomes(number, every=True).correct - sequential.outcomes(number, every=True).unmodified_correct
+        decision = design.run(lambda used: every.to_numpy()[:used])  # the rule replayed on the saved outcomes
+        assert decision.examples == row.held_out
+        looks.add(decision.look)
+        mean, low, high, _ = design.interval(paired, decision.bound)
         assert (mean, low, high) == pytest.approx(
             (row.delta_accuracy, row.delta_accuracy_low, row.delta_accuracy_high), abs=1e-12
         )

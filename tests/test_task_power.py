@@ -136,45 +136,46 @@ def test_power_columns_follow_from_the_paired_outcomes(minilm_l6):
 def test_task_eval_auto_judges_each_change_sequentially_on_a_prefix_of_the_pool(minilm_l3, monkeypatch):
     """Each change stops at the first look where its interval excludes zero or narrows to the target;
     the interval is recomputed here from the per-example outcomes (mean ± boundary × the Agresti–Min
-    standard error), and every earlier look is checked not to have stopped."""
+    standard error, the boundary the design gives on these outcomes), and every earlier look is
+    checked not to have stopped."""
     monkeypatch.setattr(judge_module, "AUTO_POOL", 400)
     settings = TaskSettings(task="rotten-tomatoes", task_train=64, task_eval="auto", task_target=0.06)
     judge = TaskJudge(minilm_l3, settings, seq_len=48, batch_size=32)
-    looks, bounds = judge.design.looks, judge.design.bounds
-    assert looks[-1] == len(judge.pool) == 400 and looks[0] == 200
+    assert judge.design.available == len(judge.pool) == 400 and judge.design.grid[0] == 192
 
-    def interval(paired: np.ndarray, look: int) -> tuple[float, float]:
+    def interval(paired: np.ndarray, bound: float) -> tuple[float, float]:
         count = len(paired)
         adjusted = paired.sum() / (count + 2)
         spread = (np.square(paired).sum() + 1) / (count + 2) - adjusted**2
-        half = bounds[look] * np.sqrt(spread / (count + 2))
+        half = bound * np.sqrt(spread / (count + 2))
         return paired.mean() - half, paired.mean() + half
 
     for change in (Ablation("cls", CLASSES), Ablation("other", CLASSES), Ablation("sep", CLASSES, "random")):
         judged = judge.judge(change)
-        count, look = judged["held_out"], looks.index(judged["held_out"])
+        count = judged["held_out"]
         paired = judged["correct"] - judge._outcomes(None, count).correct[:count]
-        assert len(judged["correct"]) == count
-        low, high = interval(paired, look)
+        decision = judge.design.run(lambda used: judge._paired(change, None, used))
+        assert len(judged["correct"]) == count == decision.examples and count in judge.design.cuts
+        low, high = interval(paired, decision.bound)
         assert (judged["delta_accuracy_low"], judged["delta_accuracy_high"]) == pytest.approx((low, high))
         assert judged["delta_accuracy"] == pytest.approx(paired.mean())
         assert judged["unmodified_accuracy"] == pytest.approx(judge._outcomes(None, count).correct[:count].mean())
-        for earlier in range(look):  # no earlier look met a stopping rule
-            outcomes = judge._paired(change, None, looks[earlier])
-            low_then, high_then = interval(outcomes, earlier)
-            assert low_then <= 0 <= high_then and (high_then - low_then) / 2 > 0.06
+        for look, bound in zip(decision.looks[:-1], decision.bounds):  # no earlier look met a stopping rule
+            low_then, high_then = interval(judge._paired(change, None, look), bound)
+            assert low_then <= 0 <= high_then
         reason = {"excludes zero": low > 0 or high < 0, "half-width reached": (high - low) / 2 <= 0.06}
-        assert reason.get(judged["stopped"], look == len(looks) - 1), judged["stopped"]
+        assert reason.get(judged["stopped"], count == 400), judged["stopped"]
     assert judge.held_out.rows.tolist() == judge.pool.rows[: len(judge.held_out)].tolist()
 
 
 @pytest.mark.slow
 def test_a_judgement_computes_each_example_once_in_the_designs_slices(minilm_l3, tmp_path, monkeypatch):
-    """Between looks only the added examples run, in the same slices for every change (so the same
-    length buckets), and the outcomes equal one judgement of them all to float32 rounding."""
+    """Between looks only the added examples run, in the same slices (whole chunks) for every change,
+    so the same length buckets, and the outcomes equal one judgement of them all to float32 rounding."""
     monkeypatch.setenv("ATTNLENS_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(judge_module, "AUTO_POOL", 400)
-    auto = TaskJudge(minilm_l3, TaskSettings(task="rotten-tomatoes", task_train=64, task_eval="auto"), seq_len=48, batch_size=16)
+    settings = TaskSettings(task="rotten-tomatoes", task_train=64, task_eval="auto", task_target=0.005)
+    auto = TaskJudge(minilm_l3, settings, seq_len=48, batch_size=16)
     judged, features = [], auto.features
 
     def counted(examples, change, *rest):
@@ -184,10 +185,10 @@ def test_a_judgement_computes_each_example_once_in_the_designs_slices(minilm_l3,
     monkeypatch.setattr(auto, "features", counted)
     change = Ablation("sep", CLASSES, "random")  # a small change: more than the first look
     outcome = auto.judge(change)
-    count, looks = outcome["held_out"], auto.design.looks
-    assert count > looks[0]
+    count, cuts = outcome["held_out"], auto.design.cuts
+    assert count > auto.design.grid[0]
     ran = [(rows, size) for rows, size, changed in judged if changed]
-    assert [size for _, size in ran] == np.diff((0, *looks[: looks.index(outcome["held_out"]) + 1])).tolist()
+    assert [size for _, size in ran] == np.diff((0, *cuts[: cuts.index(count) + 1])).tolist()
     fixed = TaskJudge(minilm_l3, TaskSettings(task="rotten-tomatoes", task_train=64, task_eval=400), seq_len=48, batch_size=16)
     assert fixed.pool.rows.tolist() == auto.pool.rows.tolist()
     np.testing.assert_allclose(auto._judged[change.key].losses, fixed._outcomes(change, 400).losses[:count], atol=1e-5)
@@ -216,7 +217,7 @@ def test_task_eval_auto_on_a_task_too_small_uses_every_example_and_says_so(minil
     settings = TaskSettings(task=str(path), task_train=40, task_eval="auto", task_target=0.001, probe_c=1.0)
     judge = TaskJudge(minilm_l6, settings, seq_len=48, batch_size=32)
     judged = judge.judge(Ablation("sep", CLASSES, "random"))  # a small change: 50 examples cannot decide it
-    assert judge.design.looks == (50,) and judged["held_out"] == 50
+    assert judge.design.grid == (50,) and judged["held_out"] == 50
     assert judged["stopped"] == "examples ran out" and judged["delta_halfwidth"] > 0.001
     assert judge.describe()["sequential"]["examples_available"] == 50
 
@@ -263,7 +264,7 @@ def test_task_eval_auto_is_recorded_with_what_it_reached(minilm_l3, tmp_path, mo
     )  # fmt: skip
     sequential = result.meta["task"]["sequential"]
     table = result.tables["task"]
-    assert set(table["held_out"][1:]) <= set(sequential["looks"]) and len(sequential["bounds"]) == len(sequential["looks"])
+    assert set(table["held_out"][1:]) <= {*range(sequential["chunk"], 240, sequential["chunk"]), 240}
     assert set(table["stopped"][1:]) <= {"excludes zero", "half-width reached", "examples ran out"}
     assert len(result.meta["task"]["held_out_rows"]) == table["held_out"].max()
     assert "judged sequentially" in result.text()

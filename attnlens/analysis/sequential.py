@@ -1,38 +1,50 @@
-"""Judging that stops when it has decided: a group-sequential design for paired differences.
+"""Judging that stops when it has decided: a sequential design for paired differences.
 
 A change to attention is judged by the mean of per-example paired differences (the change's
 outcome minus the unmodified model's: 0/1 correct, or a fraction of fine-tune seeds). Most
-changes are far from zero and decide on a few hundred examples; a few are near zero and need
-thousands. :class:`Design` adds examples in rounds (``looks``: 200, then ×1.4 each round, up
-to the examples the task has) and stops a judgement at the first look where
+changes are far from zero and decide on a few hundred examples; those near zero need as many
+as a fixed design of the target half-width, and should need no more. :class:`Design` looks at
+192 examples first, then adds at most 40% a look, and stops a judgement at the first look where
 
 - its interval excludes zero (``"excludes zero"``), or
 - its half-width is at most the target (``"half-width reached"``), or
 - the examples run out (``"examples ran out"``).
 
-Looking again and again at the same data would inflate the error rate of a fixed-sample
-interval. The intervals here are **repeated confidence intervals** (Jennison & Turnbull 1989)
-of a two-sided group-sequential design with the Kim–DeMets power-family α-spending function
-``α·t²`` (Lan & DeMets 1983; Kim & DeMets 1987): at look k, with information fraction
-``t_k = n_k / n_K``, the interval is ``mean ± c_k · se_k``, and the boundaries ``c_k`` are set
-so that a random walk of the normal approximation crosses them with probability ``α·t_k²`` by
-look k (:func:`boundaries`, by numerical integration over the looks). All the intervals hold
-together with probability ``1 − α``, so the one at whichever look a data-dependent rule stops
-covers the true Δ at least at the nominal rate. The standard error adds half a pseudo-example
-to each of the four cells of the paired 2×2 table (Agresti & Min 2005), so that a run of
-identical outcomes (no example changed) never gives a zero-width interval.
+**The variance sizes the judgement.** The early looks are a grid (192, then ×1.4, in whole
+chunks). At each look the spread of the differences so far says how many examples a last look
+would need to reach the target half-width (the *horizon*); the next look is the horizon where it
+comes before the grid's next point. A look is the last one when spending the rest of α there
+reaches the target (or the examples run out); until then it is an early look, whose only use is
+an early stop when its interval excludes zero.
 
-The design is fixed before any outcome is seen: it depends only on how many examples the task
-has (``available``), the first look, the growth and α.
+**Early looks spend little α.** The intervals are repeated confidence intervals (Jennison &
+Turnbull 1989): the boundary ``c_k`` of each look is set, given the boundaries already used, so
+that a Brownian motion crosses one of them with probability ``s_k`` by look k (numerical
+integration over the looks, :func:`_density`). Early looks spend ``s_k = α·t_k²`` with ``t_k``
+the look's share of the pool (the Kim–DeMets power family, Lan & DeMets 1983; Kim & DeMets 1987):
+little at the few hundred examples a clear effect needs, so the last look, which spends the rest,
+keeps a boundary near 2: a judgement near zero needs about the examples of a fixed design of the
+same half-width. All the intervals hold together with probability ``1 − α``, so the one at whichever
+look a rule stops covers the true Δ at the nominal rate. Which look is last depends on the
+spread of the differences, not on their sign (for paired 0/1 outcomes the spread is nearly the
+discordance rate whatever Δ is); ``tests/test_sequential.py`` measures the coverage by
+simulation. The standard error adds half a pseudo-example to each of the four cells of the paired
+2×2 table (Agresti & Min 2005), so that a run of identical outcomes (no example changed) never
+gives a zero-width interval.
+
+Looks fall on whole chunks of 48 examples (or the pool's end), so every judgement computes the
+same slices of the pool, in the same length buckets.
 
 >>> design = Design.for_pool(4000, target=0.02)
->>> design.looks[:4], round(design.bounds[-1], 2)
-((200, 280, 392, 549), 2.09)
 >>> rng = np.random.default_rng(0)
 >>> far = np.where(rng.random(4000) < 0.10, -1.0, 0.0)          # a change that costs 10 points
 >>> decision = design.run(lambda count: far[:count])
 >>> decision.reason, decision.examples
-('excludes zero', 200)
+('excludes zero', 192)
+>>> near = rng.choice([-1.0, 0.0, 1.0], size=4000, p=[0.05, 0.9, 0.05])   # 10% discordant, Δ = 0
+>>> decision = design.run(lambda count: near[:count])
+>>> decision.reason, decision.looks, round(decision.bound, 2)
+('half-width reached', (192, 288, 432, 624, 912), 1.96)
 """
 
 from __future__ import annotations
@@ -47,8 +59,10 @@ from scipy import optimize
 
 ALPHA = 0.05  # two-sided: the intervals are 95% intervals
 RHO = 2.0  # the power of the spending function α·t^ρ: between Pocock-like (1) and O'Brien–Fleming-like (3)
-FIRST_LOOK = 200  # examples at the first look: fewer make the normal approximation of a rare flip too rough
-GROWTH = 1.4  # each look adds 40%: overshooting the examples a judgement needs costs at most that
+FIRST_LOOK = 192  # examples at the first look: fewer make the normal approximation of a rare flip too rough
+GROWTH = 1.4  # a look adds at most 40%: where the horizon is further, clear effects still stop early
+CHUNK = 48  # looks fall on whole chunks (three batches of 16), so every judgement runs the same slices
+NEVER = 7.5  # a boundary no path crosses (probability 6e-14): a look with nothing left to spend
 PSEUDO = 0.5  # Agresti–Min: half an example added to each cell of the paired 2×2 table, for the standard error
 REASONS = ("excludes zero", "half-width reached", "examples ran out")
 _GRID = np.linspace(-8.0, 8.0, 1201)  # the standardised statistic z, where the densities are integrated
@@ -82,29 +96,6 @@ def continuation(fractions: np.ndarray, bounds: np.ndarray) -> np.ndarray:
     return np.array(staying)
 
 
-@functools.lru_cache(maxsize=64)
-def boundaries(fractions: tuple[float, ...], alpha: float = ALPHA, rho: float = RHO) -> tuple[float, ...]:
-    """Two-sided boundaries ``c_k`` that spend ``α·t^ρ`` of the error by each look (the last look
-    spends the rest of α), found one look at a time given the earlier ones: the paths still inside
-    are carried from look to look, and each boundary cuts their density where the probability of
-    staying inside is ``1 − α·t_k^ρ``.
-
-    >>> round(boundaries((1.0,))[0], 3)                   # one look: the fixed-sample 1.96
-    1.96
-    >>> bounds = boundaries((0.25, 0.5, 1.0))
-    >>> bounds[0] > bounds[1] > bounds[2] > 1.96           # early looks spend little: wide intervals
-    True
-    """
-    mass, found = None, []
-    for look, fraction in enumerate(fractions):
-        density = _advance(mass, fractions[look - 1] if look else 0.0, fraction)
-        spent = alpha if look == len(fractions) - 1 else spending(fraction, alpha, rho)
-        bound = float(optimize.brentq(lambda c: _inside(density, c)[1].sum() - (1 - spent), 0.1, 7.5, xtol=1e-8))
-        found.append(bound)
-        mass = _inside(density, bound)
-    return tuple(found)
-
-
 def _inside(density: np.ndarray, bound: float) -> tuple[np.ndarray, np.ndarray]:
     """The paths with ``|z| < bound``: trapezoid nodes over ``[−bound, bound]`` (the grid's points
     inside and both ends, the density interpolated there) and the probability each carries."""
@@ -130,27 +121,47 @@ def _normal(z: np.ndarray) -> np.ndarray:
     return np.exp(-0.5 * z * z) / math.sqrt(2 * math.pi)
 
 
-def looks_for(available: int, first: int = FIRST_LOOK, growth: float = GROWTH) -> tuple[int, ...]:
-    """The examples seen at each look: ``first``, then ×``growth`` each round, ending at ``available``.
+@functools.lru_cache(maxsize=16384)
+def _paths(history: tuple[tuple[int, float], ...]) -> tuple[np.ndarray, np.ndarray] | None:
+    """The paths still inside every boundary of ``history`` ((examples, boundary) per look), as
+    :func:`_inside` gives them; ``None`` before the first look. Cached: judgements that looked at the
+    same counts with the same boundaries share their integration."""
+    if not history:
+        return None
+    *earlier, (count, bound) = history
+    return _inside(_density(tuple(earlier), count), bound)
 
-    >>> looks_for(1000)
-    (200, 280, 392, 549, 769, 1000)
-    >>> looks_for(64)
-    (64,)
-    """
-    counts = [min(first, available)]
-    while counts[-1] * growth < available:
-        counts.append(round(counts[-1] * growth))
-    if counts[-1] < available:
-        counts.append(available)
-    return tuple(counts)
+
+@functools.lru_cache(maxsize=16384)
+def _density(history: tuple[tuple[int, float], ...], count: int) -> np.ndarray:
+    """The density over ``_GRID`` of the standardised statistic at ``count`` examples, of the paths
+    that stayed inside the boundaries of ``history`` (the statistic is a Brownian motion in the
+    number of examples, so counts serve as information directly)."""
+    return _advance(_paths(history), history[-1][0] if history else 0, count)
+
+
+@functools.lru_cache(maxsize=16384)
+def _boundary(history: tuple[tuple[int, float], ...], count: int, staying: float) -> float:
+    """The boundary at a look at ``count`` examples after the looks of ``history`` that keeps
+    probability ``staying`` of the paths inside; :data:`NEVER` where nothing is left to spend at
+    this look (so nothing stops here)."""
+    density = _density(history, count)
+    if _inside(density, NEVER)[1].sum() <= staying:
+        return NEVER
+    return float(optimize.brentq(lambda c: _inside(density, c)[1].sum() - staying, 0.1, NEVER, xtol=1e-8))
+
+
+def _chunks(count: float, chunk: int) -> int:
+    """``count`` rounded up to a whole number of chunks."""
+    return int(math.ceil(count / chunk - 1e-9)) * chunk
 
 
 @dataclass(frozen=True)
 class Decision:
     """A sequential judgement: the mean paired difference over the ``examples`` it used, its repeated
     confidence interval (``low``, ``high``; half-width ``halfwidth``, the boundary ``bound`` times
-    the standard error), the ``look`` it stopped at and why (``reason``, one of :data:`REASONS`)."""
+    the standard error), the ``look`` it stopped at and why (``reason``, one of :data:`REASONS`),
+    and the examples and boundary of every look it made (``looks``, ``bounds``)."""
 
     mean: float
     low: float
@@ -160,6 +171,8 @@ class Decision:
     look: int
     bound: float
     reason: str
+    looks: tuple[int, ...] = ()
+    bounds: tuple[float, ...] = ()
 
     @property
     def decided(self) -> bool:
@@ -169,46 +182,99 @@ class Decision:
 
 @dataclass(frozen=True)
 class Design:
-    """The looks, their boundaries and the target half-width of a group-sequential judgement; see
-    the module docstring."""
+    """How a task with ``available`` held-out examples judges a change sequentially to the
+    half-width ``target``: see the module docstring. Looks fall on whole ``chunk``\\ s of examples
+    (or the pool's end), so every judgement computes the same slices of the pool (:attr:`cuts`)."""
 
-    looks: tuple[int, ...]
-    bounds: tuple[float, ...]
+    available: int
     target: float
     alpha: float = ALPHA
+    first: int = FIRST_LOOK
+    growth: float = GROWTH
+    chunk: int = CHUNK
 
     @classmethod
-    def for_pool(
-        cls, available: int, target: float, *, first: int = FIRST_LOOK, growth: float = GROWTH, alpha: float = ALPHA
-    ) -> Design:
-        """The design for a task with ``available`` held-out examples (all of them at the last look)."""
-        looks = looks_for(available, first, growth)
-        return cls(looks, boundaries(tuple(count / looks[-1] for count in looks), alpha), target, alpha)
+    def for_pool(cls, available: int, target: float, **options) -> Design:
+        """The design for a task with ``available`` held-out examples (``options``: the other fields)."""
+        return cls(available, target, **options)
 
-    def interval(self, differences: np.ndarray, look: int) -> tuple[float, float, float, float]:
-        """(mean, low, high, half-width) of the paired ``differences`` at ``look`` (0-based)."""
+    @property
+    def cuts(self) -> tuple[int, ...]:
+        """Every count a look may fall on: whole chunks, and the pool's end.
+
+        >>> Design.for_pool(200, 0.02).cuts
+        (48, 96, 144, 192, 200)
+        """
+        return (*range(self.chunk, self.available, self.chunk), self.available)
+
+    def interval(self, differences: np.ndarray, bound: float) -> tuple[float, float, float, float]:
+        """(mean, low, high, half-width) of the paired ``differences`` with boundary ``bound``."""
         values = np.asarray(differences, dtype=np.float64)
-        mean, halfwidth = self.interval_of_sums(len(values), values.sum(), np.square(values).sum(), look)
+        mean, halfwidth = self.interval_of_sums(len(values), values.sum(), np.square(values).sum(), bound)
         return float(mean), float(mean - halfwidth), float(mean + halfwidth), float(halfwidth)
 
-    def interval_of_sums(self, count, total, squares, look: int):
+    @staticmethod
+    def interval_of_sums(count, total, squares, bound):
         """(mean, half-width) from the count, sum and sum of squares of the differences (numbers or
-        arrays of them, for many judgements at once): the half-width is the look's boundary times
-        the standard error, with :data:`PSEUDO` examples added to each cell of the 2×2 table."""
-        pseudo = 4 * PSEUDO  # half a +1, half a −1 and one 0
-        adjusted = total / (count + pseudo)
-        spread = np.maximum((squares + 2 * PSEUDO) / (count + pseudo) - adjusted**2, 0.0)
-        return total / count, self.bounds[look] * np.sqrt(spread / (count + pseudo))
+        arrays of them): the half-width is ``bound`` times the standard error, with :data:`PSEUDO`
+        examples added to each cell of the 2×2 table."""
+        return total / count, bound * np.sqrt(_spread(count, total, squares) / (count + 4 * PSEUDO))
 
     def run(self, differences: Callable[[int], np.ndarray], available: int | None = None) -> Decision:
         """Judge sequentially: ``differences(count)`` gives the paired differences of the first
         ``count`` examples (computing only those not yet computed), called once per look until one
-        of the stopping rules holds. ``available`` caps the examples that may be used: the last look
-        within it ends the judgement (a look's interval holds whichever look a rule stops at)."""
-        looks = [look for look in self.looks if available is None or look <= available] or [self.looks[0]]
-        for look, count in enumerate(looks):
-            mean, low, high, halfwidth = self.interval(np.asarray(differences(count), dtype=np.float64), look)
-            reason = "excludes zero" if low > 0 or high < 0 else "half-width reached" if halfwidth <= self.target else None
-            if reason is not None or look == len(looks) - 1:
-                return Decision(mean, low, high, halfwidth, count, look, self.bounds[look], reason or "examples ran out")
-        raise AssertionError("unreachable: the last look always decides")
+        of the stopping rules holds. ``available`` caps the examples that may be used (the design's
+        own at most): the look that reaches it spends the rest of α and ends the judgement."""
+
+        def sums(count: int) -> tuple[float, float]:
+            values = np.asarray(differences(count), dtype=np.float64)
+            return float(values.sum()), float(np.square(values).sum())
+
+        return self.run_on_sums(sums, available)
+
+    def run_on_sums(self, sums: Callable[[int], tuple[float, float]], available: int | None = None) -> Decision:
+        """:meth:`run`, given ``sums(count)``: the sum and the sum of squares of the first ``count``
+        differences (a simulation draws these without drawing every example)."""
+        cap = self.available if available is None else max(1, min(available, self.available))
+        count, history, spent = min(self.first, cap), (), 0.0
+        while True:
+            total, squares = sums(count)
+            closing = _boundary(history, count, 1 - self.alpha)  # this look as the last: the rest of α spent
+            last = count >= cap or self.interval_of_sums(count, total, squares, closing)[1] <= self.target
+            if not last:  # an early look, for an early stop only: it spends α·t², t = count / available
+                spent = max(spent, spending(count / self.available, self.alpha))
+            bound = closing if last else _boundary(history, count, 1 - spent)
+            mean, half = self.interval_of_sums(count, total, squares, bound)
+            history += ((count, bound),)
+            excludes = mean - half > 0 or mean + half < 0
+            if excludes or last:
+                reason = "excludes zero" if excludes else "half-width reached" if half <= self.target else "examples ran out"
+                looks, bounds = zip(*history)
+                return Decision(mean, mean - half, mean + half, half, count, len(history) - 1, bound, reason, looks, bounds)
+            # the next look: the next of the grid, or sooner where the spread says a last look there reaches the target
+            count = min(self._horizon(count, total, squares, closing), next(look for look in self.grid if look > count), cap)
+
+    @property
+    def grid(self) -> tuple[int, ...]:
+        """The early looks: ``first``, then ×``growth`` each (in whole chunks), and the pool's end.
+
+        >>> Design.for_pool(1000, 0.02).grid
+        (192, 288, 432, 624, 912, 1000)
+        """
+        looks = [min(self.first, self.available)]
+        while looks[-1] < self.available:
+            looks.append(min(_chunks(looks[-1] * self.growth, self.chunk), self.available))
+        return tuple(looks)
+
+    def _horizon(self, count: int, total: float, squares: float, bound: float) -> int:
+        """The examples at which a last look with ``bound`` would reach the target half-width, if the
+        differences keep the spread they have now: whole chunks, more than ``count``."""
+        needed = (bound / self.target) ** 2 * _spread(count, total, squares) - 4 * PSEUDO
+        return max(_chunks(needed, self.chunk), _chunks(count + 1, self.chunk))
+
+
+def _spread(count, total, squares):
+    """The variance of one paired difference, with :data:`PSEUDO` examples in each cell of the 2×2 table
+    (half a +1, half a −1 and one 0)."""
+    pseudo = 4 * PSEUDO
+    return np.maximum((squares + 2 * PSEUDO) / (count + pseudo) - (total / (count + pseudo)) ** 2, 0.0)

@@ -190,8 +190,9 @@ class Result:
         if sequential:
             lines.append(
                 f"--task-eval auto: each change judged sequentially on up to {sequential['examples_available']} examples "
-                f"(looks at {', '.join(map(str, sequential['looks']))}), until its paired Δ interval excludes zero or its "
-                f"half-width is at most {sequential['target_halfwidth']:g} (held_out: examples used; stopped: why)"
+                f"(early looks at {', '.join(map(str, sequential['grid']))}; the last sized by the spread), until its paired "
+                f"Δ interval excludes zero or its half-width is at most {sequential['target_halfwidth']:g} (held_out: examples "
+                "used; stopped: why)"
             )
         hidden = ("change", "protocol", "unmodified_accuracy", "majority_accuracy", "task_loss")  # change: Result.outcomes
         lines.append(format_table(table[[column for column in table.columns if column not in hidden]]))

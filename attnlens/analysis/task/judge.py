@@ -84,7 +84,7 @@ class TaskJudge(FineTuning):
         self._judged: dict[str | None, _Outcomes] = {}  # by change key: outcomes on the first examples of the pool
         self._reported: dict[str | None, int] = {}  # by change key: the examples its judgement used
         self.held_out = self.pool.take(slice(0, 0))
-        self._outcomes(None, self.design.looks[0] if auto else len(self.pool))
+        self._outcomes(None, self.design.grid[0] if auto else len(self.pool))
 
     @property
     def unmodified_accuracy(self) -> float:
@@ -274,8 +274,8 @@ class TaskJudge(FineTuning):
 
     def _outcomes(self, change: Change | None, count: int) -> _Outcomes:
         """``change``'s outcomes on (at least) the pool's first ``count`` examples. Each change is run
-        once per example, on the examples between the design's looks (the same slices, so the same
-        length buckets, for every change): a judgement that needs more examples computes only those.
+        once per example, in the design's slices (whole chunks of the pool: the same slices, so the
+        same length buckets, for every change): a judgement that needs more examples computes only those.
         The held-out examples, and the unmodified model's outcomes on them, grow with the largest count."""
         key = _key(change)
         known = self._judged.get(key, _Outcomes.none())
@@ -292,7 +292,7 @@ class TaskJudge(FineTuning):
         return known
 
     def _looks(self) -> tuple[int, ...]:
-        return self.design.looks if self.design is not None else ()
+        return self.design.cuts if self.design is not None else ()
 
     def _classified(self, change: Change | None, examples: Examples) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per example of ``examples``: correct, cross-entropy, and (seed, example) correct (one row
@@ -336,10 +336,11 @@ class TaskJudge(FineTuning):
             "sequential": None
             if self.design is None
             else {
-                "rule": "group-sequential repeated 95% intervals, power-family alpha spending alpha*t^2 (Kim & DeMets 1987), "
-                "Agresti-Min standard error; each change stops once its interval excludes zero or is as narrow as the target",
-                "looks": list(self.design.looks),
-                "bounds": [round(bound, 4) for bound in self.design.bounds],
+                "rule": "repeated 95% intervals (Jennison & Turnbull 1989), Agresti-Min standard error; early looks on the "
+                "grid spend alpha*t^2 of the pool (Kim & DeMets 1987) and stop only where the interval excludes zero; the "
+                "spread so far sizes the last look, which spends the rest of alpha where it reaches the target half-width",
+                "grid": list(self.design.grid),
+                "chunk": self.design.chunk,
                 "target_halfwidth": self.design.target,
                 "examples_available": len(self.pool),
             },
