@@ -54,7 +54,9 @@ def report(
     task: Annotated[
         str,
         typer.Option(
-            "--task", help="Labelled task that judges every change by accuracy: default (rotten-tomatoes), none, or a task."
+            "--task",
+            help="Labelled task that judges every change by accuracy: default (imdb for k and the plan, rotten-tomatoes "
+            "for the rest), none, or one task for all."
         ),
     ] = "default",
     seed: SeedOption = 0,

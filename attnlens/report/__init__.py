@@ -126,7 +126,8 @@ def report(
     slow stages at full size (:mod:`attnlens.report.presets`). ``compare``: a second model for
     cross-model overlap (``auto``: the companion alias, if installed; ``None``: none). ``task``
     judges the claims' changes by accuracy on a labelled task (``"default"``: the preset's,
-    rotten-tomatoes; ``None``: proxies only) under ``protocol``: ``probe`` (a probe on the frozen
+    imdb for the claims about computing fewer scores and rotten-tomatoes for the rest; a name: that
+    task for all; ``None``: proxies only) under ``protocol``: ``probe`` (a probe on the frozen
     model) or ``finetune`` (the papers' protocol, :data:`~attnlens.report.presets.FINETUNE`: each
     judged change inside fine-tuning, 3 seeds, every run cached). Everything is written into a
     staging directory and moved into place at the end, so an interrupted report leaves nothing half-written.
@@ -134,8 +135,8 @@ def report(
     name, settings = preset(protocol, quick=quick, full=full)
     out = check_out(out, overwrite)
     settings = replace(settings, ks=tuple(k for k in settings.ks if k <= settings.seq_len))
-    if task != "default":
-        settings = replace(settings, task=task)
+    if task != "default":  # the user's task judges every claim, the savings' too
+        settings = replace(settings, task=task, savings_task=task)
     _check_inputs(settings, corpus, compare, device)
     loaded = model if isinstance(model, LoadedModel) else load_model(model, device=device)
     _check_task(loaded, settings, seed)  # before the first stage's forward pass, not stages later
@@ -178,6 +179,7 @@ def _check_inputs(settings: ReportSettings, corpus: str, compare: str | None, de
     check_device(device)
     if settings.task is not None:
         TaskSettings(**task_settings(settings))
+        TaskSettings(**task_settings(settings, savings=True))
     load_corpus(corpus)  # quick (kjv: a tenth of a second); the stages read it again by name
     if compare not in (None, "auto"):
         try:
@@ -196,6 +198,8 @@ def _check_task(loaded: LoadedModel, settings: ReportSettings, seed: int) -> Non
     task = TaskSettings(**task_settings(settings))
     for seq_len in {settings.seq_len, *([settings.dam_seq_len] if settings.dam_task else [])}:
         prepare_task(loaded, task, seq_len=seq_len, seed=seed)
+    if settings.savings_task != settings.task:
+        prepare_task(loaded, TaskSettings(**task_settings(settings, savings=True)), seq_len=settings.seq_len, seed=seed)
 
 
 def _directory_name(key: str, result: object) -> str:

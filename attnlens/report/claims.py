@@ -161,7 +161,7 @@ def _reconstruct_claims(recon, evidence: Evidence) -> list[Claim]:
         q1, median, q3 = np.percentile(errors, [25, 50, 75])
         task, judged = task_verdict(row, evidence)
         phrase = combine(proxy=bool(moved <= PROXY_TOLERANCE), task=task, judged=judged, missing=evidence.missing)
-        decided = delta_points(row) if judged else proxy_said
+        decided = f"{delta_points(row)} on {recon.meta['task']['task']}" if judged else proxy_said
         rows.append(
             Claim(
                 f"k = {k} exact scores suffice (paper 1)",

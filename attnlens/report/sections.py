@@ -10,17 +10,18 @@ import pandas as pd
 
 from attnlens.data.positions import parse_classes
 from attnlens.report.html import Figures, folded, section, table
-from attnlens.report.words import LOSS_UNITS, layer_summary, number, points, task_meta
+from attnlens.report.verdicts import HOLDS, on_task
+from attnlens.report.words import LOSS_UNITS, delta_points, layer_summary, number, points, task_metas
 
 
 def summary_section(results: dict, claims: pd.DataFrame) -> str:
     """The first screen: every paper's question with its verdict here and the one number that decides it."""
-    task = task_meta(results)
-    said = (
-        f" The task: {task['task']} under the {task['protocol']} protocol (unmodified accuracy "
-        f"{number(task['unmodified_accuracy'], 3)}, majority class {number(task['majority_accuracy'], 3)})."
-        if task
-        else ""
+    tasks = task_metas(results)
+    said = "".join(
+        f" The task{'' if len(tasks) == 1 else ' of ' + ', '.join(task['stages'])}: {task['task']} under the "
+        f"{task['protocol']} protocol (unmodified accuracy {number(task['unmodified_accuracy'], 3)}, majority class "
+        f"{number(task['majority_accuracy'], 3)})."
+        for task in tasks.values()
     )
     behind = claims.drop(columns=["papers report", "verdict", "made by"])
     return (
@@ -122,16 +123,15 @@ def reconstruct_section(results: dict, names: dict[str, str], figures: Figures) 
     recon = results["reconstruct"]
     shown = figures.directory / names["reconstruct"] / "figures"
     heads = recon.table[(recon.table.layer >= 0) & (recon.table.strategy == "greedy") & (recon.table.scope == "head")]
-    typical = heads.groupby("k")["rel_error"].median()
-    enough = typical[typical <= 0.1]
-    first = f"k = {int(enough.index.min())} of n = {recon.meta['n']}" if len(enough) else f"no k below n = {recon.meta['n']}"
-    answer = f"With greedy keys and a map per head, {first} rebuilds the typical head's held-out rows within 10%"
+    answer = _fewest_keys(heads.groupby("k")["rel_error"].median(), recon.meta["n"])
     plug = recon.plug_in
     if plug is not None and "token_cosine" in plug:
-        picked = plug[(plug.strategy == "greedy") & (plug.scope == "head")].set_index("k")["token_cosine"]
+        picked = plug[(plug.strategy == "greedy") & (plug.scope == "head")].set_index("k")
         answer += "; the outputs keep a cosine of " + ", ".join(
-            f"{number(picked[k], 3)} at k = {k}" for k in picked.index if k in (16, 32, 64)
+            f"{number(picked.token_cosine[k], 3)} at k = {k}" for k in picked.index if k in (16, 32, 64)
         )
+        if "accuracy" in picked:
+            answer += _fewest_keys_on_task(picked.dropna(subset=["accuracy"]), recon.meta["task"], recon.meta["n"])
     overall = recon.table[recon.table.layer == -1]
     chosen = overall[overall.k.isin([8, 16, 32, 64])][
         ["strategy", "scope", "k", "rel_error", "rel_error_zero", "tv", "flops_ratio"]
@@ -155,6 +155,39 @@ def reconstruct_section(results: dict, names: dict[str, str], figures: Figures) 
         "strategy (greedy, random, stride) and scope of the map (per head, per layer, shared by all). The relative error "
         "is against the mean row: 1 is no better than predicting the training mean.",
     )
+
+
+ERROR_THRESHOLD = 0.1  # section 3's question: the fewest exact scores that rebuild the typical head's rows within 10%
+
+
+def _fewest_keys(typical: pd.Series, n: int) -> str:
+    """What the errors decide: the smallest k below n whose typical head's held-out error is within
+    :data:`ERROR_THRESHOLD`, or that none below n is (at k = n every map is exact).
+
+    >>> _fewest_keys(pd.Series([0.5, 0.2, 0.0], index=[16, 64, 128]), 128)
+    "With greedy keys and a map per head, no k below n = 128 rebuilds the typical head's held-out rows within 10% (at k = 64: 0.20)"
+    """
+    below = typical[typical.index < n]
+    enough = below[below <= ERROR_THRESHOLD]
+    if len(enough):
+        return (f"With greedy keys and a map per head, k = {int(enough.index.min())} of n = {n} is the fewest that rebuilds "
+                f"the typical head's held-out rows within {ERROR_THRESHOLD:.0%}")  # fmt: skip
+    largest = int(below.index.max()) if len(below) else n
+    return (f"With greedy keys and a map per head, no k below n = {n} rebuilds the typical head's held-out rows within "
+            f"{ERROR_THRESHOLD:.0%}" + (f" (at k = {largest}: {number(below[largest])})" if len(below) else ""))  # fmt: skip
+
+
+def _fewest_keys_on_task(judged: pd.DataFrame, task: dict, n: int) -> str:
+    """What the task decides: the smallest judged k whose accuracy holds (its Δ interval within the
+    target or above zero), or that none of the judged k does."""
+    if not len(judged):
+        return ""
+    said = ", ".join(f"{delta_points(row)} at k = {k}" for k, row in judged.iterrows())
+    holds = [k for k, row in judged.iterrows() if on_task(row.delta_accuracy_low, row.delta_accuracy_high,
+                                                           target=task["settings"]["task_target"]) == HOLDS]  # fmt: skip
+    decided = (f"k = {min(holds)} is the fewest judged that keeps its accuracy" if holds
+               else f"none of k = {', '.join(map(str, judged.index))} keeps its accuracy")  # fmt: skip
+    return f"; on {task['task']} (its first {n} tokens of each text), {said}: {decided}"
 
 
 def importance_section(results: dict, names: dict[str, str], figures: Figures) -> str:
@@ -198,22 +231,22 @@ def importance_section(results: dict, names: dict[str, str], figures: Figures) -
 
 
 def task_section(results: dict, names: dict[str, str], figures: Figures) -> str:
-    """Section 6: every change the task judged, by accuracy in points, and on how many examples."""
-    task = task_meta(results)
-    if task is None:
+    """Section 6: every change the task judged, by accuracy in points, on which task and how many examples."""
+    tasks = task_metas(results)
+    if not tasks:
         return ""
     body, judged = [], []
     recon, importance_result = results["reconstruct"], results["importance"]
     plug = recon.plug_in
     if plug is not None and "accuracy" in plug:
         rows = plug.dropna(subset=["accuracy"])
-        judged += [(f"{row.strategy} keys, {row.scope} maps, k = {row.k}", row) for row in rows.itertuples()]
+        judged += [(f"{row.strategy} keys, {row.scope} maps, k = {row.k}", recon, row) for row in rows.itertuples()]
         body.append(
             figures.embed(figures.directory / names["reconstruct"] / "figures" / "accuracy_vs_k.png", "Accuracy against k")
         )
     if "task" in importance_result.tables:
         rows = importance_result.tables["task"]
-        judged += [(f"{row['class']} removed" + (" (random positions)" if row["control"] == "random" else ""), row)
+        judged += [(f"{row['class']} removed" + (" (random positions)" if row["control"] == "random" else ""), importance_result, row)
                    for _, row in rows[rows["scope"] == "model"].iterrows()]  # fmt: skip
         body.append(
             figures.embed(
@@ -224,18 +257,21 @@ def task_section(results: dict, names: dict[str, str], figures: Figures) -> str:
         [
             {
                 "change": name,
+                "task": result.meta["task"]["task"],
                 "Δ accuracy, points": points(pd.Series(dict(row._asdict() if hasattr(row, "_asdict") else row))),
                 "examples": int(_get(row, "held_out")),
                 "stopped": _get(row, "stopped", ""),
             }
-            for name, row in judged
+            for name, result, row in judged
         ]  # fmt: skip
     )
     counts = lines["examples"] if len(lines) else pd.Series([0])
-    answer = (
-        f"On {task['task']}, the unmodified model is right on {number(task['unmodified_accuracy'], 3)} of the held-out "
-        f"examples; each change below was judged on {int(counts.min())} to {int(counts.max())} of them, as many as its "
-        "interval needed to decide"
+    answer = "; ".join(
+        f"On {task['task']}, the unmodified model is right on {number(task['unmodified_accuracy'], 3)} of the held-out examples"
+        for task in tasks.values()
+    ) + (
+        f"; each change below was judged on {int(counts.min())} to {int(counts.max())} of them, as many as its interval "
+        "needed to decide"
     )
     return section(
         "6. What does the task say?",
@@ -245,7 +281,7 @@ def task_section(results: dict, names: dict[str, str], figures: Figures) -> str:
             *body,
             _task_choices(results),
         ],
-        _task_method(task),
+        " ".join(_task_method(task) for task in tasks.values()),
     )
 
 
@@ -264,8 +300,8 @@ def _task_method(task: dict) -> str:
     return (
         f"Accuracy on {task['task']} ({task['examples']}; {len(task['train_rows'])} training examples) under the "
         f"{task['protocol']} protocol: {reader}. Δ is the changed model's accuracy minus the unmodified one's, paired "
-        "over held-out examples, in points; each change was judged sequentially (a group-sequential design, repeated 95% "
-        "intervals) until its interval excluded zero or narrowed to the target half-width."
+        "over held-out examples, in points; each change was judged sequentially (repeated 95% intervals, the last look "
+        "sized by the spread) until its interval excluded zero or narrowed to the target half-width."
     )
 
 

@@ -41,12 +41,14 @@ def analyses(
     return results
 
 
-def task_settings(settings: ReportSettings) -> dict[str, object]:
-    """The task fields every stage shares (none without a task)."""
+def task_settings(settings: ReportSettings, *, savings: bool = False) -> dict[str, object]:
+    """The task fields every stage shares (none without a task); ``savings``: for the stages whose
+    claims are about computing fewer scores, judged on the savings task (texts that fill the attention)."""
     if not settings.task:
         return {}
     names = ("task", "task_train", "task_eval", "task_target", "protocol", "seeds", "finetune_steps")
-    return {name: getattr(settings, name) for name in names}
+    fields = {name: getattr(settings, name) for name in names}
+    return {**fields, "task": settings.savings_task or settings.task} if savings else fields
 
 
 def _reconstruct(loaded: LoadedModel, settings: ReportSettings, progress: Progress, **common: object) -> Result:
@@ -54,7 +56,7 @@ def _reconstruct(loaded: LoadedModel, settings: ReportSettings, progress: Progre
     judgement of the configs it names, where the preset judges this stage by the task."""
     from attnlens.analysis.reconstruct import reconstruct
 
-    task = task_settings(settings) if settings.reconstruct_task else {}
+    task = task_settings(settings, savings=True) if settings.reconstruct_task else {}
     judged = dict(
         task_strategies=settings.task_strategies,
         task_scopes=settings.task_scopes,
@@ -134,7 +136,7 @@ def _plan(loaded: LoadedModel, settings: ReportSettings, progress: Progress, **c
     # the default and quick sizes cannot forecast a budget of a few points: the plan runs anyway to show the
     # machinery, and its claim says "not decided at this size (run --full)"
     chosen = {
-        **task_settings(settings), "protocol": "probe", "seeds": 1, "task_eval": settings.plan_task_eval, "forecastable_only": False,
+        **task_settings(settings, savings=True), "protocol": "probe", "seeds": 1, "task_eval": settings.plan_task_eval, "forecastable_only": False,
     }  # fmt: skip
     return plan(
         loaded,

@@ -78,8 +78,21 @@ def delta_points(row: pd.Series, prefix: str = "delta_accuracy") -> str:
 
 
 def task_meta(results: dict) -> dict | None:
-    """The task that judged the report's changes (the same one in every stage), if any."""
-    return next((result.meta.get("task") for result in results.values() if result.meta.get("task")), None)
+    """The report's main task, the one that judged the position classes (or the first any stage used), if any."""
+    tasks = task_metas(results)
+    main = results["importance"].meta.get("task") if "importance" in results else None
+    return main or next(iter(tasks.values()), None)
+
+
+def task_metas(results: dict) -> dict[str, dict]:
+    """Every task that judged a stage's changes, by name, in the order the stages ran (the main task
+    and the savings task, where they differ); ``"stages"`` adds the results each judged."""
+    found: dict[str, dict] = {}
+    for key, result in results.items():
+        task = result.meta.get("task")
+        if task:
+            found.setdefault(task["task"], {**task, "stages": []})["stages"].append(key)
+    return found
 
 
 def layer_summary(eigen_result) -> pd.DataFrame:
