@@ -303,7 +303,8 @@ def test_the_plan_never_costs_more_than_a_uniform_plan_that_meets_on_the_selecti
             for c in choices
         }
         judge = _Drawn(table, interaction=rng.uniform(0.5, 2.0))
-        planner = SimpleNamespace(units=units, choices=choices, flops=flops_of, judge=judge, proxy=judge, timings=timings)
+        planner = SimpleNamespace(units=units, choices=choices, flops=flops_of, padded_flops=flops_of, lengths=np.array([n]),
+                                  judge=judge, proxy=judge, timings=timings)  # fmt: skip
         planner.price = lambda layer, c, p=planner: _Planner.price(p, layer, c)
         planner.spent = lambda a, price=None, p=planner: _Planner.spent(p, a, price)
         planner.total = lambda a, price=None, p=planner: _Planner.total(p, a, price)
@@ -334,3 +335,48 @@ def test_the_plan_never_costs_more_than_a_uniform_plan_that_meets_on_the_selecti
         assert all(spent <= ratio + 1e-12 for ratio in meeting), (trial, spent, meeting)
         chose_uniform += str(plan.detail).startswith("uniform")
     assert 0 < chose_uniform < TRIALS, "both kinds of candidate won somewhere: the test exercises the choice"
+
+
+@pytest.fixture(scope="module")
+def short_texts(tmp_path_factory):
+    """Rotten Tomatoes sentences of at most 16 words (both labels): a task whose texts all fit a window of 40."""
+    from attnlens.data.tasks import load_task
+
+    task = load_task("rotten-tomatoes")
+    rows = [row for row in np.random.default_rng(5).permutation(len(task)) if len(task.texts[row].split()) <= 16][:160]
+    path = tmp_path_factory.mktemp("short") / "short.csv"
+    pd.DataFrame({"text": [task.texts[row] for row in rows], "label": task.labels[rows]}).to_csv(path, index=False)
+    return path
+
+
+@pytest.mark.integration
+def test_a_window_wider_than_every_text_saves_nothing_and_says_so(minilm_l3, short_texts):
+    """Costs are counted on the valid pairs of the examples judged: a window wider than every text keeps
+    them all (no saving, "changes nothing on this task"), though padded to n it would look like one; the
+    FLOPs of a narrow window are checked against pairs counted one by one."""
+    from attnlens.analysis.plan import PlanSettings, _planner, plan
+    from attnlens.report.plan import CHANGES_NOTHING, plan_claims
+    from attnlens.report.verdicts import Evidence
+
+    s = PlanSettings(seq_len=64, task=str(short_texts), task_train=64, task_eval=60, max_drop=(50.0,), fit_seqs=4,
+                     curve_seqs=6, ks=(), widths=(40,), forecastable_only=False)  # fmt: skip
+    planner = _planner(minilm_l3, s, "cpu", False)
+    lengths = planner.lengths
+    assert len(lengths) == 60 and lengths.max() <= 41, "every text fits the window"
+    everywhere = {unit: Choice("window", 40) for unit in planner.units}
+    shares = planner.shares(everywhere)
+    assert shares["flops_ratio"] == 1.0 and shares["changes_nothing"] and shares["flops_ratio_padded"] < 0.9
+
+    d, one = minilm_l3.head_dim, {(0, 0): Choice("window", 4)}
+    full = [4 * n * n * d + 3 * n * n for n in lengths]
+    kept = [sum(abs(i - j) <= 4 for i in range(n) for j in range(n)) / (n * n) for n in lengths]
+    heads = len(planner.units)
+    expected = (sum(full) * (heads - 1) + sum(f * k for f, k in zip(full, kept))) / (sum(full) * heads)
+    assert planner.shares(one)["flops_ratio"] == pytest.approx(expected, rel=1e-12)
+    assert not planner.shares(one)["changes_nothing"]
+
+    result = plan(minilm_l3, s, progress=False)
+    methods = result.methods.set_index("method")
+    assert methods.loc["uniform window", "flops_ratio"] == 1.0 and methods.loc["uniform window", "changes_nothing"]
+    (claim,) = plan_claims(result, Evidence("full"))
+    assert claim.verdict.phrase == CHANGES_NOTHING, claim.verdict

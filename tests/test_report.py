@@ -239,3 +239,24 @@ def test_the_presets_keep_their_budgets_as_last_measured():
     assert FULL.dam_mask_seeds == 3 and FULL.dam_reference and FULL.plan_task_eval >= 3000 and FULL.reconstruct_task
     assert DEFAULT.dam_mask_seeds == QUICK.dam_mask_seeds == 1
     assert DEFAULT.reconstruct_task and {16, 32} <= set(DEFAULT.task_ks)  # the k claims are decided by the task
+
+
+def test_a_report_into_a_new_nested_directory_stages_beside_it(tmp_path, monkeypatch, minilm_l3):
+    """`--out a/b/report` where a/b does not exist: the staging directory is made beside `out` (so the last
+    move is a rename on the same disk, not a failure after every stage ran), and a failed run leaves nothing."""
+    import sys
+
+    report_module = sys.modules["attnlens.report"]  # the package, not the function attnlens exports under its name
+    staged = []
+
+    def stop(*args, **kwargs):
+        staged.extend(path for path in (tmp_path / "a" / "b").iterdir())
+        raise RuntimeError("stopped after staging")
+
+    monkeypatch.setattr(report_module, "analyses", stop)
+    with pytest.raises(RuntimeError, match="stopped after staging"):
+        report_module.report(
+            tmp_path / "a" / "b" / "report", model=minilm_l3, quick=True, task=None, compare=None, progress=False
+        )
+    assert [path.name.startswith(".report.") for path in staged] == [True]
+    assert list((tmp_path / "a" / "b").iterdir()) == []

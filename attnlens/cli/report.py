@@ -56,7 +56,7 @@ def report(
         typer.Option(
             "--task",
             help="Labelled task that judges every change by accuracy: default (imdb for k and the plan, rotten-tomatoes "
-            "for the rest), none, or one task for all."
+            "for the rest), none, or one task for all.",
         ),
     ] = "default",
     seed: SeedOption = 0,

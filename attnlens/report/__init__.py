@@ -143,7 +143,8 @@ def report(
     second = companion_for(loaded) if compare == "auto" else compare
     weights = {stage: w for stage, w in stage_weights(name).items() if second or stage != "eigen (second model)"}
     stages = _Stages(weights, progress)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent if out.parent.exists() else None))
+    out.parent.mkdir(parents=True, exist_ok=True)  # the staging directory sits beside `out`, so the last move is a rename
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         results = analyses(loaded, second, settings, corpus=corpus, seed=seed, device=device, run=stages.run)
         names = {key: _directory_name(key, result) for key, result in results.items()}

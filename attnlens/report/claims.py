@@ -168,7 +168,12 @@ def _reconstruct_claims(recon, evidence: Evidence) -> list[Claim]:
                 "k = 16–32 enough (MNLI 79.7% at k = 32 vs 81.6% full)",
                 Verdict(phrase, decided),
                 f"{proxy_said}; the typical head's held-out relative error {number(median)} [quartiles {number(q1)}, "
-                f"{number(q3)}]; attention FLOPs ×{number(row.flops_ratio)}",
+                f"{number(q3)}]; attention FLOPs ×{number(row.flops_ratio)}"
+                + (
+                    f" (×{number(row.task_flops_ratio)} on the task's real token pairs)"
+                    if judged and "task_flops_ratio" in row
+                    else ""
+                ),
                 points(row) if "accuracy" in row and row.accuracy == row.accuracy else "",
                 seeds_points(row),
             )

@@ -10,6 +10,8 @@ from attnlens.report.verdicts import DOES_NOT_HOLD, HOLDS, NOT_DECIDED, RUN_FULL
 from attnlens.report.words import LOSS_UNITS, TOO_FEW, counted, delta_points, number
 
 CLAIM = "A plan head by head is the cheapest attention within 1 point (attnlens)"
+CHANGES_NOTHING = "changes nothing on this task"
+TIES = "ties with one uniform plan"
 PAPERS = "both papers allocate uniformly: one k, one λ"
 
 
@@ -26,7 +28,7 @@ def plan_claims(plan_result, evidence: Evidence) -> list[Claim]:
     rows = headline(plan_result)
     plan, units = rows.loc["plan"], plan_result.settings["units"]
     check = units["check"]
-    said = [f"plan {plan.flops_ratio:.0%} of the FLOPs, {_drop(plan, check)}"]
+    said = [f"plan {_flops(plan)}, {_drop(plan, check)}"]
     cheaper = []
     for kind, label in (("partial", "one k"), ("window", "one window")):
         if f"uniform {kind}" in rows.index:
@@ -36,7 +38,9 @@ def plan_claims(plan_result, evidence: Evidence) -> list[Claim]:
             if meets and row.flops_ratio < plan.flops_ratio:
                 cheaper.append(f"{row.detail} at {row.flops_ratio:.0%}")
     said.append(f"random: {_drop(rows.loc['random'], check)}")
-    if evidence.preset != "full" or min(units["select"], units["check"]) < TOO_FEW:
+    if bool(plan.get("changes_nothing", False)):  # no saving but the padding's: decided whatever the size
+        verdict = Verdict(CHANGES_NOTHING, f"no valid pair of its {check} held-out examples is changed ({_flops(plan)})")
+    elif evidence.preset != "full" or min(units["select"], units["check"]) < TOO_FEW:
         verdict = Verdict(RUN_FULL) if evidence.preset != "full" else Verdict(NOT_DECIDED, f"{units['check']} examples checked")
     elif not bool(plan.check_meets):
         verdict = Verdict(
@@ -44,11 +48,18 @@ def plan_claims(plan_result, evidence: Evidence) -> list[Claim]:
         )
     elif cheaper:
         verdict = Verdict(DOES_NOT_HOLD, f"one knob is cheaper: {cheaper[0]} against the plan's {plan.flops_ratio:.0%}")
+    elif str(plan.detail).startswith("uniform "):  # the cheapest plan found is one choice for every head
+        verdict = Verdict(TIES, f"the plan is {plan.detail.removeprefix('uniform ')} for every head, at {_flops(plan)}")
     else:
-        verdict = Verdict(
-            HOLDS, f"{plan.flops_ratio:.0%} of the FLOPs within −{counted(plan.budget, 'point')} on held-out examples"
-        )
+        verdict = Verdict(HOLDS, f"{_flops(plan)} within −{counted(plan.budget, 'point')} on held-out examples")
     return [Claim(CLAIM, PAPERS, verdict, _curve_cost(plan_result, plan), "; ".join(said))]
+
+
+def _flops(row: pd.Series) -> str:
+    """``62% of the FLOPs on real token pairs (75% padded)``: the padded figure only where it differs."""
+    padded = row.get("flops_ratio_padded", row.flops_ratio)
+    said = f"{row.flops_ratio:.0%} of the FLOPs on real token pairs"
+    return said if round(100 * padded) == round(100 * row.flops_ratio) else f"{said} ({padded:.0%} padded)"
 
 
 def _curve_cost(plan_result, plan: pd.Series) -> str:
@@ -63,7 +74,7 @@ def _curve_cost(plan_result, plan: pd.Series) -> str:
         changed, summed = len(chosen), float(chosen.cost.sum())
     else:
         changed = int(detail.split()[1] if detail.startswith("step") else detail)
-        summed = float(plan_result.tables["path"]["added"].iloc[:changed].sum())
+        summed = float(plan_result.tables["path"]["added"].iloc[:changed].sum()) if changed else 0.0
     return f"{counted(changed, 'head')} changed, each measured alone: summed cost {number(summed, 2, significant=True)} ({unit})"
 
 
@@ -84,9 +95,11 @@ def plan_section(results: dict, names: dict[str, str], figures: Figures, evidenc
     plan = rows.loc["plan"]
     verdict = plan_claims(plan_result, evidence)[0].verdict
     answer = (
-        f"Within {counted(budget, 'point')}, the plan computes {plan.flops_ratio:.0%} of the attention "
-        f"FLOPs and {'meets' if plan.check_meets else 'misses'} its budget on {units['check']:,} held-out examples"
+        f"Within {counted(budget, 'point')}, the plan computes {_flops(plan).replace(' of the FLOPs', ' of the attention FLOPs')} "
+        f"and {'meets' if plan.check_meets else 'misses'} its budget on {units['check']:,} held-out examples"
     )
+    if bool(plan.get("changes_nothing", False)):
+        answer += ", but it changes nothing on this task: every valid pair of its examples is kept"
     if verdict.phrase.startswith("not decided"):
         answer = f"Not decided at this size ({units['check']:,} examples to check on): run --full; here {answer[0].lower()}{answer[1:]}"
     body = [
@@ -101,7 +114,7 @@ def plan_section(results: dict, names: dict[str, str], figures: Figures, evidenc
         f"Curves of every head alone (the task's cross-entropy on {settings['curve_seqs']} of its training examples) give a greedy "
         "path; the plan is the cheapest of its last step "
         f"that meets the budget and the uniform plans that meet it, on {units['select']:,} task examples, then checked on {units['check']:,} others, beside the "
-        "cheapest uniform plans and a random allocation of the plan's FLOPs. FLOPs count a window's kept pairs as a sparse "
-        "kernel would."
+        "cheapest uniform plans and a random allocation of the plan's FLOPs. FLOPs count the valid (query, key) pairs of "
+        "the examples at their own lengths, no padding, and a window's kept pairs as a sparse kernel would."
     )
     return section("7. What is the cheapest attention that keeps the model?", answer + ".", body, method)

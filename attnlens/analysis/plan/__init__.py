@@ -47,7 +47,7 @@ from attnlens.analysis.changes import Change, seeded
 from attnlens.analysis.experiment import Experiment
 from attnlens.analysis.plan.allocate import Price, at_step, greedy_path, head_curves, random_allocation, uniform
 from attnlens.analysis.plan.assemble import MapBank, assignment_key, layer_plans, plan_change, saved_maps
-from attnlens.analysis.plan.choices import EXACT, Assignment, Choice, flops, options, parse
+from attnlens.analysis.plan.choices import EXACT, Assignment, Choice, changes_pairs, flops, flops_on, options, parse
 from attnlens.analysis.plan.judging import Budget, Costs, ProxyCosts, TaskCosts
 from attnlens.analysis.plan.result import PlanResult
 from attnlens.analysis.plan.seconds import Geometry, Timings, measure
@@ -84,6 +84,9 @@ class _Planner:
     bank: MapBank
     proxy: ProxyCosts
     judge: Costs
+    # the examples' own lengths, whose valid pairs the FLOPs count: the task's held-out examples (both
+    # halves), or the corpus blocks (n tokens each) without a task
+    lengths: np.ndarray
     timings: Timings | None = None  # with cost "seconds": each choice's measured seconds per head
 
     @property
@@ -91,6 +94,11 @@ class _Planner:
         return self.experiment.model
 
     def flops(self, choice: Choice) -> float:
+        """FLOPs of one head under ``choice`` on the valid pairs of the examples judged (no padding)."""
+        return flops_on(choice, self.lengths, self.model.head_dim, causal=self.model.causal)
+
+    def padded_flops(self, choice: Choice) -> float:
+        """FLOPs of one head under ``choice`` at width n, padding included."""
         return flops(choice, self.s.seq_len, self.model.head_dim, causal=self.model.causal)
 
     def price(self, layer: int, choice: Choice) -> float:
@@ -106,9 +114,15 @@ class _Planner:
         """What an assignment spends, as a share of every head exact."""
         return self.spent(assignment, price) / self.spent({}, price)
 
-    def shares(self, assignment: Assignment) -> dict[str, float]:
-        """The FLOPs share, and with cost "seconds" the predicted seconds share, for tables."""
-        shares = {"flops_ratio": self.total(assignment, lambda layer, choice: self.flops(choice))}
+    def shares(self, assignment: Assignment) -> dict[str, float | bool]:
+        """For tables: the FLOPs share on the examples' valid pairs and at width n (padding counted),
+        whether the assignment changes any valid pair of them at all, and with cost "seconds" the
+        predicted seconds share (timed at width n)."""
+        shares = {
+            "flops_ratio": self.total(assignment, lambda layer, choice: self.flops(choice)),
+            "flops_ratio_padded": self.total(assignment, lambda layer, choice: self.padded_flops(choice)),
+            "changes_nothing": not any(changes_pairs(choice, self.lengths) for choice in assignment.values()),
+        }
         return shares if self.timings is None else {**shares, "seconds_ratio": self.total(assignment)}
 
     def change(self, assignment: Assignment) -> Change:
@@ -206,7 +220,8 @@ def _planner(source: str | LoadedModel, s: PlanSettings, device: str, progress: 
     if s.max_drop is not None:
         judge = TaskCosts(experiment, TaskSettings.of(s), _choosing_half(s), s.curve_seqs, s.batch_size, s.seed)
     units = [(layer, head) for layer in range(model.num_layers) for head in range(model.num_heads)]
-    return _Planner(experiment, s, fit, curve, select, units, choices, MapBank(fitter), proxy, judge, timings)
+    lengths = judge.judge.held_out.lengths if isinstance(judge, TaskCosts) else np.array([s.seq_len])
+    return _Planner(experiment, s, fit, curve, select, units, choices, MapBank(fitter), proxy, judge, lengths, timings)
 
 
 def _choices(model: LoadedModel, s: PlanSettings, device: str) -> tuple[list[Choice], Timings | None]:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from attnlens.analysis.reconstruct import attention_flops
@@ -56,13 +57,40 @@ def window_keep(n: int, width: int, causal: bool) -> torch.Tensor:
 
 
 def flops(choice: Choice, n: int, head_dim: int, *, causal: bool) -> float:
-    """Attention FLOPs of one head under ``choice`` at width ``n`` (dense: the full n × n)."""
+    """Attention FLOPs of one head under ``choice`` at width ``n`` (dense: the full n × n). A
+    partial head with every key exact (k ≥ n) costs what exact attention does."""
     full = attention_flops(n, head_dim)["full"]
-    if choice.kind == "partial":
+    if choice.kind == "partial" and choice.size < n:
         return attention_flops(n, head_dim, choice.size)["partial"]
     if choice.kind == "window":
         return full * float(window_keep(n, choice.size, causal).sum()) / (n * n)
     return full
+
+
+def flops_on(choice: Choice, lengths: np.ndarray, head_dim: int, *, causal: bool) -> float:
+    """Attention FLOPs of one head under ``choice`` over examples of these ``lengths`` (their own
+    tokens, no padding: the valid pairs a system that does not pad computes), summed.
+
+    >>> short = np.array([20, 30])          # two sentences: a window of 32 keeps every pair of both
+    >>> flops_on(Choice("window", 32), short, 32, causal=False) == flops_on(EXACT, short, 32, causal=False)
+    True
+    """
+    sizes, counts = np.unique(np.asarray(lengths, dtype=int), return_counts=True)
+    return float(sum(count * flops(choice, int(size), head_dim, causal=causal) for size, count in zip(sizes, counts)))
+
+
+def changes_pairs(choice: Choice, lengths: np.ndarray) -> bool:
+    """Whether ``choice`` can change a valid pair of any example of these ``lengths``: a window only
+    where a text is longer than it (keys more than ``w`` from a query), a partial head wherever a
+    row is rebuilt at all (its exact keys are positions fitted at n, which a short text may leave
+    to padding), exact never.
+
+    >>> changes_pairs(Choice("window", 64), np.array([27, 43])), changes_pairs(Choice("window", 8), np.array([27]))
+    (False, True)
+    """
+    if choice.kind == "window":
+        return bool(np.max(lengths) - 1 > choice.size)
+    return choice.kind == "partial"
 
 
 def options(n: int, head_dim: int, ks: tuple[int, ...], widths: tuple[int, ...], *, causal: bool) -> list[Choice]:

@@ -46,13 +46,15 @@ class PlanResult(Result):
     figures_module = "attnlens.figures.plan"
     shown: ClassVar[dict[str, tuple[str, ...]]] = {
         "summary": (
-            "budget", "method", "detail", "flops_ratio", "seconds_ratio", "select_cost_high", "check_cost", "check_cost_low",
+            "budget", "method", "detail", "flops_ratio", "flops_ratio_padded", "changes_nothing", "seconds_ratio", "select_cost_high", "check_cost", "check_cost_low",
             "check_cost_high", "check_allowance", "check_meets", "plan_minus", "plan_minus_low", "plan_minus_high",
         ),
     }  # fmt: skip
     column_notes: ClassVar[dict[str, str]] = {
         "detail": "the plan's step on the greedy path (or the uniform plan it is, where one meeting the budget was cheaper), or the uniform choice (none meets: exact attention is the cheapest that does)",
-        "flops_ratio": "attention FLOPs as a share of every head exact",
+        "flops_ratio": "attention FLOPs on the valid (query, key) pairs of the examples judged, their own lengths, as a share of every head exact",
+        "flops_ratio_padded": "the same at width n, padding counted (as a padded batch computes it)",
+        "changes_nothing": "no valid pair of the examples judged is changed: a window wider than every text (its saving is padding)",
         "seconds_ratio": "attention seconds per call the timing table predicts, as a share of every head exact (sdpa)",
         "select_cost_high": "upper end of the paired 95% interval of the cost on the selection data (where the plan was chosen)",
         "check_cost": "mean cost on the held-out check (accuracy drop, or proxy loss increase), 95% paired interval beside it",

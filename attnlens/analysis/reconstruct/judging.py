@@ -11,6 +11,7 @@ import numpy as np
 
 from attnlens.analysis.evaluation import bootstrap_interval, evaluate_change, prepare_batches
 from attnlens.analysis.objectives import Objective
+from attnlens.analysis.reconstruct.cost import attention_flops
 from attnlens.analysis.reconstruct.joint import JointMaps
 from attnlens.analysis.reconstruct.maps import LayerMaps, evaluate_objective, reconstruction
 from attnlens.analysis.reconstruct.settings import ReconstructSettings
@@ -82,6 +83,21 @@ def _model_for_plug_in(rows: StoreRows | ModelRows, model: str | LoadedModel | N
     return loaded
 
 
+def flops_on_lengths(lengths: np.ndarray, head_dim: int, k: int) -> float:
+    """Attention FLOPs with k exact scores per row over examples of these ``lengths`` (their own
+    tokens: the valid pairs a system that does not pad computes), against full attention on them. A
+    text of at most k tokens has every score exact.
+
+    >>> flops_on_lengths(np.array([10, 12]), 32, 16)          # every text shorter than k: no saving
+    1.0
+    """
+    sizes, counts = np.unique(np.asarray(lengths, dtype=int), return_counts=True)
+    costs = [attention_flops(int(size), head_dim, k if k < size else None) for size in sizes]
+    return float(
+        sum(c * cost["partial"] for c, cost in zip(counts, costs)) / sum(c * cost["full"] for c, cost in zip(counts, costs))
+    )
+
+
 class _PlugIn:
     """Runs the model with each config's maps inside attention, on the held-out blocks."""
 
@@ -131,8 +147,13 @@ class _PlugIn:
             record.update({name: float(mean[0]), f"{name}_low": float(low[0]), f"{name}_high": float(high[0])})
         record["baseline_loss"] = float(self.baseline.mean())
         if judged_by_task:
-            record.update(task_columns(self.task.judge(change)))
+            judged = task_columns(self.task.judge(change))
+            record.update({**judged, "task_flops_ratio": self._flops_on_task(k, judged["held_out"])})
         if judged_by_task and self.joint:  # the same maps, trained with the weights from the closed form
             joint = JointMaps(used, scope, f"{key}/joint")
             record.update({f"joint_{name}": value for name, value in task_columns(self.task.judge(joint)).items()})
         self.records.append(record)
+
+    def _flops_on_task(self, k: int, examples: int) -> float:
+        """The FLOPs ratio at k on the valid pairs of the task examples a judgement used."""
+        return flops_on_lengths(self.task.pool.lengths[:examples], self.task.model.head_dim, k)

@@ -27,14 +27,15 @@ class ReconstructResult(Result):
         ),
         "plug_in": (
             "strategy", "scope", "k", "loss", "loss_increase", "token_cosine", "pooled_cosine", "accuracy", "accuracy_low",
-            "accuracy_high", "delta_accuracy",
+            "accuracy_high", "delta_accuracy", "task_flops_ratio",
         ),
     }  # fmt: skip
     column_notes = {
         "rel_error": "held-out ‖s − ŝ‖² / ‖s − μ‖², μ the training mean row (1: no better than the mean row)",
         "rel_error_zero": "held-out ‖s − ŝ‖² / ‖s‖²",
         "tv": "total variation between the weights and the rebuilt rows' weights, mean over rows",
-        "flops_ratio": "attention FLOPs with k exact scores per row, against full attention",
+        "flops_ratio": "attention FLOPs with k exact scores per row, against full attention, on blocks of n tokens",
+        "task_flops_ratio": "the same on the valid pairs of the task examples judged, at their own lengths (no padding)",
     }
 
     def __init__(
