@@ -64,6 +64,10 @@ def claims_section(claims: pd.DataFrame, meta: dict) -> str:
     settings = meta.get("settings", {})
     model = meta.get("model", {}).get("name", "?")
     task = f"; task `{settings['task']}` under the {settings.get('protocol', 'probe')} protocol" if settings.get("task") else ""
+    savings = settings.get("savings_task")
+    if settings.get("task") and savings and savings != settings["task"]:
+        task = (f"; tasks under the {settings.get('protocol', 'probe')} protocol: `{savings}` for k and the plan (texts that "
+                f"fill n), `{settings['task']}` for the rest")  # fmt: skip
     table = markdown_table(claims)
     return "\n".join(
         [

@@ -73,7 +73,7 @@ def _curve_cost(plan_result, plan: pd.Series) -> str:
         chosen = curves[curves.choice == detail.removeprefix("uniform ")]
         changed, summed = len(chosen), float(chosen.cost.sum())
     else:
-        changed = int(detail.split()[1] if detail.startswith("step") else detail)
+        changed = int(plan.path_step)
         summed = float(plan_result.tables["path"]["added"].iloc[:changed].sum()) if changed else 0.0
     return f"{counted(changed, 'head')} changed, each measured alone: summed cost {number(summed, 2, significant=True)} ({unit})"
 

@@ -178,6 +178,7 @@ def _plan_budget(
     _, detail, assignment = min(candidates, key=lambda item: item[0])  # the path's step on a tie
     rival = random_allocation(planner.units, planner.choices, planner.price, planner.spent(assignment), seed)
     judged = _judged_methods(planner, budget, (detail, assignment), uniforms, cheapest, rival, predicted)
+    judged[0]["path_step"] = step if detail.startswith("step") else None  # the plan's row: its step, where it is one
     choices = [
         {"budget": budget.value, "layer": layer, "head": head, "choice": str(assignment.get((layer, head), EXACT))}
         for layer, head in planner.units

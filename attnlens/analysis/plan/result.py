@@ -54,6 +54,7 @@ class PlanResult(Result):
         "detail": "the plan's step on the greedy path (or the uniform plan it is, where one meeting the budget was cheaper), or the uniform choice (none meets: exact attention is the cheapest that does)",
         "flops_ratio": "attention FLOPs on the valid (query, key) pairs of the examples judged, their own lengths, as a share of every head exact",
         "flops_ratio_padded": "the same at width n, padding counted (as a padded batch computes it)",
+        "path_step": "the plan's step on the greedy path (the heads it changes), where the plan is one",
         "changes_nothing": "no valid pair of the examples judged is changed: a window wider than every text (its saving is padding)",
         "seconds_ratio": "attention seconds per call the timing table predicts, as a share of every head exact (sdpa)",
         "select_cost_high": "upper end of the paired 95% interval of the cost on the selection data (where the plan was chosen)",
