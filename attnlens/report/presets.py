@@ -58,8 +58,8 @@ class ReportSettings:
     # sequentially until its paired interval decides ("auto": attnlens.analysis.sequential).
     task: str | None = "rotten-tomatoes"
     # The task of the claims about computing fewer scores (k exact scores, the plan): a saving is only seen
-    # on texts that fill the attention it changes. At n = 128, 90% of IMDB's reviews fill every key (their
-    # first 128 tokens); Rotten Tomatoes' sentences fill a fifth (median 26 tokens), the rest is padding.
+    # on texts that fill the attention it changes. IMDB draws only reviews that fill n (90% of them at n = 128,
+    # cut to their first n tokens); Rotten Tomatoes' sentences fill a fifth of 128 (median 27 tokens).
     savings_task: str | None = "imdb"
     task_train: int = 5000  # the probe's training features are computed once and cached
     task_eval: int | str = "auto"

@@ -11,7 +11,7 @@ import pandas as pd
 from attnlens.data.positions import parse_classes
 from attnlens.report.html import Figures, folded, section, table
 from attnlens.report.verdicts import HOLDS, on_task
-from attnlens.report.words import LOSS_UNITS, delta_points, layer_summary, number, points, task_metas
+from attnlens.report.words import LOSS_UNITS, layer_summary, number, points, task_metas
 
 
 def summary_section(results: dict, claims: pd.DataFrame) -> str:
@@ -125,13 +125,14 @@ def reconstruct_section(results: dict, names: dict[str, str], figures: Figures) 
     heads = recon.table[(recon.table.layer >= 0) & (recon.table.strategy == "greedy") & (recon.table.scope == "head")]
     answer = _fewest_keys(heads.groupby("k")["rel_error"].median(), recon.meta["n"])
     plug = recon.plug_in
-    if plug is not None and "token_cosine" in plug:
-        picked = plug[(plug.strategy == "greedy") & (plug.scope == "head")].set_index("k")
+    picked = None if plug is None else plug[(plug.strategy == "greedy") & (plug.scope == "head")].set_index("k")
+    judged = picked.dropna(subset=["accuracy"]) if picked is not None and "accuracy" in picked else []
+    if len(judged):  # the task decides; the cosines stay in the figure and the table
+        answer += _fewest_keys_on_task(judged, recon.meta["task"])
+    elif picked is not None and "token_cosine" in picked:
         answer += "; the outputs keep a cosine of " + ", ".join(
             f"{number(picked.token_cosine[k], 3)} at k = {k}" for k in picked.index if k in (16, 32, 64)
         )
-        if "accuracy" in picked:
-            answer += _fewest_keys_on_task(picked.dropna(subset=["accuracy"]), recon.meta["task"], recon.meta["n"])
     overall = recon.table[recon.table.layer == -1]
     chosen = overall[overall.k.isin([8, 16, 32, 64])][
         ["strategy", "scope", "k", "rel_error", "rel_error_zero", "tv", "flops_ratio"]
@@ -165,29 +166,29 @@ def _fewest_keys(typical: pd.Series, n: int) -> str:
     :data:`ERROR_THRESHOLD`, or that none below n is (at k = n every map is exact).
 
     >>> _fewest_keys(pd.Series([0.5, 0.2, 0.0], index=[16, 64, 128]), 128)
-    "With greedy keys and a map per head, no k below n = 128 rebuilds the typical head's held-out rows within 10% (at k = 64: 0.20)"
+    "No k below n = 128 rebuilds the typical head's held-out rows within 10% (greedy keys, a map per head; at k = 64: 0.20)"
     """
     below = typical[typical.index < n]
     enough = below[below <= ERROR_THRESHOLD]
     if len(enough):
-        return (f"With greedy keys and a map per head, k = {int(enough.index.min())} of n = {n} is the fewest that rebuilds "
-                f"the typical head's held-out rows within {ERROR_THRESHOLD:.0%}")  # fmt: skip
-    largest = int(below.index.max()) if len(below) else n
-    return (f"With greedy keys and a map per head, no k below n = {n} rebuilds the typical head's held-out rows within "
-            f"{ERROR_THRESHOLD:.0%}" + (f" (at k = {largest}: {number(below[largest])})" if len(below) else ""))  # fmt: skip
+        return (f"k = {int(enough.index.min())} of n = {n} is the fewest that rebuilds the typical head's held-out rows "
+                f"within {ERROR_THRESHOLD:.0%} (greedy keys, a map per head)")  # fmt: skip
+    largest = f"; at k = {int(below.index.max())}: {number(below[below.index.max()])}" if len(below) else ""
+    return (f"No k below n = {n} rebuilds the typical head's held-out rows within {ERROR_THRESHOLD:.0%} (greedy keys, a map "
+            f"per head{largest})")  # fmt: skip
 
 
-def _fewest_keys_on_task(judged: pd.DataFrame, task: dict, n: int) -> str:
+def _fewest_keys_on_task(judged: pd.DataFrame, task: dict) -> str:
     """What the task decides: the smallest judged k whose accuracy holds (its Δ interval within the
     target or above zero), or that none of the judged k does."""
     if not len(judged):
         return ""
-    said = ", ".join(f"{delta_points(row)} at k = {k}" for k, row in judged.iterrows())
+    said = ", ".join(f"{points(row)} at k = {k}" for k, row in judged.iterrows())
     holds = [k for k, row in judged.iterrows() if on_task(row.delta_accuracy_low, row.delta_accuracy_high,
                                                            target=task["settings"]["task_target"]) == HOLDS]  # fmt: skip
-    decided = (f"k = {min(holds)} is the fewest judged that keeps its accuracy" if holds
-               else f"none of k = {', '.join(map(str, judged.index))} keeps its accuracy")  # fmt: skip
-    return f"; on {task['task']} (its first {n} tokens of each text), {said}: {decided}"
+    decided = (f"k = {min(holds)} is the fewest judged that keeps the accuracy" if holds
+               else f"none of k = {', '.join(map(str, judged.index))} keeps the accuracy")  # fmt: skip
+    return f"; on {task['task']}, {decided} (Δ points {said})"
 
 
 def importance_section(results: dict, names: dict[str, str], figures: Figures) -> str:
