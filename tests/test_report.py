@@ -174,13 +174,13 @@ def test_the_finetune_protocol_report_trains_each_change_and_says_so_across_seed
     # fine-tuning, two seeds; R fixed and R joint; DAM against band, local and bigbird matched on
     # the task's positions; the claims gain the column across seeds (reloading a cached run
     # without training is tested in test_joint_r.py)
-    from dataclasses import replace
-
     from attnlens.report import PRESETS, QUICK_FINETUNE, report
 
-    tiny = replace(
-        QUICK_FINETUNE, seq_len=32, dam_seq_len=32, ks=(4, 16), eigen_seqs=48, reconstruct_seqs=32, importance_seqs=8, dam_steps=10, dam_stop_window=5,
-        dam_train_seqs=8, task_train=32, task_eval=24, finetune_steps=2,
+    tasks = dict(task_train=32, task_eval=24, finetune_steps=2)
+    tiny = QUICK_FINETUNE.stages(
+        eigen=dict(seq_len=32, num_seqs=48), reconstruct=dict(seq_len=32, ks=(4, 16), num_seqs=32, **tasks),
+        importance=dict(seq_len=32, num_seqs=8, **tasks), dam=dict(seq_len=32, steps=10, stop_window=5, train_seqs=8, **tasks),
+        plan=dict(seq_len=32, task_train=32),
     )  # fmt: skip
     monkeypatch.setitem(PRESETS, ("finetune", "quick"), tiny)
     monkeypatch.setenv("ATTNLENS_CACHE", str(tmp_path / "cache"))
@@ -236,9 +236,23 @@ def test_the_presets_keep_their_budgets_as_last_measured():
 
     assert sum(stage_weights("default").values()) <= 600 and sum(stage_weights("quick").values()) <= 120
     assert list(stage_weights("default")) == list(stage_weights("quick")) == list(stage_weights("full"))
-    assert FULL.dam_mask_seeds == 3 and FULL.dam_reference and FULL.plan_task_eval >= 3000 and FULL.reconstruct_task
-    assert DEFAULT.dam_mask_seeds == QUICK.dam_mask_seeds == 1
-    assert DEFAULT.reconstruct_task and {16, 32} <= set(DEFAULT.task_ks)  # the k claims are decided by the task
+    assert FULL.dam.mask_seeds == 3 and FULL.dam.reference and FULL.plan.task_eval >= 3000 and FULL.reconstruct.task
+    assert DEFAULT.dam.mask_seeds == QUICK.dam.mask_seeds == 1
+    assert DEFAULT.reconstruct.task and {16, 32} <= set(DEFAULT.reconstruct.task_ks)  # the k claims are decided by the task
+
+
+def test_a_report_task_option_reaches_every_stage_the_preset_judges_and_none_removes_them():
+    """--task NAME: that task for every stage judged by one (the savings' too); --task none: no task, no
+    plan, and no field that needs a task left behind (each stage's settings validate as they are made)."""
+    from attnlens.report.presets import DEFAULT, FINETUNE
+
+    mine = DEFAULT.for_run(corpus="wordnet", seed=3, task="rotten-tomatoes")
+    judged = [mine.reconstruct, mine.importance, mine.plan]
+    assert {stage.task for stage in judged} == {"rotten-tomatoes"} and mine.dam.task is None  # DAM is not judged here
+    assert {stage.corpus for stage in (mine.eigen, *judged)} == {"wordnet"} and mine.eigen.seed == 3
+    none = FINETUNE.for_run(corpus="kjv", seed=0, task=None)
+    assert none.plan is None and not none.reconstruct.task_joint_r and none.dam.train_on != "task"
+    assert [stage.task for stage in (none.reconstruct, none.importance, none.dam)] == [None, None, None]
 
 
 def test_a_report_into_a_new_nested_directory_stages_beside_it(tmp_path, monkeypatch, minilm_l3):

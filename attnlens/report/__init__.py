@@ -19,7 +19,6 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TypeVar
 
@@ -46,7 +45,7 @@ from attnlens.report.presets import (
     preset,
     stage_weights,
 )
-from attnlens.report.stages import analyses, task_settings
+from attnlens.report.stages import analyses
 
 __all__ = [
     "DEFAULT",
@@ -134,10 +133,11 @@ def report(
     """
     name, settings = preset(protocol, quick=quick, full=full)
     out = check_out(out, overwrite)
-    settings = replace(settings, ks=tuple(k for k in settings.ks if k <= settings.seq_len))
-    if task != "default":  # the user's task judges every claim, the savings' too
-        settings = replace(settings, task=task, savings_task=task)
-    _check_inputs(settings, corpus, compare, device)
+    check_device(device)
+    # the user's task judges every stage the preset judges by a task (the savings' too); the settings are
+    # checked as they are made, the task's file too, before the model loads
+    settings = settings.for_run(corpus=corpus, seed=seed, **({} if task == "default" else {"task": task}))
+    _check_inputs(corpus, compare)
     loaded = model if isinstance(model, LoadedModel) else load_model(model, device=device)
     _check_task(loaded, settings, seed)  # before the first stage's forward pass, not stages later
     second = companion_for(loaded) if compare == "auto" else compare
@@ -146,7 +146,7 @@ def report(
     out.parent.mkdir(parents=True, exist_ok=True)  # the staging directory sits beside `out`, so the last move is a rename
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        results = analyses(loaded, second, settings, corpus=corpus, seed=seed, device=device, run=stages.run)
+        results = analyses(loaded, second, settings, device=device, run=stages.run)
         names = {key: _directory_name(key, result) for key, result in results.items()}
         page, claims = stages.run("figures", lambda stage: write_page(staging, results, names, command, name, progress=stage))
     except BaseException:
@@ -160,7 +160,7 @@ def report(
         "model": loaded.describe(),
         "corpus": corpus,
         "preset": name,
-        "settings": asdict(settings),
+        "settings": settings.to_dict(),
         "results": names,
         "timings_s": stages.timings,
         "tables": ["claims"],
@@ -172,15 +172,10 @@ def report(
     return out / page.name
 
 
-def _check_inputs(settings: ReportSettings, corpus: str, compare: str | None, device: str) -> None:
+def _check_inputs(corpus: str, compare: str | None) -> None:
     """What the user chose, checked before the model loads: a bad name fails in seconds, not stages later."""
-    from attnlens.analysis.task import TaskSettings
     from attnlens.data.corpus import load_corpus
 
-    check_device(device)
-    if settings.task is not None:
-        TaskSettings(**task_settings(settings))
-        TaskSettings(**task_settings(settings, savings=True))
     load_corpus(corpus)  # quick (kjv: a tenth of a second); the stages read it again by name
     if compare not in (None, "auto"):
         try:
@@ -194,13 +189,8 @@ def _check_task(loaded: LoadedModel, settings: ReportSettings, seed: int) -> Non
     judges at), made by preparing it as the stages will; they prepare it again, at the cost of tokenising."""
     from attnlens.analysis.task import TaskSettings, prepare_task
 
-    if settings.task is None:
-        return
-    task = TaskSettings(**task_settings(settings))
-    for seq_len in {settings.seq_len, *([settings.dam_seq_len] if settings.dam_task else [])}:
-        prepare_task(loaded, task, seq_len=seq_len, seed=seed)
-    if settings.savings_task != settings.task:
-        prepare_task(loaded, TaskSettings(**task_settings(settings, savings=True)), seq_len=settings.seq_len, seed=seed)
+    for stage in settings.judged():
+        prepare_task(loaded, TaskSettings.of(stage), seq_len=stage.seq_len, seed=seed)
 
 
 def _directory_name(key: str, result: object) -> str:

@@ -1,166 +1,215 @@
 """The report's presets: what each stage runs and on how much data (``--quick``, the default, ``--full``),
 and how long each stage took when last measured (the progress bar's stretches).
 
-:data:`FULL` runs everything the claims rest on, at the size that decides them. :data:`DEFAULT` keeps
-what decides within the budget of 10 minutes on 2 cores (``bench/bench_report.py`` measures it) and
-runs the rest at :data:`QUICK`'s sizes, so a reader sees the machinery; the claims those stages carry
-say "run --full". :data:`QUICK` is a first look at everything in under 2 minutes.
+A preset is a :class:`ReportSettings`: each stage's own analysis settings (:class:`EigenSettings`,
+:class:`ReconstructSettings`, ...), exactly what the stage passes to its analysis, so no field is
+copied by hand. :data:`FULL` runs everything the claims rest on, at the size that decides them.
+:data:`DEFAULT` keeps what decides within the budget of 10 minutes on 2 cores
+(``bench/bench_report.py`` measures it) and runs DAM and the plan at :data:`QUICK`'s sizes, so a
+reader sees the machinery; the claims those stages carry say "run --full". :data:`QUICK` is a first
+look at everything in under 2 minutes.
 
 >>> preset("probe", quick=False, full=False) == ("default", DEFAULT)
 True
->>> preset("finetune", quick=True, full=False)[0], FULL.dam_mask_seeds, DEFAULT.dam_mask_seeds
+>>> preset("finetune", quick=True, full=False)[0], FULL.dam.mask_seeds, DEFAULT.dam.mask_seeds
 ('quick', 3, 1)
+>>> DEFAULT.reconstruct.task, DEFAULT.importance.task      # fewer scores judged on texts that fill n
+('imdb', 'rotten-tomatoes')
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from importlib import resources
+from typing import Any
 
+from attnlens.analysis.dam.settings import DamSettings
+from attnlens.analysis.eigen import EigenSettings
+from attnlens.analysis.importance import ImportanceSettings
+from attnlens.analysis.plan.settings import PlanSettings
+from attnlens.analysis.reconstruct.settings import ReconstructSettings
 from attnlens.errors import BadInput
-from attnlens.settings import one_of
+from attnlens.settings import Settings, one_of
+
+STAGES = ("eigen", "reconstruct", "importance", "dam", "plan")  # the stages with settings of their own, in order
+_NEED_TASK = {"reconstruct": ("task_joint_r",), "dam": ("train_on", "task_patterns")}  # fields that mean nothing without one
 
 
 @dataclass(frozen=True)
 class ReportSettings:
-    """Sizes of every stage; :data:`FULL`, :data:`DEFAULT` and :data:`QUICK` are the presets (``--full``,
-    none, ``--quick``). The fields' defaults are :data:`FULL`'s: everything the claims rest on, at the size
-    that decides them; :data:`DEFAULT` keeps what decides within the budget of 10 minutes on 2 cores and
-    runs the rest at :data:`QUICK`'s sizes, a look at the machinery whose claims say "run --full"."""
+    """Each stage's analysis settings, as the stage passes them on (the corpus and the seed are the
+    report's, set on every stage by :meth:`for_run`); ``dim``: the overlap matrices' d (``None``:
+    picked from the split-half check). A stage whose ``task`` is ``None`` is judged by its proxy
+    only; the plan (``None`` without a task) runs only with one: its budgets are points of accuracy."""
 
-    seq_len: int = 128
-    eigen_seqs: int = 256
-    dim: int | None = None  # the overlap matrices' d: None picks it from the split-half check
-    reconstruct_seqs: int = 128
-    ks: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128)
-    strategies: tuple[str, ...] = ("greedy", "random", "stride")
-    scopes: tuple[str, ...] = ("head", "layer", "all")
-    plug_in_scopes: tuple[str, ...] = ("head", "all")
-    batch_size: int = 16
-    importance_seqs: int = 32  # held-out blocks of the importance and DAM judgements (the same blocks)
-    # DAM learns at n = 64 (attention 4x cheaper than at 128) so that its runs converge within the
-    # budget; its held-out blocks are then blocks of 64 tokens, not section 4's.
-    # The target: each mask meets it, so patterns compare at the same sparsity. One target, three masks
-    # (each its own noise and batch order): a verdict about a learned mask holds for every seed or for none.
-    dam_sparsity: tuple[float, ...] = (0.9,)
-    dam_mask_seeds: int = 3
-    dam_reference: str | None = "band"  # the swap search beside the masks, from the band at the target
-    dam_reference_rounds: int = 20
-    dam_polish_rounds: int = 20  # the swap search that finishes each mask at its target
-    dam_seq_len: int = 64
-    dam_steps: int = 300  # the cap; the stopping rule ends the schedule when the mask has stopped changing
-    dam_stop_window: int = 20
-    dam_check_window: int = 40  # converged: no improvement over this many steps at a meaningful learning rate
-    dam_train_seqs: int = 64
-    # The task that judges the headline changes by accuracy (probe protocol). Each judgement is a
-    # forward of the held-out examples it needs, so the task judges the claims' changes only, each
-    # sequentially until its paired interval decides ("auto": attnlens.analysis.sequential).
-    task: str | None = "rotten-tomatoes"
-    # The task of the claims about computing fewer scores (k exact scores, the plan): a saving is only seen
-    # on texts that fill the attention it changes. IMDB draws only reviews that fill n (90% of them at n = 128,
-    # cut to their first n tokens); Rotten Tomatoes' sentences fill a fifth of 128 (median 27 tokens).
-    savings_task: str | None = "imdb"
-    task_train: int = 5000  # the probe's training features are computed once and cached
-    task_eval: int | str = "auto"
-    task_target: float = 0.02
-    # Which stages the task judges: DAM's judge at its own n fits a probe of its own.
-    reconstruct_task: bool = True
-    dam_task: bool = True
-    task_ks: tuple[int, ...] = (8, 16, 32, 64)  # keys chosen by task_strategies in every layer
-    task_strategies: tuple[str, ...] = ("greedy", "random", "stride")
-    task_scopes: tuple[str, ...] = ("head", "all")  # the maps' scopes the task judges
-    task_classes: tuple[str, ...] = ("self", "cls", "sep")  # removed everywhere, each beside its random control
-    # The papers' protocol (the FINETUNE preset): each judged change inside fine-tuning on the task,
-    # several seeds; R also trained jointly with the weights; DAM's masks learned with the weights.
-    protocol: str = "probe"
-    seeds: int = 1
-    finetune_steps: int = 200
-    task_joint_r: bool = False
-    dam_train_weights: bool = False
-    # The plan: per head exact, partial or a window, at the fewest FLOPs within each budget of accuracy
-    # (points), chosen on half of plan_task_eval examples and checked on the other half, always by the
-    # probe (a fine-tune for every plan the search runs is out of reach). Skipped without a task.
-    plan_budgets: tuple[float, ...] = (0.5, 1.0, 2.0)
-    plan_task_eval: int = 3000
-    plan_fit_seqs: int = 64
-    plan_curve_seqs: int = 16
-    plan_ks: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
-    plan_widths: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
+    eigen: EigenSettings
+    reconstruct: ReconstructSettings
+    importance: ImportanceSettings
+    dam: DamSettings
+    plan: PlanSettings | None
+    dim: int | None = None
+
+    def stages(self, **changes: dict[str, Any]) -> ReportSettings:
+        """These settings with ``changes`` applied to the stages named: ``stages(dam={"steps": 40})``."""
+        return dataclasses.replace(self, **{name: getattr(self, name).replace(**change) for name, change in changes.items()})
+
+    def for_run(self, *, corpus: str, seed: int, task: str | None | object = ...) -> ReportSettings:
+        """Every stage on ``corpus`` with ``seed``, its ``ks`` within its n, and, where ``task`` is given,
+        that task for every stage the preset judges by one (``None``: none, and no plan)."""
+        changed = {}
+        for name in STAGES:
+            stage: Settings = getattr(self, name)
+            change: dict[str, Any] = {"corpus": corpus, "seed": seed}
+            if task is not ... and getattr(stage, "task", None) is not None:
+                change["task"] = task
+            if task is None:  # the proxies only: what needs a task goes back to its default
+                defaults = {field.name: field.default for field in dataclasses.fields(stage)}
+                change.update(
+                    {field: defaults[field] for field in ("protocol", "seeds", *_NEED_TASK.get(name, ())) if field in defaults}
+                )
+            changed[name] = change
+        settings = self.stages(**{name: change for name, change in changed.items() if not (name == "plan" and task is None)})
+        recon = settings.reconstruct
+        fits = {
+            "ks": tuple(k for k in recon.ks if k <= recon.seq_len),
+            "task_ks": tuple(k for k in recon.task_ks if k <= recon.seq_len),
+        }
+        plan = (
+            None if task is None else settings.plan.replace(ks=tuple(k for k in settings.plan.ks if k <= settings.plan.seq_len))
+        )
+        return dataclasses.replace(settings.stages(reconstruct=fits), plan=plan)
+
+    def judged(self) -> list[Settings]:
+        """The stages judged by a task, each once per (task, n): what the report prepares before it starts."""
+        seen, judged = set(), []
+        for name in STAGES:
+            stage = getattr(self, name)
+            if getattr(stage, "task", None) is not None and (stage.task, stage.seq_len) not in seen:
+                seen.add((stage.task, stage.seq_len))
+                judged.append(stage)
+        return judged
+
+    @property
+    def task(self) -> str | None:
+        """The main task: the one that judges the position classes (``None``: the proxies only)."""
+        return self.importance.task
+
+    def to_dict(self) -> dict[str, Any]:
+        stages = {name: getattr(self, name) for name in STAGES}
+        return {**{name: None if stage is None else stage.to_dict() for name, stage in stages.items()}, "dim": self.dim}
 
 
-FULL = ReportSettings()
+_BLOCKS = dict(seq_len=128, batch_size=16)
+# The task that judges the claims' changes by accuracy (probe protocol), each sequentially until its
+# paired interval decides (attnlens.analysis.sequential); the probe's training features are cached.
+_TASK = dict(task="rotten-tomatoes", protocol="probe", task_train=5000, task_eval="auto", task_target=0.02)
+# The task of the claims about computing fewer scores (k exact scores, the plan): a saving is only seen
+# on texts that fill the attention it changes. IMDB draws only reviews that fill n (90% of them at n = 128,
+# cut to their first n tokens); Rotten Tomatoes' sentences fill a fifth of 128 (median 27 tokens).
+_SAVINGS = {**_TASK, "task": "imdb"}
+
+FULL = ReportSettings(
+    eigen=EigenSettings(num_seqs=256, seq_len=128),
+    reconstruct=ReconstructSettings(
+        num_seqs=128,
+        ks=(1, 2, 4, 8, 16, 32, 64, 128),
+        strategies=("greedy", "random", "stride"),
+        scopes=("head", "layer", "all"),
+        plug_in=True,
+        plug_in_scopes=("head", "all"),
+        task_ks=(8, 16, 32, 64),
+        task_strategies=("greedy", "random", "stride"),
+        task_scopes=("head", "all"),
+        **_BLOCKS,
+        **_SAVINGS,
+    ),  # fmt: skip
+    # held-out blocks of the importance and DAM judgements (the same blocks); each class beside its random control
+    importance=ImportanceSettings(num_seqs=32, task_classes=("self", "cls", "sep"), **_BLOCKS, **_TASK),
+    # DAM learns at n = 64 (attention 4x cheaper than at 128) so that its runs converge within the budget.
+    # One target, three masks (each its own noise and batch order): a verdict about a learned mask holds for
+    # every seed or for none. The swap search from the band at the target beside them (the reference); a
+    # swap search finishes each mask at its target. 300 steps are the cap: the stopping rule ends the
+    # schedule when the mask has stopped changing; converged: no improvement over check_window steps.
+    dam=DamSettings(
+        sparsity=(0.9,),
+        mask_seeds=3,
+        reference="band",
+        reference_rounds=20,
+        polish_rounds=20,
+        steps=300,
+        stop_window=20,
+        check_window=40,
+        train_seqs=64,
+        eval_seqs=32,
+        task_patterns="compared",
+        seq_len=64,
+        batch_size=16,
+        **_TASK,
+    ),  # fmt: skip
+    # Per head exact, partial or a window, at the fewest FLOPs within each budget of accuracy (points), chosen
+    # on half of task_eval examples and checked on the other half, always by the probe (a fine-tune for every
+    # plan the search runs is out of reach).
+    plan=PlanSettings(
+        max_drop=(0.5, 1.0, 2.0),
+        fit_seqs=64,
+        curve_seqs=16,
+        eval_seqs=32,
+        ks=(1, 2, 4, 8, 16, 32),
+        widths=(1, 2, 4, 8, 16, 32, 64),
+        forecastable_only=False,
+        **_BLOCKS,
+        **{**_SAVINGS, "task_eval": 3000},
+    ),  # fmt: skip
+)
 # DAM and the plan at the quick report's sizes (a look at the machinery: their claims say "run --full").
 _MACHINERY = dict(
-    dam_mask_seeds=1,  # 40 steps barely move a logit across the threshold: two seeds would end alike
-    dam_reference=None,
-    dam_reference_rounds=2,
-    dam_polish_rounds=2,
-    dam_steps=40,  # a short schedule: the mask is not converged, and the claims say so
-    dam_stop_window=10,
-    dam_check_window=10,
-    dam_train_seqs=16,
-    dam_task=False,
-    plan_budgets=(1.0, 2.0),
-    plan_task_eval=64,
-    plan_fit_seqs=16,
-    plan_curve_seqs=4,
-    plan_ks=(16,),
-    plan_widths=(8,),
-)
-DEFAULT = replace(
-    FULL,
-    plug_in_scopes=("head",),
-    task_ks=(16, 32),  # the claims' k, judged by the savings task
-    task_strategies=("greedy",),
-    task_scopes=("head",),
+    # 40 steps barely move a logit across the threshold: two seeds would end alike; the schedule is not
+    # converged, and the claims say so
+    dam=dict(mask_seeds=1, reference=None, reference_rounds=2, polish_rounds=2, steps=40, stop_window=10, check_window=10,
+             train_seqs=16, task=None, protocol="auto"),
+    plan=dict(max_drop=(1.0, 2.0), task_eval=64, fit_seqs=16, curve_seqs=4, ks=(16,), widths=(8,)),
+)  # fmt: skip
+DEFAULT = FULL.stages(
+    # the claims' k judged by the savings task; each k costs about a minute and a half (bench/bench_report.py)
+    reconstruct=dict(plug_in_scopes=("head",), task_ks=(16, 32), task_strategies=("greedy",), task_scopes=("head",)),
     **_MACHINERY,
 )
-QUICK = replace(
-    FULL,
-    seq_len=64,
-    eigen_seqs=96,
-    reconstruct_seqs=64,
-    ks=(1, 4, 16, 64),
-    strategies=("greedy", "random"),
-    scopes=("head", "all"),
-    plug_in_scopes=("head",),
-    importance_seqs=8,
-    task_train=256,
-    task_eval=64,
-    task_ks=(16,),
-    task_strategies=("greedy",),
-    task_scopes=("head",),
+QUICK = FULL.stages(
+    eigen=dict(seq_len=64, num_seqs=96),
+    reconstruct=dict(seq_len=64, num_seqs=64, ks=(1, 4, 16, 64), strategies=("greedy", "random"), scopes=("head", "all"),
+                     plug_in_scopes=("head",), task_ks=(16,), task_strategies=("greedy",), task_scopes=("head",),
+                     task_train=256, task_eval=64),
+    importance=dict(seq_len=64, num_seqs=8, task_train=256, task_eval=64),
     # a probe on 256 examples costs seconds: the quick look shows DAM's task too; 20 steps (half the default's)
     # keep the look within 2 minutes: training is most of DAM's time (bench/bench_report.py)
-    **{**_MACHINERY, "dam_task": True, "dam_steps": 20},
-)
+    dam={**_MACHINERY["dam"], "eval_seqs": 8, "steps": 20, "task": _TASK["task"], "protocol": "probe", "task_train": 256,
+         "task_eval": 64},
+    plan={**_MACHINERY["plan"], "seq_len": 64, "eval_seqs": 8, "task_train": 256},
+)  # fmt: skip
 
 # The papers' protocol: the headline changes inside fine-tuning, 3 seeds each (cached per run), at n = 64.
 # Each run is 200 steps of 16 examples (about 95 s on 2 cores, measured; up to 45 runs, so about 80 minutes
 # there; minutes on a GPU), and a rerun loads every run from the cache. Paper A's questions
 # (R fixed or learned jointly, shared by every layer or one per layer, k = 16 and 32) and SparseBERT's
-# (a mask learned with the weights on the task against fixed patterns given the same training, at matched sparsity).
-FINETUNE = replace(
-    FULL,
-    seq_len=64,
-    plug_in_scopes=("head", "layer", "all"),
-    task_eval=1000,  # seed-to-seed spread, not examples, limits a fine-tuned verdict
-    task_ks=(16, 32),
-    task_strategies=("greedy",),
-    task_scopes=("layer", "all"),
-    task_classes=("self",),
-    dam_mask_seeds=1,  # the fine-tune seeds give the spread
-    dam_reference=None,  # a swap search is for the pretrained weights; these masks learn with theirs
-    protocol="finetune",
-    seeds=3,
-    task_joint_r=True,
-    dam_train_weights=True,
-)
-QUICK_FINETUNE = replace(
-    QUICK, plug_in_scopes=("head", "all"), task_scopes=("all",), task_classes=("self",), protocol="finetune", seeds=2,
-    finetune_steps=10, task_joint_r=True, dam_train_weights=True, dam_mask_seeds=1, dam_reference=None, reconstruct_task=True,
-    dam_task=True,
+# (a mask learned with the weights on the task against fixed patterns given the same training, at matched
+# sparsity). The seed-to-seed spread, not examples, limits a fine-tuned verdict: 1,000 examples each.
+_FINETUNED = dict(protocol="finetune", seeds=3, task_eval=1000, seq_len=64)
+FINETUNE = FULL.stages(
+    eigen=dict(seq_len=64),
+    reconstruct=dict(**_FINETUNED, plug_in_scopes=("head", "layer", "all"), task_ks=(16, 32), task_strategies=("greedy",),
+                     task_scopes=("layer", "all"), task_joint_r=True),
+    importance=dict(**_FINETUNED, task_classes=("self",)),
+    # the fine-tune seeds give the spread; a swap search is for the pretrained weights; these masks learn with theirs
+    dam=dict(**_FINETUNED, mask_seeds=1, reference=None, train_weights=True, task_patterns="adapted", train_on="task"),
+    plan=dict(seq_len=64),
+)  # fmt: skip
+_QUICK_FINETUNED = dict(protocol="finetune", seeds=2, finetune_steps=10)
+QUICK_FINETUNE = QUICK.stages(
+    reconstruct=dict(**_QUICK_FINETUNED, plug_in_scopes=("head", "all"), task_scopes=("all",), task_joint_r=True),
+    importance=dict(**_QUICK_FINETUNED, task_classes=("self",)),
+    dam=dict(**_QUICK_FINETUNED, mask_seeds=1, reference=None, train_weights=True, task_patterns="adapted", train_on="task"),
 )  # fmt: skip
 REPORT_PROTOCOLS = ("probe", "finetune")
 REPORT_PRESETS = ("quick", "default", "full")
