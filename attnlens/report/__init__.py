@@ -139,6 +139,7 @@ def report(
     settings = settings.for_run(corpus=corpus, seed=seed, **({} if task == "default" else {"task": task}))
     _check_inputs(corpus, compare)
     loaded = model if isinstance(model, LoadedModel) else load_model(model, device=device)
+    settings = settings.sized_for(loaded.causal)
     _check_task(loaded, settings, seed)  # before the first stage's forward pass, not stages later
     second = companion_for(loaded) if compare == "auto" else compare
     weights = {stage: w for stage, w in stage_weights(name).items() if second or stage != "eigen (second model)"}

@@ -161,7 +161,12 @@ def _reconstruct_claims(recon, evidence: Evidence) -> list[Claim]:
         q1, median, q3 = np.percentile(errors, [25, 50, 75])
         task, judged = task_verdict(row, evidence)
         phrase = combine(proxy=bool(moved <= PROXY_TOLERANCE), task=task, judged=judged, missing=evidence.missing)
-        decided = f"{delta_points(row)} on {recon.meta['task']['task']}" if judged else proxy_said
+        flops = row.task_flops_ratio if judged and "task_flops_ratio" in row else row.flops_ratio
+        decided = (
+            f"{delta_points(row)} on {recon.meta['task']['task']}, at {flops:.0%} of the attention FLOPs"
+            if judged
+            else proxy_said
+        )
         rows.append(
             Claim(
                 f"k = {k} exact scores suffice (paper 1)",

@@ -81,6 +81,26 @@ class ReportSettings:
         )
         return dataclasses.replace(settings.stages(reconstruct=fits), plan=plan)
 
+    def sized_for(self, causal: bool) -> ReportSettings:
+        """These settings for a model: a causal model's maps (the reconstruction's, the plan's partial
+        heads) are one per query, fitted on one row per block, so they fit on at least n + 1 blocks
+        (more than an encoder's pooled rows need). Sized before any stage runs: a stage that found too
+        few blocks would fail after the others had run.
+
+        >>> causal, encoder = DEFAULT.sized_for(causal=True), DEFAULT.sized_for(causal=False)
+        >>> causal.reconstruct.num_seqs, causal.plan.fit_seqs, encoder.reconstruct.num_seqs, encoder.plan.fit_seqs
+        (172, 129, 128, 16)
+        """
+        if not causal:
+            return self
+        recon = self.reconstruct
+        fitted = lambda blocks: blocks - max(1, round(recon.eval_fraction * blocks))  # noqa: E731 -- held_out_split's count
+        blocks = next(count for count in range(recon.num_seqs, 100 * recon.seq_len) if fitted(count) >= recon.seq_len + 1)
+        sized = self.stages(reconstruct={"num_seqs": blocks})
+        if self.plan is not None and self.plan.ks:
+            sized = sized.stages(plan={"fit_seqs": max(self.plan.fit_seqs, self.plan.seq_len + 1)})
+        return sized
+
     def judged(self) -> list[Settings]:
         """The stages judged by a task, each once per (task, n): what the report prepares before it starts."""
         seen, judged = set(), []
