@@ -375,8 +375,19 @@ def test_a_window_wider_than_every_text_saves_nothing_and_says_so(minilm_l3, sho
     assert planner.shares(one)["flops_ratio"] == pytest.approx(expected, rel=1e-12)
     assert not planner.shares(one)["changes_nothing"]
 
+    # priced on real pairs the window saves nothing, so the plan keeps every head exact
     result = plan(minilm_l3, s, progress=False)
     methods = result.methods.set_index("method")
-    assert methods.loc["uniform window", "flops_ratio"] == 1.0 and methods.loc["uniform window", "changes_nothing"]
+    assert methods.loc["plan", "flops_ratio"] == methods.loc["plan", "flops_ratio_padded"] == 1.0
+    assert methods.loc["uniform window at plan FLOPs", "changes_nothing"]
+    # a plan whose only saving is padding (every head under the window, as FLOPs at width n would pick) says so
+    summary = result.tables["summary"]
+    window = summary[summary.method == "uniform window at plan FLOPs"].iloc[0]
+    summary.loc[summary.method == "plan", ["detail", "flops_ratio", "flops_ratio_padded", "changes_nothing"]] = [
+        "uniform window(40)",
+        window.flops_ratio,
+        window.flops_ratio_padded,
+        True,
+    ]
     (claim,) = plan_claims(result, Evidence("full"))
-    assert claim.verdict.phrase == CHANGES_NOTHING, claim.verdict
+    assert claim.verdict.phrase == CHANGES_NOTHING and "100% of the FLOPs on real token pairs" in claim.verdict.number

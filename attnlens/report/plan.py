@@ -38,7 +38,7 @@ def plan_claims(plan_result, evidence: Evidence) -> list[Claim]:
             if meets and row.flops_ratio < plan.flops_ratio:
                 cheaper.append(f"{row.detail} at {row.flops_ratio:.0%}")
     said.append(f"random: {_drop(rows.loc['random'], check)}")
-    if bool(plan.get("changes_nothing", False)):  # no saving but the padding's: decided whatever the size
+    if _padding_only(plan):  # no saving but the padding's: decided whatever the size
         verdict = Verdict(CHANGES_NOTHING, f"no valid pair of its {check} held-out examples is changed ({_flops(plan)})")
     elif evidence.preset != "full" or min(units["select"], units["check"]) < TOO_FEW:
         verdict = Verdict(RUN_FULL) if evidence.preset != "full" else Verdict(NOT_DECIDED, f"{units['check']} examples checked")
@@ -53,6 +53,12 @@ def plan_claims(plan_result, evidence: Evidence) -> list[Claim]:
     else:
         verdict = Verdict(HOLDS, f"{_flops(plan)} within −{counted(plan.budget, 'point')} on held-out examples")
     return [Claim(CLAIM, PAPERS, verdict, _curve_cost(plan_result, plan), "; ".join(said))]
+
+
+def _padding_only(row: pd.Series) -> bool:
+    """Whether a plan's only saving is padding: it changes heads (padded to n it would save), yet no valid
+    pair of the examples (a plan with every head exact saves nothing either way, and is judged as one)."""
+    return bool(row.get("changes_nothing", False)) and row.get("flops_ratio_padded", 1.0) < 1
 
 
 def _flops(row: pd.Series) -> str:
@@ -98,7 +104,7 @@ def plan_section(results: dict, names: dict[str, str], figures: Figures, evidenc
         f"Within {counted(budget, 'point')}, the plan computes {_flops(plan).replace(' of the FLOPs', ' of the attention FLOPs')} "
         f"and {'meets' if plan.check_meets else 'misses'} its budget on {units['check']:,} held-out examples"
     )
-    if bool(plan.get("changes_nothing", False)):
+    if _padding_only(plan):
         answer += ", but it changes nothing on this task: every valid pair of its examples is kept"
     if verdict.phrase.startswith("not decided"):
         answer = f"Not decided at this size ({units['check']:,} examples to check on): run --full; here {answer[0].lower()}{answer[1:]}"
