@@ -111,11 +111,6 @@ class ReportSettings:
                 judged.append(stage)
         return judged
 
-    @property
-    def task(self) -> str | None:
-        """The main task: the one that judges the position classes (``None``: the proxies only)."""
-        return self.importance.task
-
     def to_dict(self) -> dict[str, Any]:
         stages = {name: getattr(self, name) for name in STAGES}
         return {**{name: None if stage is None else stage.to_dict() for name, stage in stages.items()}, "dim": self.dim}
