@@ -55,7 +55,7 @@ def write_page(
     sections = [
         summary_section(results, claimed),
         *eigen_sections(results, names, figures),
-        reconstruct_section(results, names, figures),
+        reconstruct_section(results, names, figures, evidence),
         importance_section(results, names, figures),
         dam_section(results, names, figures, evidence),
         task_section(results, names, figures),

@@ -10,7 +10,7 @@ import pandas as pd
 
 from attnlens.data.positions import parse_classes
 from attnlens.report.html import Figures, folded, section, table
-from attnlens.report.verdicts import HOLDS, on_task
+from attnlens.report.verdicts import DOES_NOT_HOLD, HOLDS, Evidence, task_verdict
 from attnlens.report.words import LOSS_UNITS, layer_summary, number, points, task_metas
 
 
@@ -118,7 +118,7 @@ def _overlap_section(eigen_result, overlap_result, names: dict[str, str], figure
     )
 
 
-def reconstruct_section(results: dict, names: dict[str, str], figures: Figures) -> str:
+def reconstruct_section(results: dict, names: dict[str, str], figures: Figures, evidence: Evidence) -> str:
     """Section 3: held-out errors against k, and the model's outputs with the maps inside."""
     recon = results["reconstruct"]
     shown = figures.directory / names["reconstruct"] / "figures"
@@ -128,7 +128,7 @@ def reconstruct_section(results: dict, names: dict[str, str], figures: Figures) 
     picked = None if plug is None else plug[(plug.strategy == "greedy") & (plug.scope == "head")].set_index("k")
     judged = picked.dropna(subset=["accuracy"]) if picked is not None and "accuracy" in picked else []
     if len(judged):  # the task decides; the cosines stay in the figure and the table
-        answer += _fewest_keys_on_task(judged, recon.meta["task"])
+        answer += _fewest_keys_on_task(judged, recon.meta["task"]["task"], evidence)
     elif picked is not None and "token_cosine" in picked:
         answer += "; the outputs keep a cosine of " + ", ".join(
             f"{number(picked.token_cosine[k], 3)} at k = {k}" for k in picked.index if k in (16, 32, 64)
@@ -178,17 +178,19 @@ def _fewest_keys(typical: pd.Series, n: int) -> str:
             f"per head{largest})")  # fmt: skip
 
 
-def _fewest_keys_on_task(judged: pd.DataFrame, task: dict) -> str:
-    """What the task decides: the smallest judged k whose accuracy holds (its Δ interval within the
-    target or above zero), or that none of the judged k does."""
+def _fewest_keys_on_task(judged: pd.DataFrame, task: str, evidence: Evidence) -> str:
+    """What the task decides, by the claims' own rule (:func:`task_verdict`): the smallest judged k whose
+    accuracy holds, that none of the judged k does, or that the judgements did not decide."""
     if not len(judged):
         return ""
     said = ", ".join(f"{points(row)} at k = {k}" for k, row in judged.iterrows())
-    holds = [k for k, row in judged.iterrows() if on_task(row.delta_accuracy_low, row.delta_accuracy_high,
-                                                           target=task["settings"]["task_target"]) == HOLDS]  # fmt: skip
+    verdicts = {k: task_verdict(row, evidence)[0] for k, row in judged.iterrows()}
+    holds = [k for k, verdict in verdicts.items() if verdict == HOLDS]
+    ks = ", ".join(map(str, judged.index))
     decided = (f"k = {min(holds)} is the fewest judged that keeps the accuracy" if holds
-               else f"none of k = {', '.join(map(str, judged.index))} keeps the accuracy")  # fmt: skip
-    return f"; on {task['task']}, {decided} (Δ points {said})"
+               else f"none of k = {ks} keeps the accuracy" if set(verdicts.values()) == {DOES_NOT_HOLD}
+               else f"k = {ks} not decided at this size")  # fmt: skip
+    return f"; on {task}, {decided} (Δ points {said})"
 
 
 def importance_section(results: dict, names: dict[str, str], figures: Figures) -> str:

@@ -3,6 +3,8 @@ and the ks a reconstruction measures by default."""
 
 from __future__ import annotations
 
+import numpy as np
+
 
 def attention_flops(n: int, head_dim: int, k: int | None = None) -> dict[str, float]:
     """Multiply-adds ×2 of one head's attention over n queries: full, and with k exact keys.
@@ -18,6 +20,21 @@ def attention_flops(n: int, head_dim: int, k: int | None = None) -> dict[str, fl
         return {"full": float(full), "partial": float(full), "ratio": 1.0}
     partial = 2 * n * k * head_dim + 2 * n * k * (n - k) + n * (n - k) + 3 * n * n + 2 * n * n * head_dim
     return {"full": float(full), "partial": float(partial), "ratio": partial / full}
+
+
+def flops_on_lengths(lengths: np.ndarray, head_dim: int, k: int) -> float:
+    """Attention FLOPs with k exact scores per row over examples of these ``lengths`` (their own
+    tokens: the valid pairs a system that does not pad computes), against full attention on them. A
+    text of at most k tokens has every score exact.
+
+    >>> flops_on_lengths(np.array([10, 12]), 32, 16)          # every text shorter than k: no saving
+    1.0
+    """
+    sizes, counts = np.unique(np.asarray(lengths, dtype=int), return_counts=True)
+    costs = [attention_flops(int(size), head_dim, k if k < size else None) for size in sizes]
+    return float(
+        sum(c * cost["partial"] for c, cost in zip(counts, costs)) / sum(c * cost["full"] for c, cost in zip(counts, costs))
+    )
 
 
 def pairs_attention_flops(n: int, head_dim: int, pairs: int, rank: int) -> dict[str, float]:

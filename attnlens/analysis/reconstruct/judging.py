@@ -11,7 +11,7 @@ import numpy as np
 
 from attnlens.analysis.evaluation import bootstrap_interval, evaluate_change, prepare_batches
 from attnlens.analysis.objectives import Objective
-from attnlens.analysis.reconstruct.cost import attention_flops
+from attnlens.analysis.reconstruct.cost import flops_on_lengths
 from attnlens.analysis.reconstruct.joint import JointMaps
 from attnlens.analysis.reconstruct.maps import LayerMaps, evaluate_objective, reconstruction
 from attnlens.analysis.reconstruct.settings import ReconstructSettings
@@ -81,21 +81,6 @@ def _model_for_plug_in(rows: StoreRows | ModelRows, model: str | LoadedModel | N
             f"not '{loaded.name}' (weights {loaded.weights_sha256()[:12]}); give the same `model`"
         )
     return loaded
-
-
-def flops_on_lengths(lengths: np.ndarray, head_dim: int, k: int) -> float:
-    """Attention FLOPs with k exact scores per row over examples of these ``lengths`` (their own
-    tokens: the valid pairs a system that does not pad computes), against full attention on them. A
-    text of at most k tokens has every score exact.
-
-    >>> flops_on_lengths(np.array([10, 12]), 32, 16)          # every text shorter than k: no saving
-    1.0
-    """
-    sizes, counts = np.unique(np.asarray(lengths, dtype=int), return_counts=True)
-    costs = [attention_flops(int(size), head_dim, k if k < size else None) for size in sizes]
-    return float(
-        sum(c * cost["partial"] for c, cost in zip(counts, costs)) / sum(c * cost["full"] for c, cost in zip(counts, costs))
-    )
 
 
 class _PlugIn:

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from attnlens.errors import UnsupportedModel
-from attnlens.models.adapters.deberta_v2 import attend, route, routed
+from attnlens.models.adapters.deberta_v2 import attend, route
 
 
 def adapt(model: nn.Module) -> None:
@@ -43,10 +43,6 @@ def _forward(
     """``DisentangledSelfAttention.forward`` of transformers 5, up to the scores; the rest through :func:`attend`."""
     from transformers.models.deberta.modeling_deberta import scaled_size_sqrt
 
-    if not routed(self):
-        return type(self).forward(
-            self, hidden_states, attention_mask, output_attentions, query_states, relative_pos, rel_embeddings
-        )
     if query_states is not None:
         raise UnsupportedModel("DeBERTa's query_states path (z_steps) is not supported by attnlens capture; leave z_steps at 0")
     # (batch, heads, seq, 3·head_dim): each head's q, k and v lie side by side in in_proj's output

@@ -34,14 +34,19 @@ def adapt(model: nn.Module) -> None:
 
 
 def route(model: nn.Module, attention: type, forward: Callable) -> None:
-    """Give every ``attention`` module of ``model`` the ``forward`` that routes it, and let the model switch implementations."""
+    """Give every ``attention`` module of ``model`` the ``forward`` that routes it (under attnlens'
+    implementations; its class's own forward under any other, see :func:`routed`), and let the model
+    switch implementations."""
     from transformers import PreTrainedModel
+
+    def dispatch(self: nn.Module, *args, **kwargs):
+        return forward(self, *args, **kwargs) if routed(self) else type(self).forward(self, *args, **kwargs)
 
     for module in model.modules():
         if isinstance(module, attention):
             # The module keeps no config; the model's is the one set_attn_implementation changes.
             module.config = model.config
-            module.forward = types.MethodType(forward, module)
+            module.forward = types.MethodType(dispatch, module)
         elif isinstance(module, PreTrainedModel):
             # transformers reads DeBERTa's source, finds no AttentionInterface call and would ignore
             # set_attn_implementation (attnlens' partial plans use it); the adapted modules do call it.
@@ -101,10 +106,6 @@ def _forward(
     """``DisentangledSelfAttention.forward`` of transformers 5, up to the scores; the rest through :func:`attend`."""
     from transformers.models.deberta_v2.modeling_deberta_v2 import scaled_size_sqrt
 
-    if not routed(self):
-        return type(self).forward(
-            self, hidden_states, attention_mask, output_attentions, query_states, relative_pos, rel_embeddings
-        )
     if query_states is None:
         query_states = hidden_states
     heads = self.num_attention_heads
