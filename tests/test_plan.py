@@ -170,6 +170,51 @@ def test_task_halves_are_disjoint(minilm_l3):
     assert len(curve_rows) == 8 and not curve_rows & set(costs.judge.held_out.rows.tolist())
 
 
+def test_the_early_miss_stops_clear_misses_at_the_first_look_and_almost_never_one_at_the_allowance():
+    """The selection's early look, simulated on paired outcomes (each example lost, gained or kept): a change
+    that loses 25 points stops at the first look nearly always; one whose true cost is the allowance
+    (1 point net, 10% of examples changed) stops at any look at most 0.4% of the time (3 looks at z = 3)."""
+    from attnlens.analysis.plan.judging import EARLY_LOOKS, clearly_misses
+
+    rng = np.random.default_rng(0)
+
+    def stops(lost: float, gained: float, reps: int = 4000) -> np.ndarray:
+        drawn = rng.random((reps, EARLY_LOOKS[-1]))
+        values = (drawn < lost).astype(float) - ((drawn >= lost) & (drawn < lost + gained))
+        return np.array([[clearly_misses(row[:look], 0.01) for look in EARLY_LOOKS] for row in values])
+
+    clear = stops(0.25, 0.0)
+    assert clear[:, 0].mean() > 0.99
+    at_allowance = stops(0.055, 0.045).any(axis=1).mean()
+    assert at_allowance <= 0.004 + 3 * np.sqrt(0.004 / 4000)
+
+
+@pytest.mark.integration
+def test_the_selections_early_looks_are_prefixes_of_the_whole_and_exact_runs_nothing(minilm_l3):
+    """A selection verdict stops early only where its prefix clearly misses (else it is seen whole); the
+    early looks' costs are the whole half's first examples as the judge computes them at once; a plan
+    with every head exact costs nothing and runs no forward pass."""
+    from attnlens.analysis.experiment import Experiment
+    from attnlens.analysis.plan import PlanSettings
+    from attnlens.analysis.plan.assemble import EXACT_KEY, layer_plans, plan_change
+    from attnlens.analysis.plan.judging import EARLY_LOOKS, Budget, clearly_misses
+
+    s = PlanSettings(seq_len=32, task="rotten-tomatoes", task_train=64, task_eval=420, max_drop=(1.0,), forecastable_only=False)
+    experiment = Experiment.start(minilm_l3, s, num_eval=2)
+    costs = TaskCosts(experiment, s, 210, 8, batch_size=32, seed=0)
+    budget = Budget("accuracy", 1.0)
+    narrow = {(layer, head): Choice("window", 1) for layer in range(3) for head in range(12)}
+    change = plan_change(layer_plans(narrow, None, 32, False), "narrow")
+    verdict = costs.judged(change, "select", budget)
+    whole = costs.baseline - costs.judge.judge(change)["correct"]  # every held-out example, by the judge itself
+    first = whole[: EARLY_LOOKS[0]]
+    assert np.abs(whole).sum() > 0, "the change flips examples: the prefixes can differ"
+    assert verdict["examples"] == (EARLY_LOOKS[0] if clearly_misses(first, 0.01) else 210)
+    assert np.array_equal(costs.costs(change, "select"), whole[:210])
+    exact = costs.judged(plan_change({}, EXACT_KEY), "select", budget)
+    assert exact["examples"] == 210 and exact["cost"] == 0 and EXACT_KEY not in costs.judge.outcome_arrays()["task_changes"]
+
+
 @pytest.mark.integration
 def test_a_task_budgets_curves_are_the_tasks_cross_entropy_on_training_examples(minilm_l3):
     """One head's curve under a task budget: the probe's cross-entropy on the curve examples, changed
@@ -356,7 +401,7 @@ def test_a_window_wider_than_every_text_saves_nothing_and_says_so(minilm_l3, sho
     FLOPs of a narrow window are checked against pairs counted one by one."""
     from attnlens.analysis.plan import PlanSettings, _planner, plan
     from attnlens.report.plan import CHANGES_NOTHING, plan_claims
-    from attnlens.report.verdicts import Evidence
+    from attnlens.report.verdicts import NOT_DECIDED, Evidence
 
     s = PlanSettings(seq_len=64, task=str(short_texts), task_train=64, task_eval=60, max_drop=(50.0,), fit_seqs=4,
                      curve_seqs=6, ks=(), widths=(40,), forecastable_only=False)  # fmt: skip
@@ -380,6 +425,12 @@ def test_a_window_wider_than_every_text_saves_nothing_and_says_so(minilm_l3, sho
     methods = result.methods.set_index("method")
     assert methods.loc["plan", "flops_ratio"] == methods.loc["plan", "flops_ratio_padded"] == 1.0
     assert methods.loc["uniform window at plan FLOPs", "changes_nothing"]
+    # every head exact is no saving: at a size that could decide (as a full report's), the claim is not decided
+    checked = dict(result.settings["units"])
+    result.settings["units"].update(select=600, check=600)
+    (claim,) = plan_claims(result, Evidence("full"))
+    assert claim.verdict.phrase == NOT_DECIDED and "no plan that computes less met −50 points" in claim.verdict.number
+    result.settings["units"].update(checked)
     # a plan whose only saving is padding (every head under the window, as FLOPs at width n would pick) says so
     summary = result.tables["summary"]
     window = summary[summary.method == "uniform window at plan FLOPs"].iloc[0]

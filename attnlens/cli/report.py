@@ -39,8 +39,9 @@ def report(
         bool,
         typer.Option(
             "--full",
-            help=f"Every claim decided: DAM with 3 seeds and the reference search, the plan on 3,000 examples, the "
-            f"reconstruction judged by the task. The default decides what fits in 10 minutes ({took('default')}).",
+            help=f"Every claim at the size 30 minutes allow ({took('full')}): DAM with 3 seeds and the reference search, the "
+            f"plan on 1,200 reviews, the reconstruction at k = 8 to 64 judged by the task. The default decides what fits "
+            f"in 10 minutes ({took('default')}).",
         ),
     ] = False,
     protocol: Annotated[

@@ -9,7 +9,7 @@ result directory, then ``report.html`` with every saved figure embedded, each pa
 with its verdict first, the tables, and the exact command and versions.
 
 Three sizes (:mod:`attnlens.report.presets`): ``quick``, a first look; the default, what decides
-within 10 minutes on 2 cores; ``full``, every claim decided.
+within 10 minutes on 2 cores; ``full``, every claim at the size 30 minutes allow.
 """
 
 from __future__ import annotations
@@ -121,7 +121,7 @@ def report(
 ) -> Path:
     """Run every analysis on ``model`` and write results and ``report.html`` into ``out``.
 
-    ``quick``: a first look at every stage on small settings; ``full``: every claim decided, the
+    ``quick``: a first look at every stage on small settings; ``full``: every claim at the size 30 minutes allow, the
     slow stages at full size (:mod:`attnlens.report.presets`). ``compare``: a second model for
     cross-model overlap (``auto``: the companion alias, if installed; ``None``: none). ``task``
     judges the claims' changes by accuracy on a labelled task (``"default"``: the preset's,

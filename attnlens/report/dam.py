@@ -29,6 +29,7 @@ from attnlens.report.words import LOSS_UNITS, delta_points, interval, number, po
 
 LEARNED = ("A learned mask keeps the model at 90% sparsity (paper 2)", "DAM_s 91.2% sparse at GLUE 80.9, fine-tuned")
 PATTERNS = ("Fixed sparse patterns are worse than DAM (paper 2)", "at similar sparsity, e.g. BigBird 93.2% / 79.4")
+DISAGREE = "seeds disagree on the same blocks"
 
 
 def dam_claims(result, evidence: Evidence) -> list[Claim]:
@@ -51,7 +52,7 @@ def _undecided(result, evidence: Evidence) -> Verdict | None:
     else:
         across = result.across_seeds()
         agree = across["delta"]["agree"].astype(bool).all() if across else True
-        reason = None if agree else "seeds disagree on the same blocks"
+        reason = None if agree else DISAGREE
     if reason is None:
         return None
     return Verdict(RUN_FULL) if evidence.preset != "full" else Verdict(NOT_DECIDED, reason)
@@ -67,15 +68,22 @@ def _learned(result, evidence: Evidence, unit: str, undecided: Verdict | None) -
     masks = _task_rows(result, "dam")
     task_said = "; ".join(points(row) for row in masks)
     seeds_said = "; ".join(seeds_points(row) for row in masks)
-    if undecided is not None:
-        return Claim(*LEARNED, undecided, proxy_said, task_said, seeds_said)
     verdicts = {task_verdict(row, evidence) for row in masks}
     judged = bool(masks) and all(was for _, was in verdicts)
     task = next(iter(verdicts))[0] if len(verdicts) == 1 else None
     proxy = bool((table["delta"] <= PROXY_TOLERANCE).all()) if unit == LOSS_UNITS["hidden"] else None
     phrase = combine(proxy=proxy, task=task, judged=judged, missing=evidence.missing)
     decided = _range(masks) if judged else f"{number(table['delta'].median(), 3)} ({unit}, median of {len(table)} masks)"
-    return Claim(*LEARNED, Verdict(phrase, decided), proxy_said, task_said, seeds_said)
+    # Seeds whose masks differ may still each decide the claim alike (every mask, by the task and the proxy,
+    # keeps the model, or every one does not): the verdict holds for every seed, so it stands.
+    proxies = {bool(delta <= PROXY_TOLERANCE) for delta in table["delta"]} if proxy is not None else set()
+    alike = (
+        undecided is not None and undecided.number == DISAGREE and len(proxies) <= 1 and len(verdicts) <= 1
+        and not phrase.startswith(NOT_DECIDED)
+    )  # fmt: skip
+    if undecided is not None and not alike:
+        return Claim(*LEARNED, undecided, proxy_said, task_said, seeds_said)
+    return Claim(*LEARNED, Verdict(phrase, f"{decided}, every seed" if alike else decided), proxy_said, task_said, seeds_said)
 
 
 def _patterns(result, evidence: Evidence, unit: str, undecided: Verdict | None) -> Claim:
@@ -148,11 +156,12 @@ def dam_section(results: dict, names: dict[str, str], figures: Figures, evidence
     measured = (
         f"at {number(best['sparsity'], 1, percent=True)} sparsity the mask changes the outputs by {interval(best)} ({unit})"
     )
-    answer = (
-        f"Not decided at this size ({undecided.number or 'one seed, a short schedule'}): run --full; here {measured}."
-        if undecided is not None
-        else measured[0].upper() + measured[1:] + f", {len(result.table)} masks, every one converged."
-    )
+    if undecided is None:
+        answer = measured[0].upper() + measured[1:] + f", {len(result.table)} masks, every one converged."
+    elif undecided.phrase == RUN_FULL:
+        answer = f"Not decided at this size ({undecided.number or 'one seed, a short schedule'}): run --full; here {measured}."
+    else:  # at full size: no one mask is the result (each seed's claim verdict may still agree: the claims table)
+        answer = f"No one mask is the result ({undecided.number}); {measured}."
     body = [
         figures.embed(shown / "loss_vs_sparsity.png", "Objective against sparsity: DAM and fixed patterns"),
         table(result.view(frame=result.table.dropna(axis=1, how="all")), notes=result.column_notes),

@@ -42,6 +42,12 @@ def plan_claims(plan_result, evidence: Evidence) -> list[Claim]:
         verdict = Verdict(CHANGES_NOTHING, f"no valid pair of its {check} held-out examples is changed ({_flops(plan)})")
     elif evidence.preset != "full" or min(units["select"], units["check"]) < TOO_FEW:
         verdict = Verdict(RUN_FULL) if evidence.preset != "full" else Verdict(NOT_DECIDED, f"{units['check']} examples checked")
+    elif plan.flops_ratio >= 1:  # every head exact: no plan that computes less met the budget on the choosing half
+        budget = counted(plan.budget, "point")
+        verdict = Verdict(
+            NOT_DECIDED,
+            f"no plan that computes less met −{budget} on {units['select']:,} examples; {_first_step(plan_result, plan)}",
+        )
     elif not bool(plan.check_meets):
         verdict = Verdict(
             DOES_NOT_HOLD, f"the plan misses −{counted(plan.budget, 'point')} on held-out examples: {_drop(plan, check)}"
@@ -59,6 +65,18 @@ def _padding_only(row: pd.Series) -> bool:
     """Whether a plan's only saving is padding: it changes heads (padded to n it would save), yet no valid
     pair of the examples (a plan with every head exact saves nothing either way, and is judged as one)."""
     return bool(row.get("changes_nothing", False)) and row.get("flops_ratio_padded", 1.0) < 1
+
+
+def _first_step(plan_result, plan: pd.Series) -> str:
+    """What the path's first step tried (the fewest heads changed) cost on the choosing half, in words."""
+    probes = plan_result.tables["probes"]
+    probes = probes[probes.budget == plan.budget]
+    if probes.empty:
+        return "the search tried no step"
+    first = probes.loc[probes.step.idxmin()]
+    drop = delta_points(pd.Series({"delta_accuracy": -first.cost, "delta_accuracy_low": -first.cost_high,
+                                   "delta_accuracy_high": -first.cost_low, "held_out": first.get("examples", 10**9)}))  # fmt: skip
+    return f"the first step tried ({counted(int(first.step), 'head')} changed): {drop}"
 
 
 def _flops(row: pd.Series) -> str:
@@ -106,8 +124,10 @@ def plan_section(results: dict, names: dict[str, str], figures: Figures, evidenc
     )
     if _padding_only(plan):
         answer += ", but it changes nothing on this task: every valid pair of its examples is kept"
-    if verdict.phrase.startswith("not decided"):
+    if verdict.phrase == RUN_FULL:
         answer = f"Not decided at this size ({units['check']:,} examples to check on): run --full; here {answer[0].lower()}{answer[1:]}"
+    elif verdict.phrase == NOT_DECIDED:
+        answer = f"Not decided: {verdict.number}; {answer[0].lower()}{answer[1:]}"
     body = [
         figures.embed(shown / "flops_by_budget.png", "Attention FLOPs within each budget: the plan, uniform and random"),
         figures.embed(shown / f"{choices_name(budget)}.png", f"The plan within {counted(budget, 'point')}: each head's choice"),

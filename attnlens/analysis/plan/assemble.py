@@ -71,10 +71,17 @@ def plan_change(plans: dict[int, LayerPlan], key: str) -> FixedChange:
     return FixedChange(key, lambda layer, scores, valid: plans[layer].replace(scores), sorted(plans))
 
 
+EXACT_KEY = "plan/exact"  # the key of an assignment that leaves every head exact
+
+
 def assignment_key(assignment: Assignment) -> str:
-    """A short stable name for an assignment (its non-exact choices)."""
+    """A short stable name for an assignment (its non-exact choices).
+
+    >>> assignment_key({}) == EXACT_KEY, assignment_key({(1, 0): Choice("window", 2)})
+    (True, 'plan/1.0=window(2)')
+    """
     chosen = sorted((layer, head, str(choice)) for (layer, head), choice in assignment.items() if choice.kind != "exact")
-    return "plan/" + (";".join(f"{layer}.{head}={choice}" for layer, head, choice in chosen) or "exact")
+    return "plan/" + ";".join(f"{layer}.{head}={choice}" for layer, head, choice in chosen) if chosen else EXACT_KEY
 
 
 def saved_maps(bank: MapBank | SavedMaps, units: set[tuple[int, int, int]]) -> tuple[list[dict], dict[str, np.ndarray]]:

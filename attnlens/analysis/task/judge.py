@@ -231,6 +231,12 @@ class TaskJudge(FineTuning):
             "correct": correct,
         }
 
+    def correct(self, change: Change | None, count: int) -> np.ndarray:
+        """Per example of the pool's first ``count``: 1 where the classifier under ``change`` is right, else 0
+        (each example run once per change, so a judge that looks at a prefix first pays only for the rest later)."""
+        self._reported[_key(change)] = max(count, self._reported.get(_key(change), 0))
+        return self._outcomes(change, count).correct[:count]
+
     def compare(self, first: Change, second: Change | None, *, extend: bool = True) -> dict[str, object]:
         """``first``'s accuracy minus ``second``'s, paired over examples, with its interval: judged
         sequentially like :meth:`judge` (``extend``: run either change on more examples where the
