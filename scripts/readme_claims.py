@@ -1,17 +1,19 @@
-"""Rewrite the README's claims section from a saved report, so the two cannot disagree.
+"""Rewrite the README's claims section from saved reports, so the two cannot disagree.
 
 The section between the ``<!-- claims -->`` and ``<!-- claims end -->`` markers of README.md is
-generated, never edited by hand: each claim with what the papers report, its verdict here (the
-report's own words and rounding) and the preset that made it, one line of settings and provenance,
-a digest that tests check against the table, and the report's first screen at 1,280 px as
-``docs/report.png``. A claim the default report leaves to ``--full`` is taken from a full report
-when one is given. After a change to the report::
+generated, never edited by hand: each claim with what the papers report and a column per model, each
+cell its verdict (the report's own words and rounding) and the preset that made it; one line of
+settings and provenance per model, a digest that tests check against the table, and the first
+model's report's first screen at 1,280 px as ``docs/report.png``. A claim a default report leaves to
+``--full`` is taken from that model's full report when one is given. After a change to the report::
 
-    attnlens report --out report && attnlens report --full --out report-full
-    python scripts/readme_claims.py report --full report-full
+    attnlens report --out r-l6 && attnlens report --full --out r-l6-full
+    attnlens report minilm-l3 --out r-l3 && attnlens report gemma3-270m --out r-g3
+    python scripts/readme_claims.py r-l6 r-l3 r-g3 --full r-l6-full
 
->>> section = claims_section(pd.DataFrame([["q", "yes", "holds: a | b", "default"]], columns=COLUMNS), {"model": {"name": "m"}})
->>> "holds: a \\\\| b" in section
+>>> claims = pd.DataFrame([["q", "yes", "holds: a | b", "default"]], columns=COLUMNS)
+>>> section = claims_section([(claims, {"model": {"name": "m"}})])
+>>> "holds: a \\\\| b (default)" in section
 True
 """
 
@@ -33,14 +35,24 @@ RUN_FULL = "not decided at this size (run --full)"
 WIDTH, HEIGHT = 1280, 800  # the first screen a reader sees of the report page
 
 
-def markdown_table(claims: pd.DataFrame) -> str:
-    """The claims as a Markdown table, cells exactly as the report prints them (``|`` escaped)."""
+def markdown_table(claims: list[pd.DataFrame], models: list[str]) -> str:
+    """The claims as a Markdown table, a column per model, each cell exactly as that model's report
+    prints its verdict, with the preset that made it (``|`` escaped); a claim a model's report does not
+    make (a second model of its geometry is not installed): "—"."""
 
     def cell(text: object) -> str:
         return "" if pd.isna(text) else str(text).replace("|", "\\|").replace("\n", " ")
 
-    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    lines += ["| " + " | ".join(cell(row[column]) for column in COLUMNS) + " |" for _, row in claims.iterrows()]
+    header = ["claim", "papers report", *(f"`{model}`" for model in models)]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    verdicts = [table.set_index("claim") for table in claims]
+    for claim in dict.fromkeys(name for table in claims for name in table["claim"]):
+        papers = next(table.loc[claim, "papers report"] for table in verdicts if claim in table.index)
+        cells = [
+            f"{cell(table.loc[claim, 'verdict'])} ({table.loc[claim, 'made by']})" if claim in table.index else "—"
+            for table in verdicts
+        ]
+        lines.append("| " + " | ".join([cell(claim), cell(papers), *cells]) + " |")
     return "\n".join(lines)
 
 
@@ -59,8 +71,8 @@ def merged(default: pd.DataFrame, full: pd.DataFrame | None) -> pd.DataFrame:
     return pd.DataFrame([{"claim": claim, **row[COLUMNS[1:]].to_dict()} for claim, row in zip(default["claim"], rows)])
 
 
-def claims_section(claims: pd.DataFrame, meta: dict) -> str:
-    """The README's claims section (markers included) from a report's claims table and meta."""
+def described(meta: dict) -> str:
+    """One model's line: model, corpus, n, the tasks, when and with which attnlens."""
     settings = meta.get("settings", {})
     model = meta.get("model", {}).get("name", "?")
     main, savings = settings.get("importance") or {}, settings.get("reconstruct") or {}
@@ -69,20 +81,29 @@ def claims_section(claims: pd.DataFrame, meta: dict) -> str:
     if main.get("task") and savings.get("task") and savings["task"] != main["task"]:
         task = (f"; tasks under the {protocol} protocol: `{savings['task']}` for k and the plan (texts that fill n), "
                 f"`{main['task']}` for the rest")  # fmt: skip
-    table = markdown_table(claims)
+    return (
+        f"`{model}` on `{meta.get('corpus', 'kjv')}`, n = {(settings.get('eigen') or {}).get('seq_len')}{task}; made "
+        f"{meta.get('created', '?')[:10]} with attnlens {meta.get('attnlens_version', '?')}."
+    )
+
+
+def claims_section(reports: list[tuple[pd.DataFrame, dict]]) -> str:
+    """The README's claims section (markers included) from each model's claims table and meta."""
+    models = [meta.get("model", {}).get("name", "?") for _, meta in reports]
+    table = markdown_table([claims for claims, _ in reports], models)
     return "\n".join(
         [
             BEGIN,
             "<!-- generated by scripts/readme_claims.py from saved reports; do not edit by hand -->",
             "",
-            f"`{model}` on `{meta.get('corpus', 'kjv')}`, n = {(settings.get('eigen') or {}).get('seq_len')}{task}; made "
-            f"{meta.get('created', '?')[:10]} with attnlens {meta.get('attnlens_version', '?')}. The papers used BERT-base "
-            "on GLUE, fine-tuned: these are findings about this model. How a verdict is reached: "
-            "[science](docs/science.md#how-the-report-decides-a-claim).",
+            *(f"- {described(meta)}" for _, meta in reports),
+            "",
+            "The papers used BERT-base on GLUE, fine-tuned: these are findings about these models. How a verdict is "
+            "reached, and what a causal model's claims mean: [science](docs/science.md#how-the-report-decides-a-claim).",
             "",
             table,
             "",
-            f"![The default report's first screen, {model}]({FIGURE_COPY.as_posix()})",
+            f"![The default report's first screen, {models[0]}]({FIGURE_COPY.as_posix()})",
             "",
             f"<!-- claims digest {digest(table)} -->",
             END,
@@ -115,43 +136,50 @@ def screenshot(page: Path, path: Path) -> None:
 
 
 def update(
-    report_dir: Path, readme: Path = ROOT / "README.md", figure: Path | None = ROOT / FIGURE_COPY, full: Path | None = None
+    reports: list[Path], readme: Path = ROOT / "README.md", figure: Path | None = ROOT / FIGURE_COPY, full: list[Path] = ()
 ) -> str:
-    """Rewrite ``readme``'s claims section (and ``figure``, the first screen) from the report in
-    ``report_dir`` (and the ``full`` report's verdicts where the default's are left to it); returns the section."""
+    """Rewrite ``readme``'s claims section (and ``figure``, the first report's first screen) from the
+    default reports in ``reports``, a column each (and each ``full`` report's verdicts where its
+    model's default leaves them to it); returns the section."""
     import attnlens
     from attnlens.io.files import write_bytes_atomic
 
-    report = attnlens.load_result(report_dir)
-    claims = merged(report.claims, attnlens.load_result(full).claims if full is not None else None)
-    section = claims_section(claims, report.meta)
+    fulls = {result.meta["model"]["name"]: result.claims for result in map(attnlens.load_result, full)}
+    tables = []
+    for directory in reports:
+        report = attnlens.load_result(directory)
+        tables.append((merged(report.claims, fulls.get(report.meta["model"]["name"])), report.meta))
+    section = claims_section(tables)
     write_bytes_atomic(readme, replace_section(readme.read_text(), section).encode())
     if figure is not None:
-        screenshot(report_dir / "report.html", figure)
+        screenshot(reports[0] / "report.html", figure)
     return section
+
+
+def _refused(directory: Path, presets: tuple[str, ...]) -> str | None:
+    """Why ``directory`` cannot be read as a report of one of ``presets``, or ``None``."""
+    if not (directory / "result.json").is_file():
+        return f"{directory} is not a report directory; make one with attnlens report --out DIR"
+    made = json.loads((directory / "result.json").read_text()).get("preset")
+    return None if made in presets else f"{directory} is a {made} report; give a {' or '.join(presets)} one here"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("report", type=Path, help="a report directory written by `attnlens report` (default settings)")
-    parser.add_argument("--full", type=Path, help="a report written by `attnlens report --full`, for the claims it decides")
+    parser.add_argument("reports", type=Path, nargs="+", help="`attnlens report` directories (default or --quick), one per model")
+    parser.add_argument("--full", type=Path, action="append", default=[], help="a `--full` report, for the claims it decides")
     parser.add_argument("--readme", type=Path, default=ROOT / "README.md")
     args = parser.parse_args(argv)
-    for directory, preset in ((args.report, "default"), (args.full, "full")):
-        if directory is None:
-            continue
-        if not (directory / "result.json").is_file():
-            print(
-                f"readme_claims: error: {directory} is not a report directory; make one with attnlens report --out DIR",
-                file=sys.stderr,
-            )
+    # a model's column comes from its default report (a quick one where no default fits: its cells say so)
+    checks = [(directory, ("default", "quick")) for directory in args.reports] + [
+        (directory, ("full",)) for directory in args.full
+    ]
+    for directory, presets in checks:
+        if (why := _refused(directory, presets)) is not None:
+            print(f"readme_claims: error: {why}", file=sys.stderr)
             return 2
-        made = json.loads((directory / "result.json").read_text()).get("preset")
-        if made != preset:
-            print(f"readme_claims: error: {directory} is a {made} report; give a {preset} one here", file=sys.stderr)
-            return 2
-    update(args.report, args.readme, full=args.full)
-    print(f"rewrote the claims section of {args.readme} and {FIGURE_COPY} from {args.report}")
+    update(args.reports, args.readme, full=args.full)
+    print(f"rewrote the claims section of {args.readme} and {FIGURE_COPY} from {', '.join(map(str, args.reports))}")
     return 0
 
 
