@@ -3,7 +3,8 @@ and how long each stage took when last measured (the progress bar's stretches).
 
 A preset is a :class:`ReportSettings`: each stage's own analysis settings (:class:`EigenSettings`,
 :class:`ReconstructSettings`, ...), exactly what the stage passes to its analysis, so no field is
-copied by hand. :data:`FULL` runs everything the claims rest on, at the size that decides them.
+copied by hand. :data:`FULL` runs everything the claims rest on, at the largest size its budget of
+30 minutes on 2 cores allows (where a claim stays undecided there, its verdict says why).
 :data:`DEFAULT` keeps what decides within the budget of 10 minutes on 2 cores
 (``bench/bench_report.py`` measures it) and runs DAM and the plan at :data:`QUICK`'s sizes, so a
 reader sees the machinery; the claims those stages carry say "run --full". :data:`QUICK` is a first
