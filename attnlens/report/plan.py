@@ -74,8 +74,7 @@ def _first_step(plan_result, plan: pd.Series) -> str:
     if probes.empty:
         return "the search tried no step"
     first = probes.loc[probes.step.idxmin()]
-    drop = delta_points(pd.Series({"delta_accuracy": -first.cost, "delta_accuracy_low": -first.cost_high,
-                                   "delta_accuracy_high": -first.cost_low, "held_out": first.get("examples", 10**9)}))  # fmt: skip
+    drop = _cost_points(first.cost, first.cost_low, first.cost_high, first.get("examples", 10**9))
     return f"the first step tried ({counted(int(first.step), 'head')} changed): {drop}"
 
 
@@ -104,8 +103,13 @@ def _curve_cost(plan_result, plan: pd.Series) -> str:
 
 def _drop(row: pd.Series, examples: int) -> str:
     """The held-out change of accuracy in points (changed − unmodified) with its interval, over ``examples``."""
-    return delta_points(pd.Series({"delta_accuracy": -row.check_cost, "delta_accuracy_low": -row.check_cost_high,
-                                   "delta_accuracy_high": -row.check_cost_low, "held_out": examples}))  # fmt: skip
+    return _cost_points(row.check_cost, row.check_cost_low, row.check_cost_high, examples)
+
+
+def _cost_points(cost: float, low: float, high: float, examples: int) -> str:
+    """A cost (accuracy lost) with its interval, as the change of accuracy in points it is."""
+    return delta_points(pd.Series({"delta_accuracy": -cost, "delta_accuracy_low": -high, "delta_accuracy_high": -low,
+                                   "held_out": examples}))  # fmt: skip
 
 
 def plan_section(results: dict, names: dict[str, str], figures: Figures, evidence: Evidence) -> str:

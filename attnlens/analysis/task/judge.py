@@ -202,10 +202,9 @@ class TaskJudge(FineTuning):
             decision = self.design.run(lambda count: self._paired(change, None, count))
             count, bound, stopped = decision.examples, decision.bound, decision.reason
             interval = (decision.mean, decision.low, decision.high)
-        outcomes = self._outcomes(change, count)
-        correct, paired = outcomes.correct[:count], self._paired(change, None, count)
+        correct, outcomes = self.correct(change, count), self._outcomes(change, count)
+        paired = self._paired(change, None, count)
         mean, low, high = self._bootstrap(correct)
-        self._reported[_key(change)] = max(count, self._reported.get(_key(change), 0))
         return {
             "change": UNMODIFIED if change is None else change.key,  # names its outcomes (outcome_arrays, Result.outcomes)
             "protocol": self.protocol,
