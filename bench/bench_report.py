@@ -3,10 +3,10 @@ each run in its own process from a cold cache (the one-off conversion of the mod
 features included), in one run.
 
 Run:  python bench/bench_report.py [--presets quick,default] [--write] [--keep DIR]
-      python bench/bench_report.py --from REPORT_DIR ... --write      (a saved report's own timings, e.g. --full)
+      python bench/bench_report.py --from REPORT_DIR ... --write      (a saved report's own timings: --full, finetune)
 
 Prints each stage's seconds per preset, the totals and the wall time of the whole command against
-the budgets (the default report in 10 minutes, --quick in 2, --full in 30). ``--write`` stores the stages' seconds
+the budgets (the default report in 10 minutes, --quick in 2, --full in 30, --protocol finetune in 90). ``--write`` stores the stages' seconds
 in attnlens/report/stage_weights.json (the stretches of the report's progress bar, and the times
 ``attnlens report --help`` states) and the README's sentence between its report-times markers, so
 that no time a reader sees is typed by hand.
@@ -26,8 +26,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 WEIGHTS = ROOT / "attnlens" / "report" / "stage_weights.json"
 README = ROOT / "README.md"
-BUDGETS = {"quick": 120, "default": 600, "full": 1800}  # seconds on 2 cores
-FLAGS = {"quick": ["--quick"], "default": [], "full": ["--full"]}
+BUDGETS = {"quick": 120, "default": 600, "full": 1800, "finetune": 5400}  # seconds on 2 cores
+FLAGS = {"quick": ["--quick"], "default": [], "full": ["--full"], "finetune": ["--protocol", "finetune"]}
 BEGIN, END = "<!-- report times -->", "<!-- report times end -->"
 
 
@@ -53,7 +53,8 @@ def saved(report: Path) -> tuple[str, dict[str, float]]:
     meta = json.loads((report / "result.json").read_text())
     if meta.get("kind") != "report":
         raise SystemExit(f"bench_report: {report} is not a report directory (attnlens report --out DIR)")
-    return meta["preset"], meta["timings_s"]
+    finetuned = meta["preset"] == "default" and (meta["settings"]["importance"] or {}).get("protocol") == "finetune"
+    return "finetune" if finetuned else meta["preset"], meta["timings_s"]
 
 
 def table(timings: dict[str, dict[str, float]], walls: dict[str, float]) -> str:
@@ -80,11 +81,11 @@ def write(timings: dict[str, dict[str, float]]) -> None:
     for name, seconds in timings.items():
         weights[name] = {stage: round(value, 1) for stage, value in seconds.items()}
     _replace(WEIGHTS, json.dumps(weights, indent=2) + "\n")
-    total = {name: sum(weights[name].values()) for name in ("quick", "default", "full")}
-    # --full's time only when this run measured it: a stored figure may be from older code
-    full = f", `--full` {duration(total['full'])}" if "full" in timings else ""
+    total = {name: sum(seconds.values()) for name, seconds in weights.items() if name != "about"}
+    # --full's and the finetune protocol's times only when this run measured them: a stored figure may be from older code
+    slow = "".join(f", `{' '.join(FLAGS[name])}` {duration(total[name])}" for name in ("full", "finetune") if name in timings)
     sentence = (
-        f"On 2 cores the report takes {duration(total['default'])} (`--quick` {duration(total['quick'])}{full}), as "
+        f"On 2 cores the report takes {duration(total['default'])} (`--quick` {duration(total['quick'])}{slow}), as "
         "`python bench/bench_report.py` measured it."
     )
     text = README.read_text()
@@ -100,7 +101,7 @@ def _replace(path: Path, text: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--presets", default="quick,default", help="which reports to run: quick, default, full")
+    parser.add_argument("--presets", default="quick,default", help="which reports to run: quick, default, full, finetune")
     parser.add_argument("--from", dest="saved", nargs="*", type=Path, default=[], help="saved reports to read instead")
     parser.add_argument("--keep", type=Path, help="keep the reports in this directory")
     parser.add_argument("--write", action="store_true", help="store the seconds (stage_weights.json, README)")

@@ -9,7 +9,8 @@ model's report's first screen at 1,280 px as ``docs/report.png``. A claim a defa
 
     attnlens report --out r-l6 && attnlens report --full --out r-l6-full
     attnlens report minilm-l3 --out r-l3 && attnlens report gemma3-270m --out r-g3
-    python scripts/readme_claims.py r-l6 r-l3 r-g3 --full r-l6-full
+    attnlens report --protocol finetune --out r-l6-ft
+    python scripts/readme_claims.py r-l6 r-l3 r-g3 --full r-l6-full --finetune r-l6-ft
 
 >>> claims = pd.DataFrame([["q", "yes", "holds: a | b", "default"]], columns=COLUMNS)
 >>> section = claims_section([(claims, {"model": {"name": "m"}})])
@@ -27,33 +28,44 @@ from pathlib import Path
 
 import pandas as pd
 
+from attnlens.report.claims import CLAIM_COLUMNS, SEEDS_COLUMN
+from attnlens.report.verdicts import RUN_FULL
+
 ROOT = Path(__file__).resolve().parent.parent
 BEGIN, END = "<!-- claims -->", "<!-- claims end -->"
 COLUMNS = ["claim", "papers report", "verdict", "made by"]
+TASK_COLUMN = CLAIM_COLUMNS[4]  # the task's Δ: a finetune report's column keeps the claims it judged
 FIGURE_COPY = Path("docs") / "report.png"
-RUN_FULL = "not decided at this size (run --full)"
 WIDTH, HEIGHT = 1280, 800  # the first screen a reader sees of the report page
 
 
 def markdown_table(claims: list[pd.DataFrame], models: list[str]) -> str:
-    """The claims as a Markdown table, a column per model, each cell exactly as that model's report
-    prints its verdict, with the preset that made it (``|`` escaped); a claim a model's report does not
-    make (a second model of its geometry is not installed): "—"."""
+    """The claims as a Markdown table, a column per model (or protocol), each cell exactly as that report
+    prints its verdict (and, fine-tuned with seeds, the Δ across them), with the preset that made it (``|``
+    escaped); a claim a report does not make (a second model of its geometry is not installed): "—"."""
 
     def cell(text: object) -> str:
         return "" if pd.isna(text) else str(text).replace("|", "\\|").replace("\n", " ")
 
-    header = ["claim", "papers report", *(f"`{model}`" for model in models)]
+    def verdict(row: pd.Series) -> str:
+        seeds = row.get(SEEDS_COLUMN, "")
+        across = f"; {cell(seeds)}" if isinstance(seeds, str) and seeds else ""  # the column says fine-tuned
+        return f"{cell(row['verdict'])}{across} ({row['made by']})"
+
+    header = ["claim", "papers report", *(f"`{model}`" if "`" not in model else model for model in models)]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     verdicts = [table.set_index("claim") for table in claims]
     for claim in dict.fromkeys(name for table in claims for name in table["claim"]):
         papers = next(table.loc[claim, "papers report"] for table in verdicts if claim in table.index)
-        cells = [
-            f"{cell(table.loc[claim, 'verdict'])} ({table.loc[claim, 'made by']})" if claim in table.index else "—"
-            for table in verdicts
-        ]
+        cells = [verdict(table.loc[claim]) if claim in table.index else "—" for table in verdicts]
         lines.append("| " + " | ".join([cell(claim), cell(papers), *cells]) + " |")
     return "\n".join(lines)
+
+
+def finetuned(claims: pd.DataFrame) -> pd.DataFrame:
+    """The claims a finetune report judges by fine-tuning (the others are the probe reports')."""
+    judged = claims[TASK_COLUMN].fillna("").astype(str).str.len() > 0
+    return claims[judged & (claims["verdict"] != RUN_FULL)]
 
 
 def digest(table: str) -> str:
@@ -71,25 +83,32 @@ def merged(default: pd.DataFrame, full: pd.DataFrame | None) -> pd.DataFrame:
     return pd.DataFrame([{"claim": claim, **row[COLUMNS[1:]].to_dict()} for claim, row in zip(default["claim"], rows)])
 
 
+def _heading(meta: dict) -> str:
+    name = meta.get("model", {}).get("name", "?")
+    return f"`{name}`, fine-tuned" if meta.get("preset") == "finetune" else name
+
+
 def described(meta: dict) -> str:
     """One model's line: model, corpus, n, the tasks, when and with which attnlens."""
     settings = meta.get("settings", {})
     model = meta.get("model", {}).get("name", "?")
     main, savings = settings.get("importance") or {}, settings.get("reconstruct") or {}
     protocol = main.get("protocol", "probe")
+    seeds = f", fine-tuned with each change ({main.get('seeds')} seeds)" if protocol == "finetune" else ""
     task = f"; task `{main['task']}` under the {protocol} protocol" if main.get("task") else ""
     if main.get("task") and savings.get("task") and savings["task"] != main["task"]:
         task = (f"; tasks under the {protocol} protocol: `{savings['task']}` for k and the plan (texts that fill n), "
                 f"`{main['task']}` for the rest")  # fmt: skip
     return (
-        f"`{model}` on `{meta.get('corpus', 'kjv')}`, n = {(settings.get('eigen') or {}).get('seq_len')}{task}; made "
+        f"`{model}`{seeds} on `{meta.get('corpus', 'kjv')}`, n = {(settings.get('eigen') or {}).get('seq_len')}{task}; made "
         f"{meta.get('created', '?')[:10]} with attnlens {meta.get('attnlens_version', '?')}."
     )
 
 
 def claims_section(reports: list[tuple[pd.DataFrame, dict]]) -> str:
-    """The README's claims section (markers included) from each model's claims table and meta."""
-    models = [meta.get("model", {}).get("name", "?") for _, meta in reports]
+    """The README's claims section (markers included) from each model's claims table and meta (a finetune
+    report's column, headed "fine-tuned", sits beside its model's)."""
+    models = [_heading(meta) for _, meta in reports]
     table = markdown_table([claims for claims, _ in reports], models)
     return "\n".join(
         [
@@ -136,19 +155,28 @@ def screenshot(page: Path, path: Path) -> None:
 
 
 def update(
-    reports: list[Path], readme: Path = ROOT / "README.md", figure: Path | None = ROOT / FIGURE_COPY, full: list[Path] = ()
+    reports: list[Path],
+    readme: Path = ROOT / "README.md",
+    figure: Path | None = ROOT / FIGURE_COPY,
+    full: list[Path] = (),
+    finetune: list[Path] = (),
 ) -> str:
     """Rewrite ``readme``'s claims section (and ``figure``, the first report's first screen) from the
     default reports in ``reports``, a column each (and each ``full`` report's verdicts where its
-    model's default leaves them to it); returns the section."""
+    model's default leaves them to it; each ``finetune`` report's column beside its model's); returns
+    the section."""
     import attnlens
     from attnlens.io.files import write_bytes_atomic
 
     fulls = {result.meta["model"]["name"]: result.claims for result in map(attnlens.load_result, full)}
+    finetunes = {result.meta["model"]["name"]: result for result in map(attnlens.load_result, finetune)}
     tables = []
     for directory in reports:
         report = attnlens.load_result(directory)
-        tables.append((merged(report.claims, fulls.get(report.meta["model"]["name"])), report.meta))
+        name = report.meta["model"]["name"]
+        tables.append((merged(report.claims, fulls.get(name)), report.meta))
+        if name in finetunes:
+            tables.append((finetuned(finetunes[name].claims), finetunes[name].meta))
     section = claims_section(tables)
     write_bytes_atomic(readme, replace_section(readme.read_text(), section).encode())
     if figure is not None:
@@ -168,17 +196,20 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("reports", type=Path, nargs="+", help="`attnlens report` directories (default or --quick), one per model")
     parser.add_argument("--full", type=Path, action="append", default=[], help="a `--full` report, for the claims it decides")
+    parser.add_argument("--finetune", type=Path, action="append", default=[], help="a `--protocol finetune` report: a column")
     parser.add_argument("--readme", type=Path, default=ROOT / "README.md")
     args = parser.parse_args(argv)
     # a model's column comes from its default report (a quick one where no default fits: its cells say so)
-    checks = [(directory, ("default", "quick")) for directory in args.reports] + [
-        (directory, ("full",)) for directory in args.full
-    ]
+    checks = (
+        [(directory, ("default", "quick")) for directory in args.reports]
+        + [(directory, ("full",)) for directory in args.full]
+        + [(directory, ("finetune",)) for directory in args.finetune]
+    )
     for directory, presets in checks:
         if (why := _refused(directory, presets)) is not None:
             print(f"readme_claims: error: {why}", file=sys.stderr)
             return 2
-    update(args.reports, args.readme, full=args.full)
+    update(args.reports, args.readme, full=args.full, finetune=args.finetune)
     print(f"rewrote the claims section of {args.readme} and {FIGURE_COPY} from {', '.join(map(str, args.reports))}")
     return 0
 

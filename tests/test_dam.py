@@ -596,3 +596,10 @@ def test_train_weights_gives_the_matched_patterns_the_same_training(minilm_l3, k
         assert abs(row["sparsity"] - tuned.table["sparsity"].iloc[0]) <= 0.03
         assert row["delta"] != same["delta"], "the weights it was judged with were trained"
     assert set(tuned.matched()["pattern"]) <= set(adapted["pattern"]), "only patterns trained alike are compared"
+
+
+def test_an_unknown_adapted_pattern_is_one_line():
+    from attnlens.errors import BadInput
+
+    with pytest.raises(BadInput, match="adapted_patterns longformer is unknown; use some of"):
+        DamSettings(adapted_patterns=("longformer",))

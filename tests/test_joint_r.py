@@ -92,3 +92,17 @@ def test_joint_r_needs_the_finetune_protocol(capsys, tmp_path):
         "--task-joint-r",
     )
     assert_one_line_error(code, err, "finetune")
+
+
+def test_task_joint_ks_picks_the_ks_judged_with_maps_trained_with_the_weights():
+    from attnlens.analysis.reconstruct import ReconstructSettings
+    from attnlens.analysis.reconstruct.judging import _judged_jointly
+    from attnlens.errors import BadInput
+
+    common = dict(task="imdb", protocol="finetune", plug_in=True, task_ks=(16, 32))
+    some = _judged_jointly(ReconstructSettings(**common, task_joint_r=True, task_joint_ks=(16,)))
+    every = _judged_jointly(ReconstructSettings(**common, task_joint_r=True))
+    none = _judged_jointly(ReconstructSettings(**common, task_joint_ks=(16,)))
+    assert [some(16), some(32), every(16), every(32), none(16)] == [True, False, True, True, False]
+    with pytest.raises(BadInput, match="task_joint_ks 8 is not among the task_ks"):
+        ReconstructSettings(**common, task_joint_r=True, task_joint_ks=(8,))

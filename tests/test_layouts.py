@@ -168,9 +168,12 @@ class HeadDiagonal(MaskLayout):
         return torch.stack([diagonal, weight.sum() - diagonal]).expand(self.shape)
 
 
+LAYOUTS.pop(HeadDiagonal.name)  # the class registered itself when defined: only the tests that ask for it see it
+
+
 @pytest.fixture
 def registered():
-    LAYOUTS[HeadDiagonal.name] = HeadDiagonal  # the class registered itself when defined; a test may have removed it
+    LAYOUTS[HeadDiagonal.name] = HeadDiagonal
     yield HeadDiagonal.name
     LAYOUTS.pop(HeadDiagonal.name, None)
 

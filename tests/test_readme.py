@@ -89,3 +89,30 @@ def test_the_generator_refuses_what_is_not_a_default_report(tmp_path, capsys):
     generator = _generator()
     assert generator.main([str(tmp_path)]) == 2
     assert "not a report directory" in capsys.readouterr().err
+
+
+def test_a_finetune_report_is_a_column_beside_its_model_with_the_claims_it_fine_tuned():
+    import pandas as pd
+
+    generator = _generator()
+    columns = generator.CLAIM_COLUMNS + [generator.SEEDS_COLUMN]
+    probe = pd.DataFrame([["a", "p", "holds: 1", "default"], ["b", "p", "holds: 2", "default"]], columns=generator.COLUMNS)
+    finetune = pd.DataFrame(
+        [
+            ["a", "p", "does not hold: 3", "", "−3.0 [−4.0, −2.0]", "finetune", "−2.9 [−5.0, −0.8] over 3 seeds (0.7 0.7 0.7)"],
+            ["b", "p", "holds: 4", "", "", "finetune", ""],  # no task judged it: the probe's claim alone
+            ["c", "q", "not decided: 5", "", "R fixed: 5", "finetune", ""],
+            ["d", "q", generator.RUN_FULL, "", "plan 90%", "finetune", ""],
+        ],
+        columns=columns,
+    )
+    section = generator.claims_section(
+        [(probe, {"model": {"name": "m"}}), (generator.finetuned(finetune), {"model": {"name": "m"}, "preset": "finetune"})]
+    )
+    lines = [line for line in section.splitlines() if line.startswith("| ")]
+    assert lines[0] == "| claim | papers report | `m` | `m`, fine-tuned |"
+    assert (
+        lines[1] == "| a | p | holds: 1 (default) | does not hold: 3; −2.9 [−5.0, −0.8] over 3 seeds (0.7 0.7 0.7) (finetune) |"
+    )
+    assert lines[2] == "| b | p | holds: 2 (default) | — |"
+    assert lines[3] == "| c | q | — | not decided: 5 (finetune) |" and len(lines) == 4

@@ -73,3 +73,14 @@ def test_every_kind_shows_columns_it_has_reloads_and_prints(every_kind, tmp_path
             for name, array in result.arrays.items():
                 np.testing.assert_array_equal(loaded.arrays[name], array)
             assert loaded.text() == text, f"{kind}: the same text from disk"
+
+
+def test_a_table_with_no_rows_and_no_columns_reads_back_empty(tmp_path):
+    """A table that matched nothing (a DAM mask no adapted pattern comes within reach of) is written as an
+    empty file; the result reloads with it empty, not as a damaged result."""
+    from attnlens.io.results import read_result_dir, write_result
+
+    out = write_result(tmp_path / "r", "dam", {"note": "x"}, tables={"kept": pd.DataFrame({"a": [1]}), "none": pd.DataFrame()})
+    assert (out / "none.csv").read_text().strip() == ""
+    meta, tables, arrays = read_result_dir(out)
+    assert tables["none"].empty and tables["kept"]["a"].tolist() == [1]

@@ -462,6 +462,13 @@ def _text_columns(table: pd.DataFrame) -> pd.DataFrame:
     return table
 
 
+def _read_table(file: Path) -> pd.DataFrame:
+    """A saved table; one with neither rows nor columns (nothing matched) is written as an empty file."""
+    if file.is_file() and not file.read_text().strip():
+        return pd.DataFrame()
+    return _text_columns(pd.read_csv(file))
+
+
 def read_result_dir(path: str | Path, kind: str | None = None) -> tuple[dict, dict[str, pd.DataFrame], dict[str, np.ndarray]]:
     """Read and validate a result directory: (meta, tables, arrays); arrays are memory-mapped."""
     path = Path(path)
@@ -469,7 +476,7 @@ def read_result_dir(path: str | Path, kind: str | None = None) -> tuple[dict, di
     if kind is not None and meta["kind"] != kind:
         raise BadFile(f"'{path}' holds a {meta['kind']} result, not the {kind} result this needs")
     try:
-        tables = {name: _text_columns(pd.read_csv(path / f"{name}.csv")) for name in meta.get("tables", [])}
+        tables = {name: _read_table(path / f"{name}.csv") for name in meta.get("tables", [])}
         arrays = {name: np.load(path / f"{name}.npy", mmap_mode="r") for name in meta.get("arrays", [])}
     except (OSError, ValueError) as error:
         raise BadFile(f"result '{path}' is damaged ({error})") from None

@@ -12,9 +12,13 @@ import numpy as np
 import pandas as pd
 
 from attnlens.analysis.evaluation import bootstrap_interval
+from attnlens.analysis.task import seeds_difference
 from attnlens.report.dam import dam_claims
 from attnlens.report.plan import plan_claims
 from attnlens.report.verdicts import (
+    DECIDING,
+    DOES_NOT_HOLD,
+    HOLDS,
     NOT_DECIDED,
     PROXY_TOLERANCE,
     Claim,
@@ -38,10 +42,11 @@ MIN_REMOVED = 0.001  # classes removing fewer of the valid positions are not ran
 def evidence_of(results: dict, preset: str) -> Evidence:
     """What every claim of these results reads besides its own result."""
     task = task_meta(results)
+    missing = "the task did not judge it" if preset in DECIDING else "task: run --full"
     return Evidence(
         preset,
         target=task["settings"]["task_target"] if task else 0.02,
-        missing="no task judged it" if not task else "task: run --full" if preset != "full" else "the task did not judge it",
+        missing=missing if task else "no task judged it",
         seeded=bool(task) and task["protocol"] == "finetune" and task["settings"]["seeds"] > 1,
     )
 
@@ -142,48 +147,109 @@ def _at_d(row) -> str:
 
 
 def _reconstruct_claims(recon, evidence: Evidence) -> list[Claim]:
-    """Per k (16, 32): greedy keys with per-head maps in every layer, the outputs by the proxy and the
-    task's accuracy."""
+    """Per k (16, 32): greedy keys with the claim's maps in every layer, the outputs by the proxy and the
+    task's accuracy; fine-tuned with seeds, Paper 1's choices of R too (:func:`_choices_of_r`)."""
     rows, plug = [], recon.plug_in
     heads = recon.table[recon.table.layer >= 0]
     for k in (16, 32):
         errors = heads[(heads.strategy == "greedy") & (heads.scope == "head") & (heads.k == k)].rel_error
-        picked = None if plug is None else plug[(plug.strategy == "greedy") & (plug.scope == "head") & (plug.k == k)]
-        if not len(errors) or picked is None or not len(picked):
-            continue
-        row = picked.iloc[0]
-        moved = 1 - row.token_cosine if row.objective == "hidden" else row.loss_increase
-        proxy_said = (
-            f"cosine of final hidden states {number(row.token_cosine, 4)}"
-            if row.objective == "hidden"
-            else f"{row.objective} loss {number(row.loss_increase, 3, sign=True)} nats"
-        )
-        q1, median, q3 = np.percentile(errors, [25, 50, 75])
-        task, judged = task_verdict(row, evidence)
-        phrase = combine(proxy=bool(moved <= PROXY_TOLERANCE), task=task, judged=judged, missing=evidence.missing)
-        flops = row.task_flops_ratio if judged and "task_flops_ratio" in row else row.flops_ratio
-        decided = (
-            f"{delta_points(row)} on {recon.meta['task']['task']}, at {flops:.0%} of the attention FLOPs"
-            if judged
-            else proxy_said
-        )
-        rows.append(
-            Claim(
-                f"k = {k} exact scores suffice (paper 1)",
-                "k = 16–32 enough (MNLI 79.7% at k = 32 vs 81.6% full)",
-                Verdict(phrase, decided),
-                f"{proxy_said}; the typical head's held-out relative error {number(median)} [quartiles {number(q1)}, "
-                f"{number(q3)}]; attention FLOPs ×{number(row.flops_ratio)}"
-                + (
-                    f" (×{number(row.task_flops_ratio)} on the task's real token pairs)"
-                    if judged and "task_flops_ratio" in row
-                    else ""
-                ),
-                points(row) if "accuracy" in row and row.accuracy == row.accuracy else "",
-                seeds_points(row),
-            )
-        )
+        row = None if plug is None else _claim_row(plug[(plug.strategy == "greedy") & (plug.k == k)])
+        if len(errors) and row is not None:
+            rows.append(_k_claim(recon, k, row, errors, evidence))
+    return rows + (_choices_of_r(plug, evidence) if plug is not None and evidence.seeded else [])
+
+
+def _claim_row(runs: pd.DataFrame) -> pd.Series | None:
+    """The run a k claim rests on: the maps per head, or, where the task judged only other maps (the
+    papers' protocol fine-tunes a map per layer and a shared one), the first of those it judged."""
+    judged = runs[runs["accuracy"].notna()] if "accuracy" in runs else runs.iloc[:0]
+    for scope in ("head", "layer", "all"):
+        if len(judged[judged.scope == scope]):
+            return judged[judged.scope == scope].iloc[0]
+    return runs[runs.scope == "head"].iloc[0] if len(runs[runs.scope == "head"]) else None
+
+
+def _k_claim(recon, k: int, row: pd.Series, errors: pd.Series, evidence: Evidence) -> Claim:
+    moved = 1 - row.token_cosine if row.objective == "hidden" else row.loss_increase
+    proxy_said = (
+        f"cosine of final hidden states {number(row.token_cosine, 4)}"
+        if row.objective == "hidden"
+        else f"{row.objective} loss {number(row.loss_increase, 3, sign=True)} nats"
+    )
+    q1, median, q3 = np.percentile(errors, [25, 50, 75])
+    task, judged = task_verdict(row, evidence)
+    phrase = combine(proxy=bool(moved <= PROXY_TOLERANCE), task=task, judged=judged, missing=evidence.missing)
+    flops = row.task_flops_ratio if judged and "task_flops_ratio" in row else row.flops_ratio
+    maps = "" if row.scope == "head" else f" ({MAPS[row.scope]})"
+    across = evidence.seeded and "delta_seeds" in row
+    decided = (
+        f"{delta_points(row, 'delta_seeds' if across else 'delta_accuracy')}{' over seeds' if across else ''} on "
+        f"{recon.meta['task']['task']}{maps}, at {flops:.0%} of the attention FLOPs"
+        if judged
+        else proxy_said
+    )
+    return Claim(
+        f"k = {k} exact scores suffice (paper 1)",
+        "k = 16–32 enough (MNLI 79.7% at k = 32 vs 81.6% full)",
+        Verdict(phrase, decided),
+        f"{proxy_said}; the typical head's held-out relative error {number(median)} [quartiles {number(q1)}, "
+        f"{number(q3)}]; attention FLOPs ×{number(row.flops_ratio)}"
+        + (f" (×{number(row.task_flops_ratio)} on the task's real token pairs)" if judged and "task_flops_ratio" in row else ""),
+        points(row) if "accuracy" in row and row.accuracy == row.accuracy else "",
+        seeds_points(row),
+    )
+
+
+MAPS = {"head": "a map per head", "layer": "R per layer", "all": "one R shared by every layer"}
+SHORT = {"layer": "per layer", "all": "shared"}
+# Paper 1's choices of R, judged fine-tuned with seeds: (claim, papers report, k, the scope said to beat the other)
+R_SCOPES = (
+    ("A shared R beats one per layer at k = 16 (paper 1)", "a shared R helped at k = 16 (fine-tuned)", 16, "all", "layer"),
+    ("One R per layer beats a shared R at k = 32 (paper 1)", "per-layer R helped at k = 32 (fine-tuned)", 32, "layer", "all"),
+)
+JOINT_R = "R learned with the weights beats R fixed at k = {k} (paper 1)", "R fitted by least squares, or learned jointly"
+
+
+def _choices_of_r(plug: pd.DataFrame, evidence: Evidence) -> list[Claim]:
+    """Paper 1's choices of R, fine-tuned with seeds, each a difference of accuracy paired by seed: a shared
+    R against one per layer (:data:`R_SCOPES`; with R fixed and, where judged, learned with the weights),
+    and R learned with the weights against R fixed at the smallest k judged so (each scope)."""
+    runs = {(row.scope, row.k): row for _, row in plug[plug.strategy == "greedy"].iterrows() if _seeded(row, "")}
+    rows = []
+    for claim, papers, k, better, worse in R_SCOPES:
+        if (better, k) in runs and (worse, k) in runs:
+            first, second = runs[better, k], runs[worse, k]
+            pairs = [(f"R {trained}", first, second, prefix, prefix) for trained, prefix in (("fixed", ""), ("learned", "joint_"))
+                     if _seeded(first, prefix) and _seeded(second, prefix)]  # fmt: skip
+            rows.append(_beats(claim, papers, f"{SHORT[better]} − {SHORT[worse]}", pairs, evidence))
+    joint = sorted((k, scope) for (scope, k), row in runs.items() if _seeded(row, "joint_"))
+    if joint:
+        k = joint[0][0]
+        pairs = [(MAPS[scope], runs[scope, k], runs[scope, k], "joint_", "") for at, scope in joint if at == k]
+        rows.append(_beats(JOINT_R[0].format(k=k), JOINT_R[1], "learned − fixed", pairs, evidence))
     return rows
+
+
+def _seeded(row: pd.Series, prefix: str) -> bool:
+    return isinstance(row.get(f"{prefix}seed_accuracies"), str)
+
+
+def _beats(claim: str, papers: str, label: str, pairs: list[tuple], evidence: Evidence) -> Claim:
+    """A claim that one choice beats another, from accuracies paired by seed: it holds where every pair's
+    interval lies above zero, does not hold where every pair's lies below zero or is as narrow as the
+    target around it (on par), and is not decided otherwise. ``pairs``: (what, first row, second row,
+    first's column prefix, second's)."""
+    said, each, phrases = [], [], set()
+    for what, first, second, first_prefix, second_prefix in pairs:
+        first_seeds, second_seeds = first[f"{first_prefix}seed_accuracies"], second[f"{second_prefix}seed_accuracies"]
+        mean, low, high = seeds_difference(first_seeds, second_seeds)
+        phrases.add(HOLDS if low > 0 else DOES_NOT_HOLD if high < 0 or (high - low) / 2 <= evidence.target else NOT_DECIDED)
+        said.append(f"{what}: {label} {points(pd.Series({'d': mean, 'd_low': low, 'd_high': high}), 'd')}")
+        by_seed = np.array(first_seeds.split(), float) - np.array(second_seeds.split(), float)
+        each.append(f"{what} " + " ".join(f"{100 * value + 0.0:+.1f}" for value in by_seed).replace("-", "−"))
+    phrase = phrases.pop() if len(phrases) == 1 else NOT_DECIDED
+    decided = f"{said[0]} points over {len(by_seed)} seeds"
+    return Claim(claim, papers, Verdict(phrase, decided), "", "; ".join(said), "by seed, points: " + "; ".join(each))
 
 
 # ---------------------------------------------------------------------- importance

@@ -13,6 +13,7 @@ import pandas as pd
 from attnlens.analysis.dam.result import SEED_TABLES
 from attnlens.report.html import Figures, folded, section, table
 from attnlens.report.verdicts import (
+    DECIDING,
     DOES_NOT_HOLD,
     HOLDS,
     NOT_DECIDED,
@@ -55,7 +56,7 @@ def _undecided(result, evidence: Evidence) -> Verdict | None:
         reason = None if agree else DISAGREE
     if reason is None:
         return None
-    return Verdict(RUN_FULL) if evidence.preset != "full" else Verdict(NOT_DECIDED, reason)
+    return Verdict(RUN_FULL) if evidence.preset not in DECIDING else Verdict(NOT_DECIDED, reason)
 
 
 def _learned(result, evidence: Evidence, unit: str, undecided: Verdict | None) -> Claim:

@@ -29,6 +29,7 @@ PRESETS_SAID = {
     "quick": "the quick report: a first look at every stage on small settings; nothing it shows is decided",
     "default": "the default report: what decides within 10 minutes on 2 cores; `attnlens report --full` decides the rest",
     "full": "the full report: every claim at the size that decides it",
+    "finetune": "the papers' protocol: each judged change inside fine-tuning, 3 seeds (the plan: `attnlens report --full`)",
 }
 
 

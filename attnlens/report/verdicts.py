@@ -39,6 +39,7 @@ HOLDS = "holds"
 DOES_NOT_HOLD = "does not hold"
 NOT_DECIDED = "not decided"
 RUN_FULL = "not decided at this size (run --full)"
+DECIDING = ("full", "finetune")  # the presets whose undecided claims the data leave open, not the size
 PROXY_TOLERANCE = 0.01  # the outputs "keep" when they move by at most this (1 − cosine, or nats)
 
 

@@ -24,7 +24,7 @@ from attnlens.analysis.evaluation import evaluate_change, layer_groups
 from attnlens.analysis.experiment import Split
 from attnlens.analysis.objectives import Objective
 from attnlens.analysis.patterns import PATTERNS
-from attnlens.analysis.task import TaskJudge, t_halfwidth, task_columns
+from attnlens.analysis.task import TaskJudge, seeds_difference, task_columns
 from attnlens.models.capture import Capture
 from attnlens.models.loading import LoadedModel
 
@@ -233,6 +233,5 @@ def _across_seeds(mask: pd.Series, pattern: pd.Series) -> dict[str, float]:
     """With fine-tune seeds: the mask's accuracy minus the pattern's, paired by seed, with its t interval."""
     if "seed_accuracies" not in mask or not isinstance(mask["seed_accuracies"], str):
         return {}
-    values = np.array(mask["seed_accuracies"].split(), float) - np.array(pattern["seed_accuracies"].split(), float)
-    mean, half = float(values.mean()), float(t_halfwidth(values))
-    return {"difference_seeds": mean, "difference_seeds_low": mean - half, "difference_seeds_high": mean + half}
+    mean, low, high = seeds_difference(mask["seed_accuracies"], pattern["seed_accuracies"])
+    return {"difference_seeds": mean, "difference_seeds_low": low, "difference_seeds_high": high}

@@ -51,7 +51,6 @@ from attnlens.models.loading import LoadedModel, module_sha256
 from attnlens.progress import Progress, progress_bar
 
 RESAMPLE_STREAM = 17  # a mask seed's draw of training blocks (resample)
-ADAPTED_PATTERNS = ("band", "local", "bigbird")  # the patterns given the same weight training as a mask (train_weights)
 
 
 def dam(
@@ -138,7 +137,7 @@ def matched_on_task(setup: Setup, patterns: pd.DataFrame, runs: list[Run], which
     positions: among the pattern points whose share of the task's valid positions (``task_sparsity``)
     is within :data:`MATCH_WITHIN` of the mask's (each pattern at its nearest point), the best by the
     held-out proxy (``patterns``' ``delta``) of the mask's own family and the best overall, or with
-    ``which`` "adapted" each of :data:`ADAPTED_PATTERNS` (scope "same fine-tuning"). Rows: lambda,
+    ``which`` "adapted" each of the settings' ``adapted_patterns`` (scope "same fine-tuning"). Rows: lambda,
     scope, pattern, value."""
     rows = []
     for mask in (run.task for run in runs):
@@ -149,7 +148,7 @@ def matched_on_task(setup: Setup, patterns: pd.DataFrame, runs: list[Run], which
         nearest = nearest.assign(expressible=expressible)
         scopes = [("own family", nearest[nearest["expressible"]]), ("overall", nearest)]
         if which == "adapted":
-            scopes = [("same fine-tuning", nearest[nearest["pattern"] == name]) for name in ADAPTED_PATTERNS]
+            scopes = [("same fine-tuning", nearest[nearest["pattern"] == name]) for name in setup.settings.adapted_patterns]
         for scope, candidates in scopes:
             if len(candidates):
                 best = candidates.loc[candidates["delta"].idxmin()]
@@ -266,7 +265,7 @@ class Setup:
             else 3 * runs
         )
         points = len(pattern_points(s.seq_len)) + judged if s.patterns else 0
-        adapted = runs * len(ADAPTED_PATTERNS) * s.steps if s.train_weights and s.patterns else 0
+        adapted = runs * len(s.adapted_patterns) * s.steps if s.train_weights and s.patterns else 0
         reference = runs * s.reference_rounds if s.reference is not None else 0
         polish = runs * s.polish_rounds if self.polishes else 0
         return runs * (s.steps + 1) + points + adapted + reference + polish
@@ -434,8 +433,8 @@ def _keep_image(setup: Setup, logits: torch.Tensor, noise: float) -> np.ndarray:
 def adapt_patterns(
     setup: Setup, lam: float, sparsity: float, curve: pd.DataFrame, order: np.ndarray, patterns: pd.DataFrame, original: dict, bar
 ) -> list[tuple[dict, np.ndarray]]:
-    """The band, local and bigbird points nearest a mask's ``sparsity`` (within 3 points; with a
-    task, its sparsity on the task's own positions), each given the mask's weight training (the
+    """The points of the settings' ``adapted_patterns`` nearest a mask's ``sparsity`` (within 3 points;
+    with a task, its sparsity on the task's own positions), each given the mask's weight training (the
     steps of its ``curve``: the same batches of ``order`` at the same learning rates) and
     judged on the held-out blocks, and by the task with the weights it trained (as the mask is);
     the weights are restored after each. Returns (row of ``patterns_adapted``, per-block losses,
@@ -446,7 +445,7 @@ def adapt_patterns(
     matched_on = "sparsity" if setup.task is None else "task_sparsity"
     batches = [int(order[step % len(order)]) for step in curve["step"]]
     rates = (curve["lr"] / s.lr).tolist()
-    for name in ADAPTED_PATTERNS:
+    for name in s.adapted_patterns:
         points = patterns[patterns["pattern"] == name]
         nearest = points.iloc[(points[matched_on] - sparsity).abs().argmin()]
         if abs(nearest[matched_on] - sparsity) > MATCH_WITHIN:

@@ -62,9 +62,9 @@ class DamSettings(CorpusSettings, TaskSettings):
       ``auto`` the task where its examples are full blocks of ``seq_len`` tokens, else the objective;
       ``task_patterns`` says which patterns the task judges: ``all`` of them, or ``compared``,
       the ones each mask is compared with (:meth:`DamResult.compared`: the best of the mask's
-      own family and the best overall at matched sparsity), or ``adapted``: band, local and bigbird
-      (the patterns ``train_weights`` gives the mask's weight training), each matched to the mask's
-      sparsity on the task's own positions; each judgement is a forward of every held-out example.
+      own family and the best overall at matched sparsity), or ``adapted``: the ``adapted_patterns``
+      (band, local and bigbird unless set: the patterns ``train_weights`` gives the mask's weight
+      training), each matched to the mask's sparsity on the task's own positions; each judgement is a forward of every held-out example.
       With ``train_weights`` the task compares each mask with the adapted patterns, each judged
       with the weights it trained beside the mask (whatever ``task_patterns`` says).
     """
@@ -93,6 +93,7 @@ class DamSettings(CorpusSettings, TaskSettings):
     batch_size: int = 16
     patterns: bool = True
     task_patterns: str = "all"
+    adapted_patterns: tuple[str, ...] = ("band", "local", "bigbird")  # given a mask's weight training (train_weights)
     bootstrap: int = 1000
     stop_window: int = 20
     stop_flips: float = 0.001
@@ -120,6 +121,11 @@ class DamSettings(CorpusSettings, TaskSettings):
         if self.resample and self.train_on == "task":
             raise BadInput("`resample` draws other corpus training blocks; with `train_on` task the masks learn from the task's")
         one_of("task_patterns", self.task_patterns, TASK_PATTERNS)
+        unknown = [name for name in self.adapted_patterns if name not in PATTERNS]
+        if unknown or not self.adapted_patterns:
+            raise BadInput(
+                f"`adapted_patterns` {unknown[0] if unknown else '(none)'} is unknown; use some of {', '.join(PATTERNS)}"
+            )
         one_of("train_on", self.train_on, TRAIN_ON)
         if self.train_on == "task" and self.task is None:
             raise BadInput("`train_on` task needs a task to learn from; name one with `task`, e.g. `task` rotten-tomatoes")

@@ -53,13 +53,18 @@ def _plug_in(
         )
     used = [layer for layer in layers if layer in plan.layers]
     return _PlugIn(
-        objective, used, rows.tokens(evaluated), s.batch_size, s.seed, scopes, task, _judged_by_task(s), s.task_joint_r
+        objective, used, rows.tokens(evaluated), s.batch_size, s.seed, scopes, task, _judged_by_task(s), _judged_jointly(s)
     )
 
 
 def _prepared_task(model: LoadedModel, n: int, s: ReconstructSettings) -> PreparedTask:
     """The task of the plug-in runs, loaded, checked and split at the maps' width ``n`` before any forward pass."""
     return prepare_task(model, TaskSettings.of(s), seq_len=n, seed=s.seed, pad_to=n)
+
+
+def _judged_jointly(s: ReconstructSettings) -> Callable[[int], bool]:
+    """Whether a task-judged config at k is also judged with its maps trained with the weights."""
+    return lambda k: s.task_joint_r and (s.task_joint_ks is None or k in s.task_joint_ks)
 
 
 def _judged_by_task(s: ReconstructSettings) -> Callable[[tuple[str, str, int]], bool]:
@@ -96,7 +101,7 @@ class _PlugIn:
         scopes: set[str],
         task: TaskJudge | None = None,
         judged_by_task: Callable[[tuple[str, str, int]], bool] = lambda config: True,
-        joint: bool = False,
+        joint: Callable[[int], bool] = lambda k: False,
     ) -> None:
         self.objective, self.layers, self.scopes, self.task = objective, layers, scopes, task
         self.judged_by_task, self.joint = judged_by_task, joint
@@ -134,7 +139,7 @@ class _PlugIn:
         if judged_by_task:
             judged = task_columns(self.task.judge(change))
             record.update({**judged, "task_flops_ratio": self._flops_on_task(k, judged["held_out"])})
-        if judged_by_task and self.joint:  # the same maps, trained with the weights from the closed form
+        if judged_by_task and self.joint(k):  # the same maps, trained with the weights from the closed form
             joint = JointMaps(used, scope, f"{key}/joint")
             record.update({f"joint_{name}": value for name, value in task_columns(self.task.judge(joint)).items()})
         self.records.append(record)

@@ -29,7 +29,7 @@ class ReconstructSettings(CorpusSettings, TaskSettings):
     held-out examples at the maps' width, so a report judges only its headline configs).
     ``task_joint_r`` (``finetune`` protocol) also judges each of them with its maps trained
     jointly with the weights from the closed form (:mod:`~attnlens.analysis.reconstruct.joint`):
-    the ``joint_`` columns.
+    the ``joint_`` columns; ``task_joint_ks`` limits that to some of the ``task_ks`` (``None``: all).
 
     >>> ReconstructSettings(scopes=["head", "row"])
     Traceback (most recent call last):
@@ -54,6 +54,7 @@ class ReconstructSettings(CorpusSettings, TaskSettings):
     task_ks: tuple[int, ...] | None = None
     task_scopes: tuple[str, ...] | None = None
     task_joint_r: bool = False
+    task_joint_ks: tuple[int, ...] | None = None
     objective: str = "auto"
     learn_r: bool = False
     learn_steps: int = 60
@@ -87,6 +88,9 @@ class ReconstructSettings(CorpusSettings, TaskSettings):
             check_ks(self.task_ks, n=max(self.task_ks, default=0))
         if self.task_joint_r and self.protocol != "finetune":
             raise BadInput("`task_joint_r` trains the maps with the weights: it needs `protocol` finetune")
+        outside = [k for k in self.task_joint_ks or () if self.task_ks is not None and k not in self.task_ks]
+        if outside:
+            raise BadInput(f"`task_joint_ks` {outside[0]} is not among the `task_ks` the task judges; add it to `task_ks`")
         if self.task is not None and not self.plug_in:
             raise BadInput("`task` judges the plug-in runs (the model with the reconstruction inside); add `plug_in`")
         if self.learn_r:

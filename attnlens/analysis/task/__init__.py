@@ -49,7 +49,14 @@ from attnlens.analysis.task.batching import TaskBatch, batches, in_order, pooled
 from attnlens.analysis.task.finetune import FINETUNE_VERSION, content_key
 from attnlens.analysis.task.head import head_columns
 from attnlens.analysis.task.judge import TaskJudge, TaskLoss
-from attnlens.analysis.task.outcomes import UNMODIFIED, outcome_arrays, paired_difference, t_halfwidth, task_columns
+from attnlens.analysis.task.outcomes import (
+    UNMODIFIED,
+    outcome_arrays,
+    paired_difference,
+    seeds_difference,
+    t_halfwidth,
+    task_columns,
+)
 from attnlens.analysis.task.prepare import PreparedTask, prepare_task, resolve_protocol
 from attnlens.analysis.task.probe import CONSTANT_SPREAD, PROBE_CS, Probe, ProbeHead, choose_c, fit_probe, standardiser
 from attnlens.analysis.task.settings import (
@@ -97,6 +104,7 @@ __all__ = [
     "pooled_features",
     "prepare_task",
     "resolve_protocol",
+    "seeds_difference",
     "standardiser",
     "t_halfwidth",
     "task_columns",

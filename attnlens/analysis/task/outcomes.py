@@ -98,6 +98,18 @@ def t_halfwidth(values: np.ndarray, level: float = 0.95) -> float:
     return float(stats.t.ppf(0.5 + level / 2, len(values) - 1) * np.std(values, ddof=1) / np.sqrt(len(values)))
 
 
+def seeds_difference(first: str, second: str) -> tuple[float, float, float]:
+    """Mean and t interval of ``first`` − ``second``, paired by fine-tune seed: each the per-seed
+    accuracies a ``seed_accuracies`` column holds (space-separated, seed by seed).
+
+    >>> [round(value, 4) for value in seeds_difference("0.80 0.82 0.84", "0.79 0.80 0.81")]
+    [0.02, -0.0048, 0.0448]
+    """
+    values = np.array(first.split(), float) - np.array(second.split(), float)
+    mean, half = float(values.mean()), t_halfwidth(values)
+    return mean, mean - half, mean + half
+
+
 def _scored(logits: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     shifted = logits - logits.max(1, keepdims=True)
     log_probability = shifted - np.log(np.exp(shifted).sum(1, keepdims=True))
