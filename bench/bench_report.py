@@ -53,8 +53,7 @@ def saved(report: Path) -> tuple[str, dict[str, float]]:
     meta = json.loads((report / "result.json").read_text())
     if meta.get("kind") != "report":
         raise SystemExit(f"bench_report: {report} is not a report directory (attnlens report --out DIR)")
-    finetuned = meta["preset"] == "default" and (meta["settings"]["importance"] or {}).get("protocol") == "finetune"
-    return "finetune" if finetuned else meta["preset"], meta["timings_s"]
+    return meta["preset"], meta["timings_s"]
 
 
 def table(timings: dict[str, dict[str, float]], walls: dict[str, float]) -> str:

@@ -39,8 +39,8 @@ FIGURE_COPY = Path("docs") / "report.png"
 WIDTH, HEIGHT = 1280, 800  # the first screen a reader sees of the report page
 
 
-def markdown_table(claims: list[pd.DataFrame], models: list[str]) -> str:
-    """The claims as a Markdown table, a column per model (or protocol), each cell exactly as that report
+def markdown_table(claims: list[pd.DataFrame], headings: list[str]) -> str:
+    """The claims as a Markdown table, a column per model (or protocol) under ``headings``, each cell exactly as that report
     prints its verdict (and, fine-tuned with seeds, the Δ across them), with the preset that made it (``|``
     escaped); a claim a report does not make (a second model of its geometry is not installed): "—"."""
 
@@ -52,7 +52,7 @@ def markdown_table(claims: list[pd.DataFrame], models: list[str]) -> str:
         across = f"; {cell(seeds)}" if isinstance(seeds, str) and seeds else ""  # the column says fine-tuned
         return f"{cell(row['verdict'])}{across} ({row['made by']})"
 
-    header = ["claim", "papers report", *(f"`{model}`" if "`" not in model else model for model in models)]
+    header = ["claim", "papers report", *headings]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     verdicts = [table.set_index("claim") for table in claims]
     for claim in dict.fromkeys(name for table in claims for name in table["claim"]):
@@ -84,8 +84,9 @@ def merged(default: pd.DataFrame, full: pd.DataFrame | None) -> pd.DataFrame:
 
 
 def _heading(meta: dict) -> str:
+    """A column's heading: the model, and "fine-tuned" for a finetune report."""
     name = meta.get("model", {}).get("name", "?")
-    return f"`{name}`, fine-tuned" if meta.get("preset") == "finetune" else name
+    return f"`{name}`, fine-tuned" if meta.get("preset") == "finetune" else f"`{name}`"
 
 
 def described(meta: dict) -> str:
@@ -108,8 +109,8 @@ def described(meta: dict) -> str:
 def claims_section(reports: list[tuple[pd.DataFrame, dict]]) -> str:
     """The README's claims section (markers included) from each model's claims table and meta (a finetune
     report's column, headed "fine-tuned", sits beside its model's)."""
-    models = [_heading(meta) for _, meta in reports]
-    table = markdown_table([claims for claims, _ in reports], models)
+    models = [meta.get("model", {}).get("name", "?") for _, meta in reports]
+    table = markdown_table([claims for claims, _ in reports], [_heading(meta) for _, meta in reports])
     return "\n".join(
         [
             BEGIN,

@@ -464,9 +464,10 @@ def _text_columns(table: pd.DataFrame) -> pd.DataFrame:
 
 def _read_table(file: Path) -> pd.DataFrame:
     """A saved table; one with neither rows nor columns (nothing matched) is written as an empty file."""
-    if file.is_file() and not file.read_text().strip():
+    try:
+        return _text_columns(pd.read_csv(file))
+    except pd.errors.EmptyDataError:
         return pd.DataFrame()
-    return _text_columns(pd.read_csv(file))
 
 
 def read_result_dir(path: str | Path, kind: str | None = None) -> tuple[dict, dict[str, pd.DataFrame], dict[str, np.ndarray]]:

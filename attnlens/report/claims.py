@@ -166,7 +166,8 @@ def _claim_row(runs: pd.DataFrame) -> pd.Series | None:
     for scope in ("head", "layer", "all"):
         if len(judged[judged.scope == scope]):
             return judged[judged.scope == scope].iloc[0]
-    return runs[runs.scope == "head"].iloc[0] if len(runs[runs.scope == "head"]) else None
+    heads = runs[runs.scope == "head"]
+    return heads.iloc[0] if len(heads) else None
 
 
 def _k_claim(recon, k: int, row: pd.Series, errors: pd.Series, evidence: Evidence) -> Claim:
