@@ -13,6 +13,13 @@ import os
 for _switch in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
     os.environ[_switch] = "1"
 os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
+# The suite runs on pytest-xdist's workers (pyproject's addopts: -n 2). Each worker, and every process
+# it starts (notebook kernels, torchrun ranks), takes its share of the cores: two workers on 2 cores
+# running two threads each wait on each other (a notebook ran 10x slower so). Set before torch loads.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    for _threads in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ.setdefault(_threads, str(max(1, (os.cpu_count() or 1) // _WORKERS)))
 
 import ipaddress  # noqa: E402
 import socket  # noqa: E402
@@ -25,7 +32,8 @@ import attnlens  # noqa: E402
 from tiny_models import readme_tour, skip_unless_ci  # noqa: E402
 
 torch.manual_seed(0)
-
+if _WORKERS > 1:  # in case a plugin loaded torch before the variables above were set
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 # ---------------------------------------------------------------------------- no network
 
@@ -148,14 +156,25 @@ def kjv_blocks(minilm_l6, kjv):
 @pytest.fixture(scope="session")
 def quick_report(tmp_path_factory) -> Path:
     """The README tour's report line (``attnlens report --quick --out first-look``), run as written
-    (without its bar) in a directory of its own; the tour test reuses its output."""
+    (without its bar) in a directory of its own; the tour test reuses its output. Built once per run:
+    the first xdist worker to need it builds it in the run's shared directory while the other waits
+    (a report is written whole or not at all, so one that exists is finished)."""
+    from filelock import FileLock
+
     from attnlens.cli import main
 
     (line,) = [line for line in readme_tour() if line[0] == "report"]
-    root = tmp_path_factory.mktemp("tour")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.chdir(root)
-        with pytest.raises(SystemExit) as exit_info:
-            main([*line, "--no-progress"])
-    assert exit_info.value.code == 0
-    return root / line[line.index("--out") + 1]
+    shared = tmp_path_factory.getbasetemp()
+    if "PYTEST_XDIST_WORKER" in os.environ:  # each worker's base is a folder of the run's
+        shared = shared.parent
+    root = shared / "tour"
+    out = root / line[line.index("--out") + 1]
+    with FileLock(shared / "tour.lock"):
+        if not out.is_dir():
+            root.mkdir(exist_ok=True)
+            with pytest.MonkeyPatch.context() as patch:
+                patch.chdir(root)
+                with pytest.raises(SystemExit) as exit_info:
+                    main([*line, "--no-progress"])
+            assert exit_info.value.code == 0
+    return out
