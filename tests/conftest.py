@@ -17,9 +17,10 @@ os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
 # it starts (notebook kernels, torchrun ranks), takes its share of the cores: two workers on 2 cores
 # running two threads each wait on each other (a notebook ran 10x slower so). Set before torch loads.
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+_CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1  # the ones we may use
 if _WORKERS > 1:
     for _threads in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
-        os.environ.setdefault(_threads, str(max(1, (os.cpu_count() or 1) // _WORKERS)))
+        os.environ.setdefault(_threads, str(max(1, _CORES // _WORKERS)))
 
 import ipaddress  # noqa: E402
 import socket  # noqa: E402
