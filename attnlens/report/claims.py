@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from attnlens.analysis.evaluation import bootstrap_interval
-from attnlens.analysis.task import seeds_difference
+from attnlens.analysis.task import seed_differences, t_interval
 from attnlens.report.dam import dam_claims
 from attnlens.report.plan import plan_claims
 from attnlens.report.verdicts import (
@@ -243,10 +243,10 @@ def _beats(claim: str, papers: str, label: str, pairs: list[tuple], evidence: Ev
     said, each, phrases = [], [], set()
     for what, first, second, first_prefix, second_prefix in pairs:
         first_seeds, second_seeds = first[f"{first_prefix}seed_accuracies"], second[f"{second_prefix}seed_accuracies"]
-        mean, low, high = seeds_difference(first_seeds, second_seeds)
+        by_seed = seed_differences(first_seeds, second_seeds)
+        mean, low, high = t_interval(by_seed)
         phrases.add(HOLDS if low > 0 else DOES_NOT_HOLD if high < 0 or (high - low) / 2 <= evidence.target else NOT_DECIDED)
         said.append(f"{what}: {label} {points(pd.Series({'d': mean, 'd_low': low, 'd_high': high}), 'd')}")
-        by_seed = np.array(first_seeds.split(), float) - np.array(second_seeds.split(), float)
         each.append(f"{what} " + " ".join(f"{100 * value + 0.0:+.1f}" for value in by_seed).replace("-", "−"))
     phrase = phrases.pop() if len(phrases) == 1 else NOT_DECIDED
     decided = f"{said[0]} points over {len(by_seed)} seeds"

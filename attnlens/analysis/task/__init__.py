@@ -53,8 +53,10 @@ from attnlens.analysis.task.outcomes import (
     UNMODIFIED,
     outcome_arrays,
     paired_difference,
+    seed_differences,
     seeds_difference,
     t_halfwidth,
+    t_interval,
     task_columns,
 )
 from attnlens.analysis.task.prepare import PreparedTask, prepare_task, resolve_protocol
@@ -104,8 +106,10 @@ __all__ = [
     "pooled_features",
     "prepare_task",
     "resolve_protocol",
+    "seed_differences",
     "seeds_difference",
     "standardiser",
     "t_halfwidth",
+    "t_interval",
     "task_columns",
 ]

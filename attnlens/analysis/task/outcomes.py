@@ -98,15 +98,28 @@ def t_halfwidth(values: np.ndarray, level: float = 0.95) -> float:
     return float(stats.t.ppf(0.5 + level / 2, len(values) - 1) * np.std(values, ddof=1) / np.sqrt(len(values)))
 
 
+def seed_differences(first: str, second: str) -> np.ndarray:
+    """``first`` − ``second`` seed by seed: each the per-seed accuracies a ``seed_accuracies`` column
+    holds (space-separated, seed by seed).
+
+    >>> seed_differences("0.80 0.82", "0.79 0.80").round(4).tolist()
+    [0.01, 0.02]
+    """
+    return np.array(first.split(), float) - np.array(second.split(), float)
+
+
 def seeds_difference(first: str, second: str) -> tuple[float, float, float]:
-    """Mean and t interval of ``first`` − ``second``, paired by fine-tune seed: each the per-seed
-    accuracies a ``seed_accuracies`` column holds (space-separated, seed by seed).
+    """Mean and t interval of ``first`` − ``second``, paired by fine-tune seed (:func:`seed_differences`).
 
     >>> [round(value, 4) for value in seeds_difference("0.80 0.82 0.84", "0.79 0.80 0.81")]
     [0.02, -0.0048, 0.0448]
     """
-    values = np.array(first.split(), float) - np.array(second.split(), float)
-    mean, half = float(values.mean()), t_halfwidth(values)
+    return t_interval(seed_differences(first, second))
+
+
+def t_interval(values: np.ndarray, level: float = 0.95) -> tuple[float, float, float]:
+    """Mean of ``values`` and its t interval (:func:`t_halfwidth`)."""
+    mean, half = float(values.mean()), t_halfwidth(values, level)
     return mean, mean - half, mean + half
 
 
