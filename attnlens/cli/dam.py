@@ -62,7 +62,16 @@ DualStartOption = Annotated[
     float | None,
     _option(
         "--dual-start",
-        "λ a --sparsity run starts from; default 0.1, or with --init where the first batches' gradients balance.",
+        "λ a --sparsity run starts from; default 0.1, or with --init or a held mask where the first batches' gradients balance.",
+        TRAINING,
+    ),
+]
+DualOption = Annotated[
+    str,
+    _option(
+        "--dual",
+        "How a --sparsity run meets its target: ascent (dual ascent on λ), hold (the mask held at a density brought "
+        "down to the target) or auto (hold with --train-weights).",
         TRAINING,
     ),
 ]
@@ -240,6 +249,7 @@ def dam(
     tau: TauOption = str(D.tau),
     dual_lr: Annotated[float, _option("--dual-lr", "Step of the dual ascent on λ with --sparsity.", TRAINING)] = D.dual_lr,
     dual_start: DualStartOption = D.dual_start,
+    dual: DualOption = D.dual,
     train_weights: TrainWeightsOption = D.train_weights,
     weights_lr: WeightsLrOption = D.weights_lr,
     stop_window: StopWindowOption = D.stop_window,

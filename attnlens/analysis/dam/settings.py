@@ -27,10 +27,14 @@ REFERENCE_STARTS = ("dam", "band")  # where the swap search starts (reference): 
 DEFAULT_SPARSITY = (0.8, 0.9, 0.95)  # the targets when neither `lambdas` nor `sparsity` is given
 TASK_PATTERNS = ("all", "compared", "adapted")  # which fixed patterns the task judges (task_patterns)
 TRAIN_ON = ("auto", "objective", "task")  # what the masks learn from (train_on)
+# How a target's run meets its density (dual): `ascent` moves λ by dual ascent on the hard mask's gap;
+# `hold` holds the hard mask at a density brought down to the target (DamTrainer.aim); `auto` holds it
+# when the weights train alongside, which adapt to any sparsity the mask passes and keep it there.
+DUALS = ("auto", "ascent", "hold")
 # The λ a target's run from the dense cold start begins at (dual ascent moves it), where every logit
 # must fall and the logits crossing 0 together set the path; from a warm start (`init`) it starts where
 # the gradients balance instead (DamTrainer.balancing_lambda), so a pattern already near the target is
-# held there rather than first undone by a λ too small.
+# held there rather than first undone by a λ too small; so does a run that holds its mask (`dual` hold).
 DUAL_START = 0.1
 
 
@@ -39,7 +43,8 @@ class DamSettings(CorpusSettings, TaskSettings):
     """Settings of :func:`~attnlens.analysis.dam.dam`, in groups.
 
     - The mask: ``variant`` (a layout of :data:`~attnlens.analysis.dam.layouts.LAYOUTS`),
-      target ``sparsity`` (λ found by dual ascent from ``dual_start`` at step ``dual_lr``) or
+      target ``sparsity`` (met by ``dual``: λ found by dual ascent from ``dual_start`` at step
+      ``dual_lr``, or the mask held at a density brought down to the target) or
       fixed sparsity weights ``lambdas``; ``mask_seeds`` masks per target or λ, each with its own noise
       and batch order; how removed positions are removed (``removal``); the position ``classes``
       reported (and learned by the ``class`` variant).
@@ -72,7 +77,8 @@ class DamSettings(CorpusSettings, TaskSettings):
     variant: str = "structured"
     lambdas: tuple[float, ...] | None = None  # fixed sparsity weights, instead of target sparsities
     dual_lr: float = 0.2
-    dual_start: float | None = None  # the λ a target's run starts from; None: DUAL_START, or with `init` where gradients balance
+    dual_start: float | None = None  # the λ a target's run starts from; None: DUAL_START, or (init, hold) where gradients balance
+    dual: str = "auto"  # how a target is met: ascent, hold, or auto (hold with train_weights); see DUALS
     sparsity: tuple[float, ...] | None = None  # target sparsities (None and no lambdas: DEFAULT_SPARSITY)
     steps: int = 300  # the cap: the stopping rule usually ends a run earlier
     tau: str | float | tuple[float, float] = 1.0
@@ -139,6 +145,7 @@ class DamSettings(CorpusSettings, TaskSettings):
         for value in self.sparsity or ():
             probability("sparsity", value, ": a target sparsity is strictly between 0 and 1, e.g. `sparsity` 0.8,0.9")
         positive("dual_lr", self.dual_lr)
+        one_of("dual", self.dual, DUALS)
         if self.dual_start is not None:
             positive("dual_start", self.dual_start, " (λ moves in log space), e.g. `dual_start` 1")
         at_least("mask_seeds", self.mask_seeds, 1, " (masks per target, each its own noise and batch order)")
@@ -195,12 +202,22 @@ class DamSettings(CorpusSettings, TaskSettings):
     def runs(self) -> list[tuple[float | None, float | None, int]]:
         """(the λ a run starts from, its target sparsity or None, its seed) for every run:
         ``mask_seeds`` per λ or target. A target's run from a warm start (``init``) starts at
-        ``None``: where the gradients balance."""
+        ``None``: where the gradients balance, and so does one whose mask is held (:attr:`holds`)."""
         seeds = [self.seed + number for number in range(self.mask_seeds)]
         if self.lambdas is not None:
             return [(float(value), None, seed) for value in self.lambdas for seed in seeds]
-        start = self.dual_start or (None if self.init is not None else DUAL_START)
+        start = self.dual_start or (None if self.init is not None or self.holds else DUAL_START)
         return [(start, float(target), seed) for target in (self.sparsity or DEFAULT_SPARSITY) for seed in seeds]
+
+    @property
+    def holds(self) -> bool:
+        """Whether a target's run holds its hard mask at a density brought down to the target
+        (:meth:`~attnlens.analysis.dam.training.DamTrainer.aim`) instead of dual ascent on its gap.
+
+        >>> DamSettings().holds, DamSettings(train_weights=True).holds, DamSettings(dual="hold").holds
+        (False, True, True)
+        """
+        return self.dual == "hold" or (self.dual == "auto" and self.train_weights)
 
     @property
     def temperature(self) -> tuple[float, float]:

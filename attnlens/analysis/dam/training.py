@@ -5,8 +5,9 @@ no defaults of its own, so what a benchmark measures is what :func:`dam` runs). 
 draws a Gumbel-sigmoid sample ``M_soft = σ((α + s·(g₁ - g₂))/τ)``, uses the hard mask
 ``M = [α + s·(g₁ - g₂) > 0]`` in the forward pass with the straight-through gradient of
 ``M_soft``, and minimises ``objective + λ·mean(M)`` (the mean over valid positions, so
-``mean(M)`` is the density). With a target sparsity, λ moves by dual ascent and the logits
-are shifted so the hard mask meets the target (:meth:`DamTrainer.calibrate`);
+``mean(M)`` is the density). With a target sparsity, λ moves by dual ascent, or the hard mask
+is held at a density brought down to the target (:meth:`DamTrainer.aim`), and the logits are
+shifted so the hard mask meets the target (:meth:`DamTrainer.calibrate`);
 :class:`StoppingRule` ends the schedule once the hard mask stops changing, and
 :meth:`DamTrainer.check` then asks whether the mask is an optimum, at a learning rate that
 still moves it, or only where the annealed schedule froze it.
@@ -43,6 +44,7 @@ TARGET_WITHIN = 0.01  # converged with a target: the shift to it changes trainin
 FLOAT_FLOOR = 1e-6  # a change of a loss smaller than float32 arithmetic resolves there is no improvement
 DUAL_PROBES = 4  # batches whose gradients set the λ a warm start's run starts from (DamTrainer.balancing_lambda)
 LAMBDA_FLOOR = 1e-3  # the least λ a run starts from (dual ascent moves λ in log space)
+HOLD_RAMP = 1 / 3  # a held mask's density comes down to the target over this share of the step cap (DamTrainer.aim)
 _BIG = 1e4  # the straight-through gradient scale of both additive removals: ∂scores/∂M
 
 
@@ -174,6 +176,8 @@ class DamTrainer:
         self.optimizer_ = torch.optim.Adam(groups)
         self.generator_ = torch.Generator().manual_seed(seeded(self.seed, NOISE_STREAM))
         self.step_ = 0
+        self.holding_ = self.target_density is not None and s.holds
+        self.moments_ = None  # a held run's running averages of the pull and the push (balance)
         return self
 
     # -- schedules
@@ -324,18 +328,20 @@ class DamTrainer:
         for group, base in zip(self.optimizer_.param_groups, (self.settings.lr, self.settings.weights_lr)):
             group["lr"] = base * rate
         task, density = self.sampled_loss(objective, batch, context, counts, tau, noise)
-        loss = task + self.lam * density
         self.optimizer_.zero_grad(set_to_none=True)
-        loss.backward()
+        self.backward(task, density)
+        loss = task.detach() + self.lam * density.detach()
         self.optimizer_.step()
         self.step_ += 1
+        if self.holding_:
+            self.project(self.aim(self.step_ - 1))
         with torch.no_grad():
             weights = counts / counts.sum()
             keep = torch.sigmoid(self.logits_.detach() / max(noise, 1e-6))
             hard_density = float((weights * (self.logits_ > 0)).sum())
             undecided = float((weights * ((keep > 0.1) & (keep < 0.9))).sum())
-        if self.target_density is not None:  # dual ascent: λ rises while the hard mask keeps more than the target
-            # in log space (λ's scale depends on the removal and the objective), on the logits' schedule
+        if self.target_density is not None and not self.holding_:  # dual ascent: λ rises while the hard mask keeps more
+            # than the target, in log space (λ's scale depends on the removal and the objective), on the logits' schedule
             self.lam = self.lam * math.exp(self.settings.dual_lr * rate * (hard_density - self.target_density))
         return {
             "loss": loss.item(),
@@ -347,6 +353,61 @@ class DamTrainer:
             "lr": self.settings.lr * rate,
             **({"lambda_now": self.lam} if self.target_density is not None else {}),  # the λ dual ascent is at
         }
+
+    # -- a held mask (dual "hold")
+
+    def aim(self, step: int) -> float:
+        """The density a held mask keeps after ``step``: its density at the start, brought down in a
+        straight line to the target over the first :data:`HOLD_RAMP` of the step cap, then the target.
+
+        >>> trainer = DamTrainer.__new__(DamTrainer)
+        >>> trainer.start_density_, trainer.target_density, trainer.steps = 1.0, 0.1, 30
+        >>> [round(trainer.aim(step), 2) for step in (0, 4, 9, 20)]
+        [0.91, 0.55, 0.1, 0.1]
+        """
+        done = min((step + 1) / max(HOLD_RAMP * self.steps, 1), 1.0)
+        return self.start_density_ + (self.target_density - self.start_density_) * done
+
+    def backward(self, task: torch.Tensor, density: torch.Tensor) -> None:
+        """The gradients of ``task + λ·density``; a held run first sets λ where the gradients balance
+        (:meth:`balance`), from the objective's and the density's gradients apart."""
+        if not self.holding_:
+            (task + self.lam * density).backward()
+            return
+        push = torch.autograd.grad(density, self.logits_, retain_graph=True)[0]
+        task.backward()
+        self.lam = self.balance(-self.logits_.grad, push)
+        self.logits_.grad += self.lam * push
+
+    def balance(self, pull: torch.Tensor, push: torch.Tensor) -> float:
+        """A held run's λ: where the objective's pull on each logit outweighs λ times the density's push
+        on exactly the target's share of the training positions (:func:`balancing_lambda`), on the
+        running averages of both that Adam's direction follows (its first moment's decay).
+
+        Dual ascent on the hard mask's gap integrates it, and the logits move at most ``lr`` a step
+        whatever λ is: from a dense start λ kept rising while they travelled to the threshold, wound
+        up far past the balance and drove the mask past its target, where weights that train alongside
+        adapt to the sparser mask and keep it (measured: 95% sparse against a 90% target). Held, the
+        mask cannot leave its line, and λ only has to rank positions: the target's share, by the
+        worth of a position against its cost, rises, and the rest falls.
+        """
+        beta, now = self.optimizer_.defaults["betas"][0], (pull, push)
+        moments = now if self.moments_ is None else [beta * old + (1 - beta) * new for old, new in zip(self.moments_, now)]
+        self.moments_ = pull, push = moments
+        decided = (self.weights_ > 0) & (push > 0)
+        ratio = pull[decided] / push[decided]
+        return max(balancing_lambda(ratio, self.weights_[decided], self.target_density), LAMBDA_FLOOR)
+
+    def project(self, density: float) -> None:
+        """Shift every logit by one constant so that the hard mask keeps ``density`` of the training
+        positions (each logit weighted by the positions it decides), as near as ties allow."""
+        with torch.no_grad():
+            logits, weights = self.logits_.flatten(), self.weights_.flatten()
+            order = torch.argsort(logits, descending=True)
+            kept = torch.cumsum(weights[order], 0) / weights.sum()  # the share kept when the cut passes each logit
+            index = int(torch.searchsorted(kept, torch.tensor(density, dtype=kept.dtype)))
+            if index < len(order) - 1 and logits[order[index]] > logits[order[index + 1]]:  # a cut between two
+                self.logits_ -= (logits[order[index]] + logits[order[index + 1]]) / 2
 
     # -- the end of a run
 
@@ -395,9 +456,11 @@ class DamTrainer:
         self.start(model)
         weights = contextlib.nullcontext() if self.settings.train_weights else frozen(model.model)
         with weights, torch.enable_grad():
-            if self.lam is None:  # a target's run from a warm start: λ starts where the gradients balance
+            if self.lam is None:  # a target's run from a warm start, or held: λ starts where the gradients balance
                 self.lam = self.balancing_lambda(objective, data, [int(index) for index in order[:DUAL_PROBES]])
             self.lambda_start_ = self.lam
+            self.weights_ = sum(data.counts)  # the positions each logit decides over the training batches
+            self.start_density_ = float((self.weights_ * (self.logits_.detach() > 0)).sum() / self.weights_.sum())
             history = self._steps(objective, data, order, bar)
             self.steps_used_ = len(history)
             if bar is not None:
@@ -427,7 +490,8 @@ class DamTrainer:
             history.append(row)
             if bar is not None:
                 bar.update(1)
-            if "flipped" in row and row["flipped"] < rule.flips and rule.plateaued([entry["loss"] for entry in history]):
+            aimed = not self.holding_ or step + 1 >= HOLD_RAMP * self.steps  # a held mask's aim has reached the target
+            if aimed and "flipped" in row and row["flipped"] < rule.flips and rule.plateaued([e["loss"] for e in history]):
                 self.annealed_ = True
                 break
         last = len(history) - 1
