@@ -9,6 +9,7 @@ import re
 import matplotlib.pyplot as plt
 import numpy as np
 import pytest
+import scipy.stats
 
 import attnlens
 from attnlens.models import loading as models
@@ -210,6 +211,18 @@ def test_the_finetune_protocol_report_trains_each_change_and_says_so_across_seed
     verdicts = result.claims.set_index("claim")["verdict"]
     assert "(one R shared by every layer)" in verdicts["k = 16 exact scores suffice (paper 1)"], "the maps the task judged"
     assert "learned − fixed" in verdicts["R learned with the weights beats R fixed at k = 16 (paper 1)"]
+    # DAM against the pattern trained alike, paired by seed: the t interval of each seed's difference, by scipy
+    task = result.result("dam").tables["task"]
+    dam_seeds, band_seeds = (
+        np.array(task[task["kind"] == kind]["seed_accuracies"].iloc[0].split(), float) for kind in ("dam", "pattern")
+    )
+    differences = 100 * (dam_seeds - band_seeds)
+    half = scipy.stats.t.ppf(0.975, len(differences) - 1) * differences.std(ddof=1) / np.sqrt(len(differences))
+    said = result.claims.set_index("claim").loc["Fixed sparse patterns are worse than DAM (paper 2)", SEEDS_COLUMN]
+    stated = [float(value.replace("−", "-")) for value in re.findall(r"[−+]\d+\.\d", said)]
+    assert said.endswith("over 2 seeds") and np.allclose(
+        stated, [differences.mean(), differences.mean() - half, differences.mean() + half], atol=0.06
+    ), said
 
 
 def _seeds(values) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import pandas as pd
 
 from attnlens.analysis.dam.result import SEED_TABLES
+from attnlens.analysis.dam.settings import DamSettings
 from attnlens.report.html import Figures, folded, section, table
 from attnlens.report.verdicts import (
     DECIDING,
@@ -95,16 +96,16 @@ def _patterns(result, evidence: Evidence, unit: str, undecided: Verdict | None) 
         for _, row in compared.iterrows()
     )
     task_table = result.tables.get("task_compared")
-    task_said = _compared_points(task_table)
+    task_said, seeds_said = _compared_points(task_table), _compared_seeds(task_table, result.meta["settings"].get("seeds", 1))
     if undecided is not None:
-        return Claim(*PATTERNS, undecided, proxy_said, task_said)
+        return Claim(*PATTERNS, undecided, proxy_said, task_said, seeds_said)
     across = result.across_seeds()
     proxy = _worse(across["compared"] if across else compared)
     worse = None if task_table is None or not len(task_table) else _worse(across.get("task_compared", task_table))
     task = None if worse is None else HOLDS if worse else DOES_NOT_HOLD
     phrase = combine(proxy=proxy, task=task, judged=task_table is not None, missing=evidence.missing)
     decided = task_said.split("; ")[0] if task_table is not None and len(task_table) else proxy_said.split("; ")[0]
-    return Claim(*PATTERNS, Verdict(phrase, decided), proxy_said, task_said)
+    return Claim(*PATTERNS, Verdict(phrase, decided), proxy_said, task_said, seeds_said)
 
 
 def _worse(compared: pd.DataFrame) -> bool | None:
@@ -143,6 +144,19 @@ def _compared_points(table: pd.DataFrame | None) -> str:
                            "delta_accuracy_high": row["difference_high"], "held_out": row.get("compared_on", 10**9)})  # fmt: skip
         sparse = f"{row['task_sparsity']:.0%} of the task's positions" if "task_sparsity" in row else "matched"
         said.append(f"DAM − {row['scope']} {row['pattern']}({int(row['value'])}) ({sparse}) {points(named)}")
+    return "; ".join(said)
+
+
+def _compared_seeds(table: pd.DataFrame | None, seeds: int) -> str:
+    """Under the finetune protocol, each mask against each pattern trained alike, the accuracies paired
+    by seed (a t interval over the seeds, in points)."""
+    if table is None or "difference_seeds" not in table:
+        return ""
+    said = []
+    for _, row in table.drop_duplicates(["lambda", "pattern", "value"]).iterrows():
+        named = pd.Series({"delta_accuracy": row["difference_seeds"], "delta_accuracy_low": row["difference_seeds_low"],
+                           "delta_accuracy_high": row["difference_seeds_high"]})  # fmt: skip
+        said.append(f"DAM − {row['pattern']}({int(row['value'])}) {points(named)} over {seeds} seeds")
     return "; ".join(said)
 
 
@@ -194,9 +208,12 @@ def _method(result) -> str:
         if "polish_rounds" in result.table
         else ""
     )
+    dual = settings.get("dual", "ascent")  # a result from before `dual` found every λ by dual ascent
+    held = DamSettings(dual=dual, train_weights=settings["train_weights"]).holds
     return (
         f"DAM ({settings['variant']} masks, model {'trained alongside' if settings['train_weights'] else 'frozen'}, n = "
-        f"{settings['n']}, learned on {learned}) aimed at target sparsities, λ by dual ascent, the threshold set to meet "
+        f"{settings['n']}, learned on {learned}) aimed at target sparsities, "
+        f"{'the mask held on a line down to the target' if held else 'λ by dual ascent'}, the threshold set to meet "
         f"the target; judged on {settings['eval_seqs']} held-out blocks with the deterministic mask, beside fixed sparse "
         f"patterns swept over their parameter. Adam at {settings['lr']:g}, cosine schedule over at most {settings['steps']} "
         f"steps. Runs: {', '.join(steps(row) for _, row in result.table.iterrows())}.{polish}"
