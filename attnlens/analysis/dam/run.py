@@ -322,7 +322,7 @@ def train_and_judge(setup: Setup, lam: float | None, target: float | None, seed:
     trainer = DamTrainer(setup.layout, s, lam=lam, target_density=density, init_logits=setup.init_logits, seed=seed)
     order = setup.order(seed)
     curve = trainer.fit(model, setup.train_objective, setup.train, order, bar)
-    # a target's run ends at the λ dual ascent found: its key in every table
+    # a target's run ends at the λ dual ascent (or, held, the balance) found: its key in every table
     lam, logits, polished = trainer.lam, trainer.logits_.detach(), None
     if setup.polishes:
         polished = polish(setup, trainer, bar)
