@@ -140,8 +140,7 @@ def _compared_points(table: pd.DataFrame | None) -> str:
     # a pattern matched at the task's positions (shorter than the blocks) may be narrower than the proxy's:
     # its sparsity there says why the two columns name different widths
     for _, row in table.drop_duplicates(["lambda", "pattern", "value"]).iterrows():
-        named = pd.Series({"delta_accuracy": row["difference"], "delta_accuracy_low": row["difference_low"],
-                           "delta_accuracy_high": row["difference_high"], "held_out": row.get("compared_on", 10**9)})  # fmt: skip
+        named = pd.concat([_difference(row, ""), pd.Series({"held_out": row.get("compared_on", 10**9)})])
         sparse = f"{row['task_sparsity']:.0%} of the task's positions" if "task_sparsity" in row else "matched"
         said.append(f"DAM − {row['scope']} {row['pattern']}({int(row['value'])}) ({sparse}) {points(named)}")
     return "; ".join(said)
@@ -154,10 +153,13 @@ def _compared_seeds(table: pd.DataFrame | None, seeds: int) -> str:
         return ""
     said = []
     for _, row in table.drop_duplicates(["lambda", "pattern", "value"]).iterrows():
-        named = pd.Series({"delta_accuracy": row["difference_seeds"], "delta_accuracy_low": row["difference_seeds_low"],
-                           "delta_accuracy_high": row["difference_seeds_high"]})  # fmt: skip
-        said.append(f"DAM − {row['pattern']}({int(row['value'])}) {points(named)} over {seeds} seeds")
+        said.append(f"DAM − {row['pattern']}({int(row['value'])}) {points(_difference(row, '_seeds'))} over {seeds} seeds")
     return "; ".join(said)
+
+
+def _difference(row: pd.Series, suffix: str) -> pd.Series:
+    """A comparison's ``difference{suffix}`` and its interval, named as :func:`points` reads a Δ."""
+    return pd.Series({f"delta_accuracy{end}": row[f"difference{suffix}{end}"] for end in ("", "_low", "_high")})
 
 
 def dam_section(results: dict, names: dict[str, str], figures: Figures, evidence: Evidence) -> str:
