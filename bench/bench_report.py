@@ -4,6 +4,7 @@ features included), in one run.
 
 Run:  python bench/bench_report.py [--presets quick,default] [--write] [--keep DIR]
       python bench/bench_report.py --from REPORT_DIR ... --write      (a saved report's own timings: --full, finetune)
+      python bench/bench_report.py --from FULL_DIR --write --stored finetune   (keeps stating a time no change touched)
 
 Prints each stage's seconds per preset, the totals and the wall time of the whole command against
 the budgets (the default report in 10 minutes, --quick in 2, --full in 30, --protocol finetune in 90). ``--write`` stores the stages' seconds
@@ -72,8 +73,9 @@ def table(timings: dict[str, dict[str, float]], walls: dict[str, float]) -> str:
     return "\n".join(lines)
 
 
-def write(timings: dict[str, dict[str, float]]) -> None:
-    """The measured seconds into stage_weights.json and the README's time sentence (both atomically)."""
+def write(timings: dict[str, dict[str, float]], stored: tuple[str, ...] = ()) -> None:
+    """The measured seconds into stage_weights.json and the README's time sentence (both atomically);
+    ``stored``: presets not measured now whose stored time the sentence still states."""
     from attnlens.report.presets import duration  # the words `attnlens report --help` uses too
 
     weights = json.loads(WEIGHTS.read_text())
@@ -82,7 +84,11 @@ def write(timings: dict[str, dict[str, float]]) -> None:
     _replace(WEIGHTS, json.dumps(weights, indent=2) + "\n")
     total = {name: sum(seconds.values()) for name, seconds in weights.items() if name != "about"}
     # --full's and the finetune protocol's times only when this run measured them: a stored figure may be from older code
-    slow = "".join(f", `{' '.join(FLAGS[name])}` {duration(total[name])}" for name in ("full", "finetune") if name in timings)
+    slow = "".join(
+        f", `{' '.join(FLAGS[name])}` {duration(total[name])}"
+        for name in ("full", "finetune")
+        if name in timings or name in stored
+    )
     sentence = (
         f"On 2 cores the report takes {duration(total['default'])} (`--quick` {duration(total['quick'])}{slow}), as "
         "`python bench/bench_report.py` measured it."
@@ -104,6 +110,9 @@ def main() -> None:
     parser.add_argument("--from", dest="saved", nargs="*", type=Path, default=[], help="saved reports to read instead")
     parser.add_argument("--keep", type=Path, help="keep the reports in this directory")
     parser.add_argument("--write", action="store_true", help="store the seconds (stage_weights.json, README)")
+    parser.add_argument(
+        "--stored", default="", help="with --write: presets (full, finetune) not measured now whose stored time still holds"
+    )
     args = parser.parse_args()
     timings, walls = {}, {}
     for report in args.saved:
@@ -117,7 +126,7 @@ def main() -> None:
                 print(f"{name}: {walls[name]:.1f} s", file=sys.stderr, flush=True)
     print(table(timings, walls))
     if args.write:
-        write(timings)
+        write(timings, tuple(filter(None, args.stored.split(","))))
 
 
 if __name__ == "__main__":

@@ -12,8 +12,12 @@ model's report's first screen at 1,280 px as ``docs/report.png``. A claim a defa
     attnlens report --protocol finetune --out r-l6-ft
     python scripts/readme_claims.py r-l6 r-l3 r-g3 --full r-l6-full --finetune r-l6-ft
 
+A column whose report is not made again keeps its cells and its line as the README prints them
+(``--keep '`gemma3-270m`'``, once per column), in the README's order: the default report of
+gemma3-270m alone takes an hour and a half on 2 cores, and the finetune protocol as long.
+
 >>> claims = pd.DataFrame([["q", "yes", "holds: a | b", "default"]], columns=COLUMNS)
->>> section = claims_section([(claims, {"model": {"name": "m"}})])
+>>> section = claims_section([column(claims, {"model": {"name": "m"}})])
 >>> "holds: a \\\\| b (default)" in section
 True
 """
@@ -23,8 +27,10 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import re
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 import pandas as pd
 
@@ -39,27 +45,92 @@ FIGURE_COPY = Path("docs") / "report.png"
 WIDTH, HEIGHT = 1280, 800  # the first screen a reader sees of the report page
 
 
-def markdown_table(claims: list[pd.DataFrame], headings: list[str]) -> str:
-    """The claims as a Markdown table, a column per model (or protocol) under ``headings``, each cell exactly as that report
-    prints its verdict (and, fine-tuned with seeds, the Δ across them), with the preset that made it (``|``
-    escaped); a claim a report does not make (a second model of its geometry is not installed): "—"."""
+class Column(NamedTuple):
+    """One column of the claims table: its heading, its model's line, and per claim (as the table
+    prints it) the cell and what the papers report."""
 
-    def cell(text: object) -> str:
-        return "" if pd.isna(text) else str(text).replace("|", "\\|").replace("\n", " ")
+    heading: str
+    line: str
+    cells: dict[str, str]
+    papers: dict[str, str]
+
+    @property
+    def model(self) -> str:
+        return self.heading.split("`")[1]
+
+
+def cell(text: object) -> str:
+    """A table cell's text: ``|`` escaped, on one line ("" for nothing)."""
+    return "" if pd.isna(text) else str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def column(claims: pd.DataFrame, meta: dict) -> Column:
+    """A report's column: each claim exactly as the report prints its verdict (and, fine-tuned with
+    seeds, the Δ across them), with the preset that made it."""
 
     def verdict(row: pd.Series) -> str:
         seeds = row.get(SEEDS_COLUMN, "")
         across = f"; {cell(seeds)}" if isinstance(seeds, str) and seeds else ""  # the column says fine-tuned
         return f"{cell(row['verdict'])}{across} ({row['made by']})"
 
-    header = ["claim", "papers report", *headings]
+    rows = [(cell(row["claim"]), row) for _, row in claims.iterrows()]
+    return Column(
+        _heading(meta),
+        described(meta),
+        {claim: verdict(row) for claim, row in rows},
+        {claim: cell(row["papers report"]) for claim, row in rows},
+    )
+
+
+def markdown_table(columns: list[Column]) -> str:
+    """The claims as a Markdown table, a column per model (or protocol); a claim a column does not
+    make (a second model of its geometry is not installed): "—"."""
+    header = ["claim", "papers report", *(one.heading for one in columns)]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    verdicts = [table.set_index("claim") for table in claims]
-    for claim in dict.fromkeys(name for table in claims for name in table["claim"]):
-        papers = next(table.loc[claim, "papers report"] for table in verdicts if claim in table.index)
-        cells = [verdict(table.loc[claim]) if claim in table.index else "—" for table in verdicts]
-        lines.append("| " + " | ".join([cell(claim), cell(papers), *cells]) + " |")
+    for claim in dict.fromkeys(name for one in columns for name in one.cells):
+        papers = next(one.papers[claim] for one in columns if claim in one.papers)
+        lines.append("| " + " | ".join([claim, papers, *(one.cells.get(claim, "—") for one in columns)]) + " |")
     return "\n".join(lines)
+
+
+def kept(readme: str, headings: list[str]) -> list[Column]:
+    """The columns under ``headings`` as the README's claims section prints them now, each with its
+    model's line: for a column whose report is not made again (gemma3-270m's default report takes an
+    hour and a half on 2 cores) beside those that are. Refused where the section's table is not the
+    generator's own (its digest) or lacks a heading.
+
+    >>> one = Column("`m`", "`m` on `kjv`.", {"a": "holds: 1 (default)"}, {"a": "p"})
+    >>> section = claims_section([one])
+    >>> kept(section, ["`m`"]) == [one]
+    True
+    """
+    header, rows, lines = _printed(readme)
+    columns = []
+    for heading in headings:
+        if heading not in header:
+            raise ValueError(f"the README's claims table has no column {heading}; it has {', '.join(header)}")
+        at = header.index(heading)
+        made = {row[0]: row[2 + at] for row in rows if row[2 + at] != "—"}
+        columns.append(Column(heading, lines[at], made, {row[0]: row[1] for row in rows if row[0] in made}))
+    return columns
+
+
+def in_order(columns: list[Column], readme: str) -> list[Column]:
+    """``columns`` in the order of the README's table; one it does not have goes last."""
+    order = _printed(readme)[0]
+    return sorted(columns, key=lambda one: order.index(one.heading) if one.heading in order else len(order))
+
+
+def _printed(readme: str) -> tuple[list[str], list[list[str]], list[str]]:
+    """The README's claims section as printed: the table's headings (models from the third), its
+    rows' cells, and the models' lines; refused where the table is not the generator's (its digest)."""
+    section = readme[readme.index(BEGIN) : readme.index(END)]
+    table = [line for line in section.splitlines() if line.startswith("|")]
+    if f"<!-- claims digest {digest(chr(10).join(table))} -->" not in section:
+        raise ValueError("the README's claims table is not the generator's output; it cannot keep a column of it")
+    split = lambda line: [part.strip() for part in re.split(r"(?<!\\)\|", line)[1:-1]]
+    lines = [line[2:] for line in section.splitlines() if line.startswith("- `")]
+    return split(table[0])[2:], [split(line) for line in table[2:]], lines
 
 
 def finetuned(claims: pd.DataFrame) -> pd.DataFrame:
@@ -106,24 +177,23 @@ def described(meta: dict) -> str:
     )
 
 
-def claims_section(reports: list[tuple[pd.DataFrame, dict]]) -> str:
-    """The README's claims section (markers included) from each model's claims table and meta (a finetune
-    report's column, headed "fine-tuned", sits beside its model's)."""
-    models = [meta.get("model", {}).get("name", "?") for _, meta in reports]
-    table = markdown_table([claims for claims, _ in reports], [_heading(meta) for _, meta in reports])
+def claims_section(columns: list[Column]) -> str:
+    """The README's claims section (markers included) from its columns (a finetune report's column,
+    headed "fine-tuned", sits beside its model's)."""
+    table = markdown_table(columns)
     return "\n".join(
         [
             BEGIN,
             "<!-- generated by scripts/readme_claims.py from saved reports; do not edit by hand -->",
             "",
-            *(f"- {described(meta)}" for _, meta in reports),
+            *(f"- {one.line}" for one in columns),
             "",
             "The papers used BERT-base on GLUE, fine-tuned: these are findings about these models. How a verdict is "
             "reached, and what a causal model's claims mean: [science](docs/science.md#how-the-report-decides-a-claim).",
             "",
             table,
             "",
-            f"![The default report's first screen, {models[0]}]({FIGURE_COPY.as_posix()})",
+            f"![The default report's first screen, {columns[0].model}]({FIGURE_COPY.as_posix()})",
             "",
             f"<!-- claims digest {digest(table)} -->",
             END,
@@ -161,25 +231,29 @@ def update(
     figure: Path | None = ROOT / FIGURE_COPY,
     full: list[Path] = (),
     finetune: list[Path] = (),
+    keep: list[str] = (),
 ) -> str:
     """Rewrite ``readme``'s claims section (and ``figure``, the first report's first screen) from the
     default reports in ``reports``, a column each (and each ``full`` report's verdicts where its
-    model's default leaves them to it; each ``finetune`` report's column beside its model's); returns
-    the section."""
+    model's default leaves them to it; each ``finetune`` report's column beside its model's), with
+    the columns headed ``keep`` as the README has them, in the README's order; returns the section."""
     import attnlens
     from attnlens.io.files import write_bytes_atomic
 
     fulls = {result.meta["model"]["name"]: result.claims for result in map(attnlens.load_result, full)}
     finetunes = {result.meta["model"]["name"]: result for result in map(attnlens.load_result, finetune)}
-    tables = []
+    columns = []
     for directory in reports:
         report = attnlens.load_result(directory)
         name = report.meta["model"]["name"]
-        tables.append((merged(report.claims, fulls.get(name)), report.meta))
+        columns.append(column(merged(report.claims, fulls.get(name)), report.meta))
         if name in finetunes:
-            tables.append((finetuned(finetunes[name].claims), finetunes[name].meta))
-    section = claims_section(tables)
-    write_bytes_atomic(readme, replace_section(readme.read_text(), section).encode())
+            columns.append(column(finetuned(finetunes[name].claims), finetunes[name].meta))
+    text = readme.read_text()
+    if keep:
+        columns = in_order(columns + kept(text, list(keep)), text)
+    section = claims_section(columns)
+    write_bytes_atomic(readme, replace_section(text, section).encode())
     if figure is not None:
         screenshot(reports[0] / "report.html", figure)
     return section
@@ -198,6 +272,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("reports", type=Path, nargs="+", help="`attnlens report` directories (default or --quick), one per model")
     parser.add_argument("--full", type=Path, action="append", default=[], help="a `--full` report, for the claims it decides")
     parser.add_argument("--finetune", type=Path, action="append", default=[], help="a `--protocol finetune` report: a column")
+    parser.add_argument(
+        "--keep",
+        action="append",
+        default=[],
+        metavar="HEADING",
+        help="a column kept as the README has it (its report not made again)",
+    )
     parser.add_argument("--readme", type=Path, default=ROOT / "README.md")
     args = parser.parse_args(argv)
     # a model's column comes from its default report (a quick one where no default fits: its cells say so)
@@ -210,7 +291,11 @@ def main(argv: list[str] | None = None) -> int:
         if (why := _refused(directory, presets)) is not None:
             print(f"readme_claims: error: {why}", file=sys.stderr)
             return 2
-    update(args.reports, args.readme, full=args.full, finetune=args.finetune)
+    try:
+        update(args.reports, args.readme, full=args.full, finetune=args.finetune, keep=args.keep)
+    except ValueError as error:
+        print(f"readme_claims: error: {error}", file=sys.stderr)
+        return 2
     print(f"rewrote the claims section of {args.readme} and {FIGURE_COPY} from {', '.join(map(str, args.reports))}")
     return 0
 

@@ -216,10 +216,13 @@ def test_the_selections_early_looks_are_prefixes_of_the_whole_and_exact_runs_not
 
 
 @pytest.mark.integration
-def test_a_task_budgets_curves_are_the_tasks_cross_entropy_on_training_examples(minilm_l3):
-    """One head's curve under a task budget: the probe's cross-entropy on the curve examples, changed
-    minus unmodified, as the plan measures it (from the changed layer on, batches padded to n) against
-    the same computed by hand from full forwards of every example alone."""
+def test_a_task_budgets_curves_are_the_divergence_of_the_classifiers_predictions(minilm_l3):
+    """One head's curve under a task budget: per curve example, KL(unmodified prediction ‖ changed
+    prediction) of the probe, as the plan measures it (from the changed layer on, batches padded to n),
+    against scipy's divergence of the probabilities computed by hand from full forwards of every example
+    alone; never negative, where the cross-entropy against the labels it replaced moved both ways."""
+    from scipy.stats import entropy
+
     from attnlens.analysis.plan import PlanSettings, _planner
     from attnlens.analysis.task.batching import batches
 
@@ -229,18 +232,20 @@ def test_a_task_budgets_curves_are_the_tasks_cross_entropy_on_training_examples(
     judge = planner.judge.judge
     change = planner.change({(2, 1): Choice("window", 2)})
     measured = planner.judge.costs(change, "curve")
-    by_hand = []
+    by_hand, labelled = [], []
     for row in range(6):
         one = judge.train.take(slice(row, row + 1))
         (batch,) = batches(one, 1, "cpu")
         with torch.no_grad():
-            unmodified = judge.loss(batch)
+            unmodified, loss = torch.softmax(judge.logits(batch), 1)[0].numpy(), judge.loss(batch)
             with attnlens.Capture(layers=change.layers, intervene=change.intervention(batch.view(minilm_l3)), record=False):
-                changed = judge.loss(batch)
-        by_hand.append(float(changed - unmodified))
+                changed, changed_loss = torch.softmax(judge.logits(batch), 1)[0].numpy(), judge.loss(batch)
+        by_hand.append(entropy(unmodified, changed))
+        labelled.append(float(changed_loss - loss))
     order = np.concatenate([batch.rows for batch in planner.judge.curve.inputs])
-    assert np.abs(measured - np.array(by_hand)[order]).max() < 1e-4
-    assert np.abs(measured).max() > 1e-3, "the change moves the loss: the comparison can fail"
+    assert np.abs(measured - np.array(by_hand)[order]).max() < 1e-6
+    assert measured.min() >= -1e-9 and measured.max() > 1e-4, "the change moves predictions: the comparison can fail"
+    assert min(labelled) < 0 < max(labelled), "against the labels, the same change lowered some examples' loss"
 
 
 # ---------------------------------------------------------------------------- bad input

@@ -107,7 +107,10 @@ def test_a_finetune_report_is_a_column_beside_its_model_with_the_claims_it_fine_
         columns=columns,
     )
     section = generator.claims_section(
-        [(probe, {"model": {"name": "m"}}), (generator.finetuned(finetune), {"model": {"name": "m"}, "preset": "finetune"})]
+        [
+            generator.column(probe, {"model": {"name": "m"}}),
+            generator.column(generator.finetuned(finetune), {"model": {"name": "m"}, "preset": "finetune"}),
+        ]
     )
     lines = [line for line in section.splitlines() if line.startswith("| ")]
     assert lines[0] == "| claim | papers report | `m` | `m`, fine-tuned |"
@@ -116,3 +119,25 @@ def test_a_finetune_report_is_a_column_beside_its_model_with_the_claims_it_fine_
     )
     assert lines[2] == "| b | p | holds: 2 (default) | — |"
     assert lines[3] == "| c | q | — | not decided: 5 (finetune) |" and len(lines) == 4
+
+
+def test_a_kept_column_is_the_readmes_own_in_its_place_and_a_hand_edit_is_refused():
+    """``--keep``: a column whose report is not made again keeps its cells and its model's line, and the
+    columns stay in the README's order whichever way they arrive; a table whose digest no longer
+    matches (edited by hand) cannot lend a column."""
+    import pandas as pd
+
+    generator = _generator()
+    claims = lambda verdict: pd.DataFrame([["a | b", "p", verdict, "default"]], columns=generator.COLUMNS)
+    first = generator.column(claims("holds: 1"), {"model": {"name": "m1"}, "created": "2026-01-01"})
+    second = generator.column(claims("not decided: 2"), {"model": {"name": "m2"}, "created": "2026-01-02"})
+    readme = f"intro\n{generator.claims_section([first, second])}\noutro\n"
+    (kept,) = generator.kept(readme, ["`m1`"])
+    assert kept == first and kept.line.endswith("made 2026-01-01 with attnlens ?.")
+    again, new = (generator.column(claims("holds: 3"), {"model": {"name": name}}) for name in ("m2", "m3"))
+    assert [one.heading for one in generator.in_order([new, again, kept], readme)] == ["`m1`", "`m2`", "`m3`"]
+    edited = readme.replace("holds: 1 (default)", "holds: 9 (default)")
+    with pytest.raises(ValueError, match="not the generator's output"):
+        generator.kept(edited, ["`m1`"])
+    with pytest.raises(ValueError, match="has no column `m3`"):
+        generator.kept(readme, ["`m3`"])

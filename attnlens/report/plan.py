@@ -90,7 +90,11 @@ def _curve_cost(plan_result, plan: pd.Series) -> str:
     the curves' blocks or task examples) summed, along the path up to the plan's step or over a uniform plan's heads."""
     settings = plan_result.settings
     detail = str(plan.detail)
-    unit = "nats of task cross-entropy" if settings.get("curve_cost") == "task" else LOSS_UNITS[settings["objective"]]
+    unit = (
+        "nats of KL divergence of the task's predictions"
+        if settings.get("curve_cost") == "task"
+        else LOSS_UNITS[settings["objective"]]
+    )
     if detail.startswith("uniform "):  # a uniform plan: every head under one choice
         curves = plan_result.tables["curves"]
         chosen = curves[curves.choice == detail.removeprefix("uniform ")]
@@ -141,7 +145,8 @@ def plan_section(results: dict, names: dict[str, str], figures: Figures, evidenc
     method = (
         f"Per layer and head: exact, partial with its own k (greedy keys, a closed-form map fitted on {settings['fit_seqs']} "
         f"blocks) or a window, at the fewest attention FLOPs within each budget of task accuracy ({', '.join(settings['budgets'])}). "
-        f"Curves of every head alone (the task's cross-entropy on {settings['curve_seqs']} of its training examples) give a greedy "
+        f"Curves of every head alone (how far it moves the classifier's predictions, KL divergence, on {settings['curve_seqs']} of "
+        "the task's training examples) give a greedy "
         "path; the plan is the cheapest of its last step "
         f"that meets the budget and the uniform plans that meet it, on {units['select']:,} task examples, then checked on {units['check']:,} others, beside the "
         "cheapest uniform plans and a random allocation of the plan's FLOPs. FLOPs count the valid (query, key) pairs of "

@@ -273,7 +273,7 @@ def _verified_step(planner: _Planner, path: list[dict], budget: Budget) -> tuple
     and every step it ran on the model."""
     allowance = budget.allowance(planner.judge)
     added = np.cumsum([0.0] + [segment["added"] for segment in path])
-    # The curves predict a loss budget's step (same units); an accuracy budget's (cross-entropy curves) starts halfway.
+    # The curves predict a loss budget's step (same units); an accuracy budget's (divergence curves) starts halfway.
     predicted = int(np.flatnonzero(added <= allowance).max()) if planner.judge is planner.proxy else len(path) // 2
     probed: list[dict] = []
 

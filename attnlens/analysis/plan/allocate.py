@@ -1,7 +1,7 @@
 """Allocating FLOPs over heads: per-head curves, the greedy path, and the plans to beat.
 
 **Curves.** For every head and every choice, the mean cost (proxy loss increase, or the
-task's cross-entropy, on the curve blocks) of changing that head alone, every other head
+divergence of the task's predictions, on the curve examples) of changing that head alone, every other head
 exact, beside the choice's price (FLOPs, or seconds from the timing table).
 
 **The greedy path** (:func:`greedy_path`) treats the heads' costs as additive and spends

@@ -10,8 +10,9 @@ A :class:`Costs` gives, for any change, one number per unit of data in each **pa
 - :class:`TaskCosts`: per task example, 1 if the unmodified model classified it right and
   the changed one does not, −1 for the reverse, else 0 (so the mean is the drop in
   accuracy), on two disjoint halves of the task's held-out examples; and on a third part,
-  ``"curve"``, the increase of the task's cross-entropy on some of its training examples,
-  which the heads' curves are measured on (smooth where a flip of a few examples is not).
+  ``"curve"``, how far the change moves the classifier's predictions on some of its training
+  examples (the KL divergence from the unmodified prediction), which the heads' curves are
+  measured on (smooth where a flip of a few examples is not, and never negative).
 
 A :class:`Budget` turns those into a verdict: a change **meets** it on the check when the
 upper end of the 95% paired bootstrap interval of its mean cost is within the allowance.
@@ -36,9 +37,10 @@ true cost is at the allowance, at most 3 × 0.135% = 0.4% of the time; a change 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
+import torch
 
 from attnlens.analysis.changes import Change
 from attnlens.analysis.evaluation import bootstrap_interval, evaluate_change
@@ -236,10 +238,29 @@ class ProxyCosts(Costs):
         return len(self.blocks[part])
 
 
+def _predicted(judge: TaskJudge, split: Split) -> tuple[Split, TaskLoss]:
+    """``split`` with each example's label replaced by the unmodified classifier's predicted
+    distribution, and the loss that reads it: the cross-entropy H(p₀, p) of a changed prediction p,
+    less the unmodified one's H(p₀, p₀), is KL(p₀ ‖ p) ≥ 0.
+
+    Why not the cross-entropy against the true labels: a change moves some examples' loss up and
+    others' down, and on the few examples a curve affords the noise of that difference exceeds most
+    single heads' effect. Half the (head, choice) pairs then measured a negative cost, counted as
+    free, and the path's first steps were the most drastic choices of heads taken in index order
+    (minilm-l6 ``--full``: its first step, window(1) on one head, cost 1.3 points). The divergence is
+    never negative, is 0 only for a change that moves no prediction, and grows with what the
+    accuracy check's interval grows with: the examples whose prediction a change flips.
+    """
+    with torch.no_grad():
+        soft = [replace(batch, labels=torch.softmax(judge.logits(batch), dim=1)) for batch in split.inputs]
+    return replace(split, inputs=soft), TaskLoss(judge)
+
+
 class TaskCosts(Costs):
-    """Accuracy drops per example, on two disjoint halves of the task's held-out examples; task
-    cross-entropy increases per example on ``curve`` of its training examples (the curves' part:
-    not the half that chooses, whose own noise a path built on it would fit)."""
+    """Accuracy drops per example, on two disjoint halves of the task's held-out examples; on
+    ``curve`` of its training examples (the curves' part: not the half that chooses, whose own noise
+    a path built on it would fit), how far the change moves the classifier's prediction: the KL
+    divergence from the unmodified prediction, per example (:func:`_predicted`)."""
 
     def __init__(
         self, experiment: Experiment, settings: TaskSettings, select: int, curve: int, batch_size: int, seed: int
@@ -260,8 +281,10 @@ class TaskCosts(Costs):
         self.bootstrap, self.seed = settings.bootstrap, seed
         self.parts = {"select": slice(0, select), "check": slice(select, None)}
         self.baseline = self.judge.judge(None)["correct"]
-        self.curve, self.loss = Split.of_examples(self.judge.train.take(slice(0, curve)), model, batch_size), TaskLoss(self.judge)
-        self.curve_baseline = self._losses(None)
+        self.curve, self.loss = _predicted(
+            self.judge, Split.of_examples(self.judge.train.take(slice(0, curve)), model, batch_size)
+        )
+        self.curve_baseline = self._losses(None)  # each example's entropy: a change's curve cost is the KL divergence
 
     def _losses(self, change: Change | None) -> np.ndarray:
         return evaluate_change(self.loss, self.curve.inputs, self.curve.views, change, self.curve.starts)["loss"]

@@ -171,12 +171,16 @@ class TaskJudge(FineTuning):
 
     def loss(self, batch: TaskBatch) -> torch.Tensor:
         """Per-example cross-entropy of the unmodified probe (or the model's own head), differentiable
-        (runs inside any active capture)."""
+        (runs inside any active capture). ``batch.labels`` are classes, or per class probabilities (then
+        the cross-entropy against that distribution)."""
+        return nn.functional.cross_entropy(self.logits(batch), batch.labels, reduction="none")
+
+    def logits(self, batch: TaskBatch) -> torch.Tensor:
+        """The classifier's logits (the unmodified probe's, or the model's own head's), one column per
+        task class, under any active capture."""
         if self.protocol == "head":
-            logits = self.head_logits(batch)
-        else:
-            logits = self.probe.torch_logits(pooled_features(self.model.model, self.pooling, batch))
-        return nn.functional.cross_entropy(logits, batch.labels, reduction="none")
+            return self.head_logits(batch)
+        return self.probe.torch_logits(pooled_features(self.model.model, self.pooling, batch))
 
     def head_logits(self, batch: TaskBatch) -> torch.Tensor:
         """The classification head's logits, one column per task class (in the task's order)."""
