@@ -41,6 +41,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
+from torch import nn
 
 from attnlens.analysis.changes import Change
 from attnlens.analysis.evaluation import bootstrap_interval, evaluate_change
@@ -238,10 +239,10 @@ class ProxyCosts(Costs):
         return len(self.blocks[part])
 
 
-def _predicted(judge: TaskJudge, split: Split) -> tuple[Split, TaskLoss]:
+def _predicted(judge: TaskJudge, split: Split) -> tuple[Split, np.ndarray]:
     """``split`` with each example's label replaced by the unmodified classifier's predicted
-    distribution, and the loss that reads it: the cross-entropy H(p₀, p) of a changed prediction p,
-    less the unmodified one's H(p₀, p₀), is KL(p₀ ‖ p) ≥ 0.
+    distribution p₀, and each example's H(p₀, p₀), from the same forward: the cross-entropy H(p₀, p)
+    of a changed prediction p, less that, is KL(p₀ ‖ p) ≥ 0.
 
     Why not the cross-entropy against the true labels: a change moves some examples' loss up and
     others' down, and on the few examples a curve affords the noise of that difference exceeds most
@@ -251,9 +252,13 @@ def _predicted(judge: TaskJudge, split: Split) -> tuple[Split, TaskLoss]:
     never negative, is 0 only for a change that moves no prediction, and grows with what the
     accuracy check's interval grows with: the examples whose prediction a change flips.
     """
+    soft, entropies = [], []
     with torch.no_grad():
-        soft = [replace(batch, labels=torch.softmax(judge.logits(batch), dim=1)) for batch in split.inputs]
-    return replace(split, inputs=soft), TaskLoss(judge)
+        for batch in split.inputs:
+            logits = judge.logits(batch)
+            soft.append(replace(batch, labels=torch.softmax(logits, dim=1)))
+            entropies.append(nn.functional.cross_entropy(logits, soft[-1].labels, reduction="none").double().cpu().numpy())
+    return replace(split, inputs=soft), np.concatenate(entropies)
 
 
 class TaskCosts(Costs):
@@ -281,10 +286,9 @@ class TaskCosts(Costs):
         self.bootstrap, self.seed = settings.bootstrap, seed
         self.parts = {"select": slice(0, select), "check": slice(select, None)}
         self.baseline = self.judge.judge(None)["correct"]
-        self.curve, self.loss = _predicted(
-            self.judge, Split.of_examples(self.judge.train.take(slice(0, curve)), model, batch_size)
-        )
-        self.curve_baseline = self._losses(None)  # each example's entropy: a change's curve cost is the KL divergence
+        curve_split = Split.of_examples(self.judge.train.take(slice(0, curve)), model, batch_size)
+        self.curve, self.curve_baseline = _predicted(self.judge, curve_split)  # a curve cost is then a KL divergence
+        self.loss = TaskLoss(self.judge)
 
     def _losses(self, change: Change | None) -> np.ndarray:
         return evaluate_change(self.loss, self.curve.inputs, self.curve.views, change, self.curve.starts)["loss"]
