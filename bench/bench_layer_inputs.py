@@ -21,6 +21,12 @@ here are shared and noisy); every ratio is against a baseline measured in the sa
      full      each curve's forward through every layer                        <- the baseline: one full forward
      started   as ``attnlens plan`` runs them: from the curve's layer (``Split.starts``)
    the ratio started/full is what a curve costs against one full forward of the same blocks.
+4. **A family without a row** (not in ``CHECKED_FAMILIES``): its first record checks, once per model, that
+   starting at each layer reproduces the full forward on one block:
+     full      one full forward of the batch                                   <- the baseline
+     check     ``layer_inputs._check_replay`` on one block, from every layer
+   Where the check holds, the model then costs what a checked family costs (1.–3.); where it fails, every
+   judgement is a full forward: 3.'s "full" against its "started".
 """
 
 from __future__ import annotations
@@ -134,6 +140,17 @@ def planner_curves(model, n: int, blocks: int, repeats: int) -> None:
     )
 
 
+def unchecked(model, ids: torch.Tensor, repeats: int) -> None:
+    """The one-off check of a family without a row, against one full forward of the batch."""
+    from attnlens.models import layer_inputs
+
+    times = best_of(
+        {"full": lambda: model.forward(ids), "check": lambda: layer_inputs._check_replay(model, ids[:1], None)}, repeats
+    )
+    print(f"  check (once per model, one block, {model.num_layers - 1} starts): {times['check']:8.1f} ms = "
+          f"{times['check'] / times['full']:.2f}x a full forward of the batch ({times['full']:.1f} ms)")  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ns", default="64,128")
@@ -153,6 +170,8 @@ def main() -> None:
         all_heads(model, ids, args.repeats)
         print("3. the planner's per-head curves, as `attnlens plan` judges them, against the same curves as full forwards")
         planner_curves(model, n, args.blocks, args.repeats)
+        print("4. a family without a row: the one-off check, against a full forward of the batch")
+        unchecked(model, ids, args.repeats)
 
 
 if __name__ == "__main__":

@@ -25,9 +25,10 @@ import transformers
 import attnlens
 from attnlens import Capture
 from attnlens.errors import BadInput
-from attnlens.models.layer_inputs import LAYER_STACKS, LayerInputs, by_copy, cache_bytes, layer_modules, split_copies
+from attnlens.models import layer_inputs
+from attnlens.models.layer_inputs import CHECKED_FAMILIES, LayerInputs, by_copy, cache_bytes, family, layer_modules, split_copies
 from attnlens.models.partial import LayerPlan, attention_modules, planned
-from tiny_models import save_with_minilm_tokenizer
+from zoo import CAPTURED, build
 
 
 def verses(model: attnlens.LoadedModel, kjv: attnlens.Corpus, count: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -69,7 +70,7 @@ def full_forward(model, ids, mask, head: bool) -> torch.Tensor:
     if head:
         output = model.model(input_ids=ids, attention_mask=mask)
         return output.logits if "logits" in output else output.last_hidden_state
-    return model.model.base_model(input_ids=ids, attention_mask=mask).last_hidden_state
+    return model.backbone(input_ids=ids, attention_mask=mask).last_hidden_state
 
 
 def assert_starts_match_full(model, ids, mask, head_at: set[int]) -> None:
@@ -77,7 +78,7 @@ def assert_starts_match_full(model, ids, mask, head_at: set[int]) -> None:
     forward's (through the output head at the starts in ``head_at``, the backbone's at the others)."""
     cache = LayerInputs.record(model, ids, mask)
     assert cache.skips
-    kept = [hidden.clone() for hidden in cache.hidden_]
+    kept = [cache.hidden(layer).clone() for layer in range(1, model.num_layers)]
     noise = score_noise(model, ids.shape[1], seed=1)
     change = lambda layer, scores, valid: scores + noise[layer]
     with torch.no_grad():
@@ -99,7 +100,8 @@ def assert_starts_match_full(model, ids, mask, head_at: set[int]) -> None:
             full = full_forward(model, ids, mask, head)
         assert not torch.equal(full, unmodified[head]), f"start {start}: the change changes nothing, so the check could not fail"
         assert torch.equal(started, full), f"start {start}: {(started - full).abs().max().item():.3g} from the full forward"
-    assert all(torch.equal(before, after) for before, after in zip(kept, cache.hidden_)), "a forward changed the cache"
+    after = [cache.hidden(layer) for layer in range(1, model.num_layers)]
+    assert all(torch.equal(before, now) for before, now in zip(kept, after)), "a forward changed the cache"
 
 
 def test_minilm_forward_from_every_layer_equals_the_full_forward(minilm_l6, kjv):
@@ -133,7 +135,7 @@ def test_the_cache_holds_the_hidden_states_the_model_reports(minilm_l6, kjv):
         reported = minilm_l6.forward(ids, mask, output_hidden_states=True).hidden_states
     for layer in range(1, minilm_l6.num_layers):
         assert torch.equal(cache.hidden(layer), reported[layer])
-    assert cache.nbytes == sum(hidden.nbytes for hidden in cache.hidden_) == cache_bytes(minilm_l6, *ids.shape)
+    assert cache.nbytes == sum(output.nbytes for output in cache.outputs_) == cache_bytes(minilm_l6, *ids.shape)
 
 
 def test_recording_sets_an_active_capture_aside(minilm_l6, kjv_blocks):
@@ -141,7 +143,7 @@ def test_recording_sets_an_active_capture_aside(minilm_l6, kjv_blocks):
     plain = LayerInputs.record(minilm_l6, ids)
     with Capture(intervene=lambda layer, scores, valid: scores * 0):
         inside = LayerInputs.record(minilm_l6, ids)
-    assert all(torch.equal(a, b) for a, b in zip(plain.hidden_, inside.hidden_))
+    assert all(torch.equal(a, b) for a, b in zip(plain.outputs_, inside.outputs_))
 
 
 @pytest.mark.parametrize("budget", ["skipping", "over budget"])
@@ -167,7 +169,7 @@ def test_over_budget_every_forward_is_full_and_equal(minilm_l6, kjv_blocks):
     cost = cache_bytes(minilm_l6, *ids.shape)
     assert LayerInputs.record(minilm_l6, ids, budget_bytes=cost).skips  # the budget is inclusive
     fallback = LayerInputs.record(minilm_l6, ids, budget_bytes=cost - 1)
-    assert not fallback.skips and fallback.hidden_ is None and fallback.nbytes == cost
+    assert not fallback.skips and fallback.outputs_ is None and fallback.nbytes == cost
     with pytest.raises(BadInput, match="nothing was cached"):
         fallback.hidden(1)
     noise = score_noise(minilm_l6, ids.shape[1], seed=2)
@@ -250,45 +252,71 @@ def test_by_copy_slices_and_leaves_unchanged_copies_alone():
         split_copies(scores, 4)
 
 
-# ---------------------------------------------------------------------------- every row of the table (tiny random models)
+# ---------------------------------------------------------------------------- every family known to replay (tiny random models)
 
-_TINY = dict(vocab_size=30522, num_hidden_layers=3, max_position_embeddings=80, hidden_size=32, intermediate_size=64)
-_DECODER = dict(_TINY, num_attention_heads=4, num_key_value_heads=2, bos_token_id=101, eos_token_id=102, pad_token_id=0)
-ENCODERS = {
-    "bert": lambda: transformers.BertConfig(**_TINY, num_attention_heads=4),
-    "roberta": lambda: transformers.RobertaConfig(**_TINY, num_attention_heads=4, pad_token_id=0),
-    "xlm-roberta": lambda: transformers.XLMRobertaConfig(**_TINY, num_attention_heads=4, pad_token_id=0),
-    "electra": lambda: transformers.ElectraConfig(**_TINY, num_attention_heads=4, embedding_size=32),
-    "distilbert": lambda: transformers.DistilBertConfig(vocab_size=30522, dim=32, hidden_dim=64, n_heads=4, n_layers=3),
+# The families of CHECKED_FAMILIES that tests/zoo.py has no model of, built the same way.
+_H = dict(vocab_size=30522, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
+          max_position_embeddings=64, pad_token_id=0, bos_token_id=101, eos_token_id=102)  # fmt: skip
+_BART = dict(vocab_size=30522, d_model=64, encoder_layers=3, decoder_layers=1, encoder_attention_heads=4, decoder_attention_heads=4,
+             encoder_ffn_dim=128, decoder_ffn_dim=128, max_position_embeddings=64, pad_token_id=0, bos_token_id=101,
+             eos_token_id=102, decoder_start_token_id=102)  # fmt: skip
+MORE = {
+    "xlm-roberta": lambda: (transformers.XLMRobertaConfig(**{**_H, "max_position_embeddings": 66}), "XLMRobertaModel"),
+    "mbart": lambda: (transformers.MBartConfig(**_BART), "MBartModel"),
+    "phi": lambda: (transformers.PhiConfig(**_H), "PhiForCausalLM"),
+    "cohere": lambda: (transformers.CohereConfig(**_H, num_key_value_heads=2), "CohereForCausalLM"),
+    "starcoder2 (sliding 4)": lambda: (
+        transformers.Starcoder2Config(**_H, num_key_value_heads=2, sliding_window=4),
+        "Starcoder2ForCausalLM",
+    ),
+    "olmo": lambda: (transformers.OlmoConfig(**_H), "OlmoForCausalLM"),
 }
-DECODERS = {
-    "gpt2": lambda: transformers.GPT2Config(vocab_size=30522, n_embd=32, n_layer=3, n_head=4, bos_token_id=101, eos_token_id=102),
-    "llama": lambda: transformers.LlamaConfig(**_DECODER),
-    "mistral": lambda: transformers.MistralConfig(**_DECODER),
-    "qwen2": lambda: transformers.Qwen2Config(**_DECODER),
-    "qwen3": lambda: transformers.Qwen3Config(**_DECODER, head_dim=8),
-    "gemma": lambda: transformers.GemmaConfig(**_DECODER, head_dim=8),
-    "gemma2": lambda: transformers.Gemma2Config(**_DECODER, head_dim=8, sliding_window=8),
-    "gemma3_text": lambda: transformers.Gemma3TextConfig(**_DECODER, head_dim=8, sliding_window=8),
-    "phi3": lambda: transformers.Phi3Config(**_DECODER),
-}
+FAMILY_MODELS = {**CAPTURED, **MORE}
 
 
-def test_every_family_in_the_table_has_a_tiny_model_here():
-    assert {*ENCODERS, *DECODERS} == set(LAYER_STACKS)
+def _family(make) -> str:
+    return make()[0].get_text_config().model_type
 
 
-@pytest.mark.parametrize("family", sorted({*ENCODERS, *DECODERS}))
-def test_each_table_row_finds_the_layers_and_starts_anywhere(family, minilm_l6, kjv, tmp_path):
-    """A random model of each family in the table, with the minilm tokenizer (an extra: the real models are above)."""
-    torch.manual_seed(0)
-    if family in ENCODERS:
-        hf_model = transformers.AutoModel.from_config(ENCODERS[family]())
-    else:
-        hf_model = transformers.AutoModelForCausalLM.from_config(DECODERS[family]())
-    model = attnlens.load_model(str(save_with_minilm_tokenizer(tmp_path, hf_model, minilm_l6)))
+def test_every_family_known_to_replay_has_a_tiny_model_here():
+    assert {_family(make) for make in FAMILY_MODELS.values()} == CHECKED_FAMILIES
+
+
+@pytest.mark.parametrize("architecture", list(FAMILY_MODELS))
+def test_each_known_family_finds_its_layers_and_starts_anywhere(architecture, minilm_l6, kjv, tmp_path):
+    """A random model of each family (an extra: the real models are above), from every layer under a change."""
+    path, _ = build(tmp_path, minilm_l6, FAMILY_MODELS[architecture])
+    model = attnlens.load_model(str(path))
+    assert family(model) in CHECKED_FAMILIES
     attention = attention_modules(model.model)
     for index, layer in enumerate(layer_modules(model)):
         assert attention[index] in list(layer.modules())
     ids, mask = verses(model, kjv, 3)
     assert_starts_match_full(model, ids, mask, head_at={1})
+
+
+def test_a_family_not_known_is_checked_once_and_runs_in_full_where_its_replay_fails(minilm_l6, kjv, tmp_path, monkeypatch):
+    """Any other family is checked on its first record, once per model; a replay that hands a layer the wrong
+    input (here: every recorded output halved) fails the check, says so once, and every forward is full."""
+    monkeypatch.setattr(layer_inputs, "CHECKED_FAMILIES", frozenset())
+    checks = []
+    check = layer_inputs._check_replay
+    monkeypatch.setattr(layer_inputs, "_check_replay", lambda *args: checks.append(1) or check(*args))
+    path, _ = build(tmp_path, minilm_l6, CAPTURED["bert"])
+    ids, mask = verses(minilm_l6, kjv, 3)
+    sound = attnlens.load_model(str(path))
+    assert LayerInputs.record(sound, ids, mask).skips and LayerInputs.record(sound, ids[:2], mask[:2]).skips
+    assert len(checks) == 1
+    broken = attnlens.load_model(str(path))
+    detached = layer_inputs._detached
+    monkeypatch.setattr(layer_inputs, "_detached", lambda output: detached(output) * 0.5)
+    with pytest.warns(attnlens.AttnlensWarning, match="judged by a full forward") as warned:
+        cache = LayerInputs.record(broken, ids, mask)
+        LayerInputs.record(broken, ids, mask)
+    assert len(warned) == 1 and not cache.skips and len(checks) == 2
+    noise = score_noise(broken, ids.shape[1], seed=4)
+    change = lambda layer, scores, valid: scores + noise[layer]
+    with torch.no_grad(), Capture(layers=[1, 2], intervene=change, record=False):
+        started = cache.forward_from(1).last_hidden_state
+        full = broken.forward(ids, mask).last_hidden_state
+    assert torch.equal(started, full)

@@ -15,7 +15,7 @@ import attnlens
 from attnlens import BadInput, load_result
 from attnlens.analysis.objectives import Objective
 from attnlens.analysis.plan.allocate import at_step, greedy_path, random_allocation
-from attnlens.analysis.plan.choices import EXACT, Choice, flops, window_keep
+from attnlens.analysis.plan.choices import EXACT, Choice, flops
 from attnlens.analysis.plan.judging import Costs, TaskCosts
 from tiny_models import assert_one_line_error, run_cli
 
@@ -91,16 +91,6 @@ def test_random_allocations_spend_at_most_the_target_and_repeat_with_their_seed(
     assert sum(cost(layer, c) for (layer, _), c in first.items()) <= 50.0
     assert first == random_allocation(units, choices, cost, target=50.0, seed=4)
     assert first != random_allocation(units, choices, cost, target=50.0, seed=5)
-
-
-def test_a_window_costs_the_pairs_it_keeps():
-    for causal in (False, True):
-        keep = window_keep(32, 3, causal).numpy()
-        brute = sum(1 for i in range(32) for j in range(32) if (0 <= i - j <= 3 if causal else abs(i - j) <= 3))
-        assert keep.sum() == brute
-        assert flops(Choice("window", 3), 32, 8, causal=causal) == pytest.approx(
-            flops(EXACT, 32, 8, causal=causal) * brute / 32**2
-        )
 
 
 # ---------------------------------------------------------------------------- plans (integration)
@@ -338,9 +328,10 @@ def test_the_plan_never_costs_more_than_a_uniform_plan_that_meets_on_the_selecti
     from attnlens.analysis.plan.judging import Budget
 
     n, head_dim, rng = 64, 32, np.random.default_rng(11)
-    choices = options(n, head_dim, [8, 16, 32], [8, 16, 32], causal=False)
+    every = np.ones((3, n, n), dtype=bool)
+    choices = options(every, head_dim, [8, 16, 32], [8, 16, 32], causal=False)
     units = [(layer, head) for layer in range(3) for head in range(4)]
-    flops_of = lambda choice: flops(choice, n, head_dim, causal=False)  # noqa: E731
+    flops_of = lambda choice: flops(choice, every[0], head_dim, causal=False)  # noqa: E731
     chose_uniform, TRIALS = 0, 60
     for trial in range(TRIALS):
         seconds = {c: float(rng.uniform(0.1, 0.95)) for c in choices} | {EXACT: 1.0}
@@ -353,8 +344,9 @@ def test_the_plan_never_costs_more_than_a_uniform_plan_that_meets_on_the_selecti
             for c in choices
         }
         judge = _Drawn(table, interaction=rng.uniform(0.5, 2.0))
-        planner = SimpleNamespace(units=units, choices=choices, flops=flops_of, padded_flops=flops_of, lengths=np.array([n]),
-                                  judge=judge, proxy=judge, timings=timings)  # fmt: skip
+        planner = SimpleNamespace(units=units, choices=choices, flops=lambda layer, c: flops_of(c), padded_flops=lambda layer, c: flops_of(c),
+                                  lengths=np.array([n]), pairs=every, model=SimpleNamespace(causal=False), judge=judge, proxy=judge,
+                                  timings=timings)  # fmt: skip
         planner.price = lambda layer, c, p=planner: _Planner.price(p, layer, c)
         planner.spent = lambda a, price=None, p=planner: _Planner.spent(p, a, price)
         planner.total = lambda a, price=None, p=planner: _Planner.total(p, a, price)

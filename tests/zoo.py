@@ -226,3 +226,67 @@ def refusal(directory: Path, minilm, architecture: str) -> str | None:
     except UnsupportedModel as error:
         return str(error)
     return None
+
+
+# ---------------------------------------------------------------------------- the report on every captured entry
+
+# The smallest sizes that exercise every stage of `attnlens report` (tests/test_zoo_report*.py): blocks of 16
+# tokens, longer than the windows of 4 keys, a few blocks and examples.
+_TASK = dict(task_train=32, task_eval=24)
+
+
+def tiny_report():
+    from attnlens.report.presets import QUICK
+
+    return QUICK.stages(
+        eigen=dict(seq_len=16, num_seqs=24),
+        reconstruct=dict(seq_len=16, num_seqs=24, ks=(1, 4), task_ks=(4,), **_TASK),
+        importance=dict(seq_len=16, num_seqs=4, **_TASK),
+        dam=dict(seq_len=16, steps=4, stop_window=2, check_window=2, train_seqs=4, eval_seqs=4, **_TASK),
+        plan=dict(seq_len=16, fit_seqs=8, curve_seqs=2, select_seqs=4, eval_seqs=4, ks=(4,), widths=(2,), **_TASK),
+    )
+
+
+# One captured entry of each geometry (bidirectional, causal with grouped queries, a windowed encoder, a windowed
+# decoder with soft-capping): their reports render every figure (tests/test_zoo_report.py says why only they).
+DRAWN = {"bert", "llama (GQA 4/2)", "modernbert (local 4, global every 2)", "gemma2 (sliding 4 + softcap)"}
+DECODERS = [name for name, make in CAPTURED.items() if make()[1].endswith(("ForCausalLM", "LMHeadModel"))]
+ENCODERS = [name for name in CAPTURED if name not in DECODERS]
+
+
+def blank_figure(figure, stem: Path, formats: tuple[str, ...] = ("png",)) -> list[Path]:
+    """``save_figure`` without rendering: the built figure is closed and a one-pixel PNG stands for it."""
+    import matplotlib.pyplot as plt
+    from PIL import Image
+
+    plt.close(figure)
+    path = Path(stem).with_suffix(".png")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.new("RGB", (1, 1), "white").save(path)
+    return [path]
+
+
+def check_report(architecture: str, directory: Path, minilm, monkeypatch, capsys) -> None:
+    """Run ``attnlens report --quick`` (at :func:`tiny_report`'s sizes) on the entry, and read what it wrote."""
+    import json
+
+    from attnlens.report.presets import PRESETS, STAGES
+    from tiny_models import run_cli
+
+    path, _ = build(directory, minilm, CAPTURED[architecture])
+    monkeypatch.setitem(PRESETS, ("probe", "quick"), tiny_report())
+    if architecture not in DRAWN:
+        monkeypatch.setattr("attnlens.io.results.save_figure", blank_figure)
+    out = directory / "report"
+    code, _, err = run_cli(capsys, "report", "--quick", "--model", str(path), "--out", str(out), "--no-progress")
+    assert code == 0, err
+    assert (out / "report.html").is_file()
+    report = attnlens.load_result(out)
+    assert set(report.meta["results"]) >= {"eigen", "overlap", *STAGES}
+    assert report.meta["results"]["eigen"] == "eigen-model", "named from the model's directory"
+    spectra = report.result("eigen").table.query("level == 'layer'")
+    assert len(spectra) == report.meta["model"]["num_layers"] and (spectra.rows > 0).all()
+    assert len(report.claims) and report.claims["verdict"].str.len().gt(0).all()
+    figures = [figure for name in report.meta["results"].values() for figure in (out / name / "figures").glob("*.png")]
+    assert len(figures) >= 10 and all(figure.stat().st_size > 0 for figure in figures)
+    assert set(json.loads((out / "result.json").read_text())["timings_s"]) >= {"eigen", *STAGES, "figures"}

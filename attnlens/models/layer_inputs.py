@@ -3,26 +3,33 @@
 A change confined to layers ≥ ``l`` (one head's choice, a per-layer ablation, a per-layer
 map) leaves layers below ``l`` computing exactly what the unmodified model computes, so a
 forward through them is wasted. :meth:`LayerInputs.record` runs the unmodified model once
-on a fixed batch and keeps the hidden state entering every layer; :meth:`LayerInputs.forward_from`
+on a fixed batch and keeps what every layer returned; :meth:`LayerInputs.forward_from`
 then runs the model again with the layers below ``start`` doing no work, each returning
-the cached input of layer ``start``, and the layers from ``start`` on running for real, so
-an active :class:`~attnlens.Capture` changes only those.
+what it returned then, and the layers from ``start`` on running for real, so an active
+:class:`~attnlens.Capture` changes only those.
 
 How: the model's own forward runs (embeddings, the per-layer-type masks, rotary tables,
 the final norm and the output head are recomputed as the model computes them, which costs
 little beside a layer), and each skipped layer's ``forward`` is replaced for the time of
-the call by one that returns the cached hidden state in the structure the model's loop
-expects. Nothing the layers take besides the hidden state is cached: the model rebuilds
-it. Where each family keeps its layers, and what a layer returns, are data
-(:data:`LAYER_STACKS`); a family missing there is refused.
+the call by one that replays that layer's recorded output, whole: whatever the model's loop
+does between layers with it runs as it ran (DeBERTa-v2's convolution after layer 0, T5's
+position bias that layer 0 computes and hands on), so layer ``start`` receives exactly what
+it received in the full forward. The layers are found, not listed: the module list whose
+``i``-th entry holds attention module ``i`` (:func:`layer_modules`).
+
+Which families are known to replay exactly is data (:data:`CHECKED_FAMILIES`: the suite
+checks each against full forwards from every layer). Any other family is checked the first
+time it is recorded, on one block, from every layer (about half a forward of that block per
+layer, once per model); where the check fails, every :meth:`~LayerInputs.forward_from` is a
+full forward, with the same results, and an :class:`~attnlens.AttnlensWarning` says so once.
 
 Rules, enforced: recording runs the unmodified model (an active :class:`~attnlens.Capture`
 is set aside, a partial plan refused); :meth:`~LayerInputs.forward_from` refuses a capture
 or plan that reaches a layer below ``start`` (it would be silently skipped).
 
-Memory: ``(num_layers - 1) × batch × tokens × hidden × bytes`` (the inputs of layers
-1 … L−1; layer 0's is the embedding, recomputed), see :func:`cache_bytes`. Above
-``budget_bytes`` (default :data:`DEFAULT_BUDGET`, 2 GiB) nothing is kept and every
+Memory: ``(num_layers - 1) × batch × tokens × hidden × bytes`` (the outputs of layers
+0 … L−2; the last layer is never skipped), see :func:`cache_bytes`. Above ``budget_bytes``
+(default :data:`DEFAULT_BUDGET`, 2 GiB) nothing is kept and every
 :meth:`~LayerInputs.forward_from` is a full forward, with the same results and the same
 rules; :attr:`LayerInputs.skips` says which.
 
@@ -56,14 +63,16 @@ attnlens.errors.BadInput: the active Capture reaches layer 2, below start 3, whe
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+import time
+import warnings
+import weakref
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
-from attnlens.errors import BadInput, UnsupportedModel
+from attnlens.errors import AttnlensWarning, BadInput, UnsupportedModel
 from attnlens.models import capture
 from attnlens.models.capture import Intervention, no_capture
 from attnlens.models.partial import attention_modules
@@ -71,71 +80,53 @@ from attnlens.models.partial import attention_modules
 GiB = 2**30
 DEFAULT_BUDGET = 2 * GiB
 
+# Families (config ``model_type``, of the text config for multimodal models) whose layers replay exactly:
+# tests/test_layer_inputs.py runs a tiny model of each from every layer against its full forward. A family
+# missing here is checked at run time, once per model (:func:`replay_holds`).
+CHECKED_FAMILIES = frozenset(
+    {
+        # encoders
+        "albert", "bert", "deberta", "deberta-v2", "distilbert", "electra", "esm", "mobilebert", "modernbert",
+        "roberta", "xlm-roberta", "t5", "umt5", "bart", "mbart", "pegasus",
+        # decoders
+        "biogpt", "cohere", "cohere2", "deepseek_v3", "falcon", "gemma", "gemma2", "gemma3_text", "gpt2",
+        "gpt_bigcode", "gpt_neox", "gptj", "granite", "llama", "llama4_text", "mistral", "olmo", "olmo2", "opt",
+        "phi", "phi3", "qwen2", "qwen3", "smollm3", "starcoder2",
+    }
+)  # fmt: skip
 
-@dataclass(frozen=True)
-class LayerStack:
-    """Where a family keeps its layers and what one layer returns.
-
-    ``path``: the ``nn.ModuleList`` of layers, a dotted path under the model's ``base_model``.
-    ``returns``: a key of :data:`_HANDOFF`; ``"tensor"``, the hidden state itself, is what
-    every family's layer returns in transformers ≥ 5 (older code returned tuples: such a
-    family needs its own key there, which says where the hidden state is and how to hand it on).
-    """
-
-    path: str
-    returns: str
-
-
-# By config ``model_type`` (of the text config for multimodal models). Each row was checked
-# against transformers 5's modeling code: a loop that hands each layer's output to the next
-# and nothing else (DeBERTa-v2 is absent: its loop convolves layer 0's output with the embedding).
-LAYER_STACKS: dict[str, LayerStack] = {
-    **dict.fromkeys(("bert", "roberta", "xlm-roberta", "electra"), LayerStack("encoder.layer", "tensor")),
-    "distilbert": LayerStack("transformer.layer", "tensor"),
-    "gpt2": LayerStack("h", "tensor"),
-    **dict.fromkeys(
-        ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3"), LayerStack("layers", "tensor")
-    ),
-}
-
-# By ``returns``: what a skipped layer returns for a hidden state, and where the hidden state is in what a real one returns.
-_HANDOFF: dict[str, Callable[[torch.Tensor], object]] = {"tensor": lambda hidden: hidden}
-_HIDDEN: dict[str, Callable[[object], object]] = {"tensor": lambda output: output}
+# Per model: whether replaying its layers reproduces its full forward (checked or known), so that the check
+# runs once per model however many batches are recorded.
+_REPLAY: weakref.WeakKeyDictionary[nn.Module, bool] = weakref.WeakKeyDictionary()
 
 
-def layer_stack(model: Any) -> LayerStack:
-    """The :class:`LayerStack` row of a :class:`~attnlens.LoadedModel`'s family, or :class:`UnsupportedModel`.
+def family(model: Any) -> str:
+    """The family of a :class:`~attnlens.LoadedModel`: its (text) config's ``model_type``.
 
     >>> from attnlens import load_model
-    >>> layer_stack(load_model("minilm-l6"))
-    LayerStack(path='encoder.layer', returns='tensor')
+    >>> family(load_model("minilm-l6"))
+    'bert'
     """
-    family = model.model.config.get_text_config().model_type
-    if family not in LAYER_STACKS:
-        raise UnsupportedModel(
-            f"model '{model.name}' ({family}) has no row in attnlens.models.layer_inputs.LAYER_STACKS, so its layers "
-            f"cannot be skipped; use a full forward, or add the row (families: {', '.join(sorted(LAYER_STACKS))})"
-        )
-    return LAYER_STACKS[family]
+    return model.model.config.get_text_config().model_type
 
 
 def layer_modules(model: Any) -> list[nn.Module]:
-    """The layer modules of a :class:`~attnlens.LoadedModel`, in order, checked against attnlens' numbering.
+    """The layer modules of a :class:`~attnlens.LoadedModel`, in order: the module list whose entry ``i``
+    holds the attention module :func:`attnlens.load_model` numbered ``i`` (the outermost such list).
 
-    Layer ``i`` must hold the attention module :func:`attnlens.load_model` numbered ``i``; a
-    table row that names the wrong list fails here rather than skipping the wrong layers.
+    >>> from attnlens import load_model
+    >>> type(layer_modules(load_model("minilm-l6"))[0]).__name__
+    'BertLayer'
     """
-    stack = layer_stack(model)
-    layers = model.model.base_model.get_submodule(stack.path)
     attention = attention_modules(model.model)
-    if len(layers) != model.num_layers or any(
-        not any(module is attention[index] for module in layer.modules()) for index, layer in enumerate(layers)
-    ):
-        raise UnsupportedModel(
-            f"model '{model.name}': the modules at '{stack.path}' are not its {model.num_layers} attention layers in "
-            "order; its row in attnlens.models.layer_inputs.LAYER_STACKS is wrong for this transformers version"
-        )
-    return list(layers)
+    for module in model.backbone.modules():
+        if isinstance(module, nn.ModuleList) and len(module) == model.num_layers:
+            if all(any(part is attention[index] for part in layer.modules()) for index, layer in enumerate(module)):
+                return list(module)
+    raise UnsupportedModel(
+        f"model '{model.name}' ({family(model)}) keeps its {model.num_layers} attention layers in no list of "
+        "layers, so its forwards cannot start at a layer"
+    )
 
 
 def cache_bytes(model: Any, batch: int, tokens: int) -> int:
@@ -150,11 +141,75 @@ def cache_bytes(model: Any, batch: int, tokens: int) -> int:
     return (model.num_layers - 1) * batch * tokens * hidden * itemsize
 
 
+def replay_holds(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> bool:
+    """Whether forwards of ``model`` may start at a layer: known for :data:`CHECKED_FAMILIES`; for any other
+    family checked once per model on the first block of ``input_ids``, from every layer, against the full
+    forward. Where the check fails, an :class:`~attnlens.AttnlensWarning` says so once, and what it costs.
+
+    >>> from attnlens import load_model
+    >>> replay_holds(load_model("minilm-l6"), torch.tensor([[101, 1999, 1996, 2927, 102]]))
+    True
+    """
+    key = model.model
+    if key not in _REPLAY:
+        _REPLAY[key] = family(model) in CHECKED_FAMILIES or _check_replay(model, input_ids[:1], _first(attention_mask))
+    return _REPLAY[key]
+
+
+def _first(mask: torch.Tensor | None) -> torch.Tensor | None:
+    return None if mask is None else mask[:1]
+
+
+def _check_replay(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> bool:
+    """Run one block from every layer and compare with its full forward (see :func:`replay_holds`)."""
+    began = time.perf_counter()
+    try:
+        cache, full = LayerInputs._recorded(model, input_ids.to(model.device), _to(attention_mask, model.device))
+    except UnsupportedModel as error:  # no list of layers, or layers that return no hidden state first
+        return _full_forwards(model, error.args[0], began)
+    worst, at = 0.0, 0
+    with torch.no_grad(), no_capture():
+        for start in range(1, model.num_layers):
+            with cache.started_at(start):
+                started = model.backbone(**_inputs(cache.input_ids, cache.attention_mask)).last_hidden_state
+            gap = float((started - full).abs().max() / full.abs().max().clamp_min(1e-30))
+            worst, at = max((worst, at), (gap, start))
+    # The same arithmetic on the same values is bit-identical; 1e-5 of the output leaves room for a kernel
+    # that sums in another order, and is far below what a layer fed the wrong input moves (of order 1).
+    if worst <= 1e-5:
+        return True
+    reason = f"model '{model.name}' ({family(model)}): a forward started at layer {at} differs from the full forward by {worst:.2g} of its output"
+    return _full_forwards(model, reason, began)
+
+
+def _full_forwards(model: Any, reason: str, began: float) -> bool:
+    """Say once that ``model``'s changes are judged by full forwards, why (``reason``, which names the model),
+    and what that costs; ``False``."""
+    warnings.warn(
+        f"{reason} (checked in {time.perf_counter() - began:.1f} s), so every change is judged by a full forward: "
+        f"about {_full_forward_cost(model.num_layers):.1f}x the layers of starting at the changed one, for a change in one layer",
+        AttnlensWarning,
+        stacklevel=4,
+    )
+    return False
+
+
+def _full_forward_cost(layers: int) -> float:
+    """How many times the layers a full forward runs, against starting at the changed layer, averaged
+    over changes confined to one layer ``l`` (each start equally likely): L / mean(L − l).
+
+    >>> _full_forward_cost(6)
+    1.7142857142857142
+    """
+    return layers / (sum(layers - start for start in range(layers)) / layers)
+
+
 class LayerInputs:
-    """The hidden states entering every layer of one model for one fixed batch.
+    """What every layer of one model returned for one fixed batch, to start its forwards at a layer.
 
     Build it with :meth:`record`; ``__init__`` only stores what :meth:`record` computed.
-    ``hidden_[i]`` is the input of layer ``i + 1`` (``None`` when the budget was exceeded).
+    ``outputs_[i]`` is what layer ``i`` returned, as it returned it (``None`` when the budget was
+    exceeded or the model's forwards cannot start at a layer, :func:`replay_holds`).
     """
 
     def __init__(
@@ -162,13 +217,13 @@ class LayerInputs:
         model: Any,
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor | None,
-        hidden_: list[torch.Tensor] | None,
+        outputs_: list[object] | None,
         budget_bytes: int,
     ) -> None:
         self.model = model
         self.input_ids = input_ids
         self.attention_mask = attention_mask
-        self.hidden_ = hidden_
+        self.outputs_ = outputs_
         self.budget_bytes = budget_bytes
         self._layer_modules: list[nn.Module] | None = None  # found on first use: the search walks every module
 
@@ -181,56 +236,67 @@ class LayerInputs:
         *,
         budget_bytes: int = DEFAULT_BUDGET,
     ) -> LayerInputs:
-        """Run the unmodified backbone of ``model`` once on (batch, n) ``input_ids`` and keep every layer's input.
+        """Run the unmodified backbone of ``model`` once on (batch, n) ``input_ids`` and keep every layer's output.
 
-        When :func:`cache_bytes` exceeds ``budget_bytes`` nothing runs and nothing is kept:
-        the result's :meth:`forward_from` is a full forward (:attr:`skips` is ``False``).
+        When :func:`cache_bytes` exceeds ``budget_bytes``, or where the model's forwards cannot start at
+        a layer (:func:`replay_holds`), nothing runs and nothing is kept: the result's :meth:`forward_from`
+        is a full forward (:attr:`skips` is ``False``).
         """
         if input_ids.ndim != 2:
             raise BadInput(f"`input_ids` has shape {tuple(input_ids.shape)}; give (batch, tokens) token ids")
         _refuse_plans(model, range(model.num_layers), "record layer inputs")
-        input_ids = input_ids.to(model.device)
-        attention_mask = None if attention_mask is None else attention_mask.to(model.device)
-        if cache_bytes(model, *input_ids.shape) > budget_bytes:
+        input_ids, attention_mask = input_ids.to(model.device), _to(attention_mask, model.device)
+        if cache_bytes(model, *input_ids.shape) > budget_bytes or not replay_holds(model, input_ids, attention_mask):
             return cls(model, input_ids, attention_mask, None, budget_bytes)
-        layers, returns = layer_modules(model), layer_stack(model).returns
-        kept: list[torch.Tensor] = []
+        cache, _ = cls._recorded(model, input_ids, attention_mask, budget_bytes)
+        return cache
+
+    @classmethod
+    def _recorded(
+        cls, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, budget_bytes: int = DEFAULT_BUDGET
+    ) -> tuple[LayerInputs, torch.Tensor]:
+        """The cache of one unmodified forward, and that forward's last hidden state."""
+        cache = cls(model, input_ids, attention_mask, [], budget_bytes)
+        kept: list[object] = []
 
         def keep(module: nn.Module, args: object, output: object) -> None:
-            hidden = _HIDDEN[returns](output)
+            hidden = _hidden(output)
             if not isinstance(hidden, torch.Tensor) or hidden.shape[:2] != input_ids.shape:
                 raise UnsupportedModel(
-                    f"model '{model.name}': a {type(module).__name__} returned {type(output).__name__}, not what its row "
-                    f"in attnlens.models.layer_inputs.LAYER_STACKS says ({returns!r} holding the hidden state)"
+                    f"model '{model.name}': a {type(module).__name__} returned {type(output).__name__}, which holds no "
+                    "hidden state first, so its forwards cannot start at a layer"
                 )
-            kept.append(hidden.detach())
+            kept.append(_detached(output))
 
-        # The last layer's output is the model's own business (final norm, head): not needed to start anywhere.
-        hooks = [layer.register_forward_hook(keep) for layer in layers[:-1]]
+        # The last layer's output is the model's own business (final norm, head): never replayed.
+        hooks = [layer.register_forward_hook(keep) for layer in cache._layers()[:-1]]
         try:
             with torch.no_grad(), no_capture():
-                model.model.base_model(**_inputs(input_ids, attention_mask))
+                full = model.backbone(**_inputs(input_ids, attention_mask)).last_hidden_state
         finally:
             for hook in hooks:
                 hook.remove()
-        return cls(model, input_ids, attention_mask, kept, budget_bytes)
+        cache.outputs_ = kept
+        return cache, full
 
     @property
     def skips(self) -> bool:
-        """Whether :meth:`forward_from` skips layers (``False``: the budget was exceeded, every forward is full)."""
-        return self.hidden_ is not None
+        """Whether :meth:`forward_from` skips layers (``False``: every forward is full)."""
+        return self.outputs_ is not None
 
     @property
     def batch(self) -> int:
         return int(self.input_ids.shape[0])
 
     def hidden(self, layer: int) -> torch.Tensor:
-        """The unmodified hidden state entering ``layer`` (1 … L−1), (batch, tokens, hidden)."""
-        if self.hidden_ is None:
+        """The unmodified hidden state layer ``layer − 1`` returned (1 … L−1), (batch, tokens, hidden): the
+        input of ``layer`` where the model's loop hands it on as it is (every family but DeBERTa-v2 with a
+        convolution)."""
+        if self.outputs_ is None:
             raise BadInput(f"nothing was cached: {self.nbytes} bytes exceed `budget_bytes` {self.budget_bytes}")
         if not 1 <= layer < self.model.num_layers:
             raise BadInput(f"`layer` {layer} is out of range; cached inputs are of layers 1 to {self.model.num_layers - 1}")
-        return self.hidden_[layer - 1]
+        return _hidden(self.outputs_[layer - 1])
 
     @property
     def nbytes(self) -> int:
@@ -252,27 +318,26 @@ class LayerInputs:
         inputs = _inputs(
             self.input_ids.repeat(copies, 1), None if self.attention_mask is None else self.attention_mask.repeat(copies, 1)
         )
-        run = self.model.model if head else self.model.model.base_model
+        run = self.model.model if head else self.model.backbone
         with self.started_at(start, copies=copies):
             return run(**inputs)
 
     @contextlib.contextmanager
     def started_at(self, start: int, *, copies: int = 1) -> Iterator[None]:
         """Inside, every forward of the model on the recorded batch (or ``copies`` of it) runs from layer
-        ``start``: the layers below it return the cached input of ``start``. A forward on other inputs
-        inside is refused (its hidden states would not be the ones cached), as is an active capture or
-        partial plan reaching below ``start``, on entry."""
+        ``start``: each layer below it replays what it returned. A forward on other inputs inside is
+        refused (the replayed outputs would not be its own), as is an active capture or partial plan
+        reaching below ``start``, on entry."""
         if not 0 <= start < self.model.num_layers:
             raise BadInput(
                 f"`start` {start} is out of range; model '{self.model.name}' has layers 0 to {self.model.num_layers - 1}"
             )
         _refuse_below(self.model, start)
-        if start == 0 or self.hidden_ is None:
+        if start == 0 or self.outputs_ is None:
             yield
             return
-        handoff = self.hidden_[start - 1]
-        handoff = handoff.repeat(copies, 1, 1) if copies > 1 else handoff
-        with _skipping(self._layers()[:start], _HANDOFF[layer_stack(self.model).returns](handoff), tuple(handoff.shape)):
+        shape = (copies * self.batch, *self.input_ids.shape[1:])
+        with _skipping(self._layers()[:start], self.outputs_[:start], copies, shape):
             yield
 
     def _layers(self) -> list[nn.Module]:
@@ -341,6 +406,29 @@ def _inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> dic
     return {"input_ids": input_ids} if attention_mask is None else {"input_ids": input_ids, "attention_mask": attention_mask}
 
 
+def _to(tensor: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
+    return None if tensor is None else tensor.to(device)
+
+
+def _hidden(output: object) -> object:
+    """The hidden state in what a layer returns: the tensor itself, or the first entry of a tuple."""
+    return output[0] if isinstance(output, tuple | list) else output
+
+
+def _detached(output: object) -> object:
+    if isinstance(output, torch.Tensor):
+        return output.detach()
+    return type(output)(_detached(part) for part in output) if isinstance(output, tuple | list) else output
+
+
+def _stacked(output: object, batch: int, copies: int) -> object:
+    """``output`` with every tensor that has a batch axis repeated ``copies`` times along it (copy-major): a
+    copy even for one, so that nothing the model does to what a layer returned reaches the cache."""
+    if isinstance(output, torch.Tensor):
+        return output.repeat(copies, *[1] * (output.ndim - 1)) if output.ndim and output.shape[0] == batch else output
+    return type(output)(_stacked(part, batch, copies) for part in output) if isinstance(output, tuple | list) else output
+
+
 def _refuse_below(model: Any, start: int) -> None:
     """Refuse an active capture, or a partial plan, in a layer that ``forward_from(start)`` skips."""
     active = capture._ACTIVE.get()  # the same context variable attnlens_attention reads
@@ -364,26 +452,31 @@ def _refuse_plans(model: Any, layers: range, action: str) -> None:
 
 
 @contextlib.contextmanager
-def _skipping(layers: list[nn.Module], handoff: object, shape: tuple[int, ...]) -> Iterator[None]:
-    """Replace each layer's ``forward`` by one that returns ``handoff``, for the time of the ``with``.
+def _skipping(layers: list[nn.Module], outputs: list[object], copies: int, shape: tuple[int, ...]) -> Iterator[None]:
+    """Replace each layer's ``forward`` by one that returns its recorded output (``copies`` of it), for the
+    time of the ``with``.
 
     An instance attribute shadows the class's ``forward`` (``nn.Module.__call__`` calls
     ``self.forward``), so hooks still run; a ``forward`` already set on the instance (accelerate's
     device hooks) is put back as it was. Not reentrant: one forward at a time per model. A layer
-    handed hidden states of another ``shape`` (a forward on other inputs) is refused.
+    handed hidden states of another ``(batch, tokens)`` (a forward on other inputs) is refused.
     """
     saved = [layer.__dict__.get("forward") for layer in layers]
+    batch = shape[0] // copies
 
-    def skip(hidden_states: torch.Tensor, *args: object, **kwargs: object) -> object:
-        if tuple(hidden_states.shape) != shape:
-            raise BadInput(
-                f"a forward on inputs of shape {tuple(hidden_states.shape[:2])} inside started_at, whose cache holds "
-                f"{shape[:2]}; run only the recorded batch there"
-            )
-        return handoff
+    def skipper(output: object):
+        def skip(hidden_states: torch.Tensor, *args: object, **kwargs: object) -> object:
+            if tuple(hidden_states.shape[:2]) != shape:
+                raise BadInput(
+                    f"a forward on inputs of shape {tuple(hidden_states.shape[:2])} inside started_at, whose cache holds "
+                    f"{shape}; run only the recorded batch there"
+                )
+            return _stacked(output, batch, copies)
 
-    for layer in layers:
-        layer.forward = skip
+        return skip
+
+    for layer, output in zip(layers, outputs):
+        layer.forward = skipper(output)
     try:
         yield
     finally:

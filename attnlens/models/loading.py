@@ -83,6 +83,17 @@ class SpecialTokens:
     all_special: frozenset[int]
 
 
+def backbone(model: nn.Module) -> nn.Module:
+    """``model`` without its output head, whose output is ``last_hidden_state``: its ``base_model``, or where
+    that is a language model itself (Llama 4's causal LM names its text model otherwise), the text model it holds."""
+    base = model.base_model
+    if base is model and getattr(model, "get_output_embeddings", lambda: None)() is not None:
+        inner = getattr(model, "model", None)
+        if isinstance(inner, nn.Module):
+            return inner
+    return base
+
+
 def module_sha256(module: torch.nn.Module) -> str:
     """A hash of a module's parameters and buffers as they are now (name, dtype, shape, bytes)."""
     digest = hashlib.sha256()
@@ -120,6 +131,11 @@ class LoadedModel:
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
+
+    @property
+    def backbone(self) -> nn.Module:
+        """The model without its output head: :func:`backbone` of ``model``."""
+        return backbone(self.model)
 
     @property
     def architecture(self) -> str:
@@ -164,7 +180,7 @@ class LoadedModel:
         """Run only the backbone, without the output head: every attention layer runs (so a
         :class:`attnlens.Capture` sees them all) but no logits are computed, which for a
         language model with a large vocabulary is most of the cost."""
-        self.model.base_model(**self._inputs(input_ids, attention_mask))
+        self.backbone(**self._inputs(input_ids, attention_mask))
 
     def _inputs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> dict[str, torch.Tensor]:
         inputs = {"input_ids": input_ids.to(self.device)}

@@ -139,7 +139,8 @@ def report(
     settings = settings.for_run(corpus=corpus, seed=seed, **({} if task == "default" else {"task": task}))
     _check_inputs(corpus, compare)
     loaded = model if isinstance(model, LoadedModel) else load_model(model, device=device)
-    settings = settings.sized_for(loaded.causal)
+    _check_lengths(loaded, settings, name)
+    settings = settings.sized_for(loaded.causal, _windowed(loaded, settings.reconstruct.seq_len))
     _check_task(loaded, settings, seed)  # before the first stage's forward pass, not stages later
     second = companion_for(loaded) if compare == "auto" else compare
     weights = {stage: w for stage, w in stage_weights(name).items() if second or stage != "eigen (second model)"}
@@ -148,7 +149,7 @@ def report(
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         results = analyses(loaded, second, settings, device=device, run=stages.run)
-        names = {key: _directory_name(key, result) for key, result in results.items()}
+        names = _directory_names(results)
         page, claims = stages.run("figures", lambda stage: write_page(staging, results, names, command, name, progress=stage))
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
@@ -185,6 +186,34 @@ def _check_inputs(corpus: str, compare: str | None) -> None:
             raise type(error)(f"`compare`: {error.args[0]}") from None
 
 
+def _check_lengths(loaded: LoadedModel, settings: ReportSettings, preset_name: str) -> None:
+    """Every stage's blocks fit the model's positions, checked before the first stage: the report has no
+    ``--seq-len``, so the way out is a preset with shorter blocks, or the analyses one by one."""
+    from attnlens.report.presets import STAGES
+
+    longest = max(getattr(settings, stage).seq_len for stage in STAGES if getattr(settings, stage) is not None)
+    if longest <= loaded.max_positions:
+        return
+    quick = max(getattr(QUICK, stage).seq_len for stage in STAGES)
+    way = (
+        f"run 'attnlens report --quick' (blocks of {quick})"
+        if quick <= loaded.max_positions and preset_name != "quick"
+        else "run the analyses one by one with a shorter --seq-len (attnlens eigen, reconstruct, importance, dam, plan)"
+    )
+    raise BadInput(
+        f"model '{loaded.name}' supports {loaded.max_positions} positions, fewer than the {longest} tokens of the "
+        f"{preset_name} report's blocks; {way}"
+    )
+
+
+def _windowed(loaded: LoadedModel, n: int) -> bool:
+    """Whether an encoder has a layer whose queries see fewer than ``n`` keys (a local or sliding window
+    shorter than n), found as the reconstruction finds it: one forward of one block of ``n`` tokens."""
+    from attnlens.rows.sources import model_pairs, partial_row_layers
+
+    return not loaded.causal and bool(partial_row_layers(model_pairs(loaded, n)))
+
+
 def _check_task(loaded: LoadedModel, settings: ReportSettings, seed: int) -> None:
     """Every check of the task that needs the model (the protocol, the split at each width a stage
     judges at), made by preparing it as the stages will; they prepare it again, at the cost of tokenising."""
@@ -194,8 +223,26 @@ def _check_task(loaded: LoadedModel, settings: ReportSettings, seed: int) -> Non
         prepare_task(loaded, TaskSettings.of(stage), seq_len=stage.seq_len, seed=seed)
 
 
+def _directory_names(results: dict) -> dict[str, str]:
+    """Each result's directory (:func:`_directory_name`); a second model of the same name (two directories
+    both called ``model``) gets ``-compared`` after it rather than the first one's directory."""
+    names = {key: _directory_name(key, result) for key, result in results.items()}
+    if "eigen_second" in names and names["eigen_second"] == names.get("eigen"):
+        names["eigen_second"] += "-compared"
+    return names
+
+
 def _directory_name(key: str, result: object) -> str:
+    """The directory a result is written to: its key, and for a spectrum the model's name, a path or Hub id by
+    its last part (``eigen-model`` for ``/data/model``, ``eigen-gemma-3-270m`` for ``google/gemma-3-270m``).
+
+    >>> class Spectrum:
+    ...     meta = {"model": {"name": "/data/runs/my-bert/"}}
+    >>> _directory_name("eigen", Spectrum()), _directory_name("overlap", Spectrum())
+    ('eigen-my-bert', 'overlap')
+    """
     model = result.meta.get("model", {}).get("name", "") if isinstance(result.meta.get("model"), dict) else ""
+    model = str(model).rstrip("/\\").replace("\\", "/").split("/")[-1]
     return {"eigen": f"eigen-{model}", "eigen_second": f"eigen-{model}"}.get(key, key)
 
 

@@ -86,23 +86,27 @@ class ReportSettings:
         )
         return dataclasses.replace(settings.stages(reconstruct=fits), plan=plan)
 
-    def sized_for(self, causal: bool) -> ReportSettings:
+    def sized_for(self, causal: bool, windowed: bool = False) -> ReportSettings:
         """These settings for a model: a causal model's maps (the reconstruction's, the plan's partial
         heads) are one per query, fitted on one row per block, so they fit on at least n + 1 blocks
-        (more than an encoder's pooled rows need). Sized before any stage runs: a stage that found too
-        few blocks would fail after the others had run.
+        (more than an encoder's pooled rows need); so are the reconstruction's maps of an encoder with
+        ``windowed`` layers (a local or sliding window shorter than n: its queries see different keys).
+        Sized before any stage runs: a stage that found too few blocks would fail after the others had run.
 
         >>> causal, encoder = DEFAULT.sized_for(causal=True), DEFAULT.sized_for(causal=False)
         >>> causal.reconstruct.num_seqs, causal.plan.fit_seqs, encoder.reconstruct.num_seqs, encoder.plan.fit_seqs
         (172, 129, 128, 16)
+        >>> windowed = QUICK.sized_for(causal=False, windowed=True)
+        >>> windowed.reconstruct.num_seqs, windowed.plan.fit_seqs
+        (87, 16)
         """
-        if not causal:
-            return self
+        sized = self
         recon = self.reconstruct
-        fitted = lambda blocks: blocks - max(1, round(recon.eval_fraction * blocks))  # noqa: E731 -- held_out_split's count
-        blocks = next(count for count in range(recon.num_seqs, 100 * recon.seq_len) if fitted(count) >= recon.seq_len + 1)
-        sized = self.stages(reconstruct={"num_seqs": blocks})
-        if self.plan is not None and self.plan.ks:
+        if causal or windowed:
+            fitted = lambda blocks: blocks - max(1, round(recon.eval_fraction * blocks))  # noqa: E731 -- held_out_split's count
+            blocks = next(count for count in range(recon.num_seqs, 100 * recon.seq_len) if fitted(count) >= recon.seq_len + 1)
+            sized = sized.stages(reconstruct={"num_seqs": blocks})
+        if causal and self.plan is not None and self.plan.ks:
             sized = sized.stages(plan={"fit_seqs": max(self.plan.fit_seqs, self.plan.seq_len + 1)})
         return sized
 

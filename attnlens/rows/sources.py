@@ -122,15 +122,39 @@ class ModelRows:
                 bar.update(len(chunk))
 
 
-def partial_row_layers(rows: StoreRows | ModelRows, layers: Iterable[int]) -> list[int]:
-    """The ``layers`` in which some query does not see every key of the first block: causal
-    layers, and windowed ones (a sliding or local window shorter than n). Their rows differ
-    in which keys they hold, so an analysis that pools rows over queries cannot use them all
-    (one forward of one block, or one read of a store)."""
-    found: list[int] = []
-    consume = lambda layer, scores, valid, chunk: found.append(layer) if not bool(valid.all()) else None
+def layer_pairs(rows: StoreRows | ModelRows, layers: Iterable[int]) -> dict[int, np.ndarray]:
+    """Each of ``layers``' (query, key) pairs on the first block, (n, n) boolean: what the layer computes
+    on a text of n tokens (every pair, its causal triangle, its window), as the costs count it
+    (:mod:`attnlens.analysis.costs`). One forward of one block, or one read of a store."""
+    found: dict[int, np.ndarray] = {}
+    consume = lambda layer, scores, valid, chunk: found.setdefault(layer, valid[0].cpu().numpy().astype(bool))
     rows.for_each_batch(np.arange(1), list(layers), consume, batch_size=1, progress=False)
-    return sorted(set(found))
+    return dict(sorted(found.items()))
+
+
+def model_pairs(model: LoadedModel, n: int, layers: Iterable[int] | None = None) -> dict[int, np.ndarray]:
+    """:func:`layer_pairs` of ``model`` on a text of ``n`` tokens: one forward of one block of a repeated word
+    (which tokens does not matter: a layer's mask depends on positions, not on words).
+
+    >>> from attnlens import load_model
+    >>> pairs = model_pairs(load_model("minilm-l6"), 8, layers=[0])
+    >>> list(pairs), pairs[0].shape, bool(pairs[0].all())
+    ([0], (8, 8), True)
+    """
+    word = model.tokenizer("the", add_special_tokens=False)["input_ids"][:1] or [0]
+    block = Blocks(ids=np.full((1, n), word[0], dtype=np.int64), index=np.arange(1), available=1)
+    return layer_pairs(ModelRows(model, block), model.check_layers(layers))
+
+
+def partial_row_layers(pairs: dict[int, np.ndarray]) -> list[int]:
+    """The layers (of :func:`layer_pairs`) in which some query does not see every key: causal layers, and
+    windowed ones (a sliding or local window shorter than n). Their rows differ in which keys they hold,
+    so an analysis that pools rows over queries cannot use them all.
+
+    >>> partial_row_layers({0: np.ones((3, 3), dtype=bool), 1: np.tril(np.ones((3, 3), dtype=bool))})
+    [1]
+    """
+    return [layer for layer, valid in pairs.items() if not valid.all()]
 
 
 def _chunks(sequences: np.ndarray, size: int) -> list[np.ndarray]:

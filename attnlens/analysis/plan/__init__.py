@@ -59,7 +59,7 @@ from attnlens.errors import BadInput
 from attnlens.models.loading import LoadedModel
 from attnlens.progress import Progress, progress_bar, split
 from attnlens.rows.accumulate import compute_moments
-from attnlens.rows.sources import ModelRows
+from attnlens.rows.sources import ModelRows, model_pairs
 
 __all__ = ["PlanResult", "PlanSettings", "plan"]
 
@@ -87,23 +87,24 @@ class _Planner:
     # the examples' own lengths, whose valid pairs the FLOPs count: the task's held-out examples (both
     # halves), or the corpus blocks (n tokens each) without a task
     lengths: np.ndarray
+    pairs: np.ndarray  # (layer, n, n): the (query, key) pairs each layer computes at width n, which the FLOPs count
     timings: Timings | None = None  # with cost "seconds": each choice's measured seconds per head
 
     @property
     def model(self) -> LoadedModel:
         return self.experiment.model
 
-    def flops(self, choice: Choice) -> float:
-        """FLOPs of one head under ``choice`` on the valid pairs of the examples judged (no padding)."""
-        return flops_on(choice, self.lengths, self.model.head_dim, causal=self.model.causal)
+    def flops(self, layer: int, choice: Choice) -> float:
+        """FLOPs of one head of ``layer`` under ``choice`` on the pairs it computes of the examples judged (no padding)."""
+        return flops_on(choice, self.pairs[layer], self.lengths, self.model.head_dim, causal=self.model.causal)
 
-    def padded_flops(self, choice: Choice) -> float:
-        """FLOPs of one head under ``choice`` at width n, padding included."""
-        return flops(choice, self.s.seq_len, self.model.head_dim, causal=self.model.causal)
+    def padded_flops(self, layer: int, choice: Choice) -> float:
+        """FLOPs of one head of ``layer`` under ``choice`` at width n, padding included."""
+        return flops(choice, self.pairs[layer], self.model.head_dim, causal=self.model.causal)
 
     def price(self, layer: int, choice: Choice) -> float:
         """What a head of ``layer`` under ``choice`` spends: its FLOPs, or its measured seconds per call."""
-        return self.flops(choice) if self.timings is None else self.timings.price(layer, choice)
+        return self.flops(layer, choice) if self.timings is None else self.timings.price(layer, choice)
 
     def spent(self, assignment: Assignment, price: Price | None = None) -> float:
         """What an assignment spends by ``price`` (default the plan's), summed over heads."""
@@ -119,9 +120,12 @@ class _Planner:
         whether the assignment changes any valid pair of them at all, and with cost "seconds" the
         predicted seconds share (timed at width n)."""
         shares = {
-            "flops_ratio": self.total(assignment, lambda layer, choice: self.flops(choice)),
-            "flops_ratio_padded": self.total(assignment, lambda layer, choice: self.padded_flops(choice)),
-            "changes_nothing": not any(changes_pairs(choice, self.lengths) for choice in assignment.values()),
+            "flops_ratio": self.total(assignment, self.flops),
+            "flops_ratio_padded": self.total(assignment, self.padded_flops),
+            "changes_nothing": not any(
+                changes_pairs(choice, self.pairs[layer], self.lengths, causal=self.model.causal)
+                for (layer, _), choice in assignment.items()
+            ),
         }
         return shares if self.timings is None else {**shares, "seconds_ratio": self.total(assignment)}
 
@@ -209,7 +213,9 @@ def _planner(source: str | LoadedModel, s: PlanSettings, device: str, progress: 
     fit, curve, select = _divided(experiment.train, (s.fit_seqs, s.curve_seqs), s.seed)
     model = experiment.model
     s.check_geometry(model.num_layers, model.num_heads, model.causal)
-    choices, timings = _choices(model, s, device)
+    pairs = model_pairs(model, s.seq_len)
+    pairs = np.stack([pairs[layer] for layer in range(model.num_layers)])
+    choices, timings = _choices(model, pairs, s, device)
     fitter = None
     if any(choice.kind == "partial" for choice in choices):
         rows = ModelRows(model, fit)
@@ -222,13 +228,13 @@ def _planner(source: str | LoadedModel, s: PlanSettings, device: str, progress: 
         judge = TaskCosts(experiment, TaskSettings.of(s), _choosing_half(s), s.curve_seqs, s.batch_size, s.seed)
     units = [(layer, head) for layer in range(model.num_layers) for head in range(model.num_heads)]
     lengths = judge.judge.held_out.lengths if isinstance(judge, TaskCosts) else np.array([s.seq_len])
-    return _Planner(experiment, s, fit, curve, select, units, choices, MapBank(fitter), proxy, judge, lengths, timings)
+    return _Planner(experiment, s, fit, curve, select, units, choices, MapBank(fitter), proxy, judge, lengths, pairs, timings)
 
 
-def _choices(model: LoadedModel, s: PlanSettings, device: str) -> tuple[list[Choice], Timings | None]:
-    """The choices cheaper than exact attention, in FLOPs, and with cost "seconds" also in measured
-    seconds (with the timing table)."""
-    choices = options(s.seq_len, model.head_dim, s.ks, s.widths, causal=model.causal)
+def _choices(model: LoadedModel, pairs: np.ndarray, s: PlanSettings, device: str) -> tuple[list[Choice], Timings | None]:
+    """The choices cheaper than exact attention in some layer, in FLOPs on the pairs the layers compute, and
+    with cost "seconds" also in measured seconds (with the timing table)."""
+    choices = options(pairs, model.head_dim, s.ks, s.widths, causal=model.causal)
     if not choices:
         raise BadInput(f"no choice of `ks` or `widths` costs less than exact attention at n = {s.seq_len}; offer smaller ones")
     if s.cost == "flops":
@@ -362,7 +368,11 @@ def _result(
         settings={
             "budgets": [str(budget) for budget in s.budgets],
             "choices": [str(choice) for choice in planner.choices],
-            "head_flops": {str(choice): planner.flops(choice) for choice in [EXACT, *planner.choices]},
+            # one head of every layer under each choice (layers differ: causal triangles, windows), for the shares
+            "head_flops": {
+                str(choice): sum(planner.flops(layer, choice) for layer in range(planner.model.num_layers))
+                for choice in [EXACT, *planner.choices]
+            },
             "timings": planner.timings.describe() if planner.timings is not None else None,
             "evaluations": planner.judge.evaluations + (planner.proxy.evaluations if planner.judge is not planner.proxy else 0),
             "units": {part: planner.judge.units(part) for part in ("select", "check")},

@@ -6,15 +6,20 @@ the rest rebuilt by a least-squares map (:mod:`attnlens.analysis.reconstruct`), 
 a causal model). A window is the simplest sparse mask and the one a sparse kernel runs
 fastest (a band of blocks); it stands for the masks of :mod:`attnlens.analysis.dam` here.
 
-Costs count multiply-adds ×2 of one head over n queries, on the same terms as
-:func:`attnlens.analysis.reconstruct.attention_flops`: a partial head pays for its k
-scores and its map; a window pays for the (query, key) pairs it keeps, as a kernel that
-skips the rest would. A choice that costs as much as exact attention is never offered.
+Costs are those of :mod:`attnlens.analysis.costs`, counted on the (query, key) pairs the head's
+layer computes (``pairs``: every pair, its causal triangle, its window): a partial head pays for
+its k scores and its map on the rows that see more than k keys; a window pays for the pairs it
+keeps of those, as a kernel that skips the rest would. A choice that costs a layer as much as
+exact attention there (a window wider than every row it sees) is no saving, and is never offered.
 
->>> [str(choice) for choice in options(n=128, head_dim=32, ks=(8, 16, 32), widths=(4,), causal=False)]
+>>> every = np.ones((1, 128, 128), dtype=bool)                            # one bidirectional layer at n = 128
+>>> [str(choice) for choice in options(every, head_dim=32, ks=(8, 16, 32), widths=(4,), causal=False)]
 ['partial(8)', 'partial(16)', 'window(4)']
->>> round(flops(Choice("window", 4), 128, 32, causal=False) / flops(EXACT, 128, 32, causal=False), 3)
+>>> round(flops(Choice("window", 4), every[0], 32, causal=False) / flops(EXACT, every[0], 32, causal=False), 3)
 0.069
+>>> causal = np.tril(every)                                   # a causal layer: window(127) keeps every pair it computes
+>>> [str(choice) for choice in options(causal, head_dim=256, ks=(16,), widths=(64, 127), causal=True)]
+['partial(16)', 'window(64)']
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from attnlens.analysis.reconstruct import attention_flops
+from attnlens.analysis.costs import band, cost_on_lengths, exact_cost, kept_cost, partial_cost
 
 KINDS = ("exact", "partial", "window")
 
@@ -52,52 +57,61 @@ def window_keep(n: int, width: int, causal: bool) -> torch.Tensor:
     >>> window_keep(4, 1, causal=True).int().tolist()
     [[1, 0, 0, 0], [1, 1, 0, 0], [0, 1, 1, 0], [0, 0, 1, 1]]
     """
-    offset = torch.arange(n)[:, None] - torch.arange(n)[None, :]
-    return (offset >= 0) & (offset <= width) if causal else offset.abs() <= width
+    return torch.from_numpy(band(n, width, causal=causal))
 
 
-def flops(choice: Choice, n: int, head_dim: int, *, causal: bool) -> float:
-    """Attention FLOPs of one head under ``choice`` at width ``n`` (dense: the full n × n). A
-    partial head with every key exact (k ≥ n) costs what exact attention does."""
-    full = attention_flops(n, head_dim)["full"]
-    if choice.kind == "partial" and choice.size < n:
-        return attention_flops(n, head_dim, choice.size)["partial"]
+def flops(choice: Choice, pairs: np.ndarray, head_dim: int, *, causal: bool, length: int | None = None) -> float:
+    """Attention FLOPs of one head under ``choice`` on the pairs its layer computes (``pairs``, (n, n)), for a
+    text of ``length`` tokens (default n: a block, or a padded batch's width)."""
+    if choice.kind == "partial":
+        return partial_cost(pairs, head_dim, choice.size, length)
     if choice.kind == "window":
-        return full * float(window_keep(n, choice.size, causal).sum()) / (n * n)
-    return full
+        return kept_cost(pairs, band(pairs.shape[-1], choice.size, causal=causal), head_dim, length)
+    return exact_cost(pairs, head_dim, length)
 
 
-def flops_on(choice: Choice, lengths: np.ndarray, head_dim: int, *, causal: bool) -> float:
+def flops_on(choice: Choice, pairs: np.ndarray, lengths: np.ndarray, head_dim: int, *, causal: bool) -> float:
     """Attention FLOPs of one head under ``choice`` over examples of these ``lengths`` (their own
     tokens, no padding: the valid pairs a system that does not pad computes), summed.
 
-    >>> short = np.array([20, 30])          # two sentences: a window of 32 keeps every pair of both
-    >>> flops_on(Choice("window", 32), short, 32, causal=False) == flops_on(EXACT, short, 32, causal=False)
+    >>> every, short = np.ones((64, 64), dtype=bool), np.array([20, 30])   # a window of 32 keeps every pair of both
+    >>> flops_on(Choice("window", 32), every, short, 32, causal=False) == flops_on(EXACT, every, short, 32, causal=False)
     True
     """
-    sizes, counts = np.unique(np.asarray(lengths, dtype=int), return_counts=True)
-    return float(sum(count * flops(choice, int(size), head_dim, causal=causal) for size, count in zip(sizes, counts)))
+    return cost_on_lengths(lambda p, size: flops(choice, p, head_dim, causal=causal, length=size), pairs, lengths)
 
 
-def changes_pairs(choice: Choice, lengths: np.ndarray) -> bool:
-    """Whether ``choice`` can change a valid pair of any example of these ``lengths``: a window only
-    where a text is longer than it (keys more than ``w`` from a query), a partial head wherever a
-    row is rebuilt at all (its exact keys are positions fitted at n, which a short text may leave
-    to padding), exact never.
+def changes_pairs(choice: Choice, pairs: np.ndarray, lengths: np.ndarray, *, causal: bool) -> bool:
+    """Whether ``choice`` can change a pair the layer computes (``pairs``) on any example of these
+    ``lengths``: a window only where it drops one of them (a key further than ``w`` from its query), a
+    partial head wherever a row is rebuilt at all (its exact keys are positions fitted at n, which a
+    short text may leave to padding), exact never.
 
-    >>> changes_pairs(Choice("window", 64), np.array([27, 43])), changes_pairs(Choice("window", 8), np.array([27]))
-    (False, True)
+    >>> every = np.ones((64, 64), dtype=bool)
+    >>> changes_pairs(Choice("window", 32), every, np.array([27, 33]), causal=False)
+    False
+    >>> changes_pairs(Choice("window", 8), every, np.array([27]), causal=False)
+    True
     """
     if choice.kind == "window":
-        return bool(np.max(lengths) - 1 > choice.size)
+        dropped = np.asarray(pairs, dtype=bool) & ~band(pairs.shape[-1], choice.size, causal=causal)
+        return any(bool(dropped[:size, :size].any()) for size in np.unique(np.asarray(lengths, dtype=int)))
     return choice.kind == "partial"
 
 
-def options(n: int, head_dim: int, ks: tuple[int, ...], widths: tuple[int, ...], *, causal: bool) -> list[Choice]:
-    """The choices cheaper than exact attention at width ``n``, partial ones first."""
-    full = flops(EXACT, n, head_dim, causal=causal)
-    offered = [Choice("partial", k) for k in sorted(ks) if k < n] + [Choice("window", w) for w in sorted(widths) if w < n - 1]
-    return [choice for choice in offered if flops(choice, n, head_dim, causal=causal) < full]
+def options(
+    layer_pairs: np.ndarray, head_dim: int, ks: tuple[int, ...], widths: tuple[int, ...], *, causal: bool
+) -> list[Choice]:
+    """The choices cheaper than exact attention in at least one layer (``layer_pairs``, (layer, n, n): what
+    each computes at width n), partial ones first."""
+    offered = [Choice("partial", k) for k in sorted(ks)] + [Choice("window", w) for w in sorted(widths)]
+    return [
+        choice
+        for choice in offered
+        if any(
+            flops(choice, pairs, head_dim, causal=causal) < flops(EXACT, pairs, head_dim, causal=causal) for pairs in layer_pairs
+        )
+    ]
 
 
 def parse(text: str) -> Choice:

@@ -45,11 +45,13 @@ import numpy as np
 import pandas as pd
 import torch
 
+from attnlens.analysis.costs import attention_flops, pairs_attention_flops
 from attnlens.analysis.evaluation import bootstrap_weights
 from attnlens.analysis.objectives import Objective, PreparedBatch
-from attnlens.analysis.reconstruct.cost import attention_flops, default_ks, pairs_attention_flops
+from attnlens.analysis.reconstruct.cost import default_ks, partial_ratio
 from attnlens.analysis.reconstruct.errors import (
     BOOTSTRAP_RESAMPLES,
+    PAIRS_STRATEGY,
     HeldOutBatch,
     _error_records,
     _evaluate_pairs,
@@ -73,7 +75,7 @@ from attnlens.io.store import Store
 from attnlens.models.loading import LoadedModel
 from attnlens.progress import Progress, progress_bar, split
 from attnlens.rows.accumulate import compute_moments
-from attnlens.rows.sources import ModelRows, StoreRows, open_rows, partial_row_layers
+from attnlens.rows.sources import ModelRows, StoreRows, layer_pairs, open_rows, partial_row_layers
 
 # The names other modules, tests and notebooks read here; the modules of the package hold them.
 __all__ = [
@@ -131,7 +133,7 @@ def reconstruct(
     objective = Objective(_model_for_plug_in(source_rows, model, device), s.objective, seed=s.seed) if judged_by_model else None
     # the task, checked and split now: a task that cannot be judged fails before the moments' pass, not after it
     task = _prepared_task(objective.model, plan.n, s) if s.task is not None and s.plug_in else None
-    plan = plan.with_windows(source_rows, s)
+    plan = plan.with_structure(source_rows, s)
     fitted, evaluated = held_out_split(source_rows.num_seqs, s.eval_fraction, s.seed)
     # Shares of the bars, one after another: the moments' pass is quick beside the maps' evaluation.
     moments_progress, maps_progress, pairs_progress, learn_progress = split(
@@ -160,7 +162,7 @@ def reconstruct(
         table = pd.concat([table, pairs], ignore_index=True)
     tables = {"table": plan.with_flops(table)}
     if s.plug_in:
-        tables["plug_in"] = plan.with_flops(pd.DataFrame(plug.records))
+        tables["plug_in"] = plan.with_flops(pd.DataFrame(plug.records), plug.layers)
     if s.learn_r:
         tables["learned"] = _learned_table(
             objective,
@@ -237,6 +239,7 @@ class _Plan:
     strategies: list[str]
     scopes: list[str]
     per_query: bool
+    pairs: dict[int, np.ndarray] | None = None  # each analysed layer's (query, key) pairs at n (with_structure)
 
     @classmethod
     def of(cls, rows: StoreRows | ModelRows, s: ReconstructSettings) -> _Plan:
@@ -264,22 +267,34 @@ class _Plan:
             per_query=per_query,
         )
 
-    def with_windows(self, rows: StoreRows | ModelRows, s: ReconstructSettings) -> _Plan:
-        """The plan with one map per query where an encoder's layers are windowed (found by one forward
-        of one block, so after every check that needs none): pooled maps would be read at the wrong keys."""
+    def with_structure(self, rows: StoreRows | ModelRows, s: ReconstructSettings) -> _Plan:
+        """The plan with the pairs each layer computes (found by one forward of one block, so after every
+        check that needs none), and one map per query where an encoder's layers are windowed: pooled maps
+        would be read at the wrong keys."""
+        plan = replace(self, pairs=layer_pairs(rows, self.layers))
         if self.per_query or s.rows == "per-query":
-            return self
-        windowed = partial_row_layers(rows, self.layers)
+            return plan
+        windowed = partial_row_layers(plan.pairs)
         if windowed and s.rows == "pooled":
             raise BadInput(
                 f"layers {', '.join(map(str, windowed))} are windowed: rows of different queries have different valid keys; "
                 "use `rows` per-query (or auto)"
             )
-        return replace(self, per_query=True) if windowed else self
+        return replace(plan, per_query=True) if windowed else plan
 
-    def with_flops(self, table: pd.DataFrame) -> pd.DataFrame:
-        """``table`` with the attention FLOPs ratio of each row's k beside it."""
-        return table.assign(flops_ratio=[attention_flops(self.n, self.head_dim, k)["ratio"] for k in table.k])
+    def with_flops(self, table: pd.DataFrame, layers: list[int] | None = None) -> pd.DataFrame:
+        """``table`` with the attention FLOPs ratio of each row's k beside it, counted on the pairs its layers
+        compute: the row's ``layer`` (-1: every analysed layer), or without that column ``layers`` (the layers
+        the maps ran in; default every analysed layer). Pairs mode's rows keep their own count."""
+        ratios = []
+        for row in table.itertuples():
+            if getattr(row, "strategy", None) == PAIRS_STRATEGY:
+                ratios.append(row.flops_ratio)
+                continue
+            at = getattr(row, "layer", -1)
+            counted = (layers or self.layers) if at == -1 else [int(at)]
+            ratios.append(partial_ratio(np.stack([self.pairs[layer] for layer in counted]), self.head_dim, int(row.k)))
+        return table.assign(flops_ratio=ratios)
 
 
 def _held_out(

@@ -1,48 +1,27 @@
-"""What partial computation costs: attention FLOPs with k exact scores per row, against full attention,
-and the ks a reconstruction measures by default."""
+"""What partial computation costs, on the pairs each layer computes (:mod:`attnlens.analysis.costs`), and the
+ks a reconstruction measures by default."""
 
 from __future__ import annotations
 
 import numpy as np
 
+from attnlens.analysis.costs import cost_on_lengths, exact_cost, partial_cost
 
-def attention_flops(n: int, head_dim: int, k: int | None = None) -> dict[str, float]:
-    """Multiply-adds ×2 of one head's attention over n queries: full, and with k exact keys.
 
-    Full: QKᵀ (2n²d) + softmax (≈3n²) + weights·V (2n²d). Partial: k scores per query
-    (2nkd) + the affine map for the other n − k (2nk(n − k) + n(n − k)) + softmax + V.
+def partial_ratio(layer_pairs: np.ndarray, head_dim: int, k: int, lengths: np.ndarray | None = None) -> float:
+    """Attention FLOPs with k exact scores per row in every layer, against exact attention: over the pairs
+    each layer computes (``layer_pairs``, (layer, n, n)), on texts of these ``lengths`` (their own tokens:
+    the valid pairs a system that does not pad computes; default: blocks of n). A row that sees at most k
+    keys is exact.
 
-    >>> round(attention_flops(128, 64, 32)["ratio"], 3)
-    0.818
+    >>> causal = np.tril(np.ones((128, 128), dtype=bool))[None]
+    >>> round(partial_ratio(causal, 256, 16), 3), partial_ratio(causal, 32, 16, np.array([10, 12]))
+    (0.643, 1.0)
     """
-    full = 4 * n * n * head_dim + 3 * n * n
-    if k is None:
-        return {"full": float(full), "partial": float(full), "ratio": 1.0}
-    partial = 2 * n * k * head_dim + 2 * n * k * (n - k) + n * (n - k) + 3 * n * n + 2 * n * n * head_dim
-    return {"full": float(full), "partial": float(partial), "ratio": partial / full}
-
-
-def flops_on_lengths(lengths: np.ndarray, head_dim: int, k: int) -> float:
-    """Attention FLOPs with k exact scores per row over examples of these ``lengths`` (their own
-    tokens: the valid pairs a system that does not pad computes), against full attention on them. A
-    text of at most k tokens has every score exact.
-
-    >>> flops_on_lengths(np.array([10, 12]), 32, 16)          # every text shorter than k: no saving
-    1.0
-    """
-    sizes, counts = np.unique(np.asarray(lengths, dtype=int), return_counts=True)
-    costs = [attention_flops(int(size), head_dim, k if k < size else None) for size in sizes]
-    return float(
-        sum(c * cost["partial"] for c, cost in zip(counts, costs)) / sum(c * cost["full"] for c, cost in zip(counts, costs))
-    )
-
-
-def pairs_attention_flops(n: int, head_dim: int, pairs: int, rank: int) -> dict[str, float]:
-    """As :func:`attention_flops`, for pairs mode: ``pairs`` exact scores (2·pairs·d) and a
-    rank-``rank`` rebuild of the whole matrix (2·pairs·r + 2n²r), then softmax and V."""
-    full = attention_flops(n, head_dim)["full"]
-    partial = 2 * pairs * head_dim + 2 * pairs * rank + 2 * n * n * rank + 3 * n * n + 2 * n * n * head_dim
-    return {"full": full, "partial": float(partial), "ratio": partial / full}
+    lengths = np.array([layer_pairs.shape[-1]]) if lengths is None else np.asarray(lengths)
+    partial = sum(cost_on_lengths(lambda p, size: partial_cost(p, head_dim, k, size), pairs, lengths) for pairs in layer_pairs)
+    full = sum(cost_on_lengths(lambda p, size: exact_cost(p, head_dim, size), pairs, lengths) for pairs in layer_pairs)
+    return float(partial / full)
 
 
 def default_ks(n: int) -> list[int]:

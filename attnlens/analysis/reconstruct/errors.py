@@ -10,13 +10,15 @@ import numpy as np
 import pandas as pd
 import torch
 
+from attnlens.analysis.costs import pairs_attention_flops
 from attnlens.analysis.evaluation import CONFIDENCE, bootstrap_weights
-from attnlens.analysis.reconstruct.cost import pairs_attention_flops
 from attnlens.analysis.reconstruct.maps import MapFitter
 from attnlens.analysis.reconstruct.pairs import fit_pairs, greedy_pairs
 from attnlens.analysis.spectra import matrix_spectrum
 from attnlens.progress import Progress, progress_bar
 from attnlens.rows.sources import StoreRows
+
+PAIRS_STRATEGY = "greedy-pairs"  # pairs mode's rows (k·n pairs of each matrix), counted by their own FLOPs
 
 
 @dataclass
@@ -193,10 +195,10 @@ def _evaluate_pairs(
                     part, part_blocks = HeldOutBatch.of(truth, eval_valid, baseline).measure(rebuilt)  # as layer_errors
                     totals[k] = {name: totals[k].get(name, 0) + value for name, value in part.items()}
                     block_totals[k] = {name: block_totals[k].get(name, 0) + value for name, value in part_blocks.items()}
-                    flops = pairs_attention_flops(n, head_dim, len(selected), int(kept.sum()))["ratio"]
+                    flops = pairs_attention_flops(n, head_dim, len(selected), int(kept.sum()), int(entries.sum()))["ratio"]
                     records.append(
                         {
-                            "strategy": "greedy-pairs",
+                            "strategy": PAIRS_STRATEGY,
                             "scope": "head",
                             "k": k,
                             "layer": layer,
@@ -212,7 +214,7 @@ def _evaluate_pairs(
         flops = float(frame.loc[frame.k == k, "flops_ratio"].mean())
         records.append(
             {
-                "strategy": "greedy-pairs",
+                "strategy": PAIRS_STRATEGY,
                 "scope": "head",
                 "k": k,
                 "layer": -1,

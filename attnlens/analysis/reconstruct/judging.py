@@ -11,7 +11,7 @@ import numpy as np
 
 from attnlens.analysis.evaluation import bootstrap_interval, evaluate_change, prepare_batches
 from attnlens.analysis.objectives import Objective
-from attnlens.analysis.reconstruct.cost import flops_on_lengths
+from attnlens.analysis.reconstruct.cost import partial_ratio
 from attnlens.analysis.reconstruct.joint import JointMaps
 from attnlens.analysis.reconstruct.maps import LayerMaps, evaluate_objective, reconstruction
 from attnlens.analysis.reconstruct.settings import ReconstructSettings
@@ -19,7 +19,7 @@ from attnlens.analysis.task import PreparedTask, TaskJudge, TaskSettings, conten
 from attnlens.errors import BadInput
 from attnlens.models.loading import LoadedModel, load_model
 from attnlens.progress import Progress
-from attnlens.rows.sources import ModelRows, StoreRows
+from attnlens.rows.sources import ModelRows, StoreRows, model_pairs
 
 if TYPE_CHECKING:  # the package's orchestration imports this module
     from attnlens.analysis.reconstruct import _Plan
@@ -109,6 +109,7 @@ class _PlugIn:
         self.batches = prepare_batches(objective, eval_ids, batch_size)
         self.baseline = evaluate_objective(objective, self.batches, None)["loss"] if scopes else None
         self.records: list[dict] = []
+        self._pairs: np.ndarray | None = None  # the changed layers' (query, key) pairs at the task's width
 
     def wants(self, scope: str) -> bool:
         return scope in self.scopes
@@ -145,5 +146,9 @@ class _PlugIn:
         self.records.append(record)
 
     def _flops_on_task(self, k: int, examples: int) -> float:
-        """The FLOPs ratio at k on the valid pairs of the task examples a judgement used."""
-        return flops_on_lengths(self.task.pool.lengths[:examples], self.task.model.head_dim, k)
+        """The FLOPs ratio at k on the valid pairs of the task examples a judgement used: each example's own
+        tokens, over the pairs the changed layers compute (their causal triangles, windows)."""
+        if self._pairs is None:  # one forward of one block, once
+            pairs = model_pairs(self.task.model, self.task.pool.ids.shape[1], self.layers)
+            self._pairs = np.stack([pairs[layer] for layer in self.layers])
+        return partial_ratio(self._pairs, self.task.model.head_dim, k, self.task.pool.lengths[:examples])

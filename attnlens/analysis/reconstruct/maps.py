@@ -104,7 +104,7 @@ class MapFitter:
         if strategy == "eigen":
             return leverage_positions(self.covariance[scope][unit], m, self.complete[scope][unit])
         query = self._query(unit[2])
-        return local_global_positions(self.n, m, query, self.global_positions, limit=int(keys.max()) + 1)
+        return local_global_positions(self.n, m, query, self.global_positions, keys=keys)
 
     def layer_maps(self, strategy: str, scope: str, k: int, layer: int) -> tuple[LayerMaps, np.ndarray]:
         """Maps for every head of ``layer``, and their selections (H, Q, k) padded with -1."""

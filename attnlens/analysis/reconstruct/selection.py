@@ -102,18 +102,19 @@ def stride_positions(n: int, k: int) -> np.ndarray:
 
 
 def local_global_positions(
-    n: int, k: int, query: int, global_positions: Iterable[int] = (0,), limit: int | None = None
+    n: int, k: int, query: int, global_positions: Iterable[int] = (0,), keys: Iterable[int] | None = None
 ) -> np.ndarray:
-    """The global positions ([CLS] / first token) and the keys nearest the query, k in all.
-
-    ``limit`` restricts the keys to ``0…limit − 1`` (a causal row's valid prefix).
+    """The global positions ([CLS] / first token) and the keys nearest the query, k in all, among ``keys``
+    (the keys the row sees: a causal row's prefix, a window; default all n).
 
     >>> local_global_positions(10, 4, query=6).tolist()
     [0, 5, 6, 7]
+    >>> local_global_positions(10, 4, query=6, keys=range(3, 8)).tolist()      # a window: no global key in it
+    [4, 5, 6, 7]
     """
-    limit = n if limit is None else limit
-    globals_ = [p for p in global_positions if p < limit][:k]
-    nearest = sorted((p for p in range(limit) if p not in globals_), key=lambda p: (abs(p - query), p))
+    seen = list(range(n)) if keys is None else [int(key) for key in keys]
+    globals_ = [p for p in global_positions if p in seen][:k]
+    nearest = sorted((p for p in seen if p not in globals_), key=lambda p: (abs(p - query), p))
     return np.sort(np.array(globals_ + nearest[: k - len(globals_)], dtype=np.int64))
 
 

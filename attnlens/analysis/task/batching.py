@@ -14,7 +14,7 @@ from torch import nn
 from attnlens.analysis.changes import Batch, Change
 from attnlens.data.tasks import Examples
 from attnlens.models.capture import Capture, Intervention
-from attnlens.models.loading import LoadedModel
+from attnlens.models.loading import LoadedModel, backbone
 
 
 @dataclass(frozen=True)
@@ -76,7 +76,7 @@ def in_order(parts: list[np.ndarray], batched: list[TaskBatch]) -> np.ndarray:
 
 def pooled_features(module: nn.Module, pooling: str, batch: TaskBatch) -> torch.Tensor:
     """(batch, hidden) float32 features: the final hidden states pooled as ``pooling`` says."""
-    hidden = module.base_model(input_ids=batch.ids, attention_mask=batch.attention_mask).last_hidden_state.float()
+    hidden = backbone(module)(input_ids=batch.ids, attention_mask=batch.attention_mask).last_hidden_state.float()
     mask = batch.attention_mask.to(hidden.dtype)
     if pooling == "mean":
         return (hidden * mask[..., None]).sum(1) / mask.sum(1, keepdim=True)
