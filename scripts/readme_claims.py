@@ -233,7 +233,8 @@ def update(
     finetune: list[Path] = (),
     keep: list[str] = (),
 ) -> str:
-    """Rewrite ``readme``'s claims section (and ``figure``, the first report's first screen) from the
+    """Rewrite ``readme``'s claims section (and ``figure``, the first column's report's first screen, unless
+    that column is kept) from the
     default reports in ``reports``, a column each (and each ``full`` report's verdicts where its
     model's default leaves them to it; each ``finetune`` report's column beside its model's), with
     the columns headed ``keep`` as the README has them, in the README's order; returns the section."""
@@ -242,11 +243,12 @@ def update(
 
     fulls = {result.meta["model"]["name"]: result.claims for result in map(attnlens.load_result, full)}
     finetunes = {result.meta["model"]["name"]: result for result in map(attnlens.load_result, finetune)}
-    columns = []
+    columns, pages = [], {}
     for directory in reports:
         report = attnlens.load_result(directory)
         name = report.meta["model"]["name"]
         columns.append(column(merged(report.claims, fulls.get(name)), report.meta))
+        pages[columns[-1].heading] = directory / "report.html"
         if name in finetunes:
             columns.append(column(finetuned(finetunes[name].claims), finetunes[name].meta))
     text = readme.read_text()
@@ -254,8 +256,8 @@ def update(
         columns = in_order(columns + kept(text, list(keep)), text)
     section = claims_section(columns)
     write_bytes_atomic(readme, replace_section(text, section).encode())
-    if figure is not None:
-        screenshot(reports[0] / "report.html", figure)
+    if figure is not None and columns[0].heading in pages:  # the first column's report; a kept one keeps its figure
+        screenshot(pages[columns[0].heading], figure)
     return section
 
 

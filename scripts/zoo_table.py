@@ -49,7 +49,9 @@ def main() -> None:
             page = report(Path(directory), minilm, architecture)
         built, read = CAPTURED[architecture]()[1], type(model.model).__name__
         note = f"the encoder ({read})" if read != built else ""  # an encoder-decoder is read by its encoder
-        print(f"| {architecture} | captured | {measured['weights']:.1e} | {measured['outputs']:.1e} | {page} | {note} |", flush=True)
+        print(
+            f"| {architecture} | captured | {measured['weights']:.1e} | {measured['outputs']:.1e} | {page} | {note} |", flush=True
+        )
     for architecture in REFUSED:
         with tempfile.TemporaryDirectory() as directory:
             message = refusal(Path(directory), minilm, architecture) or "NOT REFUSED"

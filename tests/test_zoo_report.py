@@ -44,28 +44,34 @@ def test_a_model_too_short_for_the_reports_blocks_is_refused_before_any_stage(tm
     assert not stages_ran and not (tmp_path / "report").exists()
 
 
-@pytest.mark.parametrize("architecture", ["bert", "modernbert (local 4, global every 2)"])
-def test_a_windowed_encoders_maps_are_sized_per_query_before_any_stage(architecture, tmp_path, minilm_l6, monkeypatch):
-    """ModernBERT's local windows (4 keys at n = 16) make its rows differ by query, as a causal model's: the
-    reconstruction's blocks are sized so that n + 1 of them fit the per-query maps, before the first stage."""
+@pytest.mark.parametrize("architecture", ["bert", "modernbert (local 4, global every 2)", "mistral (sliding 4)"])
+def test_the_reports_stages_are_sized_for_the_models_geometry_before_any_stage(architecture, tmp_path, minilm_l6, monkeypatch):
+    """Sized before the first stage: ModernBERT's local windows (4 keys at n = 16) make its rows differ by query, as
+    a causal model's do, so the reconstruction's blocks are sized for n + 1 per-query maps; Mistral's every layer
+    sees at most 4 keys, so the plan offers choices narrower than that (the preset's k = 4 and window 2: k = 2 and
+    window 1), which save something there, where it would otherwise find nothing to plan after every other stage."""
     from attnlens.report import report
     from attnlens.report.presets import PRESETS
-    from zoo import tiny_report
+    from zoo import W, tiny_report
 
     path, _ = build(tmp_path, minilm_l6, CAPTURED[architecture])
-    monkeypatch.setitem(PRESETS, ("probe", "quick"), tiny_report().stages(reconstruct={"num_seqs": 8}))
+    tiny = tiny_report().stages(reconstruct={"num_seqs": 8}, plan={"ks": (4,), "widths": (2,)})
+    monkeypatch.setitem(PRESETS, ("probe", "quick"), tiny)
     seen = []
 
     def stop(model, second, settings, **kwargs):
-        seen.append(settings.reconstruct)
+        seen.append(settings)
         raise KeyboardInterrupt  # nothing past the sizing is wanted here
 
     monkeypatch.setattr(sys.modules["attnlens.report"], "analyses", stop)
     with pytest.raises(KeyboardInterrupt):
         report(tmp_path / "report", model=str(path), quick=True, compare=None, progress=False)
-    (recon,) = seen
+    (settings,) = seen
+    recon, plan = settings.reconstruct, settings.plan
     fitted = recon.num_seqs - max(1, round(recon.eval_fraction * recon.num_seqs))  # held_out_split's count
     if architecture == "bert":
-        assert recon.num_seqs == 8
+        assert recon.num_seqs == 8 and (plan.ks, plan.widths) == ((4,), (2,))
+    elif architecture.startswith("modernbert"):
+        assert fitted == recon.seq_len + 1 and (plan.ks, plan.widths) == ((4,), (2,))  # its global layers see every key
     else:
-        assert fitted >= recon.seq_len + 1 and fitted - 1 < recon.seq_len + 1
+        assert plan.ks and plan.widths and max(plan.ks) < W and max(plan.widths) < W - 1

@@ -41,6 +41,7 @@ from attnlens.report.presets import (
     QUICK_FINETUNE,
     REPORT_PRESETS,
     REPORT_PROTOCOLS,
+    STAGES,
     ReportSettings,
     preset,
     stage_weights,
@@ -140,7 +141,8 @@ def report(
     _check_inputs(corpus, compare)
     loaded = model if isinstance(model, LoadedModel) else load_model(model, device=device)
     _check_lengths(loaded, settings, name)
-    settings = settings.sized_for(loaded.causal, _windowed(loaded, settings.reconstruct.seq_len))
+    plan_n = settings.plan.seq_len if settings.plan is not None else settings.reconstruct.seq_len
+    settings = settings.sized_for(loaded.causal, _windowed(loaded, settings.reconstruct.seq_len), _widest_row(loaded, plan_n))
     _check_task(loaded, settings, seed)  # before the first stage's forward pass, not stages later
     second = companion_for(loaded) if compare == "auto" else compare
     weights = {stage: w for stage, w in stage_weights(name).items() if second or stage != "eigen (second model)"}
@@ -189,8 +191,6 @@ def _check_inputs(corpus: str, compare: str | None) -> None:
 def _check_lengths(loaded: LoadedModel, settings: ReportSettings, preset_name: str) -> None:
     """Every stage's blocks fit the model's positions, checked before the first stage: the report has no
     ``--seq-len``, so the way out is a preset with shorter blocks, or the analyses one by one."""
-    from attnlens.report.presets import STAGES
-
     longest = max(getattr(settings, stage).seq_len for stage in STAGES if getattr(settings, stage) is not None)
     if longest <= loaded.max_positions:
         return
@@ -212,6 +212,14 @@ def _windowed(loaded: LoadedModel, n: int) -> bool:
     from attnlens.rows.sources import model_pairs, partial_row_layers
 
     return not loaded.causal and bool(partial_row_layers(model_pairs(loaded, n)))
+
+
+def _widest_row(loaded: LoadedModel, n: int) -> int:
+    """The most keys any query of any layer sees on a text of ``n`` tokens: n, or a window where every
+    layer is windowed (one forward of one block)."""
+    from attnlens.rows.sources import model_pairs
+
+    return max(int(pairs.sum(-1).max()) for pairs in model_pairs(loaded, n).values())
 
 
 def _check_task(loaded: LoadedModel, settings: ReportSettings, seed: int) -> None:

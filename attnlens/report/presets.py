@@ -86,12 +86,15 @@ class ReportSettings:
         )
         return dataclasses.replace(settings.stages(reconstruct=fits), plan=plan)
 
-    def sized_for(self, causal: bool, windowed: bool = False) -> ReportSettings:
+    def sized_for(self, causal: bool, windowed: bool = False, keys: int | None = None) -> ReportSettings:
         """These settings for a model: a causal model's maps (the reconstruction's, the plan's partial
         heads) are one per query, fitted on one row per block, so they fit on at least n + 1 blocks
         (more than an encoder's pooled rows need); so are the reconstruction's maps of an encoder with
         ``windowed`` layers (a local or sliding window shorter than n: its queries see different keys).
-        Sized before any stage runs: a stage that found too few blocks would fail after the others had run.
+        ``keys``: the most keys any query of any layer sees at the plan's n (fewer than n where every
+        layer is windowed): the plan offers only the ks and widths that save something there, or, where
+        none of the preset's does, half and a quarter of those keys. Sized before any stage runs: a
+        stage that found too few blocks, or no choice to plan, would fail after the others had run.
 
         >>> causal, encoder = DEFAULT.sized_for(causal=True), DEFAULT.sized_for(causal=False)
         >>> causal.reconstruct.num_seqs, causal.plan.fit_seqs, encoder.reconstruct.num_seqs, encoder.plan.fit_seqs
@@ -99,6 +102,9 @@ class ReportSettings:
         >>> windowed = QUICK.sized_for(causal=False, windowed=True)
         >>> windowed.reconstruct.num_seqs, windowed.plan.fit_seqs
         (87, 16)
+        >>> narrow = QUICK.sized_for(causal=True, keys=4).plan                # every layer a window of 4 keys
+        >>> QUICK.plan.ks, QUICK.plan.widths, narrow.ks, narrow.widths
+        ((16,), (8,), (2,), (1,))
         """
         sized = self
         recon = self.reconstruct
@@ -106,8 +112,13 @@ class ReportSettings:
             fitted = lambda blocks: blocks - max(1, round(recon.eval_fraction * blocks))  # noqa: E731 -- held_out_split's count
             blocks = next(count for count in range(recon.num_seqs, 100 * recon.seq_len) if fitted(count) >= recon.seq_len + 1)
             sized = sized.stages(reconstruct={"num_seqs": blocks})
-        if causal and self.plan is not None and self.plan.ks:
-            sized = sized.stages(plan={"fit_seqs": max(self.plan.fit_seqs, self.plan.seq_len + 1)})
+        plan = self.plan
+        if plan is not None and keys is not None and keys < plan.seq_len:
+            ks = tuple(k for k in plan.ks if k < keys) or ((max(1, keys // 2),) if plan.ks else ())
+            widths = tuple(w for w in plan.widths if w < keys - 1) or ((max(1, keys // 4),) if plan.widths else ())
+            sized = sized.stages(plan={"ks": ks, "widths": widths})
+        if causal and sized.plan is not None and sized.plan.ks:
+            sized = sized.stages(plan={"fit_seqs": max(sized.plan.fit_seqs, sized.plan.seq_len + 1)})
         return sized
 
     def judged(self) -> list[Settings]:
