@@ -295,7 +295,7 @@ class LayerInputs:
         if self.outputs_ is None:
             raise BadInput(f"nothing was cached: {self.nbytes} bytes exceed `budget_bytes` {self.budget_bytes}")
         if not 1 <= layer < self.model.num_layers:
-            raise BadInput(f"`layer` {layer} is out of range; cached inputs are of layers 1 to {self.model.num_layers - 1}")
+            raise BadInput(f"`layer` {layer} is out of range; layers 1 to {self.model.num_layers - 1} have a recorded input")
         return _hidden(self.outputs_[layer - 1])
 
     @property
@@ -307,8 +307,8 @@ class LayerInputs:
         """The model's output with layers below ``start`` skipped: equal to a full forward's when nothing changes them.
 
         ``copies`` stacks that many copies of the batch (copy-major) for :func:`by_copy`; the
-        forward then holds ``copies`` times a batch's activations, and one stacked copy of the
-        cached input of ``start``. ``head=False`` runs the backbone only (``last_hidden_state``;
+        forward then holds ``copies`` times a batch's activations, and a stacked copy of each
+        replayed output while its layer's turn lasts. ``head=False`` runs the backbone only (``last_hidden_state``;
         no logits, which for a language model are most of the cost). An active capture or
         partial plan that reaches a layer below ``start`` is refused (it would be skipped), also
         where the forward is full. Not thread-safe: it swaps the skipped layers' ``forward``.
