@@ -88,7 +88,8 @@ def no_network():
 # because they train to convergence or fine-tune. Everything else is the fast run
 # (``pytest -m "not slow"``), which keeps an end-to-end test of every analysis.
 SLOW_FIXTURES = {"gemma3", "two_rank_job", "quick_report", "classifier", "classifier_dir", "at_n"}
-SLOW_FILES = {"test_notebooks.py"}
+# the report on each of the zoo's 38 architectures (tests/test_zoo_report*.py): about 3 minutes of one worker
+SLOW_FILES = {"test_notebooks.py", "test_zoo_report.py", "test_zoo_report_decoders.py"}
 # A test that uses a real model (through these fixtures, or marked so) is an integration test; the
 # others are unit tests, and a unit test that loads a model anyway fails (no_model_in_unit_tests).
 MODEL_FIXTURES = {"minilm_l6", "minilm_l3", "gemma3", "kjv_blocks", "quick_report", "two_rank_job"}
