@@ -10,7 +10,7 @@ stage a result, every claim a row, and the spectrum's directory is named from th
 
 Every report builds every figure from its tables (the plotting functions run on each model's results).
 Rendering them to pixels depends on the figure, not on the model, and takes two thirds of a tiny
-report's time: all 35 would take the suite past its 10 minutes. So :data:`zoo.DRAWN`, one architecture of
+report's time: all 38 would take the suite past its 10 minutes. So :data:`zoo.DRAWN`, one architecture of
 each geometry (bidirectional, causal with grouped queries, a windowed encoder, a windowed decoder with
 soft-capping), renders every figure; the others save each built figure as a blank PNG of one pixel.
 
