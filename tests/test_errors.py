@@ -245,7 +245,7 @@ def test_moments_source_that_does_not_exist_names_store_and_model_only(capsys, t
 
 
 def test_load_model_of_a_missing_path_is_bad_input():
-    from attnlens.models.loading import ModelNotFound
+    from attnlens.models.locate import ModelNotFound
 
     with pytest.raises(ModelNotFound, match="model path './no/such/model' does not exist") as raised:
         attnlens.load_model("./no/such/model")

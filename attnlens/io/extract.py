@@ -29,7 +29,8 @@ from attnlens.io.ranks import init_world, shard_range
 from attnlens.io.results import check_resumable_out
 from attnlens.io.store import DTYPES, Store, StoreWriter, is_store, open_store
 from attnlens.models.capture import Capture
-from attnlens.models.loading import LoadedModel, load_model, locate_model
+from attnlens.models.loading import LoadedModel, load_model
+from attnlens.models.locate import locate_model
 from attnlens.progress import Progress, progress_bar
 from attnlens.settings import CorpusSettings, at_least, numbered_from_zero
 

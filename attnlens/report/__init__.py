@@ -29,7 +29,8 @@ from attnlens.io.files import swap_into_place
 from attnlens.io.provenance import provenance
 from attnlens.io.results import Result, check_out, load_result
 from attnlens.models.aliases import ALIASES, missing_distributions
-from attnlens.models.loading import LoadedModel, check_device, load_model, locate_model
+from attnlens.models.loading import LoadedModel, check_device, load_model
+from attnlens.models.locate import locate_model
 from attnlens.progress import Progress, Stage, progress_bar
 from attnlens.report.page import write_page
 from attnlens.report.presets import (

@@ -33,7 +33,8 @@ from attnlens.errors import BadInput
 from attnlens.io.store import Store, is_store, open_store
 from attnlens.models.aliases import ALIASES
 from attnlens.models.capture import Capture
-from attnlens.models.loading import LoadedModel, ModelNotFound, load_model
+from attnlens.models.loading import LoadedModel, load_model
+from attnlens.models.locate import ModelNotFound
 from attnlens.progress import progress_bar
 
 Consumer = Callable[[int, torch.Tensor, torch.Tensor, np.ndarray], None]
