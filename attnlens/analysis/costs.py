@@ -108,17 +108,6 @@ def attention_flops(n: int, head_dim: int, k: int | None = None, *, pairs: np.nd
     return {"full": full, "partial": partial, "ratio": partial / full}
 
 
-def layers_ratio(cost, exact, layer_pairs: np.ndarray) -> float:
-    """A change's cost over every layer, as a share of exact attention in every layer: ``cost(pairs)`` and
-    ``exact(pairs)`` per layer's ``pairs`` (layer, n, n), summed before the ratio (one head per layer each).
-
-    >>> layers = np.stack([every_pair(8), np.tril(every_pair(8))])
-    >>> layers_ratio(lambda p: 0.5 * p.sum(), lambda p: float(p.sum()), layers)
-    0.5
-    """
-    return float(sum(cost(pairs) for pairs in layer_pairs) / sum(exact(pairs) for pairs in layer_pairs))
-
-
 def pairs_attention_flops(n: int, head_dim: int, pairs: int, rank: int, computed: int | None = None) -> dict[str, float]:
     """As :func:`attention_flops`, for pairs mode (whole matrices from a store): ``pairs`` exact scores
     (2·pairs·d) and a rank-``rank`` rebuild of the ``computed`` pairs the layer computes (default n², every

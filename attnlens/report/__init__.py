@@ -142,8 +142,7 @@ def report(
     _check_inputs(corpus, compare)
     loaded = model if isinstance(model, LoadedModel) else load_model(model, device=device)
     _check_lengths(loaded, settings, name)
-    plan_n = settings.plan.seq_len if settings.plan is not None else settings.reconstruct.seq_len
-    settings = settings.sized_for(loaded.causal, _windowed(loaded, settings.reconstruct.seq_len), _widest_row(loaded, plan_n))
+    settings = _sized(loaded, settings)
     _check_task(loaded, settings, seed)  # before the first stage's forward pass, not stages later
     second = companion_for(loaded) if compare == "auto" else compare
     weights = {stage: w for stage, w in stage_weights(name).items() if second or stage != "eigen (second model)"}
@@ -207,20 +206,18 @@ def _check_lengths(loaded: LoadedModel, settings: ReportSettings, preset_name: s
     )
 
 
-def _windowed(loaded: LoadedModel, n: int) -> bool:
-    """Whether an encoder has a layer whose queries see fewer than ``n`` keys (a local or sliding window
-    shorter than n), found as the reconstruction finds it: one forward of one block of ``n`` tokens."""
+def _sized(loaded: LoadedModel, settings: ReportSettings) -> ReportSettings:
+    """``settings`` sized for the model's geometry (:meth:`ReportSettings.sized_for`), read from the pairs each
+    layer computes at the reconstruction's and the plan's n (one forward of one block per n): whether an
+    encoder has windows shorter than n, and the most keys any query sees where every layer is windowed."""
     from attnlens.rows.sources import model_pairs, partial_row_layers
 
-    return not loaded.causal and bool(partial_row_layers(model_pairs(loaded, n)))
-
-
-def _widest_row(loaded: LoadedModel, n: int) -> int:
-    """The most keys any query of any layer sees on a text of ``n`` tokens: n, or a window where every
-    layer is windowed (one forward of one block)."""
-    from attnlens.rows.sources import model_pairs
-
-    return max(int(pairs.sum(-1).max()) for pairs in model_pairs(loaded, n).values())
+    recon_n = settings.reconstruct.seq_len
+    plan_n = settings.plan.seq_len if settings.plan is not None else recon_n
+    pairs = {n: model_pairs(loaded, n) for n in {recon_n, plan_n}}
+    windowed = not loaded.causal and bool(partial_row_layers(pairs[recon_n]))
+    widest = max(int(layer.sum(-1).max()) for layer in pairs[plan_n].values())
+    return settings.sized_for(loaded.causal, windowed, widest)
 
 
 def _check_task(loaded: LoadedModel, settings: ReportSettings, seed: int) -> None:

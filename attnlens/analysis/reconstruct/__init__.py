@@ -286,15 +286,18 @@ class _Plan:
         """``table`` with the attention FLOPs ratio of each row's k beside it, counted on the pairs its layers
         compute: the row's ``layer`` (-1: every analysed layer), or without that column ``layers`` (the layers
         the maps ran in; default every analysed layer). Pairs mode's rows keep their own count."""
-        ratios = []
-        for row in table.itertuples():
+        ratios: dict[tuple[tuple[int, ...], int], float] = {}  # by (layers, k): rows of strategies and scopes share it
+
+        def ratio(row) -> float:
             if getattr(row, "strategy", None) == PAIRS_STRATEGY:
-                ratios.append(row.flops_ratio)
-                continue
+                return row.flops_ratio
             at = getattr(row, "layer", -1)
-            counted = (layers or self.layers) if at == -1 else [int(at)]
-            ratios.append(partial_ratio(np.stack([self.pairs[layer] for layer in counted]), self.head_dim, int(row.k)))
-        return table.assign(flops_ratio=ratios)
+            key = (tuple(layers or self.layers) if at == -1 else (int(at),), int(row.k))
+            if key not in ratios:
+                ratios[key] = partial_ratio(np.stack([self.pairs[layer] for layer in key[0]]), self.head_dim, key[1])
+            return ratios[key]
+
+        return table.assign(flops_ratio=[ratio(row) for row in table.itertuples()])
 
 
 def _held_out(
