@@ -98,6 +98,9 @@ class StageBar:
         self.n += n
         self._show()
 
+    def set_postfix_str(self, text: str) -> None:
+        """What a tqdm bar writes after its count; nothing here: the parent's note says what the stage is at."""
+
     def close(self) -> None:
         """Nothing to draw; a bar closed early leaves the parent where its count had it."""
 

@@ -127,7 +127,7 @@ def planner_curves(model, n: int, blocks: int, repeats: int) -> None:
         def run() -> object:
             split.starts = starts if started else None
             planner.proxy._known = {}  # judge every change afresh
-            return head_curves(units, planner.choices, planner.change, lambda change: planner.proxy.costs(change, "curve"),
+            return head_curves(units, planner.choices, planner.change, lambda change: planner.proxy.per_unit(change, "curve"),
                                planner.price, progress=False)  # fmt: skip
 
         return run

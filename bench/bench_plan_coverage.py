@@ -41,7 +41,7 @@ from attnlens.analysis.plan.judging import Costs, ProxyCosts
 
 def margin_rule(self: Costs, change, part, budget) -> dict:
     """The rule ``attnlens plan`` used before the forecast (kept here, as the baseline)."""
-    mean, low, high = self.interval(self.costs(change, part))
+    mean, low, high = self.interval(self.per_unit(change, part))
     allowance = budget.allowance(self)
     margin = (high - low) / 2 * (self.units("select") / self.units("check")) ** 0.5 if part == "select" else 0.0
     return {"cost": mean, "cost_low": low, "cost_high": high, "allowance": allowance, "margin": margin,
@@ -77,10 +77,10 @@ def one_seed(model, settings: PlanSettings, rules: dict[str, tuple[str, str]]) -
     """Every budget's plan under each of ``rules``, on one draw of the blocks."""
     planner = _planner(model, settings, "cpu", False)
     for budget in settings.budgets:
-        _check_meetable(planner.judge, budget)
+        _check_meetable(planner.costs, budget)
     paths = {}
     for part in {part for part, _ in rules.values()}:
-        curves = head_curves(planner.units, planner.choices, planner.change, lambda change, part=part: planner.proxy.costs(change, part),
+        curves = head_curves(planner.units, planner.choices, planner.change, lambda change, part=part: planner.proxy.per_unit(change, part),
                              planner.price, progress=False)  # fmt: skip
         paths[part] = greedy_path(curves)
     uniforms = {choice: uniform(planner.units, choice) for choice in planner.choices}
@@ -103,7 +103,7 @@ class Drawn(Costs):
         self.pool, self.parts, self.bootstrap, self.seed = pool, {"select": select, "check": check}, pool.bootstrap, pool.seed
 
     def _compute(self, change, part: str) -> np.ndarray:
-        return self.pool.costs(change, "check")[self.parts[part]]
+        return self.pool.per_unit(change, "check")[self.parts[part]]
 
     def unmodified_loss(self, part: str) -> float:
         return float(self.pool.baseline("check")[self.parts[part]].mean())
@@ -115,7 +115,7 @@ class Drawn(Costs):
 def pooled(model, settings: PlanSettings, pool: int, draws: int) -> None:
     """The meet rate on ``draws`` draws of selection and check blocks from ``pool`` held-out blocks."""
     planner = _planner(model, dataclasses.replace(settings, eval_seqs=pool), "cpu", False)
-    curves = head_curves(planner.units, planner.choices, planner.change, lambda change: planner.proxy.costs(change, "curve"),
+    curves = head_curves(planner.units, planner.choices, planner.change, lambda change: planner.proxy.per_unit(change, "curve"),
                          planner.price, progress=False)  # fmt: skip
     path = greedy_path(curves)
     uniforms = {choice: uniform(planner.units, choice) for choice in planner.choices}
@@ -127,7 +127,7 @@ def pooled(model, settings: PlanSettings, pool: int, draws: int) -> None:
             rng, met, spent = np.random.default_rng(settings.seed), 0, []
             for _ in range(draws):
                 order = rng.permutation(pool)
-                planner.judge = Drawn(
+                planner.costs = Drawn(
                     planner.proxy, order[: settings.select_seqs], order[settings.select_seqs :][: settings.eval_seqs]
                 )
                 judged, _, _ = _plan_budget(planner, path, uniforms, budget, number)

@@ -33,7 +33,7 @@ from attnlens.analysis.plan import PlanSettings, _planner, seconds
 def budget_of(model, settings: PlanSettings, slack: float) -> float:
     """The unmodified next-token loss on the plan's selection blocks, plus ``slack`` nats."""
     planner = _planner(model, settings, "cpu", False)
-    return planner.judge.unmodified_loss("select") + slack
+    return planner.costs.unmodified_loss("select") + slack
 
 
 def main() -> None:

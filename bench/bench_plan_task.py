@@ -41,11 +41,11 @@ def main() -> None:
     planner = _planner(attnlens.load_model("minilm-l6"), settings, "cpu", True)
     (budget,) = settings.budgets
     uniforms = {choice: uniform(planner.units, choice) for choice in planner.choices}
-    judge = planner.judge
+    judge = planner.costs
     print(f"minilm-l6, n = {args.seq_len}, Rotten Tomatoes under the probe, budget {budget}: "
           f"{judge.units('select')} examples choose, {judge.units('check')} check")  # fmt: skip
     for name, costs in (("task", judge), ("proxy", planner.proxy)):
-        curves = head_curves(planner.units, planner.choices, planner.change, lambda c, costs=costs: costs.costs(c, "curve"),
+        curves = head_curves(planner.units, planner.choices, planner.change, lambda c, costs=costs: costs.per_unit(c, "curve"),
                              planner.price, progress=True)  # fmt: skip
         judged, _, _ = _plan_budget(planner, greedy_path(curves), uniforms, budget, args.seed)
         plan = next(row for row in judged if row["method"] == "plan")

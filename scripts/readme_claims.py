@@ -35,7 +35,7 @@ from typing import NamedTuple
 import pandas as pd
 
 from attnlens.report.claims import CLAIM_COLUMNS, SEEDS_COLUMN
-from attnlens.report.verdicts import RUN_FULL
+from attnlens.report.verdicts import Phrase
 
 ROOT = Path(__file__).resolve().parent.parent
 BEGIN, END = "<!-- claims -->", "<!-- claims end -->"
@@ -136,7 +136,15 @@ def _printed(readme: str) -> tuple[list[str], list[list[str]], list[str]]:
 def finetuned(claims: pd.DataFrame) -> pd.DataFrame:
     """The claims a finetune report judges by fine-tuning (the others are the probe reports')."""
     judged = claims[TASK_COLUMN].fillna("").astype(str).str.len() > 0
-    return claims[judged & (claims["verdict"] != RUN_FULL)]
+    return claims[judged & ~at_this_size(claims)]
+
+
+def at_this_size(claims: pd.DataFrame) -> pd.Series:
+    """The claims a report leaves to a larger size: by their phrase (reports before the phrase column was
+    written: by the verdict's words, which were the phrase's alone)."""
+    if "phrase" in claims:
+        return claims["phrase"] == Phrase.AT_THIS_SIZE.name
+    return claims["verdict"] == Phrase.AT_THIS_SIZE.value
 
 
 def digest(table: str) -> str:
@@ -149,8 +157,9 @@ def merged(default: pd.DataFrame, full: pd.DataFrame | None) -> pd.DataFrame:
     if full is None:
         return default
     by_claim = full.set_index("claim")
-    rows = [by_claim.loc[row["claim"]] if row["verdict"] == RUN_FULL and row["claim"] in by_claim.index else row
-            for _, row in default.iterrows()]  # fmt: skip
+    later = at_this_size(default)
+    rows = [by_claim.loc[row["claim"]] if later[index] and row["claim"] in by_claim.index else row
+            for index, row in default.iterrows()]  # fmt: skip
     return pd.DataFrame([{"claim": claim, **row[COLUMNS[1:]].to_dict()} for claim, row in zip(default["claim"], rows)])
 
 

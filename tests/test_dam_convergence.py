@@ -12,11 +12,11 @@ import transformers
 import attnlens
 from attnlens.analysis.dam import LAYOUTS
 from attnlens.analysis.dam.judging import MaskSplit, evaluate_mask
-from attnlens.analysis.dam.run import Setup
+from attnlens.analysis.dam.runs import Setup
 from attnlens.analysis.dam.settings import DamSettings
 from attnlens.analysis.experiment import Experiment
-from attnlens.report.dam import dam_claims
-from attnlens.report.verdicts import Evidence
+from attnlens.report.dam import dam_claims, standing
+from attnlens.report.verdicts import Context, Phrase
 from tiny_models import assert_one_line_error, run_cli, save_with_minilm_tokenizer
 
 # polish_rounds=0: the relaxation alone, but where a test is about the swap search that finishes it
@@ -112,15 +112,17 @@ def test_mask_seeds_draw_different_noise_and_are_judged_on_the_same_blocks(minil
     assert spread["agree"] == (spread["apart_low"] <= 0 <= spread["apart_high"])
     # the claim stands on these masks only if both converged and the seeds agree, or each seed's mask decides it
     # alike (both within the proxy's tolerance of 0.01, or both beyond it); else it is not decided
-    verdict = dam_claims(result, Evidence("full"))[0].verdict
+    full = Context("full")
+    verdict = dam_claims(result, full, standing(result, full))[0].verdict
     expected = "a run did not converge" if not table["converged"].all() else None if spread["agree"] else "seeds disagree"
     alike = len({bool(delta <= 0.01) for delta in table["delta"]}) == 1
     if expected is None or (expected == "seeds disagree" and alike):
-        assert not verdict.phrase.startswith("not decided"), verdict
-        assert verdict.number.endswith("every seed") == (expected is not None)
+        assert verdict.phrase.decided, verdict
+        assert verdict.said.endswith("every seed") == (expected is not None)
     else:
-        assert verdict.phrase == "not decided" and expected in verdict.number, verdict
-    assert dam_claims(result, Evidence("default"))[0].verdict.text == (
+        assert verdict.phrase is Phrase.NOT_DECIDED and expected in verdict.said, verdict
+    default = Context("default")
+    assert dam_claims(result, default, standing(result, default))[0].verdict.text == (
         "not decided at this size (run --full)" if expected else verdict.text
     ), "below the full size, an undecided claim says run --full"
 

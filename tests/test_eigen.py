@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -202,6 +204,14 @@ def test_eigen_and_overlap_from_a_real_model_and_reload(tmp_path, minilm_l6, min
     assert attnlens.load_result(tmp_path / "o").matrix("layers_0_1").shape == (6, 3)
     assert (tmp_path / "o" / "figures" / "overlap_layers_0_1.png").is_file()
     assert (tmp_path / "a" / "figures" / "spectra.pdf").is_file()
+    # saved before overlaps recorded their comparisons: the same matrices, read from the old layout
+    said = attnlens.load_result(tmp_path / "o").text()
+    manifest = json.loads((tmp_path / "o" / "result.json").read_text())
+    recorded = manifest.pop("comparisons")
+    (tmp_path / "o" / "result.json").write_text(json.dumps(manifest))
+    old = attnlens.load_result(tmp_path / "o")
+    assert [vars(c) for c in old.comparisons] == recorded and old.layer_matrices == ["layers_0", "layers_0_1", "layers_1"]
+    assert old.results_of("heads_0_1") == (0, 1) and old.text() == said
 
 
 def test_components_for_energy_edges():

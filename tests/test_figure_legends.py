@@ -11,7 +11,7 @@ import pytest
 from matplotlib.container import Container
 
 import attnlens
-from attnlens.io.results import draw
+from attnlens.io.result_figures import draw
 
 
 def _artists(handle) -> list:

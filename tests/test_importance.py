@@ -15,7 +15,8 @@ import attnlens
 from attnlens import Capture
 from attnlens.analysis.changes import random_positions
 from attnlens.analysis.evaluation import evaluate_batch, guard_rows, removal, split_blocks
-from attnlens.analysis.importance import ImportanceResult, hidden_projection
+from attnlens.analysis.importance import ImportanceResult
+from attnlens.analysis.importance.passes import hidden_projection
 from attnlens.analysis.objectives import Objective
 from attnlens.data.positions import class_masks
 from tiny_models import identical_columns, save_tiny

@@ -108,7 +108,8 @@ def test_the_plan_meets_its_budgets_and_the_check_is_what_the_partial_path_compu
     batch = objective.prepare(torch.from_numpy(held_out))
     for row in result.methods.query("method == 'plan'").itertuples():
         mine = probes.query("budget == @row.budget")
-        step = int(row.detail.split()[1])  # "step 48 of the path"
+        assert row.form == "step"
+        step = int(row.path_step)
         chosen = mine[mine.step == step]
         assert chosen.meets.all() and not mine[mine.step > step].meets.any()
         assert row.select_meets
@@ -143,6 +144,25 @@ def test_a_plan_saves_reloads_and_applies_to_its_model(planned_l3, minilm_l3, mi
             pass
 
 
+def test_a_plan_saved_by_an_earlier_version_reads_its_methods_forms_from_their_labels(planned_l3, tmp_path):
+    """Earlier versions wrote what each method is only in its ``detail`` label: such a result loads with the
+    same ``form`` and ``choice`` as one saved now (each label also names its form as a reader reads it)."""
+    import json
+    import shutil
+
+    _, path = planned_l3
+    old = tmp_path / "old"
+    shutil.copytree(path, old)
+    summary = pd.read_csv(old / "summary.csv")
+    summary.drop(columns=["form", "choice"]).to_csv(old / "summary.csv", index=False)
+    assert "form" not in pd.read_csv(old / "summary.csv") and json.loads((old / "result.json").read_text())["kind"] == "plan"
+    now, then = (load_result(where).tables["summary"] for where in (path, old))
+    pd.testing.assert_frame_equal(now[["method", "detail", "form", "choice"]], then[["method", "detail", "form", "choice"]])
+    for row in now.itertuples():  # the label a reader sees says the same as the form
+        expected = {"step": "step ", "exact": "none meets", "random": "at plan FLOPs"}.get(row.form)
+        assert str(row.detail).startswith(expected) if expected else str(row.detail).endswith(str(row.choice))
+
+
 @pytest.mark.integration
 def test_task_halves_are_disjoint(minilm_l3):
     """The task's held-out examples: the first half chooses, the second checks, no example in both."""
@@ -156,8 +176,8 @@ def test_task_halves_are_disjoint(minilm_l3):
     assert costs.units("select") == 20 and costs.units("check") == 20 and costs.units("curve") == 8
     positions = np.arange(len(costs.baseline))
     assert not set(positions[select]) & set(positions[check])
-    curve_rows = {int(row) for batch in costs.curve.inputs for row in costs.judge.train.rows[batch.rows]}
-    assert len(curve_rows) == 8 and not curve_rows & set(costs.judge.held_out.rows.tolist())
+    curve_rows = {int(row) for batch in costs.curve.inputs for row in costs.task.train.rows[batch.rows]}
+    assert len(curve_rows) == 8 and not curve_rows & set(costs.task.held_out.rows.tolist())
 
 
 def test_the_early_miss_stops_clear_misses_at_the_first_look_and_almost_never_one_at_the_allowance():
@@ -196,13 +216,13 @@ def test_the_selections_early_looks_are_prefixes_of_the_whole_and_exact_runs_not
     narrow = {(layer, head): Choice("window", 1) for layer in range(3) for head in range(12)}
     change = plan_change(layer_plans(narrow, None, 32, False), "narrow")
     verdict = costs.judged(change, "select", budget)
-    whole = costs.baseline - costs.judge.judge(change)["correct"]  # every held-out example, by the judge itself
+    whole = costs.baseline - costs.task.judge(change)["correct"]  # every held-out example, by the judge itself
     first = whole[: EARLY_LOOKS[0]]
     assert np.abs(whole).sum() > 0, "the change flips examples: the prefixes can differ"
     assert verdict["examples"] == (EARLY_LOOKS[0] if clearly_misses(first, 0.01) else 210)
-    assert np.array_equal(costs.costs(change, "select"), whole[:210])
+    assert np.array_equal(costs.per_unit(change, "select"), whole[:210])
     exact = costs.judged(plan_change({}, EXACT_KEY), "select", budget)
-    assert exact["examples"] == 210 and exact["cost"] == 0 and EXACT_KEY not in costs.judge.outcome_arrays()["task_changes"]
+    assert exact["examples"] == 210 and exact["cost"] == 0 and EXACT_KEY not in costs.task.outcome_arrays()["task_changes"]
 
 
 @pytest.mark.integration
@@ -219,9 +239,9 @@ def test_a_task_budgets_curves_are_the_divergence_of_the_classifiers_predictions
     s = PlanSettings(seq_len=32, task="rotten-tomatoes", task_train=64, task_eval=40, max_drop=(50.0,), fit_seqs=4,
                      curve_seqs=6, ks=(), widths=(2,), forecastable_only=False)  # fmt: skip
     planner = _planner(minilm_l3, s, "cpu", False)
-    judge = planner.judge.judge
+    judge = planner.costs.task
     change = planner.change({(2, 1): Choice("window", 2)})
-    measured = planner.judge.costs(change, "curve")
+    measured = planner.costs.per_unit(change, "curve")
     by_hand, labelled = [], []
     for row in range(6):
         one = judge.train.take(slice(row, row + 1))
@@ -232,7 +252,7 @@ def test_a_task_budgets_curves_are_the_divergence_of_the_classifiers_predictions
                 changed, changed_loss = torch.softmax(judge.logits(batch), 1)[0].numpy(), judge.loss(batch)
         by_hand.append(entropy(unmodified, changed))
         labelled.append(float(changed_loss - loss))
-    order = np.concatenate([batch.rows for batch in planner.judge.curve.inputs])
+    order = np.concatenate([batch.rows for batch in planner.costs.curve.inputs])
     assert np.abs(measured - np.array(by_hand)[order]).max() < 1e-6
     assert measured.min() >= -1e-9 and measured.max() > 1e-4, "the change moves predictions: the comparison can fail"
     assert min(labelled) < 0 < max(labelled), "against the labels, the same change lowered some examples' loss"
@@ -345,7 +365,7 @@ def test_the_plan_never_costs_more_than_a_uniform_plan_that_meets_on_the_selecti
         }
         judge = _Drawn(table, interaction=rng.uniform(0.5, 2.0))
         planner = SimpleNamespace(units=units, choices=choices, flops=lambda layer, c: flops_of(c), padded_flops=lambda layer, c: flops_of(c),
-                                  lengths=np.array([n]), pairs=every, model=SimpleNamespace(causal=False), judge=judge, proxy=judge,
+                                  lengths=np.array([n]), pairs=every, model=SimpleNamespace(causal=False), costs=judge, proxy=judge,
                                   timings=timings)  # fmt: skip
         planner.price = lambda layer, c, p=planner: _Planner.price(p, layer, c)
         planner.spent = lambda a, price=None, p=planner: _Planner.spent(p, a, price)
@@ -375,7 +395,7 @@ def test_the_plan_never_costs_more_than_a_uniform_plan_that_meets_on_the_selecti
         meeting = [planner.total(a) for a in uniforms.values() if judge.judged(planner.change(a), "select", budget)["meets"]]
         spent = plan[f"{cost}_ratio"]
         assert all(spent <= ratio + 1e-12 for ratio in meeting), (trial, spent, meeting)
-        chose_uniform += str(plan.detail).startswith("uniform")
+        chose_uniform += plan.form == "uniform"
     assert 0 < chose_uniform < TRIALS, "both kinds of candidate won somewhere: the test exercises the choice"
 
 
@@ -397,8 +417,8 @@ def test_a_window_wider_than_every_text_saves_nothing_and_says_so(minilm_l3, sho
     them all (no saving, "changes nothing on this task"), though padded to n it would look like one; the
     FLOPs of a narrow window are checked against pairs counted one by one."""
     from attnlens.analysis.plan import PlanSettings, _planner, plan
-    from attnlens.report.plan import CHANGES_NOTHING, plan_claims
-    from attnlens.report.verdicts import NOT_DECIDED, Evidence
+    from attnlens.report.plan import plan_claims
+    from attnlens.report.verdicts import Context, Phrase
 
     s = PlanSettings(seq_len=64, task=str(short_texts), task_train=64, task_eval=60, max_drop=(50.0,), fit_seqs=4,
                      curve_seqs=6, ks=(), widths=(40,), forecastable_only=False)  # fmt: skip
@@ -425,17 +445,20 @@ def test_a_window_wider_than_every_text_saves_nothing_and_says_so(minilm_l3, sho
     # every head exact is no saving: at a size that could decide (as a full report's), the claim is not decided
     checked = dict(result.settings["units"])
     result.settings["units"].update(select=600, check=600)
-    (claim,) = plan_claims(result, Evidence("full"))
-    assert claim.verdict.phrase == NOT_DECIDED and "no plan that computes less met −50 points" in claim.verdict.number
+    (claim,) = plan_claims(result, Context("full"))
+    assert claim.verdict.phrase is Phrase.NOT_DECIDED and "no plan that computes less met −50 points" in claim.verdict.said
     result.settings["units"].update(checked)
     # a plan whose only saving is padding (every head under the window, as FLOPs at width n would pick) says so
     summary = result.tables["summary"]
     window = summary[summary.method == "uniform window at plan FLOPs"].iloc[0]
-    summary.loc[summary.method == "plan", ["detail", "flops_ratio", "flops_ratio_padded", "changes_nothing"]] = [
+    columns = ["detail", "form", "choice", "flops_ratio", "flops_ratio_padded", "changes_nothing"]
+    summary.loc[summary.method == "plan", columns] = [
         "uniform window(40)",
+        "uniform",
+        "window(40)",
         window.flops_ratio,
         window.flops_ratio_padded,
         True,
     ]
-    (claim,) = plan_claims(result, Evidence("full"))
-    assert claim.verdict.phrase == CHANGES_NOTHING and "100% of the FLOPs on real token pairs" in claim.verdict.number
+    (claim,) = plan_claims(result, Context("full"))
+    assert claim.verdict.phrase is Phrase.CHANGES_NOTHING and "100% of the FLOPs on real token pairs" in claim.verdict.said

@@ -135,7 +135,7 @@ def test_each_layer_is_timed_under_the_mask_the_model_gives_it(gemma3):
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
 
-    from attnlens.models.capture import attnlens_mask
+    from attnlens.models.attention import attnlens_mask
     from attnlens.models.kernels import kernel_attention
 
     n, received = 520, {}

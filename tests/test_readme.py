@@ -73,13 +73,17 @@ def test_the_readme_claims_section_is_untouched_generator_output():
     assert len(section.encode()) <= 8_000, "the claims section answers at a glance; the numbers live in the report"
 
 
-def test_a_full_report_fills_the_claims_the_default_leaves_to_it():
+@pytest.mark.parametrize("typed", [True, False], ids=["phrase", "saved-before-phrase"])
+def test_a_full_report_fills_the_claims_the_default_leaves_to_it(typed):
+    """A claim the default leaves to --full is found by its phrase (a report saved before the phrase
+    column was written: by the verdict's words)."""
     import pandas as pd
 
     generator = _generator()
-    default = pd.DataFrame(
-        [["a", "p", "holds: 1", "default"], ["b", "p", generator.RUN_FULL, "default"]], columns=generator.COLUMNS
-    )
+    at_size = generator.Phrase.AT_THIS_SIZE
+    default = pd.DataFrame([["a", "p", "holds: 1", "default"], ["b", "p", at_size.value, "default"]], columns=generator.COLUMNS)
+    if typed:
+        default["phrase"] = ["HOLDS", at_size.name]
     full = pd.DataFrame([["a", "p", "does not hold: 2", "full"], ["b", "p", "holds: 3", "full"]], columns=generator.COLUMNS)
     merged = generator.merged(default, full)
     assert merged["verdict"].tolist() == ["holds: 1", "holds: 3"] and merged["made by"].tolist() == ["default", "full"]
@@ -102,7 +106,7 @@ def test_a_finetune_report_is_a_column_beside_its_model_with_the_claims_it_fine_
             ["a", "p", "does not hold: 3", "", "−3.0 [−4.0, −2.0]", "finetune", "−2.9 [−5.0, −0.8] over 3 seeds (0.7 0.7 0.7)"],
             ["b", "p", "holds: 4", "", "", "finetune", ""],  # no task judged it: the probe's claim alone
             ["c", "q", "not decided: 5", "", "R fixed: 5", "finetune", ""],
-            ["d", "q", generator.RUN_FULL, "", "plan 90%", "finetune", ""],
+            ["d", "q", generator.Phrase.AT_THIS_SIZE.value, "", "plan 90%", "finetune", ""],
         ],
         columns=columns,
     )

@@ -250,7 +250,7 @@ def test_held_out_intervals_of_identical_blocks_have_no_width():
     """Every block alike: every resample gives the point estimate; blocks that differ give a
     width, and more of them (the same ones again) a narrower one."""
     from attnlens.analysis.evaluation import bootstrap_weights
-    from attnlens.analysis.reconstruct import _error_records
+    from attnlens.analysis.reconstruct import error_records
 
     rng = np.random.default_rng(0)
     names = ("squared_error", "squared_deviation", "squared_norm", "tv", "kl", "rows")
@@ -258,7 +258,7 @@ def test_held_out_intervals_of_identical_blocks_have_no_width():
     def records(per_block: dict[str, np.ndarray]) -> dict:  # one layer of two heads
         totals = {0: {name: value.sum(0) for name, value in per_block.items()}}
         weights = bootstrap_weights(len(per_block["rows"]), 1000, seed=0)
-        return _error_records(("greedy", "head", 2), totals, {0: per_block}, weights)[-1]  # all heads together
+        return error_records(("greedy", "head", 2), totals, {0: per_block}, weights)[-1]  # all heads together
 
     one = {name: rng.uniform(1, 2, (1, 2)) for name in names}
     same = records({name: np.repeat(value, 8, 0) for name, value in one.items()})

@@ -12,6 +12,7 @@ import pytest
 import scipy.stats
 
 import attnlens
+from attnlens.analysis.task import seed_values
 from attnlens.models import loading as models
 from tiny_models import assert_one_line_error, run_cli
 
@@ -54,29 +55,27 @@ def test_report_page_holds_every_figure_the_stages_saved(quick_report):
 
 def test_report_claims_are_the_page_summary_and_reload(quick_report):
     from attnlens.report.claims import CLAIM_COLUMNS
-    from attnlens.report.verdicts import DOES_NOT_HOLD, HOLDS, NOT_DECIDED, RUN_FULL
+    from attnlens.report.verdicts import RECORD_FIELDS, Phrase
 
     report = attnlens.load_result(quick_report)
     claims = report.claims
-    assert list(claims.columns) == CLAIM_COLUMNS and set(claims["made by"]) == {"quick"}
+    assert list(claims.columns) == CLAIM_COLUMNS + list(RECORD_FIELDS) and set(claims["made by"]) == {"quick"}
     page = (quick_report / "report.html").read_text()
     summary = page[page.index("<section id='claims'>") : page.index("1. Are attention score rows")]
-    for cell in claims.drop(columns=["made by"]).to_numpy().ravel():
+    for cell in claims[CLAIM_COLUMNS].drop(columns=["made by"]).to_numpy().ravel():
         assert f">{html.escape(cell, quote=False)}<" in summary or not cell, (
             cell
         )  # the page prints the saved table, cell for cell
-    phrases = (
-        HOLDS,
-        DOES_NOT_HOLD,
-        "holds at task level, not by the proxy",
-        "holds by the proxy, not at task level",
-        NOT_DECIDED,
-    )
-    for verdict in claims["verdict"]:  # one phrase, then the number that decides it (none where nothing is decided)
-        phrase = verdict.split(":")[0].split(" by the proxy (")[0].split(" (")[0]
-        assert phrase in phrases or verdict == RUN_FULL or phrase + " by the proxy" in verdict, verdict
+    for name, verdict in zip(claims["phrase"], claims["verdict"]):  # the phrase, then the number that decides it
+        assert verdict.startswith(Phrase[name].value), (name, verdict)
     learned = claims[claims["claim"].str.startswith(("A learned mask", "Fixed sparse", "A plan head"))]
-    assert (learned["verdict"] == RUN_FULL).all(), "a quick look decides nothing learned and prints no number for it"
+    assert (learned["phrase"] == "AT_THIS_SIZE").all() and (learned["verdict"] == Phrase.AT_THIS_SIZE.value).all(), (
+        "a quick look decides nothing learned and prints no number for it"
+    )
+    # the typed numbers behind a verdict are the ones its words print: the diagonal's by the proxy, or the task
+    diagonal = claims.set_index("claim").loc["The diagonal (self) matters least (paper 2)"]
+    said = f"{diagonal['difference']:+#.3g} [{diagonal['difference_low']:+#.3g}, {diagonal['difference_high']:+#.3g}]"
+    assert said in diagonal["verdict"], (said, diagonal["verdict"])
     overlap = report.result("overlap")
     adjacent = overlap.pairs.query("comparison == 'layers_0' and layer_b == layer_a + 1 and d > 0")
     for row in adjacent.itertuples():
@@ -187,13 +186,13 @@ def test_the_finetune_protocol_report_trains_each_change_and_says_so_across_seed
     monkeypatch.setenv("ATTNLENS_CACHE", str(tmp_path / "cache"))
     page = report(tmp_path / "ft", model=minilm_l3, quick=True, protocol="finetune", compare=None, progress=False)
     result = attnlens.load_result(page.parent)
-    from attnlens.report.claims import SEEDS_COLUMN
+    from attnlens.report.claims import CLAIM_COLUMNS, SEEDS_COLUMN
 
-    assert list(result.claims.columns)[-1] == SEEDS_COLUMN
+    assert list(result.claims.columns)[len(CLAIM_COLUMNS)] == SEEDS_COLUMN  # after the words, before the typed fields
     assert "over 2 seeds" in " ".join(result.claims[SEEDS_COLUMN])
     plug = result.result("reconstruct").plug_in.dropna(subset=["accuracy"])
     assert set(zip(plug.scope, plug.k)) == {("all", 16)} and plug["joint_accuracy"].between(0, 1).all()
-    seeds = [float(value) for value in plug["seed_accuracies"].iloc[0].split()]
+    seeds = seed_values(plug.iloc[0]).tolist()
     assert len(seeds) == 2 and plug["accuracy_seeds"].iloc[0] == pytest.approx(np.mean(seeds), abs=1e-4)
     compared = result.result("dam").tables["task_compared"]
     assert result.result("dam").meta["settings"]["trained_on"] == "task", "SparseBERT's protocol: masks learned on the task"
@@ -213,9 +212,7 @@ def test_the_finetune_protocol_report_trains_each_change_and_says_so_across_seed
     assert "learned − fixed" in verdicts["R learned with the weights beats R fixed at k = 16 (paper 1)"]
     # DAM against the pattern trained alike, paired by seed: the t interval of each seed's difference, by scipy
     task = result.result("dam").tables["task"]
-    dam_seeds, band_seeds = (
-        np.array(task[task["kind"] == kind]["seed_accuracies"].iloc[0].split(), float) for kind in ("dam", "pattern")
-    )
+    dam_seeds, band_seeds = (seed_values(task[task["kind"] == kind].iloc[0]) for kind in ("dam", "pattern"))
     differences = 100 * (dam_seeds - band_seeds)
     half = scipy.stats.t.ppf(0.975, len(differences) - 1) * differences.std(ddof=1) / np.sqrt(len(differences))
     said = result.claims.set_index("claim").loc["Fixed sparse patterns are worse than DAM (paper 2)", SEEDS_COLUMN]
@@ -226,17 +223,21 @@ def test_the_finetune_protocol_report_trains_each_change_and_says_so_across_seed
 
 
 def _seeds(values) -> str:
+    """Per-seed accuracies as results saved by earlier versions held them: one text column."""
     return " ".join(f"{value:.4f}" for value in values)
 
 
-def test_the_choices_of_r_are_decided_by_differences_paired_by_seed():
+@pytest.mark.parametrize("saved", ["now", "earlier"])
+def test_the_choices_of_r_are_decided_by_differences_paired_by_seed(saved):
     """Paper 1's choices of R from fine-tuned seeds: each claim's interval is the t interval of the
-    per-seed differences (scipy, by hand here), and a claim holds only where every training of R says so."""
+    per-seed differences (scipy, by hand here), and a claim holds only where every training of R says so.
+    A result saved by an earlier version (the seeds as text) reads the same, converted as it loads."""
     import pandas as pd
     from scipy import stats
 
+    from attnlens.io.legacy import upgraded
     from attnlens.report.claims import _choices_of_r
-    from attnlens.report.verdicts import Evidence
+    from attnlens.report.verdicts import Context as Evidence
 
     base = np.array([0.80, 0.82, 0.78])
     accuracies = {  # (scope, k): (R fixed, R learned with the weights or None)
@@ -252,20 +253,28 @@ def test_the_choices_of_r_are_decided_by_differences_paired_by_seed():
             for (scope, k), (fixed, joint) in accuracies.items()
         ]
     )  # fmt: skip
-    claims = {claim.claim: claim for claim in _choices_of_r(plug, Evidence("default", target=0.02, seeded=True))}
+    read = lambda table: upgraded("reconstruct", {"plug_in": table.copy()})["plug_in"]
+    if saved == "now":  # written as this version writes it: a column per seed
+        plug = read(plug)
+        assert "seed_accuracies" not in plug and {"seed_accuracy_2", "joint_seed_accuracy_2"} <= set(plug)
+    claims = {claim.claim: claim for claim in _choices_of_r(read(plug), Evidence("default", target=0.02, seeded=True))}
     shared = claims["A shared R beats one per layer at k = 16 (paper 1)"]
-    assert shared.verdict.phrase == "holds", "shared − per layer lies above 0 with R fixed and with R learned"
+    assert shared.verdict.phrase.value == "holds", "shared − per layer lies above 0 with R fixed and with R learned"
     difference = np.array([0.031, 0.030, 0.029])  # shared − per layer, R fixed, seed by seed
     half = stats.t.ppf(0.975, 2) * difference.std(ddof=1) / np.sqrt(3)
     assert f"[+{100 * (difference.mean() - half):.1f}, +{100 * (difference.mean() + half):.1f}]" in shared.verdict.text
-    assert claims["One R per layer beats a shared R at k = 32 (paper 1)"].verdict.phrase == "not decided"
+    assert claims["One R per layer beats a shared R at k = 32 (paper 1)"].verdict.phrase.value == "not decided"
     learned = claims["R learned with the weights beats R fixed at k = 16 (paper 1)"]
-    assert learned.verdict.phrase == "holds" and "R per layer: learned − fixed +1.0" in learned.task
+    assert learned.verdict.phrase.value == "holds" and "R per layer: learned − fixed +1.0" in learned.task
     assert learned.seeds == "by seed, points: one R shared by every layer +1.0 +1.0 +1.3; R per layer +1.0 +0.9 +1.1"
-    plug.loc[plug.scope == "layer", "joint_seed_accuracies"] = _seeds(base + [0.03, -0.03, 0.0])  # one scope undecided
-    claims = {claim.claim: claim for claim in _choices_of_r(plug, Evidence("default", target=0.02, seeded=True))}
-    assert claims["R learned with the weights beats R fixed at k = 16 (paper 1)"].verdict.phrase == "not decided"
-    assert claims["A shared R beats one per layer at k = 16 (paper 1)"].verdict.phrase == "not decided"
+    undecided = base + [0.03, -0.03, 0.0]  # one scope undecided
+    if saved == "now":
+        plug.loc[plug.scope == "layer", [f"joint_seed_accuracy_{seed}" for seed in range(3)]] = undecided
+    else:
+        plug.loc[plug.scope == "layer", "joint_seed_accuracies"] = _seeds(undecided)
+    claims = {claim.claim: claim for claim in _choices_of_r(read(plug), Evidence("default", target=0.02, seeded=True))}
+    assert claims["R learned with the weights beats R fixed at k = 16 (paper 1)"].verdict.phrase.value == "not decided"
+    assert claims["A shared R beats one per layer at k = 16 (paper 1)"].verdict.phrase.value == "not decided"
 
 
 def test_an_unknown_report_protocol_is_one_line(capsys, tmp_path):

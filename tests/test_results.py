@@ -78,7 +78,7 @@ def test_every_kind_shows_columns_it_has_reloads_and_prints(every_kind, tmp_path
 def test_a_table_with_no_rows_and_no_columns_reads_back_empty(tmp_path):
     """A table that matched nothing (a DAM mask no adapted pattern comes within reach of) is written as an
     empty file; the result reloads with it empty, not as a damaged result."""
-    from attnlens.io.results import read_result_dir, write_result
+    from attnlens.io.result_files import read_result_dir, write_result
 
     out = write_result(tmp_path / "r", "dam", {"note": "x"}, tables={"kept": pd.DataFrame({"a": [1]}), "none": pd.DataFrame()})
     assert (out / "none.csv").read_text().strip() == ""

@@ -192,18 +192,18 @@ def test_direct_writes_leave_the_same_bytes_as_plain_writes(tmp_path, monkeypatc
     whatever the offset, the length and the alignment of the memory."""
     import fcntl
 
-    from attnlens.io import store
+    from attnlens.io import direct_io
     from attnlens.io.files import pwrite_all
 
     switched = []
-    original = store._set_direct
+    original = direct_io._set_direct
 
     def set_direct(descriptor, on):
         switched.append(on and original(descriptor, on))
         return switched[-1] if on else original(descriptor, on)
 
-    monkeypatch.setattr(store, "_set_direct", set_direct)
-    align = store.DIRECT_ALIGNMENT
+    monkeypatch.setattr(direct_io, "_set_direct", set_direct)
+    align = direct_io.DIRECT_ALIGNMENT
     rng = np.random.default_rng(0)
     raw = rng.integers(0, 256, 6 * align, dtype=np.uint8)
     base = -raw.ctypes.data % align  # raw[base:] is aligned in memory
@@ -223,9 +223,9 @@ def test_direct_writes_leave_the_same_bytes_as_plain_writes(tmp_path, monkeypatc
         ]  # (offset, memory shift, length)
         for offset, shift, length in cases:
             data = memoryview(raw[base + shift : base + shift + length])
-            store.pwrite_direct(descriptors[0], data, 4 * align + offset)
+            direct_io.pwrite_direct(descriptors[0], data, 4 * align + offset)
             pwrite_all(descriptors[1], data, 4 * align + offset)
-            assert fcntl.fcntl(descriptors[0], fcntl.F_GETFL) & store._O_DIRECT == 0, "O_DIRECT is switched off again"
+            assert fcntl.fcntl(descriptors[0], fcntl.F_GETFL) & direct_io._O_DIRECT == 0, "O_DIRECT is switched off again"
     finally:
         for descriptor in descriptors:
             os.close(descriptor)
@@ -235,7 +235,7 @@ def test_direct_writes_leave_the_same_bytes_as_plain_writes(tmp_path, monkeypatc
 
 
 def test_batch_buffers_are_aligned_as_their_place_in_the_file(tmp_path):
-    from attnlens.io.store import DIRECT_ALIGNMENT
+    from attnlens.io.direct_io import DIRECT_ALIGNMENT
 
     manifest = {"n": 5, "num_heads": 3, "layers": [0, 2], "dtype": "float16", "weights": True}
     with StoreWriter.create(tmp_path / "s", manifest, tokens=np.zeros((11, 5), dtype=np.int32)) as writer:

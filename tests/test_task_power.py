@@ -20,7 +20,7 @@ import torch
 import attnlens
 import attnlens.analysis.task.prepare as judge_module  # where prepare_task reads AUTO_POOL, so where to patch it
 from attnlens.analysis.changes import Ablation
-from attnlens.analysis.task import ProbeHead, TaskJudge, TaskSettings, batches
+from attnlens.analysis.task import ProbeHead, TaskJudge, TaskSettings, batches, seed_values
 from attnlens.data.tasks import load_task
 from attnlens.errors import BadFile, BadInput
 from tiny_models import assert_one_line_error, run_cli
@@ -326,7 +326,7 @@ def test_finetune_seeds_give_each_seed_and_an_interval_across_seeds(minilm_l3, t
     settings = TaskSettings(task="imdb", protocol="finetune", task_train=16, task_eval=20, finetune_steps=2, seeds=3)
     judge = TaskJudge(minilm_l3, settings, seq_len=32, batch_size=8)
     judged = judge.judge(Ablation("cls", CLASSES))
-    per_seed = np.array([float(value) for value in judged["seed_accuracies"].split()])
+    per_seed = seed_values(judged)
     unmodified = judge._judged[None].seeds.mean(1)
     assert len(per_seed) == 3 and judged["accuracy"] == pytest.approx(per_seed.mean(), abs=1e-4)
     delta = per_seed - unmodified

@@ -276,7 +276,7 @@ def check_report(architecture: str, directory: Path, minilm, monkeypatch, capsys
     path, _ = build(directory, minilm, CAPTURED[architecture])
     monkeypatch.setitem(PRESETS, ("probe", "quick"), tiny_report())
     if architecture not in DRAWN:
-        monkeypatch.setattr("attnlens.io.results.save_figure", blank_figure)
+        monkeypatch.setattr("attnlens.io.result_figures.save_figure", blank_figure)
     out = directory / "report"
     code, _, err = run_cli(capsys, "report", "--quick", "--model", str(path), "--out", str(out), "--no-progress")
     assert code == 0, err

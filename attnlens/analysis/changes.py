@@ -36,6 +36,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -46,6 +47,9 @@ from attnlens.analysis.patterns import PATTERNS, build, removed_mask
 from attnlens.data.positions import TokenRoles, class_masks, token_roles
 from attnlens.models.capture import Intervention
 from attnlens.models.loading import LoadedModel
+
+if TYPE_CHECKING:
+    from attnlens.analysis.dam.layouts import MaskLayout
 
 RANDOM_STREAM = 2  # the random control's keys (importance)
 PATTERN_STREAM = 13  # BigBird's random keys (fixed patterns)
@@ -98,7 +102,7 @@ class Batch:
     def random_keys(self, seed: int, classes: tuple[str, ...], name: str) -> torch.Tensor:
         """(batch, n, n) uniform numbers that choose class ``name``'s random control."""
         if self.sequences is not None:
-            return self._own_keys(seed, classes.index(name))
+            return self._own_keys(seed, classes.index(name), self.sequences)
         shape = (*self.ids.shape, self.ids.shape[-1])
         if self.keys_by_class:
             generator = torch.Generator().manual_seed(seeded(seed, RANDOM_STREAM, classes.index(name), self.index))
@@ -109,12 +113,13 @@ class Batch:
             self._cache[key] = torch.rand((len(classes), *shape), generator=generator).to(self.ids.device)
         return self._cache[key][classes.index(name)]
 
-    def _own_keys(self, seed: int, number: int) -> torch.Tensor:
-        """(batch, n, n) keys of class ``number``: each sequence's own draws at ``draw_width``, cut to n."""
+    def _own_keys(self, seed: int, number: int, sequences: list[int]) -> torch.Tensor:
+        """(batch, n, n) keys of class ``number``: each sequence's own draws at ``draw_width``, cut to n
+        (``sequences``: the batch's numbered sequences)."""
         n, width = self.ids.shape[-1], self.draw_width or self.ids.shape[-1]
         keys = [
             torch.rand((width, width), generator=torch.Generator().manual_seed(seeded(seed, RANDOM_STREAM, number, sequence)))
-            for sequence in self.sequences
+            for sequence in sequences
         ]
         return torch.stack(keys)[:, :n, :n].to(self.ids.device)
 
@@ -124,14 +129,24 @@ class Batch:
 
     def own_generator(self, seed: int, stream: int, row: int) -> torch.Generator:
         """A generator for the draws of the batch's sequence ``row`` alone, seeded by its number."""
+        assert self.sequences is not None, "only a batch of numbered sequences draws per sequence"
         return torch.Generator().manual_seed(seeded(seed, stream, 0, self.sequences[row]))  # 4 numbers: not a batch's seed
 
 
 class Change:
     """A change to attention: ``key``, ``layers`` and the intervention for one :class:`Batch`."""
 
-    key: str  # every change names itself
-    layers: list[int] | None = None
+    if TYPE_CHECKING:
+        # Every change names itself, with a field or a property. Declared for the type checker
+        # alone: a class attribute here would be the default of the dataclass kinds' ``key`` field.
+
+        @property
+        def key(self) -> str: ...
+
+    @property
+    def layers(self) -> list[int] | None:
+        """The layers the change applies to (``None``: every layer); a kind may make it a field."""
+        return None
 
     def intervention(self, batch: Batch) -> Intervention | None:
         raise NotImplementedError
@@ -174,12 +189,16 @@ class Removal(Change):
     Layers with equal valid masks share the result.
     """
 
-    shared_by_layers = True  # the positions removed depend on the layer only through its valid mask
+    @property
+    def shared_by_layers(self) -> bool:
+        """Whether the positions removed depend on the layer only through its valid mask."""
+        return True
 
-    def prepare(self, batch: Batch) -> object:
+    def prepare(self, batch: Batch) -> Any:
+        """What the kind needs of one batch (its own type, given back to :meth:`remove`); here the batch."""
         return batch
 
-    def remove(self, prepared: object, layer: int, valid: torch.Tensor) -> torch.Tensor:
+    def remove(self, prepared: Any, layer: int, valid: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
     def removed(self, batch: Batch, layer: int, valid: torch.Tensor) -> torch.Tensor:
@@ -187,7 +206,8 @@ class Removal(Change):
         return self.remove(self.prepare(batch), layer, valid)
 
     def intervention(self, batch: Batch) -> Intervention:
-        prepared, seen = self.prepare(batch), []
+        prepared = self.prepare(batch)
+        seen: list[tuple[torch.Tensor, torch.Tensor]] = []  # (valid mask, positions removed) of the layers so far
 
         def intervene(layer: int, scores: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
             hit = next((remove for v, remove in seen if v.shape == valid.shape and torch.equal(v, valid)), None)
@@ -321,7 +341,7 @@ class MaskChange(Removal):
     tokens' classes or roles), so a mask removes the same positions of the same ids on corpus
     blocks and on task examples."""
 
-    layout: object  # a MaskLayout
+    layout: MaskLayout
     logits: torch.Tensor
     key: str
 

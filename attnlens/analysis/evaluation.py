@@ -21,16 +21,20 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
-from attnlens.analysis.objectives import Objective, PreparedBatch
+from attnlens.analysis.objectives import Evaluates, Objective, PreparedBatch
 from attnlens.data.corpus import Blocks, Corpus
 from attnlens.errors import BadInput
 from attnlens.models.capture import Capture, Intervention
 from attnlens.models.layer_inputs import DEFAULT_BUDGET, LayerInputs
 from attnlens.models.loading import LoadedModel
+
+if TYPE_CHECKING:
+    from attnlens.analysis.task.batching import TaskBatch
 
 CONFIDENCE = 0.95
 MIN_HELD_OUT_BLOCKS = 2  # the bootstrap intervals over blocks need at least two
@@ -178,7 +182,7 @@ class Starts:
         self.model, self.budget_bytes = model, budget_bytes
         self.caches: dict[int, LayerInputs] = {}
 
-    def at(self, index: int, batch: object, layers: list[int] | None) -> contextlib.AbstractContextManager:
+    def at(self, index: int, batch: PreparedBatch | TaskBatch, layers: list[int] | None) -> contextlib.AbstractContextManager:
         """Inside, a forward of batch ``index`` (a corpus batch's ``input_ids``, or a task batch's ``ids``
         and ``attention_mask``) starts at the first of ``layers`` (all: at 0)."""
         start = min(layers) if layers else 0
@@ -187,13 +191,13 @@ class Starts:
         cache = self.caches.get(index)
         if cache is None:
             spent = sum(kept.nbytes for kept in self.caches.values())
-            ids, mask = (batch.input_ids, None) if hasattr(batch, "input_ids") else (batch.ids, batch.attention_mask)
+            ids, mask = (batch.input_ids, None) if isinstance(batch, PreparedBatch) else (batch.ids, batch.attention_mask)
             cache = self.caches[index] = LayerInputs.record(self.model, ids, mask, budget_bytes=self.budget_bytes - spent)
         return cache.started_at(start)
 
 
 def evaluate_change(
-    objective: Objective, inputs: list, views: list, change=None, starts: Starts | None = None
+    objective: Evaluates, inputs: list, views: list, change=None, starts: Starts | None = None
 ) -> dict[str, np.ndarray]:
     """Per-sequence metrics of every batch (``inputs``: what the objective evaluates) under a
     :class:`~attnlens.analysis.changes.Change` (``None``: unmodified), which reads each batch
@@ -213,8 +217,8 @@ def evaluate_change(
 
 
 def evaluate_batch(
-    objective: Objective,
-    batch: PreparedBatch,
+    objective: Evaluates,
+    batch: PreparedBatch | TaskBatch,
     intervene: Intervention | None = None,
     layers: list[int] | None = None,
     start: tuple[Starts, int] | None = None,

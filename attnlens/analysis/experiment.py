@@ -23,6 +23,7 @@ True
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import torch
 
@@ -37,6 +38,22 @@ from attnlens.data.tasks import Examples
 from attnlens.io.provenance import result_meta
 from attnlens.models.loading import LoadedModel, load_model
 from attnlens.settings import CorpusSettings
+
+
+class ExperimentSettings(Protocol):
+    """What :meth:`Experiment.start` reads of an analysis's settings: those of
+    :class:`~attnlens.settings.CorpusSettings`, with the position ``classes`` and the ``objective``."""
+
+    @property
+    def corpus(self) -> Any: ...
+    @property
+    def seq_len(self) -> int: ...
+    @property
+    def seed(self) -> int: ...
+    @property
+    def classes(self) -> str | tuple[str, ...] | None: ...
+    @property
+    def objective(self) -> str: ...
 
 
 @dataclass
@@ -86,7 +103,7 @@ class Experiment:
     def start(
         cls,
         source: str | LoadedModel,
-        s: CorpusSettings,
+        s: ExperimentSettings,
         *,
         num_eval: int,
         num_train: int = 0,

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
+from typing import Any, Protocol, TypedDict
 
 import torch
 from torch import nn
@@ -54,6 +55,12 @@ def resolve_objective(model: LoadedModel, objective: str = "auto") -> str:
     return objective
 
 
+class _HeadSkip(TypedDict, total=False):
+    """Keyword arguments that let a language model skip its head for all but the last position."""
+
+    logits_to_keep: int
+
+
 @dataclass
 class PreparedBatch:
     """Inputs of one batch, with what the objective compares the outputs to."""
@@ -61,6 +68,14 @@ class PreparedBatch:
     input_ids: torch.Tensor
     labels: torch.Tensor | None = None  # clm / mlm: target ids, -100 where not scored
     reference: torch.Tensor | None = None  # hidden: the unmodified model's final hidden states
+
+
+class Evaluates(Protocol):
+    """What judging a change needs of an objective: per-sequence metrics of one of its batches, ``"loss"``
+    among them. An :class:`Objective` on corpus blocks is one; so is a task's loss on its examples
+    (:class:`~attnlens.analysis.task.TaskLoss`), which DAM and the plan judge and train against."""
+
+    def evaluate(self, batch: Any) -> dict[str, torch.Tensor]: ...
 
 
 class Objective:
@@ -72,7 +87,9 @@ class Objective:
         self.seed = seed
         # hidden states need no logits: a language model that can skip its head for all but the last
         # position (gemma's is a 262k-word vocabulary, most of a step's cost) is asked to
-        self._no_head = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.model.forward).parameters else {}
+        self._no_head: _HeadSkip = (
+            {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.model.forward).parameters else {}
+        )
 
     def prepare(self, input_ids: torch.Tensor, *, offset: int = 0) -> PreparedBatch:
         """Masks (mlm) or reference outputs (hidden) for a batch of blocks.
@@ -97,12 +114,15 @@ class Objective:
         ``"loss"`` is the one to minimise; ``hidden`` adds ``token_cosine`` and ``pooled_cosine``.
         """
         if self.name == "hidden":
+            reference = batch.reference
+            assert reference is not None, "prepare gives a batch of the hidden objective its reference"
             hidden = self._hidden(batch.input_ids)
-            token_cosine = nn.functional.cosine_similarity(hidden, batch.reference, dim=-1).mean(-1)
-            pooled_cosine = nn.functional.cosine_similarity(hidden.mean(1), batch.reference.mean(1), dim=-1)
+            token_cosine = nn.functional.cosine_similarity(hidden, reference, dim=-1).mean(-1)
+            pooled_cosine = nn.functional.cosine_similarity(hidden.mean(1), reference.mean(1), dim=-1)
             return {"loss": 1 - token_cosine, "token_cosine": token_cosine, "pooled_cosine": pooled_cosine}
         logits = self.model.forward(batch.input_ids).logits
         labels = batch.labels
+        assert labels is not None, "prepare gives a batch of the clm and mlm objectives its labels"
         if self.name == "clm":  # position t predicts token t + 1
             logits, labels = logits[:, :-1], labels[:, 1:]
         losses = nn.functional.cross_entropy(logits.transpose(1, 2).float(), labels, reduction="none", ignore_index=-100)
@@ -113,6 +133,12 @@ class Objective:
         return self.model.forward(input_ids, output_hidden_states=True, **self._no_head).hidden_states[-1].float()
 
     def _mask(self, input_ids: torch.Tensor, offset: int) -> PreparedBatch:
+        mask_id = self.model.special.mask
+        if mask_id is None:
+            raise BadInput(
+                f"model '{self.model.name}' has a masked language-model head but its tokenizer has no mask token; "
+                "use `objective` hidden"
+            )
         special = torch.tensor(sorted(self.model.special.all_special), device=input_ids.device)
         maskable = ~torch.isin(input_ids, special)
         chosen = torch.zeros_like(maskable)
@@ -123,5 +149,5 @@ class Objective:
             if not chosen[row].any() and maskable[row].any():  # every block scores at least one token
                 chosen[row, maskable[row].nonzero()[0, 0]] = True
         labels = torch.where(chosen, input_ids, torch.full_like(input_ids, -100))
-        masked = torch.where(chosen, torch.full_like(input_ids, self.model.special.mask), input_ids)
+        masked = torch.where(chosen, torch.full_like(input_ids, mask_id), input_ids)
         return PreparedBatch(masked, labels=labels)

@@ -21,6 +21,7 @@ split-half overlaps stay at or above a stated level (:func:`stable_dim`).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from attnlens.analysis.comparisons import Comparison, comparisons, comparisons_of_old_layout
 from attnlens.analysis.eigen import EigenResult
 from attnlens.errors import BadInput
 from attnlens.io.provenance import provenance
@@ -168,7 +170,9 @@ def _unit_labels(result: EigenResult, level: str) -> list[tuple[int, int]]:
 def _unit_keys(result: EigenResult, level: str, query: int) -> list[int]:
     """The number of keys each unit's rows span, in :func:`_unit_labels` order: n, or a windowed
     layer's window (the dimension its subspace lives in, which sets the chance level)."""
-    table = result.table[(result.table["level"] == level) & (result.table["query"] == query)]
+    table = result.table
+    assert table is not None, "an eigen result always has its table"
+    table = table[(table["level"] == level) & (table["query"] == query)]
     keys = {(int(row.layer), int(row.head)): int(row.num_keys) for row in table.itertuples()}
     return [keys.get(unit, result.n) for unit in _unit_labels(result, level)]
 
@@ -224,17 +228,35 @@ class OverlapResult(Result):
         """``layers_0`` (layer × layer of model 0), ``heads_0``, ``layers_0_1`` (model 0 × model 1), ..."""
         return self.arrays[f"{name}_overlap"]
 
+    @property
+    def comparisons(self) -> list[Comparison]:
+        """Every matrix: its name, the level of its units and the two eigen results it compares,
+        as recorded in ``meta["comparisons"]`` (results saved before that field: :func:`comparisons_of_old_layout`)."""
+        recorded = self.meta.get("comparisons")
+        if recorded is None:
+            return comparisons_of_old_layout(len(self.meta["models"]), self.arrays)
+        return [Comparison(**comparison) for comparison in recorded]
+
+    def comparison(self, name: str) -> Comparison:
+        """The comparison of matrix ``name`` (``layers_0``, ``heads_0_1``, ...)."""
+        for comparison in self.comparisons:
+            if comparison.name == name:
+                return comparison
+        raise BadInput(f"no overlap matrix '{name}'; the matrices are {', '.join(c.name for c in self.comparisons)}")
+
     def results_of(self, name: str) -> tuple[int, int]:
         """The two eigen results a matrix compares: ``layers_0`` -> (0, 0), ``heads_0_1`` -> (0, 1)."""
-        _, *indices = name.split("_")
-        return int(indices[0]), int(indices[-1])
+        comparison = self.comparison(name)
+        return comparison.result_a, comparison.result_b
+
+    def matrices(self, level: str) -> list[str]:
+        """The names of the matrices of units at ``level`` ("layer", "head" or "model"), sorted."""
+        return sorted(comparison.name for comparison in self.comparisons if comparison.level == level)
 
     @property
     def layer_matrices(self) -> list[str]:
         """The names of the layer × layer matrices: ``layers_0``, ``layers_0_1``, ``layers_1``, ..."""
-        return sorted(
-            key.removesuffix("_overlap") for key in self.arrays if key.startswith("layers_") and key.endswith("_overlap")
-        )
+        return self.matrices("layer")
 
     def curve(self, name: str) -> np.ndarray:
         """(units_a, units_b, max_dim): the overlap of matrix ``name`` at every d, entry d − 1 at d."""
@@ -323,8 +345,8 @@ def overlap(
     n, max_dim = _check_dims(results, s)
     positions = [_query_index(result, s.query) for result in results]
     names = [result.meta["model"]["name"] for result in results]
-    comparisons = _comparisons(len(results))
-    bar = progress_bar(total=3 * len(results) + len(comparisons), desc="overlap", unit="matrix", enabled=progress)
+    matrices = comparisons(len(results))
+    bar = progress_bar(total=3 * len(results) + len(matrices), desc="overlap", unit="matrix", enabled=progress)
     halves = {}
     for i, result in enumerate(results):
         for level in ("head", "layer", "model"):
@@ -362,8 +384,8 @@ def overlap(
                 space = max(keys_a[x], keys_b[y])  # a random subspace of the larger space meets the other at d / space
                 pairs.append(unit | _pair_at(d, curves[x, y], halves[(i, level)][x], halves[(j, level)][y], space))
 
-    for key, level, i, j in comparisons:
-        compare(key, level, i, j)
+    for comparison in matrices:
+        compare(comparison.name, comparison.level, comparison.result_a, comparison.result_b)
         bar.update(1)
     bar.close()
     split_rows, curve_rows = [], []
@@ -385,6 +407,7 @@ def overlap(
         "layers": [result.meta["layers"] for result in results],
         "num_heads": [result.meta["num_heads"] for result in results],
         "queries": [q for _, q in positions],
+        "comparisons": [dataclasses.asdict(comparison) for comparison in matrices],
         "sources": [{"model": r.meta["model"], "corpus": r.meta["corpus"], "settings": r.meta["settings"]} for r in results],
         **provenance(command),
     }
@@ -395,20 +418,6 @@ def overlap(
         "pairs": pd.DataFrame(pairs),
     }
     return OverlapResult(meta, tables, arrays)
-
-
-def _comparisons(count: int) -> list[tuple[str, str, int, int]]:
-    """(matrix name, level, result i, result j) of every matrix: within each result, then between each pair.
-
-    >>> [name for name, *_ in _comparisons(2)]
-    ['layers_0', 'heads_0', 'layers_0_1', 'heads_0_1', 'model_0_1', 'layers_1', 'heads_1']
-    """
-    names = []
-    for i in range(count):
-        names += [(f"layers_{i}", "layer", i, i), (f"heads_{i}", "head", i, i)]
-        for j in range(i + 1, count):
-            names += [(f"layers_{i}_{j}", "layer", i, j), (f"heads_{i}_{j}", "head", i, j), (f"model_{i}_{j}", "model", i, j)]
-    return names
 
 
 def _check_dims(results: list[EigenResult], s: OverlapSettings) -> tuple[int, int]:

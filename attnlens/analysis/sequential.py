@@ -236,7 +236,8 @@ class Design:
         """:meth:`run`, given ``sums(count)``: the sum and the sum of squares of the first ``count``
         differences (a simulation draws these without drawing every example)."""
         cap = self.available if available is None else max(1, min(available, self.available))
-        count, history, spent = min(self.first, cap), (), 0.0
+        count, spent = min(self.first, cap), 0.0
+        history: tuple[tuple[int, float], ...] = ()
         while True:
             total, squares = sums(count)
             closing = _boundary(history, count, 1 - self.alpha)  # this look as the last: the rest of α spent

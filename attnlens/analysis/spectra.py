@@ -49,7 +49,9 @@ def effective_rank(eigenvalues: np.ndarray) -> float:
 
 def summarise(eigenvalues: np.ndarray, prefix: str = "") -> dict[str, float]:
     values = np.clip(eigenvalues, 0, None)
-    summary = {f"{prefix}k{round(level * 100)}": components_for_energy(values, level) for level in ENERGY_LEVELS}
+    summary: dict[str, float] = {
+        f"{prefix}k{round(level * 100)}": components_for_energy(values, level) for level in ENERGY_LEVELS
+    }
     summary[f"{prefix}effective_rank"] = effective_rank(values)
     return summary
 

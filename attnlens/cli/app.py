@@ -12,7 +12,7 @@ import sys
 import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, TypeVar
+from typing import TYPE_CHECKING, Annotated, TypeVar, overload
 
 import typer
 
@@ -20,8 +20,9 @@ from attnlens.errors import AttnlensError, AttnlensWarning, BadInput
 
 if TYPE_CHECKING:
     from attnlens.io.results import Result
+    from attnlens.settings import Settings
 
-S = TypeVar("S")
+S = TypeVar("S", bound="Settings")
 
 app = typer.Typer(
     name="attnlens",
@@ -292,6 +293,10 @@ def source_named(source: str | None, option: str | None) -> tuple[str, str | Non
     return model_named(source, option, None, what="SOURCE"), None
 
 
+@overload
+def parse_int_list(text: str, option: str) -> list[int]: ...
+@overload
+def parse_int_list(text: None, option: str) -> None: ...
 def parse_int_list(text: str | None, option: str) -> list[int] | None:
     """``"0,2,5"`` -> ``[0, 2, 5]``; ``None`` stays ``None``.
 

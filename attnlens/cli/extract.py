@@ -31,7 +31,7 @@ def models() -> None:
     from attnlens.models.cache import cache_dir
 
     rows = list_models()
-    width = max(len(row["alias"]) for row in rows)
+    width = max(len(str(row["alias"])) for row in rows)
     for row in rows:
         state = "installed" if row["installed"] else f"not installed ({row['install']})"
         typer.echo(f"{row['alias']:<{width}}  {state}\n{'':<{width}}  {row['description']}")

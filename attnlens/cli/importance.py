@@ -57,7 +57,7 @@ def importance(
     ] = S.num_seqs,
     batch_size: BatchSizeOption = S.batch_size,
     seed: SeedOption = S.seed,
-    classes: ClassesOption = S.classes,
+    classes: ClassesOption = None,
     objective: ObjectiveOption = S.objective,
     per: Annotated[
         str, typer.Option("--per", help="Ablation scope beside the whole model: model, layer or head.", rich_help_panel=ANALYSIS)
@@ -70,7 +70,7 @@ def importance(
     protocol: ProtocolOption = S.protocol,
     task_exclude: TaskExcludeOption = S.task_exclude,
     task_train: TaskTrainOption = S.task_train,
-    task_eval: TaskEvalOption = S.task_eval,
+    task_eval: TaskEvalOption = str(S.task_eval),
     task_target: TaskTargetOption = S.task_target,
     task_classes: Annotated[
         str | None,

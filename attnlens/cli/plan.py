@@ -100,7 +100,7 @@ def plan(
     protocol: ProtocolOption = P.protocol,
     task_exclude: TaskExcludeOption = P.task_exclude,
     task_train: TaskTrainOption = P.task_train,
-    task_eval: TaskEvalOption = P.task_eval,
+    task_eval: TaskEvalOption = str(P.task_eval),
     text_column: TextColumnOption = P.text_column,
     label_column: LabelColumnOption = P.label_column,
     probe_c: ProbeCOption = P.probe_c,

@@ -91,7 +91,7 @@ def reconstruct(
     protocol: ProtocolOption = ReconstructSettings.protocol,
     task_exclude: TaskExcludeOption = ReconstructSettings.task_exclude,
     task_train: TaskTrainOption = ReconstructSettings.task_train,
-    task_eval: TaskEvalOption = ReconstructSettings.task_eval,
+    task_eval: TaskEvalOption = str(ReconstructSettings.task_eval),
     task_target: TaskTargetOption = ReconstructSettings.task_target,
     task_ks: Annotated[
         str | None,

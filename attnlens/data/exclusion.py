@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from attnlens.data.tasks import _DATASETS_MARKERS, TASK_SUFFIXES, Task, _read_table
+from attnlens.data.tasks import DATASETS_MARKERS, TASK_SUFFIXES, Task, read_task_table
 from attnlens.errors import BadFile, BadInput
 
 
@@ -54,7 +54,7 @@ def _read_exclusion(path: str, mtime: int, text_column: str) -> tuple[str, ...]:
     file = Path(path)
     tabular = file.suffix in TASK_SUFFIXES or (file.is_dir() and _holds_tables(file))
     if tabular:
-        frame = _read_table(file)
+        frame = read_task_table(file)
         if text_column not in frame.columns:
             raise BadInput(
                 f"`task_exclude` {file} has no column '{text_column}' (its columns: {', '.join(map(str, frame.columns))}); "
@@ -74,7 +74,7 @@ def _read_exclusion(path: str, mtime: int, text_column: str) -> tuple[str, ...]:
 
 
 def _holds_tables(folder: Path) -> bool:
-    return any((folder / marker).is_file() for marker in _DATASETS_MARKERS) or any(
+    return any((folder / marker).is_file() for marker in DATASETS_MARKERS) or any(
         path.suffix in TASK_SUFFIXES for path in folder.rglob("*")
     )
 

@@ -42,10 +42,14 @@ import re
 import unicodedata
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from attnlens.errors import BadInput
+
+if TYPE_CHECKING:
+    from attnlens.models.loading import LoadedModel
 
 DEFAULT_CLASSES: tuple[str, ...] = ("self", "prev", "next", "cls", "sep", "punct", "other")
 _BAND = re.compile(r"band\((-?\d+)\)")
@@ -65,11 +69,18 @@ class TokenRoles:
 Predicate = Callable[[torch.Tensor, torch.Tensor, TokenRoles, int | None], torch.Tensor]
 """``predicate(i, j, roles, width)``: ``i`` (1, n, 1) query and ``j`` (1, 1, n) key positions."""
 
+
+def _band(i: torch.Tensor, j: torch.Tensor, width: int | None) -> torch.Tensor:
+    """``band(w)``: keys within ``width`` of the query, the query itself aside."""
+    assert width is not None, "band(w) always comes with its width (_predicate)"
+    return ((i - j).abs() <= width) & (i != j)
+
+
 PREDICATES: dict[str, Predicate] = {
     "self": lambda i, j, roles, width: i == j,
     "prev": lambda i, j, roles, width: j == i - 1,
     "next": lambda i, j, roles, width: j == i + 1,
-    "band": lambda i, j, roles, width: ((i - j).abs() <= width) & (i != j),
+    "band": lambda i, j, roles, width: _band(i, j, width),
     "cls": lambda i, j, roles, width: roles.cls[:, None, :],
     "sep": lambda i, j, roles, width: roles.sep[:, None, :],
     "punct": lambda i, j, roles, width: roles.punct[:, None, :],
@@ -125,7 +136,7 @@ def is_punctuation(token: str) -> bool:
     return bool(token) and all(unicodedata.category(char).startswith("P") for char in token)
 
 
-def token_roles(ids: torch.Tensor, model: object) -> TokenRoles:
+def token_roles(ids: torch.Tensor, model: LoadedModel) -> TokenRoles:
     """Which tokens of ``ids`` (batch, n) are in the cls, sep and punct roles.
 
     The roles come from the tokenizer's layout (:class:`attnlens.models.loading.SpecialTokens`):
@@ -162,7 +173,7 @@ def token_roles(ids: torch.Tensor, model: object) -> TokenRoles:
 
 def class_masks(
     ids: torch.Tensor,
-    model: object,
+    model: LoadedModel,
     classes: Sequence[str],
     valid: torch.Tensor | None = None,
     roles: TokenRoles | None = None,

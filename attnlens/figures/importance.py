@@ -22,7 +22,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import seaborn as sns
 
-from .style import apply_style, heatmap, label_points, new_axes, task_describe, task_references
+from .style import apply_style, figure_of, heatmap, label_points, new_axes, task_describe, task_references
 
 LOSS_LABELS = {
     "hidden": "Δ loss (1 − token cosine to the unmodified model)",
@@ -294,18 +294,18 @@ def _cell(layers: int, heads: int) -> tuple[float, float]:
 def draw(result) -> Iterator[tuple[str, plt.Figure]]:
     """``ablation`` (main), ``mass``, ``gradient`` and ``head_importance`` (with gradients), and
     ``ablation_per_layer`` or ``ablation_per_head`` (with ``per``)."""
-    yield "ablation", plot_ablation(result).figure
+    yield "ablation", figure_of(plot_ablation(result))
     yield "mass", plot_mass_grid(result)
     if "task" in result.tables:
-        yield "task_ablation", plot_task_ablation(result).figure
+        yield "task_ablation", figure_of(plot_task_ablation(result))
     if len(result.gradient):
-        yield "gradient", plot_gradient(result).figure
-        yield "head_importance", plot_head_importance(result).figure
+        yield "gradient", figure_of(plot_gradient(result))
+        yield "head_importance", figure_of(plot_head_importance(result))
     classes = list(result.mass["class"].drop_duplicates())
     per = result.meta["settings"]["per"]
     if per == "layer":
         ax = new_axes(None, (7.6, 0.5 * len(classes) + 2.2))
-        yield "ablation_per_layer", plot_scope(result, ax=ax).figure
+        yield "ablation_per_layer", figure_of(plot_scope(result, ax=ax))
     elif per == "head":
         figure, axes = grid(
             len(classes),

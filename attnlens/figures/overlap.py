@@ -18,22 +18,28 @@ import matplotlib.pyplot as plt
 import numpy as np
 import seaborn as sns
 
-from .style import apply_style, layer_colours, new_axes
+from .style import apply_style, figure_of, layer_colours, new_axes
 
 
 def _matrix_labels(overlap_result, name: str) -> tuple[list[str], list[str], str, str]:
     """Tick labels of both axes of a matrix named ``layers_0``, ``heads_0_1``, ... and the two model names."""
-    kind, *models = name.split("_")
-    first, last = int(models[0]), int(models[-1])
+    comparison = overlap_result.comparison(name)
     meta = overlap_result.meta
 
     def labels(index: int) -> list[str]:
         layers = meta["layers"][index]
-        if kind == "layers":
+        if comparison.level == "layer":
             return [f"L{layer}" for layer in layers]
+        if comparison.level == "model":
+            return ["all"]
         return [f"L{layer}H{head}" for layer in layers for head in range(meta["num_heads"][index])]
 
-    return labels(first), labels(last), meta["models"][first], meta["models"][last]
+    return (
+        labels(comparison.result_a),
+        labels(comparison.result_b),
+        meta["models"][comparison.result_a],
+        meta["models"][comparison.result_b],
+    )
 
 
 def overlap_figure_size(rows: int, columns: int) -> tuple[float, float]:
@@ -71,6 +77,7 @@ def plot_overlap(overlap_result, name: str = "layers_0", ax: plt.Axes | None = N
         cbar_kws={"label": "normalised overlap ‖UᵀV‖²/d", "shrink": 0.8},
     )
     colorbar = ax.collections[0].colorbar
+    assert colorbar is not None, "sns.heatmap draws its colour bar (cbar is left on)"
     colorbar.ax.axhline(chance, color="white", lw=2)
     colorbar.ax.text(
         -0.1,
@@ -88,7 +95,7 @@ def plot_overlap(overlap_result, name: str = "layers_0", ax: plt.Axes | None = N
         ax.set_yticks(np.arange(0, len(rows), step) + 0.5, rows[::step], rotation=0, fontsize=7)
     ax.set_xlabel(model_b)
     ax.set_ylabel(model_a)
-    kind = "layers" if name.startswith("layers") else ("heads" if name.startswith("heads") else "models")
+    kind = {"layer": "layers", "head": "heads", "model": "models"}[overlap_result.comparison(name).level]
     ax.set_title(
         f"Overlap of top-{overlap_result.dim} eigenspaces, {kind} (n = {overlap_result.meta['n']})\n"
         f"chance level d/n = {chance:.3f}",
@@ -126,8 +133,7 @@ def plot_overlap_curves(overlap_result, name: str = "layers_0") -> plt.Figure:
     """One panel per pair of layers of matrix ``name``: their overlap against d beside the two
     split-half floors (each layer against itself, from two halves of the data) and chance
     d/n, with the d the pair is compared at (both floors at or above the level) marked."""
-    kind, *models = name.split("_")
-    first, last = int(models[0]), int(models[-1])
+    first, last = overlap_result.results_of(name)
     meta = overlap_result.meta
     curves = overlap_result.curve(name)
     floors = [overlap_result.arrays[f"split_half_{index}_layer_curve"] for index in (first, last)]
@@ -177,14 +183,11 @@ def draw(overlap_result) -> Iterator[tuple[str, plt.Figure]]:
     """``overlap_<matrix>`` for every layer and head matrix (the first: layers of model 0),
     ``split_half_<i>`` per model, and ``curves_layers_<i>`` / ``curves_layers_<i>_<j>`` for
     every layer comparison with at least one pair."""
-    for key in sorted(overlap_result.arrays, key=lambda key: (not key.startswith("layers"), key)):
-        if key.endswith("_overlap") and not key.startswith("model_"):
-            name = key.removesuffix("_overlap")
-            yield f"overlap_{name}", plot_overlap(overlap_result, name).figure
+    for name in overlap_result.matrices("layer") + overlap_result.matrices("head"):
+        yield f"overlap_{name}", figure_of(plot_overlap(overlap_result, name))
     for index in range(len(overlap_result.meta["models"])):
-        yield f"split_half_{index}", plot_split_half(overlap_result, model=index).figure
-    for name in sorted(
-        key.removesuffix("_curve") for key in overlap_result.arrays if key.startswith("layers_") and key.endswith("_curve")
-    ):
-        if name.count("_") == 2 or len(overlap_result.curve(name)) > 1:  # a model of one layer has no pair within it
+        yield f"split_half_{index}", figure_of(plot_split_half(overlap_result, model=index))
+    for name in overlap_result.matrices("layer"):
+        # a model of one layer has no pair within it
+        if not overlap_result.comparison(name).within or len(overlap_result.curve(name)) > 1:
             yield f"curves_{name}", plot_overlap_curves(overlap_result, name)

@@ -11,7 +11,7 @@ from matplotlib.patches import Patch
 
 from attnlens.analysis.plan.result import choices_name
 
-from .style import new_axes
+from .style import figure_of, new_axes
 
 # One look per method, so that methods at the same FLOPs stay told apart: marker, line style, and a
 # small sideways offset (a fraction of the gap between budgets).
@@ -101,6 +101,6 @@ def choice_map(result, budget: float, ax: plt.Axes | None = None) -> plt.Axes:
 
 def draw(result) -> Iterator[tuple[str, plt.Figure]]:
     """``flops_by_budget`` (main), and the layer × head map of each budget (:func:`choices_name`)."""
-    yield "flops_by_budget", flops_by_budget(result).figure
+    yield "flops_by_budget", figure_of(flops_by_budget(result))
     for budget in result.budgets:
-        yield choices_name(budget), choice_map(result, budget).figure
+        yield choices_name(budget), figure_of(choice_map(result, budget))

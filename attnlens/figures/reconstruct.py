@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import matplotlib.pyplot as plt
 
-from .style import new_axes, task_describe, task_references
+from .style import figure_of, new_axes, task_describe, task_references
 
 SCOPE_STYLES = {"head": "-", "layer": "--", "all": ":"}
 METRIC_LABELS = {
@@ -167,10 +167,10 @@ def plot_accuracy_vs_k(result, ax: plt.Axes | None = None) -> plt.Axes:
 def draw(result) -> Iterator[tuple[str, plt.Figure]]:
     """``error_vs_k`` (main), ``tv_vs_k``, ``error_vs_flops``, ``fidelity_vs_k`` when there is a
     plug-in table, and ``accuracy_vs_k`` when a task judged it."""
-    yield "error_vs_k", plot_error_vs_k(result).figure
-    yield "tv_vs_k", plot_error_vs_k(result, metric="tv").figure
-    yield "error_vs_flops", plot_error_vs_flops(result).figure
+    yield "error_vs_k", figure_of(plot_error_vs_k(result))
+    yield "tv_vs_k", figure_of(plot_error_vs_k(result, metric="tv"))
+    yield "error_vs_flops", figure_of(plot_error_vs_flops(result))
     if result.plug_in is not None and len(result.plug_in):
-        yield "fidelity_vs_k", plot_fidelity_vs_k(result).figure
+        yield "fidelity_vs_k", figure_of(plot_fidelity_vs_k(result))
         if "accuracy" in result.plug_in:
-            yield "accuracy_vs_k", plot_accuracy_vs_k(result).figure
+            yield "accuracy_vs_k", figure_of(plot_accuracy_vs_k(result))

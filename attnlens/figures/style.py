@@ -9,6 +9,7 @@ import numpy as np
 import seaborn as sns
 from matplotlib.artist import Artist
 from matplotlib.collections import LineCollection
+from matplotlib.figure import Figure
 from matplotlib.text import Annotation, Text
 from matplotlib.transforms import Bbox
 
@@ -23,6 +24,18 @@ def new_axes(ax: plt.Axes | None, size: tuple[float, float] = (6.4, 4.2)) -> plt
         return ax
     apply_style()
     return plt.subplots(figsize=size, layout="constrained")[1]
+
+
+def figure_of(ax: plt.Axes) -> Figure:
+    """The figure ``ax`` is drawn on: attnlens draws no subfigures, so its root figure.
+
+    >>> figure, ax = plt.subplots()
+    >>> figure_of(ax) is figure
+    True
+    """
+    figure = ax.get_figure(root=True)
+    assert figure is not None, "attnlens draws no Axes outside a figure"
+    return figure
 
 
 def heatmap(ax: plt.Axes, matrix, cmap: str, label: str, *, vmin: float | None = None, vmax: float | None = None):
@@ -115,8 +128,10 @@ class _LabelPlacer(Artist):
         return Bbox.null()
 
     def draw(self, renderer) -> None:
-        obstacles = _line_points(self.axes, renderer)
-        inside = self.axes.get_window_extent(renderer)
+        axes = self.axes
+        assert isinstance(axes, plt.Axes), "a _LabelPlacer is drawn only on the Axes label_points added it to"
+        obstacles = _line_points(axes, renderer)
+        inside = axes.get_window_extent(renderer)
         margin = renderer.points_to_pixels(3)
         placed: list[Bbox] = []
         for label in self.labels:

@@ -22,10 +22,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from attnlens.data.corpus import Corpus, load_corpus
+from attnlens.data.corpus import Blocks, Corpus, load_corpus
 from attnlens.errors import BadInput
 from attnlens.io.provenance import provenance
-from attnlens.io.ranks import init_world, shard_range
+from attnlens.io.ranks import World, init_world, shard_range
 from attnlens.io.results import check_resumable_out
 from attnlens.io.store import DTYPES, Store, StoreWriter, is_store, open_store
 from attnlens.models.capture import Capture
@@ -86,11 +86,11 @@ def extract(
     tokens = blocks.ids.astype(np.int32)
     shards = [shard_range(len(blocks), rank, world.size) for rank in range(world.size)] if world.distributed else None
     # Rank 0 creates (or checks) the store; then every rank opens its own shard.
-    writer = world.run_on_main(
+    created = world.run_on_main(
         lambda: (StoreWriter.resume if resume else StoreWriter.create)(out, manifest, tokens, shards=shards)
     )
-    if not world.is_main:
-        writer = StoreWriter.open_shard(out, world.rank)
+    # Rank 0 has the writer it made; the others (None) open their own shard.
+    writer = created if created is not None else StoreWriter.open_shard(out, world.rank)
     # A batch is written (and flushed to disk) in a background thread while the next one
     # is computed into the other of two reusable buffers: the flush waits on the disk, not
     # the CPU, and no batch allocates fresh memory. The buffers come from the writer, laid
@@ -129,7 +129,17 @@ def extract(
     return open_store(out) if world.is_main else None
 
 
-def _prepare(source, corpus, seq_len: int, num_seqs: int | None, seed: int, layers, world, device: str, progress: bool):
+def _prepare(
+    source: str | LoadedModel,
+    corpus: str | Path | Corpus,
+    seq_len: int,
+    num_seqs: int | None,
+    seed: int,
+    layers: list[int] | None,
+    world: World,
+    device: str,
+    progress: Progress,
+) -> tuple[Corpus, LoadedModel, list[int], Blocks]:
     """The corpus, the model, the layers to keep and the blocks. Loading the model and cutting the
     corpus into blocks take most of a small run, so a bar says so; names that are no model or corpus
     fail first, in a second, before any bar is drawn."""
@@ -141,12 +151,12 @@ def _prepare(source, corpus, seq_len: int, num_seqs: int | None, seed: int, laye
         bar.set_postfix_str("model")
         model = source if isinstance(source, LoadedModel) else load_model(source, device=world.device(device))
         model.check_seq_len(seq_len)
-        layers = model.check_layers(layers)
+        kept = model.check_layers(layers)
         bar.update(1)
         bar.set_postfix_str("blocks")
         blocks = corpus.blocks(model, seq_len, num_seqs, seed)
         bar.update(1)
-    return corpus, model, layers, blocks
+    return corpus, model, kept, blocks
 
 
 def _check_options(seq_len: int, num_seqs: int | None, batch_size: int, dtype: str, layers: list[int] | None) -> None:
@@ -177,6 +187,7 @@ class _BatchBuffers:
             # torch casts to the store dtype on its own threads, straight into the memory that is written.
             for target, tensor in zip(arrays[layer], (scores, valid, weights)):
                 if target is not None:
+                    assert tensor is not None, "the store keeps weights only where the capture records them"
                     torch.from_numpy(target).copy_(tensor)
 
         with torch.no_grad(), Capture(self.layers, weights=self.weights, sink=keep):

@@ -1,12 +1,11 @@
-"""Results: one base class for every kind, one registry, one directory format on disk.
+"""Results: one base class for every kind, and one registry of kinds.
 
 A result holds ``meta`` (its kind, settings and provenance: model, corpus, versions,
 command), named tables (pandas) and named arrays (numpy). :meth:`Result.save` writes a
-directory: ``result.json``, one CSV per table and one ``.npy`` per array, staged in a
-hidden sibling directory and renamed into place, so a crash never leaves half a result,
-and an existing result is replaced only when the caller says ``overwrite``. Saving does
-not draw; figures are drawn on demand (:meth:`Result.figures`,
-:meth:`Result.save_figures`, ``attnlens figures``) from the saved numbers alone.
+directory (:mod:`attnlens.io.result_files`: ``result.json``, one CSV per table and one
+``.npy`` per array, written atomically). Saving does not draw; figures are drawn on demand
+(:meth:`Result.figures`, :meth:`Result.save_figures`, ``attnlens figures``) from the saved
+numbers alone (:mod:`attnlens.io.result_figures`).
 
 :data:`REGISTRY` is the one list of result kinds, filled by the result classes
 themselves: each names its ``kind`` and the figures module that draws it (a module with
@@ -14,38 +13,36 @@ themselves: each names its ``kind`` and the figures module that draws it (a modu
 so this storage layer imports neither the analyses nor matplotlib. Each kind also says
 which columns a reader sees and how it reads as text (:meth:`Result.view`,
 :meth:`Result.text`): the command line, the report and notebooks all show that.
-
->>> import tempfile, numpy as np, pandas as pd
->>> out = tempfile.mkdtemp() + "/r"
->>> _ = write_result(out, "demo", {"answer": 42}, tables={"table": pd.DataFrame({"a": [1, 2]})},
-...                  arrays={"x": np.arange(3)})
->>> meta, tables, arrays = read_result_dir(out, "demo")
->>> meta["answer"], tables["table"]["a"].tolist(), arrays["x"].tolist()
-(42, [1, 2], [0, 1, 2])
 """
 
 from __future__ import annotations
 
-import base64
-import html
-import importlib
-import io
-import json
-import shutil
-import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar, Self
 
 import numpy as np
 import pandas as pd
 
-from attnlens.errors import BadFile, BadInput
-from attnlens.io.files import json_safe, swap_into_place
+from attnlens.errors import BadFile
 from attnlens.io.outcomes import task_outcomes
+from attnlens.io.result_figures import FIGURE_FORMATS, draw, save_figures
+from attnlens.io.result_files import check_out, check_resumable_out, read_meta, read_result_dir, write_result
+from attnlens.io.result_html import result_html
 
-FORMAT_VERSION = 1
-FIGURE_FORMATS = ("png", "pdf")  # every figure is saved in each
+# The directory functions (attnlens.io.result_files) are re-exported: the command line, the report, the
+# rows' jobs and extraction import them from here.
+__all__ = [
+    "REGISTRY",
+    "Result",
+    "check_out",
+    "check_resumable_out",
+    "format_table",
+    "load_result",
+    "read_result_dir",
+    "result_class",
+    "write_result",
+]
 
 
 # ---------------------------------------------------------------------- the registry
@@ -54,12 +51,6 @@ FIGURE_FORMATS = ("png", "pdf")  # every figure is saved in each
 REGISTRY: dict[str, type[Result]] = {}
 """Every kind of result, by kind: a subclass of :class:`Result` that names its ``kind`` registers
 itself when its module is imported (importing :mod:`attnlens` imports every analysis)."""
-
-
-def _imported(path: str) -> Any:
-    module, _, name = path.partition(":")
-    loaded = importlib.import_module(module)
-    return getattr(loaded, name) if name else loaded
 
 
 def result_class(kind: str) -> type[Result]:
@@ -244,65 +235,10 @@ class Result:
 
     def _repr_html_(self) -> str:
         """Jupyter: provenance, the head of the main table, and the main figure."""
-        parts = [f"<h4>{html.escape(type(self).__name__)}</h4>", _provenance_html(self.meta)]
-        if self.table is not None:
-            parts.append(f"<p>{html.escape(self.main_table)} ({len(self.table)} rows), first 10:</p>")
-            table = self.view().head(10).to_html(index=False, float_format=lambda v: f"{v:.4g}", border=0, na_rep="")
-            parts.append(f'<div style="overflow-x:auto">{table}</div>')  # a wide table scrolls in its box, not the page
-        figure = first_figure(self)
-        if figure is not None:
-            parts.append(f'<img src="data:image/png;base64,{figure}" style="max-width:640px">')
-        return "\n".join(parts)
+        return result_html(self)
 
 
-def _provenance_html(meta: dict) -> str:
-    """A small table: model, corpus, settings, when and with what it was made, and the command."""
-    rows = []
-    model = meta.get("model")
-    if isinstance(model, dict):
-        rows.append(("model", f"{model.get('name', '')} ({model.get('architecture', '')})"))
-    elif meta.get("models"):
-        rows.append(("model", " × ".join(map(str, meta["models"]))))
-    corpus = meta.get("corpus")
-    if isinstance(corpus, dict):
-        rows.append(("corpus", str(corpus.get("source", corpus.get("name", "")))))
-    if meta.get("settings"):
-        rows.append(
-            (
-                "settings",
-                ", ".join(
-                    f"{key}={value}"
-                    for key, value in meta["settings"].items()
-                    if not isinstance(value, (dict, list)) or len(str(value)) < 60
-                ),
-            )
-        )
-    versions = meta.get("versions") or {}
-    rows.append(
-        (
-            "made",
-            f"{meta.get('created', '')} with attnlens {versions.get('attnlens', '')}, "
-            f"torch {versions.get('torch', '')}, transformers {versions.get('transformers', '')}",
-        )
-    )
-    if meta.get("command"):
-        rows.append(("command", f"<code>{html.escape(str(meta['command']))}</code>"))
-    body = "".join(
-        f"<tr><th style='text-align:left'>{html.escape(key)}</th><td style='text-align:left'>"
-        f"{value if key == 'command' else html.escape(value)}</td></tr>"
-        for key, value in rows
-    )
-    return f"<table>{body}</table>"
-
-
-# ---------------------------------------------------------------------- drawing through the registry
-
-
-def draw(result: Result) -> Iterator[tuple[str, Any]]:
-    """``(name, figure)`` for every figure of ``result``, main figure first (none for kinds without figures)."""
-    if result.figures_module is None:
-        return iter(())
-    return _imported(result.figures_module).draw(result)
+# ---------------------------------------------------------------------- text
 
 
 def format_table(frame: pd.DataFrame) -> str:
@@ -317,185 +253,3 @@ def format_table(frame: pd.DataFrame) -> str:
     if frame.empty:
         return "(no rows)"
     return frame.to_string(index=False, float_format=lambda value: f"{value:.4g}", na_rep="")
-
-
-def first_figure(result: Result) -> str | None:
-    """The main figure as base64 PNG, or None."""
-    figures = draw(result)
-    try:
-        _, figure = next(figures)
-    except StopIteration:
-        return None
-    import matplotlib.pyplot as plt
-
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=80)
-    plt.close(figure)
-    figures.close() if hasattr(figures, "close") else None
-    return base64.b64encode(buffer.getvalue()).decode()
-
-
-def save_figures(
-    result: Result,
-    directory: str | Path,
-    on_figure: Callable[[str], None] | None = None,
-    formats: tuple[str, ...] = FIGURE_FORMATS,
-) -> list[Path]:
-    """Every figure of ``result`` as ``NAME.png`` and ``NAME.pdf`` (``formats``) in ``directory``, which is
-    written into a staging directory and swapped into place (a crash leaves the old figures)."""
-    directory = Path(directory)
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
-    try:
-        written = []
-        for name, figure in draw(result):
-            written += [path.name for path in save_figure(figure, staging / name, formats)]
-            if on_figure is not None:
-                on_figure(name)
-        swap_into_place(staging, directory)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    return [directory / name for name in written]
-
-
-def save_figure(figure: Any, stem: str | Path, formats: tuple[str, ...] = FIGURE_FORMATS) -> list[Path]:
-    """Write a matplotlib figure as ``stem.png`` and ``stem.pdf`` (``formats``); close the figure."""
-    import matplotlib.pyplot as plt  # only once there is a figure: this storage layer does not load matplotlib
-
-    stem = Path(stem)
-    stem.parent.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for suffix in formats:
-        path = stem.with_suffix(f".{suffix}")
-        figure.savefig(path, dpi=150)
-        paths.append(path)
-    plt.close(figure)
-    return paths
-
-
-# ---------------------------------------------------------------------- result directories
-
-
-def is_result_dir(path: Path) -> bool:
-    return (Path(path) / "result.json").is_file()
-
-
-def check_out(out: str | Path, overwrite: bool) -> Path:
-    """Fail early (before any work) if ``out`` cannot receive a result."""
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise BadInput(f"`out` {out} is a file; give a directory path")
-    if out.exists() and any(out.iterdir()):
-        if not is_result_dir(out):
-            raise BadInput(f"`out` {out} is a non-empty directory that is not an attnlens result; choose another `out`")
-        if not overwrite:
-            raise BadInput(f"a result already exists in {out}; pass `overwrite` to replace it, or choose another `out`")
-    return out
-
-
-def check_resumable_out(out: Path, *, resume: bool, overwrite: bool, owned: Callable[[Path], bool], what: str) -> bool:
-    """Fail early if ``out`` cannot take a resumable job (a store, a moments job).
-
-    ``owned(out)`` says whether a non-empty ``out`` holds such a job; ``what`` names it in
-    the messages. Returns whether an existing job is to be replaced (``overwrite``).
-    """
-    if resume and overwrite:
-        raise BadInput("`resume` and `overwrite` contradict each other; choose one")
-    if out.exists() and not out.is_dir():
-        raise BadInput(f"`out` {out} is a file; give a directory path")
-    if not out.exists() or not any(out.iterdir()):
-        if resume:
-            raise BadInput(f"nothing to resume in {out}; run without `resume` to start a new {what}")
-        return False
-    if not owned(out):
-        raise BadInput(f"`out` {out} is a non-empty directory that is not an attnlens {what}; choose another `out`")
-    if not resume and not overwrite:
-        raise BadInput(f"a {what} already exists in {out}; pass `resume` to finish it or `overwrite` to replace it")
-    return overwrite
-
-
-def write_result(
-    out: str | Path,
-    kind: str,
-    meta: dict,
-    *,
-    tables: dict[str, pd.DataFrame] | None = None,
-    arrays: dict[str, np.ndarray] | None = None,
-    overwrite: bool = False,
-    extra: Callable[[Path], None] | None = None,
-) -> Path:
-    """Write a result directory atomically; ``extra(dir)`` may add files to it."""
-    out = check_out(out, overwrite)
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    except OSError as error:
-        raise BadInput(f"cannot write to {out}: {error.strerror or error}; choose a writable `out`") from None
-    try:
-        for name, table in (tables or {}).items():
-            table.to_csv(staging / f"{name}.csv", index=False)
-        for name, array in (arrays or {}).items():
-            np.save(staging / f"{name}.npy", array)
-        if extra is not None:
-            extra(staging)
-        payload = {
-            **meta,
-            "kind": kind,
-            "format_version": FORMAT_VERSION,
-            "tables": sorted(tables or {}),
-            "arrays": sorted(arrays or {}),
-        }
-        (staging / "result.json").write_text(json.dumps(json_safe(payload), indent=2, allow_nan=False))
-        swap_into_place(staging, out)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    return out
-
-
-def _text_columns(table: pd.DataFrame) -> pd.DataFrame:
-    """Free-text columns (``note``) read back as the empty strings they were written as."""
-    for column in ("note",):
-        if column in table:
-            table[column] = table[column].fillna("").astype(str)
-    return table
-
-
-def _read_table(file: Path) -> pd.DataFrame:
-    """A saved table; one with neither rows nor columns (nothing matched) is written as an empty file."""
-    try:
-        return _text_columns(pd.read_csv(file))
-    except pd.errors.EmptyDataError:
-        return pd.DataFrame()
-
-
-def read_result_dir(path: str | Path, kind: str | None = None) -> tuple[dict, dict[str, pd.DataFrame], dict[str, np.ndarray]]:
-    """Read and validate a result directory: (meta, tables, arrays); arrays are memory-mapped."""
-    path = Path(path)
-    meta = read_meta(path)
-    if kind is not None and meta["kind"] != kind:
-        raise BadFile(f"'{path}' holds a {meta['kind']} result, not the {kind} result this needs")
-    try:
-        tables = {name: _read_table(path / f"{name}.csv") for name in meta.get("tables", [])}
-        arrays = {name: np.load(path / f"{name}.npy", mmap_mode="r") for name in meta.get("arrays", [])}
-    except (OSError, ValueError) as error:
-        raise BadFile(f"result '{path}' is damaged ({error})") from None
-    return meta, tables, arrays
-
-
-def read_meta(path: Path) -> dict:
-    """``result.json`` of a result directory, checked."""
-    if not path.is_dir():
-        raise BadFile(f"result '{path}' does not exist")
-    if not is_result_dir(path):
-        raise BadFile(f"'{path}' is not an attnlens result (no result.json); give a directory an attnlens command wrote")
-    try:
-        meta = json.loads((path / "result.json").read_text())
-    except (OSError, json.JSONDecodeError) as error:
-        raise BadFile(f"result '{path}' is damaged ({type(error).__name__} reading result.json)") from None
-    if not isinstance(meta, dict) or "kind" not in meta:
-        raise BadFile(f"'{path}' is not an attnlens result (its result.json has no kind)")
-    if int(meta.get("format_version", 0)) > FORMAT_VERSION:
-        raise BadFile(f"result '{path}' was written by a newer attnlens (format {meta['format_version']}); upgrade attnlens")
-    return meta

@@ -25,7 +25,8 @@ from attnlens.models.cache import cache_dir
 
 def _distribution_file(distribution: str, relative: str) -> Path:
     """A data file inside an installed distribution, found without importing it."""
-    return Path(importlib.metadata.distribution(distribution).locate_file(relative))
+    # str(): typeshed types locate_file's result as a SimplePath, which need not be os.PathLike (a pathlib path here)
+    return Path(str(importlib.metadata.distribution(distribution).locate_file(relative)))
 
 
 def _minilm_l6_dir() -> Path:

@@ -14,8 +14,10 @@ True
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Literal
 from unittest import mock
 
 import numpy as np
@@ -31,8 +33,9 @@ def convert_gguf(gguf_file: Path, target: Path) -> None:
         tokenizer = AutoTokenizer.from_pretrained(gguf_file.parent, gguf_file=gguf_file.name)
         model = AutoModelForCausalLM.from_pretrained(gguf_file.parent, gguf_file=gguf_file.name, dtype=torch.float32)
     # transformers refuses to serialize a model it still marks as GGUF-quantized
-    model.hf_quantizer = None
-    model.is_quantized = False
+    # torch types nn.Module.__setattr__'s value as Tensor | Module; it takes any value, as transformers' own code does
+    model.hf_quantizer = None  # type: ignore[assignment]
+    model.is_quantized = False  # type: ignore[assignment]
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     model.save_pretrained(target)
@@ -61,7 +64,7 @@ def _one_reader_in_memory() -> Iterator[None]:
     readers: dict[str, gguf.GGUFReader] = {}
     original = gguf.GGUFReader
 
-    def reader(path, mode: str = "r"):
+    def reader(path: str | os.PathLike[str], mode: Literal["r", "r+", "c"] = "r") -> gguf.GGUFReader:
         key = str(Path(path).resolve())
         if key not in readers:
             readers[key] = original(path, mode)

@@ -2,8 +2,8 @@
 
 ``"attnlens-partial"`` (:mod:`attnlens.models.partial`) computes what a plan asks with
 eager attention throughout, so that its exact heads match ``"attnlens"`` bit for bit. To
-turn a plan's savings into seconds, this module registers ``"attnlens-kernels"``, which
-runs a layer's heads in groups:
+turn a plan's savings into seconds, this module is ``"attnlens-kernels"`` (registered by
+:mod:`attnlens.models.registry`), which runs a layer's heads in groups:
 
 - **exact** heads (and every head of a layer without a plan): one fused
   ``scaled_dot_product_attention`` call (through its causal path where the layer's mask is
@@ -37,18 +37,26 @@ True
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from attnlens.errors import UnsupportedModel
-from attnlens.models.capture import _attend, _refuse_unsupported, attnlens_mask, valid_and_bias
-from attnlens.models.partial import PARTIAL_IMPLEMENTATION, LayerPlan, MaskedHeads, PartialHeads, planned
+from attnlens.models.attention import (
+    KERNEL_IMPLEMENTATION,
+    PARTIAL_IMPLEMENTATION,
+    attend,
+    refuse_unsupported,
+    softmax,
+    valid_and_bias,
+)
+from attnlens.models.partial import LayerPlan, MaskedHeads, PartialHeads, plan_of, planned
 
-__all__ = ["KERNEL_IMPLEMENTATION", "PARTIAL_IMPLEMENTATION", "kernel_attention", "planned", "register"]
+if TYPE_CHECKING:  # FlexAttention is imported where a window runs through it, not with this module
+    from torch.nn.attention.flex_attention import BlockMask
 
-KERNEL_IMPLEMENTATION = "attnlens-kernels"
+__all__ = ["KERNEL_IMPLEMENTATION", "PARTIAL_IMPLEMENTATION", "kernel_attention", "planned"]
 
 
 def kernel_attention(
@@ -63,21 +71,22 @@ def kernel_attention(
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """The ``AttentionInterface`` implementation registered as ``"attnlens-kernels"``."""
-    _refuse_unsupported(module, kwargs)
+    refuse_unsupported(module, kwargs)
     batch, heads, n, _ = query.shape
-    plan: LayerPlan = getattr(module, "attnlens_plan", None) or LayerPlan(n=n)
+    plan = plan_of(module) or LayerPlan(n=n)
     plan.check(module, n)
     if softcap is not None or (dropout and module.training):
         raise UnsupportedModel(f"{type(module).__name__} caps its scores or trains with dropout; run it under 'attnlens-partial'")
     scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
     valid = _valid(attention_mask, batch, n, query.device)
     output = query.new_empty(batch, heads, n, value.shape[-1])
-    exact = sorted(set(range(heads)) - {h for part in [*plan.partial, *plan.masked] for h in part.heads})
+    groups: list[PartialHeads | MaskedHeads] = [*plan.partial, *plan.masked]
+    exact = sorted(set(range(heads)) - {h for group in groups for h in group.heads})
     if exact:  # sdpa's causal path where the mask is plain causal: about twice as fast at n = 2,048
         causal = valid is not None and _plain_causal(valid)
         output[:, exact] = _sdpa(*_own(exact, query, key, value), None if causal else valid, scaling, causal)
-    for part in plan.masked:
-        output[:, part.heads] = _window(part, *_own(part.heads, query, key, value), valid, scaling)
+    for window in plan.masked:
+        output[:, window.heads] = _window(window, *_own(window.heads, query, key, value), valid, scaling)
     for part in plan.partial:
         output[:, part.heads] = _partial(part, *_own(part.heads, query, key, value), valid, scaling)
     return output.transpose(1, 2).contiguous(), None
@@ -93,14 +102,18 @@ def _valid(attention_mask: torch.Tensor | None, batch: int, n: int, device: torc
     return None if bool(valid.all()) else valid[:, None]
 
 
-def _own(heads: list[int], query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, ...]:
+def _own(
+    heads: list[int], query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The query heads ``heads`` with the key and value heads they read (grouped-query attention)."""
     index = torch.tensor(heads, device=query.device)
     kv_index = index // (query.shape[1] // key.shape[1])
     return query.index_select(1, index), key.index_select(1, kv_index), value.index_select(1, kv_index)
 
 
-def _sdpa(query, key, value, valid: torch.Tensor | None, scaling: float, causal: bool = False) -> torch.Tensor:
+def _sdpa(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, valid: torch.Tensor | None, scaling: float, causal: bool = False
+) -> torch.Tensor:
     return nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=valid, is_causal=causal, scale=scaling)
 
 
@@ -115,7 +128,9 @@ def _lower(n: int, device: torch.device) -> torch.Tensor:
     return torch.ones(n, n, dtype=torch.bool, device=device).tril()
 
 
-def _window(part: MaskedHeads, query, key, value, valid: torch.Tensor | None, scaling: float) -> torch.Tensor:
+def _window(
+    part: MaskedHeads, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, valid: torch.Tensor | None, scaling: float
+) -> torch.Tensor:
     """Window heads through their kernel; a row the window and the mask leave empty keeps the mask's keys,
     as ``"attnlens"`` keeps a row an intervention empties."""
     keep = part.keep.to(query.device)[None, None]
@@ -129,7 +144,7 @@ def _window(part: MaskedHeads, query, key, value, valid: torch.Tensor | None, sc
     return compiled_flex()(query, key, value, block_mask=_blocks(part, allowed), scale=scaling)
 
 
-def _blocks(part: MaskedHeads, allowed: torch.Tensor):
+def _blocks(part: MaskedHeads, allowed: torch.Tensor) -> BlockMask:
     """FlexAttention's block mask of ``allowed`` (batch, 1, n, n), made once per distinct mask and kept on ``part``."""
     from torch.nn.attention.flex_attention import create_block_mask
 
@@ -143,18 +158,11 @@ def _blocks(part: MaskedHeads, allowed: torch.Tensor):
     return part.blocks["block"]
 
 
-def _partial(part: PartialHeads, query, key, value, valid: torch.Tensor | None, scaling: float) -> torch.Tensor:
+def _partial(
+    part: PartialHeads, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, valid: torch.Tensor | None, scaling: float
+) -> torch.Tensor:
+    """Partial heads: their rebuilt scores, masked, softmax and the weighted sum (no fused kernel takes rebuilt scores)."""
     scores = part.scores(query, key, scaling, None)
     if valid is not None:
         scores = scores.masked_fill(~valid, float("-inf"))
-    weights = nn.functional.softmax(scores, dim=-1, dtype=torch.promote_types(query.dtype, torch.float32)).to(query.dtype)
-    return _attend(weights, value)
-
-
-def register() -> None:
-    """Register ``"attnlens-kernels"`` with transformers' attention and mask interfaces (idempotent)."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface
-
-    AttentionInterface.register(KERNEL_IMPLEMENTATION, kernel_attention)
-    AttentionMaskInterface.register(KERNEL_IMPLEMENTATION, attnlens_mask)
+    return attend(softmax(scores, query.dtype), value)

@@ -73,9 +73,8 @@ import torch
 from torch import nn
 
 from attnlens.errors import AttnlensWarning, BadInput, UnsupportedModel
-from attnlens.models import capture
-from attnlens.models.capture import Intervention, no_capture
-from attnlens.models.partial import attention_modules
+from attnlens.models.capture import Capture, Intervention, active_capture, no_capture
+from attnlens.models.partial import attention_modules, plan_of
 
 GiB = 2**30
 DEFAULT_BUDGET = 2 * GiB
@@ -296,7 +295,10 @@ class LayerInputs:
             raise BadInput(f"nothing was cached: {self.nbytes} bytes exceed `budget_bytes` {self.budget_bytes}")
         if not 1 <= layer < self.model.num_layers:
             raise BadInput(f"`layer` {layer} is out of range; layers 1 to {self.model.num_layers - 1} have a recorded input")
-        return _hidden(self.outputs_[layer - 1])
+        hidden = _hidden(self.outputs_[layer - 1])
+        if not isinstance(hidden, torch.Tensor):  # recording checks this; a cache made by hand may hold anything
+            raise BadInput(f"layer {layer - 1} recorded a {type(hidden).__name__}, not a hidden state")
+        return hidden
 
     @property
     def nbytes(self) -> int:
@@ -353,7 +355,7 @@ class LayerInputs:
         Returns, for each change, the output's tensors that have a batch axis (``logits``,
         ``last_hidden_state``, ...), each (batch, ...). ``None`` leaves its copy unmodified.
         """
-        with capture.Capture(layers=range(start, self.model.num_layers), intervene=by_copy(changes, self.batch), record=False):
+        with Capture(layers=range(start, self.model.num_layers), intervene=by_copy(changes, self.batch), record=False):
             output = self.forward_from(start, copies=len(changes), head=head)
         stacked = {
             name: split_copies(value, len(changes))
@@ -431,7 +433,7 @@ def _stacked(output: object, batch: int, copies: int) -> object:
 
 def _refuse_below(model: Any, start: int) -> None:
     """Refuse an active capture, or a partial plan, in a layer that ``forward_from(start)`` skips."""
-    active = capture._ACTIVE.get()  # the same context variable attnlens_attention reads
+    active = active_capture()  # the capture attnlens_attention serves
     if active is not None and start > 0:
         reached = [layer for layer in range(start) if active.wants(layer)]
         if reached:
@@ -444,7 +446,7 @@ def _refuse_below(model: Any, start: int) -> None:
 
 def _refuse_plans(model: Any, layers: range, action: str) -> None:
     attention = attention_modules(model.model)
-    planned = [layer for layer in layers if getattr(attention[layer], "attnlens_plan", None) is not None]
+    planned = [layer for layer in layers if plan_of(attention[layer]) is not None]
     if planned:
         raise BadInput(
             f"layer {planned[0]} runs under a partial plan, so attnlens cannot {action}; leave the `planned` block first"

@@ -23,15 +23,20 @@ import hashlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import torch
 from torch import nn
 
 from attnlens.errors import BadInput, UnsupportedModel
-from attnlens.models import adapters, capture, kernels, partial
+from attnlens.models import adapters, attention, registry
 from attnlens.models.aliases import ALIASES, DEFAULT_MODEL
 from attnlens.models.locate import ModelNotFound, locate_model
+from attnlens.models.probe import SUPPORTED_HINT, read_attention
 from attnlens.settings import MIN_SEQ_LEN
+
+if TYPE_CHECKING:  # transformers is imported when a model loads, not with attnlens
+    from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 # --------------------------------------------------------------------------- loaded model
 
@@ -66,7 +71,6 @@ _UNSUPPORTED_ATTENTION: dict[str, str] = {
         "hy_v4_vl_text",
     )
 }
-_SUPPORTED_HINT = "use a model without them (BERT, Llama, Gemma, Qwen, Mistral, ...)"
 
 
 @dataclass(frozen=True)
@@ -88,6 +92,8 @@ def backbone(model: nn.Module) -> nn.Module:
     """``model`` without its output head, whose output is ``last_hidden_state``: its ``base_model``, or where
     that is a language model itself (Llama 4's causal LM names its text model otherwise), the text model it holds."""
     base = model.base_model
+    if not isinstance(base, nn.Module):
+        raise UnsupportedModel(f"{type(model).__name__} has no base model (`base_model`); load it with attnlens.load_model")
     if base is model and getattr(model, "get_output_embeddings", lambda: None)() is not None:
         inner = getattr(model, "model", None)
         if isinstance(inner, nn.Module):
@@ -118,7 +124,7 @@ class LoadedModel:
     name: str
     source: str
     model: nn.Module
-    tokenizer: object
+    tokenizer: PreTrainedTokenizerBase
     num_layers: int
     num_heads: int
     num_kv_heads: int
@@ -146,12 +152,18 @@ class LoadedModel:
     def class_names(self) -> tuple[str, ...] | None:
         """The names of a sequence classifier's classes, by id (its ``id2label``); ``None`` for a
         model without a classification head."""
-        if not self.architecture.endswith("ForSequenceClassification"):
+        from transformers import PreTrainedModel
+
+        if not self.architecture.endswith("ForSequenceClassification") or not isinstance(self.model, PreTrainedModel):
             return None
         id2label = self.model.config.id2label
-        return tuple(str(id2label[index]) for index in range(self.model.config.num_labels))
+        if id2label is None:  # transformers gives every config labels (two by default); its type allows none
+            raise UnsupportedModel(f"model '{self.name}' is a sequence classifier without class names (`id2label`)")
+        # keys are ints once transformers has read the config; its type also allows the strings of the JSON file
+        labels = {int(key): str(value) for key, value in id2label.items()}
+        return tuple(labels[index] for index in range(len(labels)))
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, **kwargs: object):
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, **kwargs: object) -> Any:
         """Run the model on token ids (batch, n); returns the transformers output object."""
         return self.model(**self._inputs(input_ids, attention_mask), **kwargs)
 
@@ -235,7 +247,7 @@ def _quiet_transformers() -> Iterator[None]:
             hf_logging.enable_progress_bar()
 
 
-def _head_for(config: object) -> tuple[str, str]:
+def _head_for(config: PretrainedConfig) -> tuple[str, str]:
     """The class that loads the checkpoint and the objective it supports: a head by its suffix
     (:data:`_HEADS`); else the architecture's own class where it is a bare encoder of
     transformers (``T5EncoderModel``: ``AutoModel`` would build the whole encoder-decoder);
@@ -253,7 +265,7 @@ def _head_for(config: object) -> tuple[str, str]:
     return "AutoModel", "hidden"
 
 
-def _text_encoder(model: nn.Module) -> nn.Module:
+def _text_encoder(model: PreTrainedModel) -> nn.Module:
     """The part of ``model`` attnlens reads: the encoder of a model whose forward asks for
     decoder inputs (T5Model, BART: the decoder's cross-attention is not self-attention), else
     the model itself (``T5EncoderModel`` and the like already are the encoder)."""
@@ -264,7 +276,7 @@ def _text_encoder(model: nn.Module) -> nn.Module:
     return model
 
 
-def _refuse_unsupported_attention(name: str, config: object) -> None:
+def _refuse_unsupported_attention(name: str, config: PretrainedConfig) -> None:
     """Raise :class:`UnsupportedModel` for a family in :data:`_UNSUPPORTED_ATTENTION`.
 
     The text config is checked too: a multimodal model names its language model there.
@@ -274,11 +286,11 @@ def _refuse_unsupported_attention(name: str, config: object) -> None:
     if family is not None:
         raise UnsupportedModel(
             f"model '{name}' ({config.model_type}) uses {_UNSUPPORTED_ATTENTION[family]} in its attention, "
-            f"which attnlens capture does not support; {_SUPPORTED_HINT}"
+            f"which attnlens capture does not support; {SUPPORTED_HINT}"
         )
 
 
-def _special_tokens(tokenizer: object) -> SpecialTokens:
+def _special_tokens(tokenizer: PreTrainedTokenizerBase) -> SpecialTokens:
     plain = tokenizer("a", add_special_tokens=False)["input_ids"]
     full = tokenizer("a", add_special_tokens=True)["input_ids"]
     start = next(i for i in range(len(full) - len(plain) + 1) if full[i : i + len(plain)] == plain)
@@ -291,96 +303,21 @@ def _special_tokens(tokenizer: object) -> SpecialTokens:
     )
 
 
-@dataclass(frozen=True)
-class _Probe:
-    """What one forward pass over a few tokens shows of a model's attention: its modules in the
-    order they are called, the number of calls, each module's geometry (query heads, key heads,
-    size of q·k) and layer 0's valid mask, which tells causal models apart."""
+def _refuses_implementation(error: ValueError | KeyError) -> bool:
+    """Whether ``from_pretrained``'s ``error`` says the model cannot run under ``"attnlens"``.
 
-    modules: list[nn.Module]
-    calls: int
-    shapes: list[tuple[int, int, int]]
-    valid: torch.Tensor
-
-
-def _number_attention_layers(model: nn.Module, probe: torch.Tensor) -> _Probe:
-    """Find the attention modules in the order a forward pass calls them, and count the calls.
-
-    Numbering by call order works for every architecture without a per-family table. A module
-    called more than once per forward (ALBERT shares one layer among all) makes the calls
-    outnumber the modules. The geometry is read off the tensors each module passes, not off the
-    config (whose fields some families keep per layer).
+    A ``KeyError`` says so by its key: a family that picks its attention class from its own
+    table (GPT-Neo's ``GPT_NEO_ATTENTION_CLASSES[config._attn_implementation]``) has no
+    ``"attnlens"`` entry. A ``ValueError`` has only its message: transformers' checks of the
+    implementation (``PreTrainedModel.get_correct_attn_implementation``: "Specified
+    `attn_implementation=...` is not supported", and the like in a family's own ``__init__``)
+    raise a bare ``ValueError``, with no subclass or attribute to tell them from a bad config,
+    so this reads transformers' message, and only here.
     """
-    order: list[nn.Module] = []
-    shapes: list[tuple[int, int, int]] = []
-    valid: list[torch.Tensor] = []
-    calls = 0
-    original = capture.attnlens_attention
-
-    def spy(module, query, key, value, attention_mask, *args, **kwargs):
-        nonlocal calls
-        calls += 1
-        if not any(module is seen for seen in order):
-            order.append(module)
-            shapes.append((query.shape[1], key.shape[1], query.shape[-1]))
-            valid.append(capture.valid_and_bias(attention_mask, torch.empty(query.shape[0], 1, query.shape[2], key.shape[2]))[0])
-        return original(module, query, key, value, attention_mask, *args, **kwargs)
-
-    from transformers import AttentionInterface
-
-    AttentionInterface.register(capture.ATTENTION_IMPLEMENTATION, spy)
-    try:
-        with torch.no_grad():
-            model(input_ids=probe)
-    finally:
-        AttentionInterface.register(capture.ATTENTION_IMPLEMENTATION, original)
-    for index, module in enumerate(order):
-        module.attnlens_layer = index
-    return _Probe(order, calls, shapes, valid[0] if valid else torch.ones(1, 1, 1, dtype=torch.bool))
-
-
-def _read_attention(name: str, config: object, model: nn.Module, probe_ids: list[int]) -> tuple[_Probe, int]:
-    """Number the model's attention layers and check that attnlens can read every one alike;
-    returns the probe and the number of layers, or refuses in one line."""
-    family = config.model_type
-    try:
-        probe = _number_attention_layers(model, torch.tensor([probe_ids], device=next(model.parameters()).device))
-    except UnsupportedModel as error:  # capture refused a term of a family not in the table
-        raise UnsupportedModel(f"model '{name}' ({family}) cannot be captured: {error}; {_SUPPORTED_HINT}") from None
-    except Exception as error:  # e.g. X-MOD without a default language: the model needs more than token ids
-        reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
-        raise UnsupportedModel(f"model '{name}' ({family}) cannot run a forward pass on token ids alone: {reason}") from None
-    num_layers = config.get_text_config().num_hidden_layers
-    _check_layer_count(name, family, len(probe.modules), probe.calls, num_layers)
-    if len(set(probe.shapes)) > 1:
-        raise UnsupportedModel(
-            f"model '{name}' ({family}) has layers of different attention geometry (query heads, key heads, head size: "
-            f"{', '.join(map(str, sorted(set(probe.shapes))))}); attnlens analyses need every layer alike"
-        )
-    return probe, num_layers
-
-
-def _check_layer_count(name: str, family: str, modules: int, calls: int, num_layers: int) -> None:
-    """Refuse a model whose attention calls are not one module per layer, saying which way it differs."""
-    if modules == num_layers and calls == num_layers:
-        return
-    if modules == 0:
-        found = "does not call transformers' attention interface (it computes attention in its own modules)"
-    elif calls > modules == num_layers:
-        found = f"calls transformers' attention interface {calls // modules} times in each of its layers"
-    elif calls > modules:
-        found = (
-            f"shares {modules} attention module{'s' if modules > 1 else ''} among its {num_layers} layers "
-            f"({calls} calls per forward pass), which attnlens cannot number by layer"
-        )
-    else:
-        found = (
-            f"calls transformers' attention interface in {modules} of its {num_layers} layers (the others are not attention, "
-            "or compute it in their own modules)"
-        )
-    raise UnsupportedModel(
-        f"model '{name}' ({family}) {found}; use a model with one attention module per layer (BERT, Llama, Gemma, Qwen, T5, ...)"
-    )
+    if isinstance(error, KeyError):
+        return error.args == (attention.ATTENTION_IMPLEMENTATION,)
+    message = str(error)
+    return "attn_implementation" in message or "attention" in message.lower()
 
 
 def check_device(device: str | torch.device) -> torch.device:
@@ -408,6 +345,20 @@ def check_device(device: str | torch.device) -> torch.device:
     return parsed
 
 
+class Placement(TypedDict, total=False):
+    """The keyword arguments of :func:`load_model` that spread a large model over devices."""
+
+    device_map: str | dict | None
+    device_memory: dict | None
+
+
+class LoadOptions(Placement, total=False):
+    """The keyword arguments of :func:`load_model` after the name, for functions that pass them on."""
+
+    device: str | torch.device
+    dtype: torch.dtype
+
+
 def load_model(
     name: str = DEFAULT_MODEL,
     *,
@@ -433,9 +384,7 @@ def load_model(
 
     if device_map is None:  # a device map places the layers itself; `device` is ignored then
         check_device(device)
-    capture.register()
-    partial.register()
-    kernels.register()
+    registry.register_implementations()  # once per process: transformers keeps them in a class-wide table
     source = locate_model(name)
     with _quiet_transformers():
         try:
@@ -457,12 +406,10 @@ def load_model(
         placement = {} if device_map is None else {"device_map": device_map, "max_memory": device_memory}
         try:
             model = getattr(transformers, auto_class).from_pretrained(
-                source, attn_implementation=capture.ATTENTION_IMPLEMENTATION, dtype=dtype, **placement
+                source, attn_implementation=attention.ATTENTION_IMPLEMENTATION, dtype=dtype, **placement
             )
         except (ValueError, KeyError) as error:
-            # KeyError: a family that picks its attention class from its own table (GPT-Neo) has no "attnlens" entry
-            refused = isinstance(error, KeyError) and error.args == (capture.ATTENTION_IMPLEMENTATION,)
-            if refused or "attn_implementation" in str(error) or "attention" in str(error).lower():
+            if _refuses_implementation(error):
                 raise UnsupportedModel(
                     f"model '{name}' ({config.model_type}) does not route attention through transformers' "
                     "AttentionInterface, so attnlens cannot capture its scores; use a model that does "
@@ -481,7 +428,7 @@ def load_model(
     text_config = config.get_text_config()
     special = _special_tokens(tokenizer)
     probe_ids = [*special.prefix, *tokenizer("a b c", add_special_tokens=False)["input_ids"], *special.suffix]
-    probe, num_layers = _read_attention(name, config, model, probe_ids)
+    probe, num_layers = read_attention(name, config, model, probe_ids)
     num_heads, num_kv_heads, head_dim = probe.shapes[0]
     return LoadedModel(
         name=name,

@@ -2,8 +2,9 @@
 
 The plug-in path of :mod:`attnlens.analysis.reconstruct` computes every score and then
 replaces most of them; it measures what a reconstruction costs the model, not what it
-saves. This module registers a second implementation with transformers' attention
-interface, ``"attnlens-partial"``, that does the work a plan asks for, head by head:
+saves. This module is a second implementation for transformers' attention interface,
+``"attnlens-partial"`` (registered by :mod:`attnlens.models.registry`; the steps it shares
+with ``"attnlens"`` are in :mod:`attnlens.models.attention`), that does the work a plan asks for, head by head:
 
 - **exact** heads: every score, as ``"attnlens"`` computes it;
 - **partial** heads (:class:`PartialHeads`): the scores of the k chosen keys only
@@ -44,17 +45,19 @@ import torch
 from torch import nn
 
 from attnlens.errors import BadInput, UnsupportedModel
-from attnlens.models.capture import (
+from attnlens.models.attention import (
     ATTENTION_IMPLEMENTATION,
-    _attend,
-    _refuse_unsupported,
-    _remaining_or_unmodified,
+    PARTIAL_IMPLEMENTATION,
+    attend,
     attention_scores,
-    attnlens_attention,
+    refuse_unsupported,
+    remaining_or_unmodified,
+    softmax,
     valid_and_bias,
 )
+from attnlens.models.capture import LAYER_ATTRIBUTE, attnlens_attention, layer_index
 
-PARTIAL_IMPLEMENTATION = "attnlens-partial"
+PLAN_ATTRIBUTE = "attnlens_plan"  # the attribute :func:`planned` sets on an attention module: its LayerPlan
 
 
 def rebuild(exact: torch.Tensor, weights: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
@@ -131,14 +134,14 @@ class LayerPlan:
         changed = scores.clone()
         for part in self.partial:
             changed[:, part.heads] = rebuild_from(scores[:, part.heads], part.positions, part.weights, part.offset)
-        for part in self.masked:
-            changed[:, part.heads] = changed[:, part.heads].masked_fill(~part.keep.to(scores.device), float("-inf"))
+        for window in self.masked:
+            changed[:, window.heads] = changed[:, window.heads].masked_fill(~window.keep.to(scores.device), float("-inf"))
         return changed
 
     def check(self, module: nn.Module, n: int) -> None:
         if n != self.n:
             raise BadInput(
-                f"the plan for layer {getattr(module, 'attnlens_layer', '?')} was made for sequences of {self.n} tokens, "
+                f"the plan for layer {getattr(module, LAYER_ATTRIBUTE, '?')} was made for sequences of {self.n} tokens, "
                 f"not {n}; pad the inputs to {self.n} tokens or make a plan at this length"
             )
 
@@ -155,10 +158,10 @@ def partial_attention(
     **kwargs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The ``AttentionInterface`` implementation registered as ``"attnlens-partial"``."""
-    plan: LayerPlan | None = getattr(module, "attnlens_plan", None)
+    plan = plan_of(module)
     if plan is None:
         return attnlens_attention(module, query, key, value, attention_mask, scaling, dropout, softcap, **kwargs)
-    _refuse_unsupported(module, kwargs)
+    refuse_unsupported(module, kwargs)
     batch, heads, n, _ = query.shape
     plan.check(module, n)
     scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
@@ -170,10 +173,10 @@ def partial_attention(
         )
     replaced = scores if removed is None else scores.masked_fill(removed, float("-inf"))
     # the rows a mask empties (every valid key removed) keep their full scores, as in "attnlens"
-    masked = _remaining_or_unmodified(replaced, scores, valid, not bool(valid.all()))
-    weights = nn.functional.softmax(masked, dim=-1, dtype=torch.promote_types(query.dtype, torch.float32)).to(query.dtype)
+    masked = remaining_or_unmodified(replaced, scores, valid, not bool(valid.all()))
+    weights = softmax(masked, query.dtype)
     weights = nn.functional.dropout(weights, p=dropout, training=module.training)
-    return _attend(weights, value).transpose(1, 2).contiguous(), weights
+    return attend(weights, value).transpose(1, 2).contiguous(), weights
 
 
 def _planned_scores(
@@ -200,14 +203,37 @@ def _planned_scores(
     if not plan.masked:
         return scores, None
     removed = torch.zeros(1, heads, n, n, dtype=torch.bool, device=query.device)
-    for part in plan.masked:
-        removed[:, part.heads] = ~part.keep.to(query.device)
+    for window in plan.masked:
+        removed[:, window.heads] = ~window.keep.to(query.device)
     return scores, removed
 
 
 def attention_modules(model: nn.Module) -> dict[int, nn.Module]:
     """The attention modules of a model loaded by :func:`attnlens.load_model`, by layer."""
-    return {module.attnlens_layer: module for module in model.modules() if hasattr(module, "attnlens_layer")}
+    return {layer_index(module): module for module in model.modules() if hasattr(module, LAYER_ATTRIBUTE)}
+
+
+def plan_of(module: nn.Module) -> LayerPlan | None:
+    """The plan :func:`planned` (or :func:`set_plan`) gave an attention module, if any."""
+    plan = getattr(module, PLAN_ATTRIBUTE, None)
+    if plan is not None and not isinstance(plan, LayerPlan):
+        raise BadInput(
+            f"{type(module).__name__}.{PLAN_ATTRIBUTE} is a {type(plan).__name__}, not a LayerPlan; give plans to `planned`"
+        )
+    return plan
+
+
+def set_plan(module: nn.Module, plan: LayerPlan | None) -> None:
+    """Give an attention module a plan (``None``: take it away), read by the plan implementations.
+
+    An attribute on the module, as transformers passes the implementation nothing else of
+    attnlens'; ``setattr`` because ``nn.Module`` types its attributes as tensors and modules.
+    """
+    if plan is None:
+        if hasattr(module, PLAN_ATTRIBUTE):
+            delattr(module, PLAN_ATTRIBUTE)
+    else:
+        setattr(module, PLAN_ATTRIBUTE, plan)
 
 
 @contextlib.contextmanager
@@ -217,22 +243,11 @@ def planned(model: Any, plans: dict[int, LayerPlan], implementation: str = PARTI
     layers without a plan stay exact."""
     modules = attention_modules(model.model)
     for layer, plan in plans.items():
-        modules[layer].attnlens_plan = plan
+        set_plan(modules[layer], plan)
     model.model.set_attn_implementation(implementation)
     try:
         yield
     finally:
         model.model.set_attn_implementation(ATTENTION_IMPLEMENTATION)
         for layer in plans:
-            del modules[layer].attnlens_plan
-
-
-def register() -> None:
-    """Register ``"attnlens-partial"`` with transformers' attention and mask interfaces (idempotent)."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface
-
-    from attnlens.models.capture import attnlens_mask
-
-    AttentionInterface.register(PARTIAL_IMPLEMENTATION, partial_attention)
-    AttentionMaskInterface.register(PARTIAL_IMPLEMENTATION, attnlens_mask)
+            set_plan(modules[layer], None)

@@ -18,15 +18,19 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from attnlens.errors import BadInput
 
+if TYPE_CHECKING:  # FlexAttention is imported where it runs, not with this module
+    from torch.nn.attention.flex_attention import BlockMask
+
 KERNELS = ("flex", "sdpa")
 
 
-def block_mask(keep: torch.Tensor, block_size: int = 128):
+def block_mask(keep: torch.Tensor, block_size: int = 128) -> BlockMask:
     """FlexAttention's block mask of a (n, n) boolean ``keep``, shared by every batch and head."""
     from torch.nn.attention.flex_attention import create_block_mask
 
@@ -35,7 +39,7 @@ def block_mask(keep: torch.Tensor, block_size: int = 128):
 
 
 @functools.cache
-def compiled_flex() -> Callable:
+def compiled_flex() -> Callable[..., Any]:
     """FlexAttention compiled once (its eager form materialises every score, and is slow)."""
     from torch.nn.attention.flex_attention import flex_attention
 
@@ -49,7 +53,7 @@ def masked_attention(
     keep: torch.Tensor,
     *,
     kernel: str = "flex",
-    blocks=None,
+    blocks: BlockMask | None = None,
     compiled: bool = True,
 ) -> torch.Tensor:
     """Attention (batch, head, n, d) over the positions ``keep`` (n, n) leaves, by ``kernel``.
@@ -62,5 +66,7 @@ def masked_attention(
         return torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=keep)
     from torch.nn.attention.flex_attention import flex_attention
 
-    run = compiled_flex() if compiled else flex_attention
-    return run(query, key, value, block_mask=blocks if blocks is not None else block_mask(keep))
+    mask = blocks if blocks is not None else block_mask(keep)
+    if compiled:
+        return compiled_flex()(query, key, value, block_mask=mask)
+    return flex_attention(query, key, value, block_mask=mask)

@@ -19,7 +19,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import TypeVar
 
 import pandas as pd
@@ -31,7 +31,7 @@ from attnlens.io.results import Result, check_out, load_result
 from attnlens.models.aliases import ALIASES, missing_distributions
 from attnlens.models.loading import LoadedModel, check_device, load_model
 from attnlens.models.locate import locate_model
-from attnlens.progress import Progress, Stage, progress_bar
+from attnlens.progress import Progress, Stage, StageBar, progress_bar
 from attnlens.report.page import write_page
 from attnlens.report.presets import (
     DEFAULT,
@@ -48,6 +48,7 @@ from attnlens.report.presets import (
     stage_weights,
 )
 from attnlens.report.stages import analyses
+from attnlens.report.verdicts import RECORD_FIELDS
 
 __all__ = [
     "DEFAULT",
@@ -79,7 +80,9 @@ class _Stages:
     expected cost, which the stage's own bars move through (:class:`attnlens.progress.Stage`)."""
 
     def __init__(self, weights: dict[str, float], enabled: bool) -> None:
-        self.bar = progress_bar(total=100, desc="report", unit="%", enabled=enabled)
+        bar = progress_bar(total=100, desc="report", unit="%", enabled=enabled)
+        assert not isinstance(bar, StageBar)  # `enabled` is a bool: the report's bar is the top one, never a stage's
+        self.bar = bar
         self.enabled = enabled
         total, names = sum(weights.values()), list(weights)
         # Whole-percent bounds from the running sum: the stretches meet, and the last ends at exactly 100.
@@ -238,7 +241,7 @@ def _directory_names(results: dict) -> dict[str, str]:
     return names
 
 
-def _directory_name(key: str, result: object) -> str:
+def _directory_name(key: str, result: Result) -> str:
     """The directory a result is written to: its key, and for a spectrum the model's name, a path or Hub id by
     its last part (``eigen-model`` for ``/data/model``, ``eigen-gemma-3-270m`` for ``google/gemma-3-270m``).
 
@@ -248,7 +251,7 @@ def _directory_name(key: str, result: object) -> str:
     ('eigen-my-bert', 'overlap')
     """
     model = result.meta.get("model", {}).get("name", "") if isinstance(result.meta.get("model"), dict) else ""
-    model = str(model).rstrip("/\\").replace("\\", "/").split("/")[-1]
+    model = PurePosixPath(str(model).replace("\\", "/").rstrip("/")).name
     return {"eigen": f"eigen-{model}", "eigen_second": f"eigen-{model}"}.get(key, key)
 
 
@@ -275,6 +278,7 @@ class Report(Result):
     def text(self) -> str:
         """The claims, one block per claim, and the results the report holds."""
         lines = []
+        words = [column for column in self.claims.columns[1:] if column not in RECORD_FIELDS]  # the typed fields: data
         for _, row in self.claims.iterrows():
-            lines += [f"{row['claim']}", *[f"  {column}: {row[column]}" for column in self.claims.columns[1:] if row[column]]]
+            lines += [f"{row['claim']}", *[f"  {column}: {row[column]}" for column in words if row[column]]]
         return "\n".join([*lines, f"results: {', '.join(self.meta['results'].values())}"])

@@ -8,58 +8,101 @@ the planner's in :mod:`attnlens.report.plan`.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import pandas as pd
 
 from attnlens.analysis.evaluation import bootstrap_interval
-from attnlens.analysis.task import seed_differences, t_interval
-from attnlens.report.dam import dam_claims
+from attnlens.analysis.task import seed_differences, seed_values, t_interval
+from attnlens.report.dam import Unsettled, dam_claims, standing
+from attnlens.report.facts import layer_summary, task_meta
 from attnlens.report.plan import plan_claims
 from attnlens.report.verdicts import (
     DECIDING,
-    DOES_NOT_HOLD,
-    HOLDS,
-    NOT_DECIDED,
-    PROXY_TOLERANCE,
+    RECORD_FIELDS,
     Claim,
-    Evidence,
+    Context,
+    Difference,
+    Phrase,
     Verdict,
+    beats,
+    below_zero,
+    by_proxy,
     combine,
     reaches,
     seeds_points,
     task_verdict,
 )
-from attnlens.report.words import LOSS_UNITS, delta_points, interval, layer_summary, number, points, task_meta
+from attnlens.report.words import LOSS_UNITS, delta_points, interval, number, points
 
-# The claims table, as the page prints it and claims.csv holds it. The task column is one unit only.
+# The claims table, as the page prints it and claims.csv holds it (with the typed fields of
+# :meth:`Claim.record` after these). The task column is one unit only.
 CLAIM_COLUMNS = ["claim", "papers report", "verdict", "proxy", "task: Δ accuracy, points (changed − unmodified)", "made by"]
 SEEDS_COLUMN = "fine-tuned with the change: Δ points across seeds"  # with fine-tune seeds
 LOW_DIMENSIONAL = 0.25  # "a few of n directions": 90% of a row's variance in at most a quarter of them
 STRONG_OVERLAP = 0.8  # "strong overlap": ‖UᵀV‖²/d at the d both subspaces determine
 MIN_REMOVED = 0.001  # classes removing fewer of the valid positions are not ranked as "cheapest"
+K_CLAIMS = (16, 32)  # paper 1's k
 
 
-def evidence_of(results: dict, preset: str) -> Evidence:
+def context_of(results: dict, preset: str) -> Context:
     """What every claim of these results reads besides its own result."""
     task = task_meta(results)
     missing = "the task did not judge it" if preset in DECIDING else "task: run --full"
-    return Evidence(
+    return Context(
         preset,
         target=task["settings"]["task_target"] if task else 0.02,
         missing=missing if task else "no task judged it",
-        seeded=bool(task) and task["protocol"] == "finetune" and task["settings"]["seeds"] > 1,
+        seeded=task is not None and task["protocol"] == "finetune" and task["settings"]["seeds"] > 1,
     )
 
 
+@dataclass(frozen=True)
+class Findings:
+    """Every verdict of a report, made once (:func:`findings`): the claims, and what the sections
+    read of the same judgements (each judged k's phrase by the task; whether the DAM masks may decide)."""
+
+    context: Context
+    claims: list[Claim]
+    k_phrases: dict[int, Phrase | None]
+    masks: Unsettled | None
+
+    def claim(self, name: str) -> Claim | None:
+        return next((claim for claim in self.claims if claim.claim == name), None)
+
+    def table(self) -> pd.DataFrame:
+        """The claims table as the page prints it (:data:`CLAIM_COLUMNS`), the typed fields after."""
+        columns = CLAIM_COLUMNS + ([SEEDS_COLUMN] if self.context.seeded else [])
+        rows = [claim.row(self.context.preset)[: len(columns)] for claim in self.claims]
+        typed = pd.DataFrame([claim.record() for claim in self.claims], columns=list(RECORD_FIELDS))
+        return pd.concat([pd.DataFrame(rows, columns=columns), typed], axis=1)
+
+
+def findings(results: dict, preset: str = "default") -> Findings:
+    """Every claim the report's results speak to, one each (see the module docstring)."""
+    context = context_of(results, preset)
+    recon = results["reconstruct"]
+    rows = [*_eigen_claims(results), *_reconstruct_claims(recon, context)]
+    rows += _importance_claims(results["importance"], context)
+    masks = standing(results["dam"], context)
+    rows += dam_claims(results["dam"], context, masks)
+    rows += plan_claims(results["plan"], context) if "plan" in results else []
+    return Findings(context, rows, _k_phrases(recon, context), masks)
+
+
 def claims(results: dict, preset: str = "default") -> pd.DataFrame:
-    """Every claim the report's results speak to, one row each (see the module docstring)."""
-    evidence = evidence_of(results, preset)
-    rows = [*_eigen_claims(results), *_reconstruct_claims(results["reconstruct"], evidence)]
-    rows += _importance_claims(results["importance"], evidence)
-    rows += dam_claims(results["dam"], evidence)
-    rows += plan_claims(results["plan"], evidence) if "plan" in results else []
-    columns = CLAIM_COLUMNS + ([SEEDS_COLUMN] if evidence.seeded else [])
-    return pd.DataFrame([claim.row(preset)[: len(columns)] for claim in rows], columns=columns)
+    """The claims table (:meth:`Findings.table`)."""
+    return findings(results, preset).table()
+
+
+def _k_phrases(recon, context: Context) -> dict[int, Phrase | None]:
+    """Each k the task judged (greedy keys, a map per head): its phrase by the task's rule."""
+    plug = recon.plug_in
+    if plug is None or "accuracy" not in plug:
+        return {}
+    judged = plug[(plug.strategy == "greedy") & (plug.scope == "head")].dropna(subset=["accuracy"]).set_index("k")
+    return {int(k): task_verdict(row, context).phrase for k, row in judged.iterrows()}
 
 
 # ---------------------------------------------------------------------- eigen and overlap
@@ -93,7 +136,7 @@ def _eigen_claims(results: dict) -> list[Claim]:
             Claim(
                 "…and across models (paper 1)",
                 "overlap between different models",
-                Verdict(NOT_DECIDED, "the data determine no d for both models")
+                Verdict(Phrase.NOT_DECIDED, "the data determine no d for both models")
                 if not model.d
                 else Verdict(reaches(model.overlap, STRONG_OVERLAP), f"{models}: {_at_d(model)}"),
                 _closest_layers(pairs),
@@ -111,7 +154,7 @@ def _across_layers(eigen_result, overlap_result) -> Claim:
     determined = adjacent[adjacent["d"] > 0]
     claim, papers = "Eigenspaces overlap across layers (paper 1)", "strong overlap of top eigenspaces"
     if not len(determined):
-        return Claim(claim, papers, Verdict(NOT_DECIDED, "no two adjacent layers determine a common d"))
+        return Claim(claim, papers, Verdict(Phrase.NOT_DECIDED, "no two adjacent layers determine a common d"))
     median = float(determined["overlap"].median())
     return Claim(
         claim,
@@ -146,17 +189,17 @@ def _at_d(row) -> str:
 # ---------------------------------------------------------------------- reconstruction
 
 
-def _reconstruct_claims(recon, evidence: Evidence) -> list[Claim]:
+def _reconstruct_claims(recon, context: Context) -> list[Claim]:
     """Per k (16, 32): greedy keys with the claim's maps in every layer, the outputs by the proxy and the
     task's accuracy; fine-tuned with seeds, Paper 1's choices of R too (:func:`_choices_of_r`)."""
     rows, plug = [], recon.plug_in
     heads = recon.table[recon.table.layer >= 0]
-    for k in (16, 32):
+    for k in K_CLAIMS:
         errors = heads[(heads.strategy == "greedy") & (heads.scope == "head") & (heads.k == k)].rel_error
         row = None if plug is None else _claim_row(plug[(plug.strategy == "greedy") & (plug.k == k)])
         if len(errors) and row is not None:
-            rows.append(_k_claim(recon, k, row, errors, evidence))
-    return rows + (_choices_of_r(plug, evidence) if plug is not None and evidence.seeded else [])
+            rows.append(_k_claim(recon, k, row, errors, context))
+    return rows + (_choices_of_r(plug, context) if plug is not None and context.seeded else [])
 
 
 def _claim_row(runs: pd.DataFrame) -> pd.Series | None:
@@ -170,7 +213,7 @@ def _claim_row(runs: pd.DataFrame) -> pd.Series | None:
     return heads.iloc[0] if len(heads) else None
 
 
-def _k_claim(recon, k: int, row: pd.Series, errors: pd.Series, evidence: Evidence) -> Claim:
+def _k_claim(recon, k: int, row: pd.Series, errors: pd.Series, context: Context) -> Claim:
     moved = 1 - row.token_cosine if row.objective == "hidden" else row.loss_increase
     proxy_said = (
         f"cosine of final hidden states {number(row.token_cosine, 4)}"
@@ -178,26 +221,32 @@ def _k_claim(recon, k: int, row: pd.Series, errors: pd.Series, evidence: Evidenc
         else f"{row.objective} loss {number(row.loss_increase, 3, sign=True)} nats"
     )
     q1, median, q3 = np.percentile(errors, [25, 50, 75])
-    task, judged = task_verdict(row, evidence)
-    phrase = combine(proxy=bool(moved <= PROXY_TOLERANCE), task=task, judged=judged, missing=evidence.missing)
-    flops = row.task_flops_ratio if judged and "task_flops_ratio" in row else row.flops_ratio
+    task = task_verdict(row, context)
+    phrase = combine(proxy=by_proxy(moved), task=task.phrase, judged=task.judged)
+    flops = row.task_flops_ratio if task.judged and "task_flops_ratio" in row else row.flops_ratio
     maps = "" if row.scope == "head" else f" ({MAPS[row.scope]})"
-    across = evidence.seeded and "delta_seeds" in row
+    across = context.seeded and "delta_seeds" in row
     decided = (
         f"{delta_points(row, 'delta_seeds' if across else 'delta_accuracy')}{' over seeds' if across else ''} on "
         f"{recon.meta['task']['task']}{maps}, at {flops:.0%} of the attention FLOPs"
-        if judged
+        if task.judged
         else proxy_said
     )
     return Claim(
         f"k = {k} exact scores suffice (paper 1)",
         "k = 16–32 enough (MNLI 79.7% at k = 32 vs 81.6% full)",
-        Verdict(phrase, decided),
+        context.verdict(phrase, decided),
         f"{proxy_said}; the typical head's held-out relative error {number(median)} [quartiles {number(q1)}, "
         f"{number(q3)}]; attention FLOPs ×{number(row.flops_ratio)}"
-        + (f" (×{number(row.task_flops_ratio)} on the task's real token pairs)" if judged and "task_flops_ratio" in row else ""),
+        + (
+            f" (×{number(row.task_flops_ratio)} on the task's real token pairs)"
+            if task.judged and "task_flops_ratio" in row
+            else ""
+        ),
         points(row) if "accuracy" in row and row.accuracy == row.accuracy else "",
         seeds_points(row),
+        difference=task.difference,
+        flops=float(flops),
     )
 
 
@@ -211,7 +260,7 @@ R_SCOPES = (
 JOINT_R = "R learned with the weights beats R fixed at k = {k} (paper 1)", "R fitted by least squares, or learned jointly"
 
 
-def _choices_of_r(plug: pd.DataFrame, evidence: Evidence) -> list[Claim]:
+def _choices_of_r(plug: pd.DataFrame, context: Context) -> list[Claim]:
     """Paper 1's choices of R, fine-tuned with seeds, each a difference of accuracy paired by seed: a shared
     R against one per layer (:data:`R_SCOPES`; with R fixed and, where judged, learned with the weights),
     and R learned with the weights against R fixed at the smallest k judged so (each scope)."""
@@ -222,47 +271,50 @@ def _choices_of_r(plug: pd.DataFrame, evidence: Evidence) -> list[Claim]:
             first, second = runs[better, k], runs[worse, k]
             pairs = [(f"R {trained}", first, second, prefix, prefix) for trained, prefix in (("fixed", ""), ("learned", "joint_"))
                      if _seeded(first, prefix) and _seeded(second, prefix)]  # fmt: skip
-            rows.append(_beats(claim, papers, f"{SHORT[better]} − {SHORT[worse]}", pairs, evidence))
+            rows.append(_beats(claim, papers, f"{SHORT[better]} − {SHORT[worse]}", pairs, context))
     joint = sorted((k, scope) for (scope, k), row in runs.items() if _seeded(row, "joint_"))
     if joint:
         k = joint[0][0]
         pairs = [(MAPS[scope], runs[scope, k], runs[scope, k], "joint_", "") for at, scope in joint if at == k]
-        rows.append(_beats(JOINT_R[0].format(k=k), JOINT_R[1], "learned − fixed", pairs, evidence))
+        rows.append(_beats(JOINT_R[0].format(k=k), JOINT_R[1], "learned − fixed", pairs, context))
     return rows
 
 
 def _seeded(row: pd.Series, prefix: str) -> bool:
-    return isinstance(row.get(f"{prefix}seed_accuracies"), str)
+    return seed_values(row, prefix) is not None
 
 
-def _beats(claim: str, papers: str, label: str, pairs: list[tuple], evidence: Evidence) -> Claim:
-    """A claim that one choice beats another, from accuracies paired by seed: it holds where every pair's
-    interval lies above zero, does not hold where every pair's lies below zero or is as narrow as the
-    target around it (on par), and is not decided otherwise. ``pairs``: (what, first row, second row,
-    first's column prefix, second's)."""
-    said, each, phrases = [], [], set()
+def _beats(claim: str, papers: str, label: str, pairs: list[tuple], context: Context) -> Claim:
+    """A claim that one choice beats another, from accuracies paired by seed, by :func:`beats` for every
+    pair (not decided where pairs disagree). ``pairs``: (what, first row, second row, first's column
+    prefix, second's)."""
+    said, each, phrases, differences = [], [], set(), []
     for what, first, second, first_prefix, second_prefix in pairs:
-        first_seeds, second_seeds = first[f"{first_prefix}seed_accuracies"], second[f"{second_prefix}seed_accuracies"]
-        by_seed = seed_differences(first_seeds, second_seeds)
-        mean, low, high = t_interval(by_seed)
-        phrases.add(HOLDS if low > 0 else DOES_NOT_HOLD if high < 0 or (high - low) / 2 <= evidence.target else NOT_DECIDED)
-        said.append(f"{what}: {label} {points(pd.Series({'d': mean, 'd_low': low, 'd_high': high}), 'd')}")
+        mine, theirs = seed_values(first, first_prefix), seed_values(second, second_prefix)
+        assert mine is not None and theirs is not None  # the pairs are made of seeded rows only (_seeded)
+        by_seed = seed_differences(mine, theirs)
+        difference = Difference(*t_interval(by_seed), "points", seeds=tuple(by_seed))
+        phrases.add(beats(difference, context.target))
+        differences.append(difference)
+        named = pd.Series({"d": difference.mean, "d_low": difference.low, "d_high": difference.high})
+        said.append(f"{what}: {label} {points(named, 'd', examples=None)}")
         each.append(f"{what} " + " ".join(f"{100 * value + 0.0:+.1f}" for value in by_seed).replace("-", "−"))
-    phrase = phrases.pop() if len(phrases) == 1 else NOT_DECIDED
-    decided = f"{said[0]} points over {len(by_seed)} seeds"
-    return Claim(claim, papers, Verdict(phrase, decided), "", "; ".join(said), "by seed, points: " + "; ".join(each))
+    phrase = phrases.pop() if len(phrases) == 1 else Phrase.NOT_DECIDED
+    decided = f"{said[0]} points over {len(differences[0].seeds)} seeds"
+    return Claim(claim, papers, Verdict(phrase, decided), "", "; ".join(said), "by seed, points: " + "; ".join(each),
+                 difference=differences[0])  # fmt: skip
 
 
 # ---------------------------------------------------------------------- importance
 
 
-def _importance_claims(result, evidence: Evidence) -> list[Claim]:
+def _importance_claims(result, context: Context) -> list[Claim]:
     table = result.table[result.table["occurs"]]
     unit = LOSS_UNITS[result.meta["settings"]["objective"]]
     substantial = table[table["removed"] >= MIN_REMOVED]  # a class removing next to nothing costs nothing by construction
     rows = [_cheapest(result, substantial, unit)]
     if "self" in set(table["class"]):
-        rows.append(_diagonal(result, table[table["class"] == "self"].iloc[0], unit, evidence))
+        rows.append(_diagonal(result, table[table["class"] == "self"].iloc[0], unit, context))
     return rows
 
 
@@ -272,26 +324,27 @@ def _cheapest(result, substantial: pd.DataFrame, unit: str) -> Claim:
     cheapest = ordered.iloc[0]
     claim, papers = "The diagonal (self) matters least (paper 2)", "removing the diagonal costs least of all positions"
     if "self" not in set(ordered["class"]):
-        return Claim(claim, papers, Verdict(NOT_DECIDED, "self removes too few positions to rank"))
+        return Claim(claim, papers, Verdict(Phrase.NOT_DECIDED, "self removes too few positions to rank"))
     other = ordered[ordered["class"] != "self"].iloc[0]
-    difference = _paired_delta(result, "self", other["class"])
-    if difference[2] < 0:
-        phrase = "holds"
-    elif difference[1] > 0:
-        phrase = "does not hold"
-    else:
-        phrase = NOT_DECIDED
-    said = f"self − {other['class']} {number(difference[0], 3, sign=True, significant=True)} [{number(difference[1], 3, sign=True, significant=True)}, {number(difference[2], 3, sign=True, significant=True)}] ({unit})"
+    difference = _paired_delta(result, "self", other["class"], unit)
+    said = f"self − {other['class']} {_interval_of(difference)} ({unit})"
     rank = int((substantial["delta"] < substantial.loc[substantial["class"] == "self", "delta"].iloc[0]).sum()) + 1
     return Claim(
         claim,
         papers,
-        Verdict(phrase, said),
+        Verdict(below_zero(difference), said),
         f"cheapest: {cheapest['class']} {interval(cheapest)}; self rank {rank} of {len(substantial)} classes ({unit})",
+        difference=difference,
     )
 
 
-def _paired_delta(result, first: str, second: str) -> tuple[float, float, float]:
+def _interval_of(difference: Difference) -> str:
+    """:func:`interval`'s words for a :class:`Difference`."""
+    named = pd.Series({"d": difference.mean, "d_low": difference.low, "d_high": difference.high})
+    return interval(named, "d")
+
+
+def _paired_delta(result, first: str, second: str, unit: str) -> Difference:
     """The change of removing class ``first`` everywhere less that of ``second``, paired over held-out blocks."""
     table = result.tables["ablation"]
     model = table[(table["scope"] == "model") & (table["control"] == "class")]
@@ -301,19 +354,20 @@ def _paired_delta(result, first: str, second: str) -> tuple[float, float, float]
     mean, low, high = bootstrap_interval(
         (losses[index[first]] - losses[index[second]])[None], settings["bootstrap"], settings["seed"]
     )
-    return float(mean[0]), float(low[0]), float(high[0])
+    return Difference(float(mean[0]), float(low[0]), float(high[0]), unit, examples=int(losses.shape[1]))
 
 
-def _diagonal(result, own: pd.Series, unit: str, evidence: Evidence) -> Claim:
+def _diagonal(result, own: pd.Series, unit: str, context: Context) -> Claim:
     """Removing the diagonal without loss: by the task, and by the proxy against as many random positions."""
     judged_row = None
     task_table = result.tables.get("task")
     if task_table is not None:
         chosen = task_table[(task_table["scope"] == "model") & (task_table["class"] == "self")].set_index("control")
         judged_row = chosen.loc["class"] if "class" in chosen.index else None
-    task, judged = task_verdict(judged_row, evidence)
-    proxy = bool(own["excess_low"] <= 0)  # no costlier than removing as many random positions
-    phrase = combine(proxy=proxy, task=task, judged=judged, missing=evidence.missing)
+    task = task_verdict(judged_row, context)
+    # "without loss" is absolute: the outputs move by at most the tolerance. Costing no more than as many
+    # random positions is another claim, stated beside it (proxy column), never read as "no loss".
+    phrase = combine(proxy=by_proxy(own["delta"]), task=task.phrase, judged=task.judged)
     proxy_said = f"{interval(own)} against {interval(own, 'random')} for as many random positions ({unit})"
     task_said = ""
     if judged_row is not None:
@@ -322,8 +376,9 @@ def _diagonal(result, own: pd.Series, unit: str, evidence: Evidence) -> Claim:
     return Claim(
         "The diagonal can be removed without loss (paper 2)",
         "removing it costs nothing",
-        Verdict(phrase, delta_points(judged_row) if judged else proxy_said),
+        context.verdict(phrase, delta_points(judged_row) if task.judged else proxy_said),
         proxy_said,
         task_said,
         "" if judged_row is None else seeds_points(judged_row),
+        difference=task.difference,
     )

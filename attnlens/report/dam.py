@@ -8,6 +8,8 @@ that the verdict is "not decided" (at a smaller size: "run --full"), with no num
 
 from __future__ import annotations
 
+from enum import Enum
+
 import pandas as pd
 
 from attnlens.analysis.dam.result import SEED_TABLES
@@ -15,14 +17,11 @@ from attnlens.analysis.dam.settings import DamSettings
 from attnlens.report.html import Figures, folded, section, table
 from attnlens.report.verdicts import (
     DECIDING,
-    DOES_NOT_HOLD,
-    HOLDS,
-    NOT_DECIDED,
-    PROXY_TOLERANCE,
-    RUN_FULL,
     Claim,
-    Evidence,
+    Context,
+    Phrase,
     Verdict,
+    by_proxy,
     combine,
     seeds_points,
     task_verdict,
@@ -31,36 +30,43 @@ from attnlens.report.words import LOSS_UNITS, delta_points, interval, number, po
 
 LEARNED = ("A learned mask keeps the model at 90% sparsity (paper 2)", "DAM_s 91.2% sparse at GLUE 80.9, fine-tuned")
 PATTERNS = ("Fixed sparse patterns are worse than DAM (paper 2)", "at similar sparsity, e.g. BigBird 93.2% / 79.4")
-DISAGREE = "seeds disagree on the same blocks"
 
 
-def dam_claims(result, evidence: Evidence) -> list[Claim]:
-    """The learned-mask claim and, where patterns were compared, the patterns' claim."""
+class Unsettled(Enum):
+    """Why no verdict may stand on a report's masks (its value: the words the page prints)."""
+
+    NOT_CONVERGED = "a run did not converge"
+    ONE_SEED = "one seed: no run reproduces it"
+    DISAGREE = "seeds disagree on the same blocks"
+
+    def verdict(self, context: Context) -> Verdict:
+        """Below the presets that decide, "run --full"; there, not decided for this reason."""
+        return Verdict(Phrase.AT_THIS_SIZE) if context.preset not in DECIDING else Verdict(Phrase.NOT_DECIDED, self.value)
+
+
+def dam_claims(result, context: Context, unsettled: Unsettled | None) -> list[Claim]:
+    """The learned-mask claim and, where patterns were compared, the patterns' claim (``unsettled``: the
+    masks' :func:`standing`)."""
     unit = LOSS_UNITS.get(result.meta["settings"]["objective"], result.meta["settings"]["objective"])
-    undecided = _undecided(result, evidence)
-    rows = [_learned(result, evidence, unit, undecided)]
+    rows = [_learned(result, context, unit, unsettled)]
     if len(result.patterns):
-        rows.append(_patterns(result, evidence, unit, undecided))
+        rows.append(_patterns(result, context, unit, unsettled))
     return rows
 
 
-def _undecided(result, evidence: Evidence) -> Verdict | None:
-    """Why no verdict may stand on these masks (none: they may decide), see the module docstring."""
+def standing(result, context: Context) -> Unsettled | None:
+    """Why no verdict may stand on these masks (``None``: they may decide), see the module docstring."""
     table = result.table
     if not table["converged"].astype(bool).all():
-        reason = "a run did not converge"
-    elif "mask_seed" not in table and not evidence.seeded:
-        reason = "one seed: no run reproduces it"
-    else:
-        across = result.across_seeds()
-        agree = across["delta"]["agree"].astype(bool).all() if across else True
-        reason = None if agree else DISAGREE
-    if reason is None:
-        return None
-    return Verdict(RUN_FULL) if evidence.preset not in DECIDING else Verdict(NOT_DECIDED, reason)
+        return Unsettled.NOT_CONVERGED
+    if "mask_seed" not in table and not context.seeded:
+        return Unsettled.ONE_SEED
+    across = result.across_seeds()
+    agree = across["delta"]["agree"].astype(bool).all() if across else True
+    return None if agree else Unsettled.DISAGREE
 
 
-def _learned(result, evidence: Evidence, unit: str, undecided: Verdict | None) -> Claim:
+def _learned(result, context: Context, unit: str, unsettled: Unsettled | None) -> Claim:
     """Each mask's change by the proxy and, where judged, by the task."""
     table = result.table
     proxy_said = "; ".join(
@@ -70,42 +76,44 @@ def _learned(result, evidence: Evidence, unit: str, undecided: Verdict | None) -
     masks = _task_rows(result, "dam")
     task_said = "; ".join(points(row) for row in masks)
     seeds_said = "; ".join(seeds_points(row) for row in masks)
-    verdicts = {task_verdict(row, evidence) for row in masks}
-    judged = bool(masks) and all(was for _, was in verdicts)
-    task = next(iter(verdicts))[0] if len(verdicts) == 1 else None
-    proxy = bool((table["delta"] <= PROXY_TOLERANCE).all()) if unit == LOSS_UNITS["hidden"] else None
-    phrase = combine(proxy=proxy, task=task, judged=judged, missing=evidence.missing)
+    judgements = [task_verdict(row, context) for row in masks]
+    phrases = {judged.phrase for judged in judgements}
+    judged = bool(masks) and all(judged.judged for judged in judgements)
+    task = next(iter(phrases)) if len(phrases) == 1 else None
+    proxy = all(by_proxy(delta) for delta in table["delta"]) if unit == LOSS_UNITS["hidden"] else None
+    phrase = combine(proxy=proxy, task=task, judged=judged)
     decided = _range(masks) if judged else f"{number(table['delta'].median(), 3)} ({unit}, median of {len(table)} masks)"
     # Seeds whose masks differ may still each decide the claim alike (every mask, by the task and the proxy,
     # keeps the model, or every one does not): the verdict holds for every seed, so it stands.
-    proxies = {bool(delta <= PROXY_TOLERANCE) for delta in table["delta"]} if proxy is not None else set()
-    alike = (
-        undecided is not None and undecided.number == DISAGREE and len(proxies) <= 1 and len(verdicts) <= 1
-        and not phrase.startswith(NOT_DECIDED)
-    )  # fmt: skip
-    if undecided is not None and not alike:
-        return Claim(*LEARNED, undecided, proxy_said, task_said, seeds_said)
-    return Claim(*LEARNED, Verdict(phrase, f"{decided}, every seed" if alike else decided), proxy_said, task_said, seeds_said)
+    proxies = {by_proxy(delta) for delta in table["delta"]} if proxy is not None else set()
+    alike = unsettled is Unsettled.DISAGREE and len(proxies) <= 1 and len(phrases) <= 1 and phrase.decided
+    difference = judgements[0].difference if len(judgements) == 1 else None
+    if unsettled is not None and not alike:
+        return Claim(*LEARNED, unsettled.verdict(context), proxy_said, task_said, seeds_said)
+    verdict = context.verdict(phrase, f"{decided}, every seed" if alike else decided)
+    return Claim(*LEARNED, verdict, proxy_said, task_said, seeds_said, difference=difference)
 
 
-def _patterns(result, evidence: Evidence, unit: str, undecided: Verdict | None) -> Claim:
+def _patterns(result, context: Context, unit: str, unsettled: Unsettled | None) -> Claim:
     """DAM against the best pattern of its own family and overall, at matched sparsity."""
     compared = result.compared()
-    proxy_said = "; ".join(
+    proxy_parts = [
         f"DAM − {row['scope']} {row['pattern']}({int(row['value'])}) ({row['sparsity']:.0%} sparse) {interval(row, 'difference')}"
         for _, row in compared.iterrows()
-    )
+    ]
     task_table = result.tables.get("task_compared")
-    task_said, seeds_said = _compared_points(task_table), _compared_seeds(task_table, result.meta["settings"].get("seeds", 1))
-    if undecided is not None:
-        return Claim(*PATTERNS, undecided, proxy_said, task_said, seeds_said)
+    task_parts = _compared_points(task_table)
+    task_said, seeds_said = "; ".join(task_parts), _compared_seeds(task_table, result.meta["settings"].get("seeds", 1))
+    proxy_said = "; ".join(proxy_parts)
+    if unsettled is not None:
+        return Claim(*PATTERNS, unsettled.verdict(context), proxy_said, task_said, seeds_said)
     across = result.across_seeds()
     proxy = _worse(across["compared"] if across else compared)
     worse = None if task_table is None or not len(task_table) else _worse(across.get("task_compared", task_table))
-    task = None if worse is None else HOLDS if worse else DOES_NOT_HOLD
-    phrase = combine(proxy=proxy, task=task, judged=task_table is not None, missing=evidence.missing)
-    decided = task_said.split("; ")[0] if task_table is not None and len(task_table) else proxy_said.split("; ")[0]
-    return Claim(*PATTERNS, Verdict(phrase, decided), proxy_said, task_said, seeds_said)
+    task = None if worse is None else Phrase.HOLDS if worse else Phrase.DOES_NOT_HOLD
+    phrase = combine(proxy=proxy, task=task, judged=task_table is not None)
+    decided = (task_parts or proxy_parts or [""])[0]
+    return Claim(*PATTERNS, context.verdict(phrase, decided), proxy_said, task_said, seeds_said)
 
 
 def _worse(compared: pd.DataFrame) -> bool | None:
@@ -132,10 +140,10 @@ def _range(rows: list[pd.Series]) -> str:
     return f"Δ {values[0]:+.1f} to {values[-1]:+.1f} points across {len(rows)} masks".replace("-", "−")
 
 
-def _compared_points(table: pd.DataFrame | None) -> str:
+def _compared_points(table: pd.DataFrame | None) -> list[str]:
     """Each mask against each pattern it is compared with, by task accuracy in points (DAM − pattern)."""
     if table is None or not len(table):
-        return ""
+        return []
     said = []
     # a pattern matched at the task's positions (shorter than the blocks) may be narrower than the proxy's:
     # its sparsity there says why the two columns name different widths
@@ -143,7 +151,7 @@ def _compared_points(table: pd.DataFrame | None) -> str:
         named = pd.concat([_difference(row, ""), pd.Series({"held_out": row.get("compared_on", 10**9)})])
         sparse = f"{row['task_sparsity']:.0%} of the task's positions" if "task_sparsity" in row else "matched"
         said.append(f"DAM − {row['scope']} {row['pattern']}({int(row['value'])}) ({sparse}) {points(named)}")
-    return "; ".join(said)
+    return said
 
 
 def _compared_seeds(table: pd.DataFrame | None, seeds: int) -> str:
@@ -162,23 +170,22 @@ def _difference(row: pd.Series, suffix: str) -> pd.Series:
     return pd.Series({f"delta_accuracy{end}": row[f"difference{suffix}{end}"] for end in ("", "_low", "_high")})
 
 
-def dam_section(results: dict, names: dict[str, str], figures: Figures, evidence: Evidence) -> str:
+def dam_section(results: dict, names: dict[str, str], figures: Figures, unsettled: Unsettled | None, context: Context) -> str:
     """Section 5: the masks DAM learned beside the fixed patterns; first, whether they may decide."""
     result = results["dam"]
     shown = figures.directory / names["dam"] / "figures"
     settings = result.meta["settings"]
     unit = LOSS_UNITS.get(settings["objective"], settings["objective"])
-    undecided = _undecided(result, evidence)
     best = result.table.sort_values("delta").iloc[0]
     measured = (
         f"at {number(best['sparsity'], 1, percent=True)} sparsity the mask changes the outputs by {interval(best)} ({unit})"
     )
-    if undecided is None:
+    if unsettled is None:
         answer = measured[0].upper() + measured[1:] + f", {len(result.table)} masks, every one converged."
-    elif undecided.phrase == RUN_FULL:
-        answer = f"Not decided at this size ({undecided.number or 'one seed, a short schedule'}): run --full; here {measured}."
+    elif context.preset not in DECIDING:
+        answer = f"Not decided at this size ({unsettled.value}): run --full; here {measured}."
     else:  # at full size: no one mask is the result (each seed's claim verdict may still agree: the claims table)
-        answer = f"No one mask is the result ({undecided.number}); {measured}."
+        answer = f"No one mask is the result ({unsettled.value}); {measured}."
     body = [
         figures.embed(shown / "loss_vs_sparsity.png", "Objective against sparsity: DAM and fixed patterns"),
         table(result.view(frame=result.table.dropna(axis=1, how="all")), notes=result.column_notes),

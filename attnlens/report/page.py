@@ -7,14 +7,16 @@ from __future__ import annotations
 
 import html
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
 from attnlens.io.provenance import provenance
 from attnlens.progress import Progress, progress_bar
-from attnlens.report.claims import claims, evidence_of
+from attnlens.report.claims import findings
 from attnlens.report.dam import dam_section
 from attnlens.report.html import STYLE, Figures, table
+from attnlens.report.plan import CLAIM as PLAN_CLAIM
 from attnlens.report.plan import plan_section
 from attnlens.report.sections import (
     eigen_sections,
@@ -51,16 +53,16 @@ def write_page(
             result.save_figures(directory / names[key] / "figures", formats=("png",))
             bar.update(1)
     figures = Figures(directory)
-    evidence = evidence_of(results, preset)
-    claimed = claims(results, preset)
+    found = findings(results, preset)  # every verdict, once: the claims table and the sections read them
+    claimed = found.table()
     sections = [
         summary_section(results, claimed),
         *eigen_sections(results, names, figures),
-        reconstruct_section(results, names, figures, evidence),
+        reconstruct_section(results, names, figures, found.k_phrases),
         importance_section(results, names, figures),
-        dam_section(results, names, figures, evidence),
+        dam_section(results, names, figures, found.masks, found.context),
         task_section(results, names, figures),
-        plan_section(results, names, figures, evidence),
+        plan_section(results, names, figures, found.claim(PLAN_CLAIM)),
         other_figures_section(names, figures),
     ]
     page = directory / "report.html"
@@ -69,7 +71,7 @@ def write_page(
 
 
 def _page(eigen_result, sections: list[str], names: dict[str, str], command: str | None, preset: str) -> str:
-    meta = provenance(command)
+    meta: dict[str, Any] = provenance(command)
     model = eigen_result.meta["model"]
     files = "".join(f"<li><code>{html.escape(name)}/</code></li>" for name in names.values())
     versions = table(pd.DataFrame(sorted(meta["versions"].items()), columns=["package", "version"]), text=True)

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import pandas as pd
 
-from attnlens.analysis.plan.result import choices_name
+from attnlens.analysis.plan.result import Form, choices_name
 from attnlens.report.html import Figures, section, table
-from attnlens.report.verdicts import DOES_NOT_HOLD, HOLDS, NOT_DECIDED, RUN_FULL, Claim, Evidence, Verdict
+from attnlens.report.verdicts import Claim, Context, Difference, Phrase, Verdict
 from attnlens.report.words import LOSS_UNITS, TOO_FEW, counted, delta_points, number
 
 CLAIM = "A plan head by head is the cheapest attention within 1 point (attnlens)"
-CHANGES_NOTHING = "changes nothing on this task"
-TIES = "ties with one uniform plan"
 PAPERS = "both papers allocate uniformly: one k, one λ"
 
 
@@ -22,43 +20,52 @@ def headline(plan_result) -> pd.DataFrame:
     return summary[summary.budget == budget].set_index("method")
 
 
-def plan_claims(plan_result, evidence: Evidence) -> list[Claim]:
+def plan_claims(plan_result, context: Context) -> list[Claim]:
     """The claims row: the plan holds where it meets its budget on the held-out half and no uniform plan
     that meets it there costs fewer FLOPs; below the full size, "run --full"."""
     rows = headline(plan_result)
-    plan, units = rows.loc["plan"], plan_result.settings["units"]
-    check = units["check"]
+    plan, check = rows.loc["plan"], plan_result.settings["units"]["check"]
     said = [f"plan {_flops(plan)}, {_drop(plan, check)}"]
     cheaper = []
     for kind, label in (("partial", "one k"), ("window", "one window")):
         if f"uniform {kind}" in rows.index:
             row = rows.loc[f"uniform {kind}"]
-            meets = not row.detail.startswith("none") and bool(row.check_meets)
+            meets = row.form != Form.EXACT and bool(row.check_meets)
             said.append(f"{label}: " + (f"{row.detail} at {row.flops_ratio:.0%}, {_drop(row, check)}" if meets else "none meets"))
             if meets and row.flops_ratio < plan.flops_ratio:
                 cheaper.append(f"{row.detail} at {row.flops_ratio:.0%}")
     said.append(f"random: {_drop(rows.loc['random'], check)}")
+    # the held-out change the plan makes (changed − unmodified): accuracy's, or the proxy's loss by its budget
+    accuracy = plan.get("budget_kind", "accuracy") == "accuracy"
+    sign, unit = (-1, "points") if accuracy else (1, LOSS_UNITS.get(plan_result.settings["objective"], "loss"))
+    ends = (plan.check_cost_high, plan.check_cost_low) if accuracy else (plan.check_cost_low, plan.check_cost_high)
+    difference = Difference(sign * plan.check_cost, sign * ends[0], sign * ends[1], unit, int(check))
+    return [Claim(CLAIM, PAPERS, _plan_verdict(plan_result, plan, context, cheaper), _curve_cost(plan_result, plan),
+                  "; ".join(said), difference=difference, flops=float(plan.flops_ratio))]  # fmt: skip
+
+
+def _plan_verdict(plan_result, plan: pd.Series, context: Context, cheaper: list[str]) -> Verdict:
+    """The plan's verdict by the rule in :func:`plan_claims`, at the held-out check."""
+    units = plan_result.settings["units"]
+    check, budget = units["check"], counted(plan.budget, "point")
     if _padding_only(plan):  # no saving but the padding's: decided whatever the size
-        verdict = Verdict(CHANGES_NOTHING, f"no valid pair of its {check} held-out examples is changed ({_flops(plan)})")
-    elif evidence.preset != "full" or min(units["select"], units["check"]) < TOO_FEW:
-        verdict = Verdict(RUN_FULL) if evidence.preset != "full" else Verdict(NOT_DECIDED, f"{units['check']} examples checked")
-    elif plan.flops_ratio >= 1:  # every head exact: no plan that computes less met the budget on the choosing half
-        budget = counted(plan.budget, "point")
-        verdict = Verdict(
-            NOT_DECIDED,
+        return Verdict(Phrase.CHANGES_NOTHING, f"no valid pair of its {check} held-out examples is changed ({_flops(plan)})")
+    if context.preset != "full" or min(units["select"], units["check"]) < TOO_FEW:
+        return (
+            Verdict(Phrase.AT_THIS_SIZE) if context.preset != "full" else Verdict(Phrase.NOT_DECIDED, f"{check} examples checked")
+        )
+    if plan.flops_ratio >= 1:  # every head exact: no plan that computes less met the budget on the choosing half
+        return Verdict(
+            Phrase.NOT_DECIDED,
             f"no plan that computes less met −{budget} on {units['select']:,} examples; {_first_step(plan_result, plan)}",
         )
-    elif not bool(plan.check_meets):
-        verdict = Verdict(
-            DOES_NOT_HOLD, f"the plan misses −{counted(plan.budget, 'point')} on held-out examples: {_drop(plan, check)}"
-        )
-    elif cheaper:
-        verdict = Verdict(DOES_NOT_HOLD, f"one knob is cheaper: {cheaper[0]} against the plan's {plan.flops_ratio:.0%}")
-    elif str(plan.detail).startswith("uniform "):  # the cheapest plan found is one choice for every head
-        verdict = Verdict(TIES, f"the plan is {plan.detail.removeprefix('uniform ')} for every head, at {_flops(plan)}")
-    else:
-        verdict = Verdict(HOLDS, f"{_flops(plan)} within −{counted(plan.budget, 'point')} on held-out examples")
-    return [Claim(CLAIM, PAPERS, verdict, _curve_cost(plan_result, plan), "; ".join(said))]
+    if not bool(plan.check_meets):
+        return Verdict(Phrase.DOES_NOT_HOLD, f"the plan misses −{budget} on held-out examples: {_drop(plan, check)}")
+    if cheaper:
+        return Verdict(Phrase.DOES_NOT_HOLD, f"one knob is cheaper: {cheaper[0]} against the plan's {plan.flops_ratio:.0%}")
+    if plan.form == Form.UNIFORM:  # the cheapest plan found is one choice for every head
+        return Verdict(Phrase.TIES, f"the plan is {plan.choice} for every head, at {_flops(plan)}")
+    return Verdict(Phrase.HOLDS, f"{_flops(plan)} within −{budget} on held-out examples")
 
 
 def _padding_only(row: pd.Series) -> bool:
@@ -89,15 +96,14 @@ def _curve_cost(plan_result, plan: pd.Series) -> str:
     """The plan's cost on the curves as measured: its heads' single-head costs (each head changed alone, on
     the curves' blocks or task examples) summed, along the path up to the plan's step or over a uniform plan's heads."""
     settings = plan_result.settings
-    detail = str(plan.detail)
     unit = (
         "nats of KL divergence of the task's predictions"
         if settings.get("curve_cost") == "task"
         else LOSS_UNITS[settings["objective"]]
     )
-    if detail.startswith("uniform "):  # a uniform plan: every head under one choice
+    if plan.form == Form.UNIFORM:  # a uniform plan: every head under one choice
         curves = plan_result.tables["curves"]
-        chosen = curves[curves.choice == detail.removeprefix("uniform ")]
+        chosen = curves[curves.choice == plan.choice]
         changed, summed = len(chosen), float(chosen.cost.sum())
     else:
         changed = int(plan.path_step)
@@ -116,26 +122,26 @@ def _cost_points(cost: float, low: float, high: float, examples: int) -> str:
                                    "held_out": examples}))  # fmt: skip
 
 
-def plan_section(results: dict, names: dict[str, str], figures: Figures, evidence: Evidence) -> str:
+def plan_section(results: dict, names: dict[str, str], figures: Figures, claim: Claim | None) -> str:
     """Section 7: FLOPs against budget, the chosen heads, and every method's held-out verdict."""
-    if "plan" not in results:
+    if "plan" not in results or claim is None:
         return ""
     plan_result = results["plan"]
     shown = figures.directory / names["plan"] / "figures"
     rows, settings = headline(plan_result), plan_result.settings
     budget, units = rows.budget.iloc[0], settings["units"]
     plan = rows.loc["plan"]
-    verdict = plan_claims(plan_result, evidence)[0].verdict
+    verdict = claim.verdict
     answer = (
         f"Within {counted(budget, 'point')}, the plan computes {_flops(plan).replace(' of the FLOPs', ' of the attention FLOPs')} "
         f"and {'meets' if plan.check_meets else 'misses'} its budget on {units['check']:,} held-out examples"
     )
     if _padding_only(plan):
         answer += ", but it changes nothing on this task: every valid pair of its examples is kept"
-    if verdict.phrase == RUN_FULL:
+    if verdict.phrase is Phrase.AT_THIS_SIZE:
         answer = f"Not decided at this size ({units['check']:,} examples to check on): run --full; here {answer[0].lower()}{answer[1:]}"
-    elif verdict.phrase == NOT_DECIDED:
-        answer = f"Not decided: {verdict.number}; {answer[0].lower()}{answer[1:]}"
+    elif verdict.phrase is Phrase.NOT_DECIDED:
+        answer = f"Not decided: {verdict.said}; {answer[0].lower()}{answer[1:]}"
     body = [
         figures.embed(shown / "flops_by_budget.png", "Attention FLOPs within each budget: the plan, uniform and random"),
         figures.embed(shown / f"{choices_name(budget)}.png", f"The plan within {counted(budget, 'point')}: each head's choice"),

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
@@ -33,7 +34,7 @@ from attnlens.analysis.importance import ImportanceSettings
 from attnlens.analysis.plan.settings import PlanSettings
 from attnlens.analysis.reconstruct.settings import ReconstructSettings
 from attnlens.errors import BadInput
-from attnlens.settings import Settings, one_of
+from attnlens.settings import CorpusSettings, Settings, one_of
 
 STAGES = ("eigen", "reconstruct", "importance", "dam", "plan")  # the stages with settings of their own, in order
 _NEED_TASK = {
@@ -56,7 +57,7 @@ class ReportSettings:
     plan: PlanSettings | None
     dim: int | None = None
 
-    def stages(self, **changes: dict[str, Any]) -> ReportSettings:
+    def stages(self, **changes: Mapping[str, Any]) -> ReportSettings:
         """These settings with ``changes`` applied to the stages named: ``stages(dam={"steps": 40})``."""
         return dataclasses.replace(self, **{name: getattr(self, name).replace(**change) for name, change in changes.items()})
 
@@ -78,12 +79,13 @@ class ReportSettings:
         settings = self.stages(**{name: change for name, change in changed.items() if not (name == "plan" and task is None)})
         recon = settings.reconstruct
         fits = {
-            "ks": tuple(k for k in recon.ks if k <= recon.seq_len),
-            "task_ks": tuple(k for k in recon.task_ks if k <= recon.seq_len),
+            name: tuple(k for k in ks if k <= recon.seq_len) for name, ks in (("ks", recon.ks), ("task_ks", recon.task_ks)) if ks
         }
-        plan = (
-            None if task is None else settings.plan.replace(ks=tuple(k for k in settings.plan.ks if k <= settings.plan.seq_len))
-        )
+        plan = settings.plan
+        if task is None or plan is None:
+            plan = None
+        else:
+            plan = plan.replace(ks=tuple(k for k in plan.ks if k <= plan.seq_len))
         return dataclasses.replace(settings.stages(reconstruct=fits), plan=plan)
 
     def sized_for(self, causal: bool, windowed: bool = False, keys: int | None = None) -> ReportSettings:
@@ -121,7 +123,7 @@ class ReportSettings:
             sized = sized.stages(plan={"fit_seqs": max(sized.plan.fit_seqs, sized.plan.seq_len + 1)})
         return sized
 
-    def judged(self) -> list[Settings]:
+    def judged(self) -> list[CorpusSettings]:
         """The stages judged by a task, each once per (task, n): what the report prepares before it starts."""
         seen, judged = set(), []
         for name in STAGES:
@@ -136,14 +138,14 @@ class ReportSettings:
         return {**{name: None if stage is None else stage.to_dict() for name, stage in stages.items()}, "dim": self.dim}
 
 
-_BLOCKS = dict(seq_len=128, batch_size=16)
+_BLOCKS: dict[str, Any] = dict(seq_len=128, batch_size=16)
 # The task that judges the claims' changes by accuracy (probe protocol), each sequentially until its
 # paired interval decides (attnlens.analysis.sequential); the probe's training features are cached.
-_TASK = dict(task="rotten-tomatoes", protocol="probe", task_train=5000, task_eval="auto", task_target=0.02)
+_TASK: dict[str, Any] = dict(task="rotten-tomatoes", protocol="probe", task_train=5000, task_eval="auto", task_target=0.02)
 # The task of the claims about computing fewer scores (k exact scores, the plan): a saving is only seen
 # on texts that fill the attention it changes. IMDB draws only reviews that fill n (90% of them at n = 128,
 # cut to their first n tokens); Rotten Tomatoes' sentences fill a fifth of 128 (median 27 tokens).
-_SAVINGS = {**_TASK, "task": "imdb"}
+_SAVINGS: dict[str, Any] = {**_TASK, "task": "imdb"}
 
 FULL = ReportSettings(
     eigen=EigenSettings(num_seqs=256, seq_len=128),
@@ -203,7 +205,7 @@ FULL = ReportSettings(
     ),  # fmt: skip
 )
 # DAM and the plan at the quick report's sizes (a look at the machinery: their claims say "run --full").
-_MACHINERY = dict(
+_MACHINERY: dict[str, Any] = dict(
     # 40 steps barely move a logit across the threshold: two seeds would end alike; the schedule is not
     # converged, and the claims say so
     dam=dict(mask_seeds=1, reference=None, reference_rounds=2, polish_rounds=2, steps=40, stop_window=10, check_window=10,
@@ -237,7 +239,7 @@ QUICK = FULL.stages(
 # against local given the same training, at matched sparsity (a window with global tokens, the paper's
 # Longformer; its widths come within 2 points of 90% at n = 64). The seed-to-seed spread, not examples, limits a fine-tuned verdict: 1,000 examples each. The plan
 # is attnlens's own claim, judged by the probe: the finetune report takes a quick look at it.
-_FINETUNED = dict(protocol="finetune", seeds=3, task_eval=1000, seq_len=64, task="imdb")
+_FINETUNED: dict[str, Any] = dict(protocol="finetune", seeds=3, task_eval=1000, seq_len=64, task="imdb")
 FINETUNE = FULL.stages(
     eigen=dict(seq_len=64),
     reconstruct=dict(**_FINETUNED, plug_in_scopes=("head", "layer", "all"), task_ks=(16, 32), task_strategies=("greedy",),
@@ -248,7 +250,7 @@ FINETUNE = FULL.stages(
              adapted_patterns=("local",)),
     plan={**_MACHINERY["plan"], "seq_len": 64},
 )  # fmt: skip
-_QUICK_FINETUNED = dict(protocol="finetune", seeds=2, finetune_steps=10, task="imdb")
+_QUICK_FINETUNED: dict[str, Any] = dict(protocol="finetune", seeds=2, finetune_steps=10, task="imdb")
 QUICK_FINETUNE = QUICK.stages(
     reconstruct=dict(**_QUICK_FINETUNED, plug_in_scopes=("head", "all"), task_scopes=("all",), task_joint_r=True),
     importance=dict(**_QUICK_FINETUNED, task_classes=("self",)),

@@ -5,13 +5,16 @@ and :mod:`attnlens.report.plan`)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pandas as pd
 
 from attnlens.data.positions import parse_classes
+from attnlens.report.facts import layer_summary, task_metas
 from attnlens.report.html import Figures, folded, section, table
-from attnlens.report.verdicts import DOES_NOT_HOLD, HOLDS, Evidence, task_verdict
-from attnlens.report.words import LOSS_UNITS, layer_summary, number, points, task_metas
+from attnlens.report.verdicts import RECORD_FIELDS, Phrase
+from attnlens.report.words import LOSS_UNITS, number, points
 
 
 def summary_section(results: dict, claims: pd.DataFrame) -> str:
@@ -23,7 +26,7 @@ def summary_section(results: dict, claims: pd.DataFrame) -> str:
         f"{number(task['majority_accuracy'], 3)})."
         for task in tasks.values()
     )
-    behind = claims.drop(columns=["papers report", "verdict", "made by"])
+    behind = claims.drop(columns=["papers report", "verdict", "made by", *RECORD_FIELDS], errors="ignore")
     return (
         "<section id='claims'><h2>The papers' claims, measured here</h2>"
         + table(claims[["claim", "papers report", "verdict"]], text=True, kind="claims")
@@ -118,8 +121,9 @@ def _overlap_section(eigen_result, overlap_result, names: dict[str, str], figure
     )
 
 
-def reconstruct_section(results: dict, names: dict[str, str], figures: Figures, evidence: Evidence) -> str:
-    """Section 3: held-out errors against k, and the model's outputs with the maps inside."""
+def reconstruct_section(results: dict, names: dict[str, str], figures: Figures, k_phrases: dict[int, Phrase | None]) -> str:
+    """Section 3: held-out errors against k, and the model's outputs with the maps inside (``k_phrases``:
+    each judged k's verdict by the task, as the claims made it)."""
     recon = results["reconstruct"]
     shown = figures.directory / names["reconstruct"] / "figures"
     heads = recon.table[(recon.table.layer >= 0) & (recon.table.strategy == "greedy") & (recon.table.scope == "head")]
@@ -128,7 +132,7 @@ def reconstruct_section(results: dict, names: dict[str, str], figures: Figures, 
     picked = None if plug is None else plug[(plug.strategy == "greedy") & (plug.scope == "head")].set_index("k")
     judged = picked.dropna(subset=["accuracy"]) if picked is not None and "accuracy" in picked else []
     if len(judged):  # the task decides; the cosines stay in the figure and the table
-        answer += _fewest_keys_on_task(judged, recon.meta["task"]["task"], evidence)
+        answer += _fewest_keys_on_task(judged, recon.meta["task"]["task"], k_phrases)
     elif picked is not None and "token_cosine" in picked:
         answer += "; the outputs keep a cosine of " + ", ".join(
             f"{number(picked.token_cosine[k], 3)} at k = {k}" for k in picked.index if k in (16, 32, 64)
@@ -178,17 +182,17 @@ def _fewest_keys(typical: pd.Series, n: int) -> str:
             f"per head{largest})")  # fmt: skip
 
 
-def _fewest_keys_on_task(judged: pd.DataFrame, task: str, evidence: Evidence) -> str:
-    """What the task decides, by the claims' own rule (:func:`task_verdict`): the smallest judged k whose
-    accuracy holds, that none of the judged k does, or that the judgements did not decide."""
+def _fewest_keys_on_task(judged: pd.DataFrame, task: str, k_phrases: dict[int, Phrase | None]) -> str:
+    """What the task decides, by the claims' own verdicts: the smallest judged k whose accuracy holds, that
+    none of the judged k does, or that the judgements did not decide."""
     if not len(judged):
         return ""
     said = ", ".join(f"{points(row)} at k = {k}" for k, row in judged.iterrows())
-    verdicts = {k: task_verdict(row, evidence)[0] for k, row in judged.iterrows()}
-    holds = [k for k, verdict in verdicts.items() if verdict == HOLDS]
+    verdicts = {k: k_phrases.get(int(k)) for k in judged.index}
+    holds = [k for k, verdict in verdicts.items() if verdict is Phrase.HOLDS]
     ks = ", ".join(map(str, judged.index))
     decided = (f"k = {min(holds)} is the fewest judged that keeps the accuracy" if holds
-               else f"none of k = {ks} keeps the accuracy" if set(verdicts.values()) == {DOES_NOT_HOLD}
+               else f"none of k = {ks} keeps the accuracy" if set(verdicts.values()) == {Phrase.DOES_NOT_HOLD}
                else f"k = {ks} not decided at this size")  # fmt: skip
     return f"; on {task}, {decided} (Δ points {said})"
 
@@ -288,7 +292,7 @@ def task_section(results: dict, names: dict[str, str], figures: Figures) -> str:
     )
 
 
-def _get(row, name: str, default: object = np.nan) -> object:
+def _get(row, name: str, default: Any = np.nan) -> Any:
     return getattr(row, name, default) if not isinstance(row, pd.Series) else row.get(name, default)
 
 

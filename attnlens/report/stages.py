@@ -26,13 +26,12 @@ def analyses(loaded: LoadedModel, second: str | None, settings: ReportSettings, 
     from attnlens.analysis.reconstruct import reconstruct
 
     results: dict[str, Result] = {}
-    results["eigen"] = run("eigen", lambda stage: eigen(loaded, settings.eigen, progress=stage))
-    eigens = [results["eigen"]]
+    eigens = [run("eigen", lambda stage: eigen(loaded, settings.eigen, progress=stage))]
     if second:
-        results["eigen_second"] = run(
-            "eigen (second model)", lambda stage: eigen(second, settings.eigen, device=device, progress=stage)
-        )
-        eigens.append(results["eigen_second"])
+        eigens.append(run("eigen (second model)", lambda stage: eigen(second, settings.eigen, device=device, progress=stage)))
+    results["eigen"], *rest = eigens
+    if rest:
+        results["eigen_second"] = rest[0]
     results["overlap"] = run("overlap", lambda stage: overlap(eigens, dim=settings.dim, progress=stage))
     results["reconstruct"] = run("reconstruct", lambda stage: reconstruct(loaded, settings.reconstruct, progress=stage))
     results["importance"] = run("importance", lambda stage: importance(loaded, settings.importance, progress=stage))

@@ -1,91 +1,111 @@
-"""A claim's verdict in one phrase, and the one number that decides it.
-
-Each claim of the papers is judged by the measure the papers used where the report has it (task
-accuracy, paired over held-out examples, judged sequentially until its interval decides) and by
-a proxy (how far the model's outputs move) beside it; the rules are written here once, and
-docs/science.md states them:
+"""The report's verdicts: the rules that decide a claim, written here once, and the typed records a
+claim is made of (its :class:`Verdict`, the numbers behind it as :class:`Difference`, the
+:class:`Claim` row). docs/science.md states the rules and which question each decides:
 
 - a claim that a change **costs nothing** holds at task level when its paired Δ interval contains
   zero and is as narrow as the report's target, or lies above zero; it does not hold when the
-  interval lies below zero; otherwise it is not decided;
+  interval lies below zero; otherwise it is not decided (:func:`on_task`);
 - by the proxy, the same claim holds when the outputs move by at most :data:`PROXY_TOLERANCE`
-  (1 − cosine of the final hidden states, or nats of the model's own loss), or, for a removal,
-  when it costs no more than removing as many random positions (its excess interval reaches 0);
+  (1 − cosine of the final hidden states, or nats of the model's own loss): an absolute rule
+  (:func:`by_proxy`). That a removal costs no more than removing as many random positions is
+  another claim, shown beside it, not a verdict of "no loss";
 - where both judge a claim and disagree, the verdict says which holds ("holds at task level, not by
-  the proxy"); where the task did not judge it at this size, the proxy's verdict says so ("by the
-  proxy; task: run --full");
+  the proxy"); where the task did not judge it at this size, the proxy's verdict says so ("holds by
+  the proxy (task: run --full)") (:func:`combine`);
+- one choice **beats** another where its paired interval lies above zero, and does not where it lies
+  below zero or is as narrow as the target around it (on par) (:func:`beats`); a difference between
+  two changes (which costs less) is decided where its interval excludes zero (:func:`sign_of`);
 - a learned object (a DAM mask) is a result only when its runs converged and another seed reproduces
   it; with one seed or fewer examples than the claim needs, the verdict is "not decided at this size
   (run --full)", and no number is printed beside it.
 
 >>> on_task(-0.013, 0.003, target=0.02), on_task(-0.05, -0.01, target=0.02), on_task(-0.05, 0.03, target=0.02)
-('holds', 'does not hold', None)
->>> combine(proxy=False, task="holds")
+(<Phrase.HOLDS: 'holds'>, <Phrase.DOES_NOT_HOLD: 'does not hold'>, None)
+>>> combine(proxy=False, task=Phrase.HOLDS).value
 'holds at task level, not by the proxy'
->>> Verdict(combine(proxy=True, task=None, judged=False), "cosine 0.998").text
+>>> Verdict(combine(proxy=True, task=None, judged=False), "cosine 0.998", missing="task: run --full").text
 'holds by the proxy (task: run --full): cosine 0.998'
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from enum import Enum
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
 
+from attnlens.analysis.task import compared, seed_values
 from attnlens.report.words import TOO_FEW, number, points
 
-HOLDS = "holds"
-DOES_NOT_HOLD = "does not hold"
-NOT_DECIDED = "not decided"
-RUN_FULL = "not decided at this size (run --full)"
 DECIDING = ("full", "finetune")  # the presets whose undecided claims the data leave open, not the size
 PROXY_TOLERANCE = 0.01  # the outputs "keep" when they move by at most this (1 − cosine, or nats)
 
 
+class Phrase(Enum):
+    """A verdict's phrase: what the page, ``claims.csv`` (by name) and the README print (by value)."""
+
+    HOLDS = "holds"
+    DOES_NOT_HOLD = "does not hold"
+    NOT_DECIDED = "not decided"
+    AT_THIS_SIZE = "not decided at this size (run --full)"
+    TASK_NOT_PROXY = "holds at task level, not by the proxy"
+    PROXY_NOT_TASK = "holds by the proxy, not at task level"
+    PROXY_HOLDS = "holds by the proxy"  # the task did not judge it: :attr:`Verdict.missing` says why
+    PROXY_DOES_NOT_HOLD = "does not hold by the proxy"
+    CHANGES_NOTHING = "changes nothing on this task"
+    TIES = "ties with one uniform plan"
+
+    @property
+    def decided(self) -> bool:
+        return self not in (Phrase.NOT_DECIDED, Phrase.AT_THIS_SIZE)
+
+
 @dataclass(frozen=True)
 class Verdict:
-    """One phrase (``holds``, ``does not hold``, …) and the one number that decides it."""
+    """A claim's phrase and the one measurement that decides it, in words (``said``); ``missing``: why
+    the task did not judge a claim the proxy alone decides."""
 
-    phrase: str
-    number: str = ""
+    phrase: Phrase
+    said: str = ""
+    missing: str = ""
 
     @property
     def text(self) -> str:
-        return f"{self.phrase}: {self.number}" if self.number else self.phrase
+        head = f"{self.phrase.value} ({self.missing})" if self.missing else self.phrase.value
+        return f"{head}: {self.said}" if self.said else head
 
 
-def on_task(low: float, high: float, *, target: float) -> str | None:
-    """A "costs nothing" claim by its paired Δ accuracy interval (changed − unmodified): see the module."""
-    if low > 0 or (low <= 0 <= high and (high - low) / 2 <= target):
-        return HOLDS
-    if high < 0:
-        return DOES_NOT_HOLD
-    return None
+@dataclass(frozen=True)
+class Difference:
+    """The number a verdict rests on: a change's (or a comparison's) mean difference with its 95% interval,
+    in ``unit``, over ``examples`` held-out examples or blocks (``None``: not counted there), and, fine-tuned
+    with several seeds, each seed's accuracy of the changed model."""
+
+    mean: float
+    low: float
+    high: float
+    unit: str
+    examples: int | None = None
+    seeds: tuple[float, ...] = ()
+
+    @classmethod
+    def of(cls, row: pd.Series, prefix: str = "delta_accuracy", unit: str = "points", examples: str = "held_out") -> Difference:
+        """The interval a result's row holds in ``prefix``, ``prefix_low``, ``prefix_high``."""
+        held = row.get(examples)
+        return cls(float(row[prefix]), float(row[f"{prefix}_low"]), float(row[f"{prefix}_high"]), unit,
+                   None if held is None or held != held else int(held))  # fmt: skip
 
 
-def combine(*, proxy: bool | None, task: str | None, judged: bool = True, missing: str = "task: run --full") -> str:
-    """The claim's phrase from the proxy's verdict (``None``: no proxy judges it) and the task's
-    (:func:`on_task`; ``None`` with ``judged``: not decided; ``judged=False``: the task did not judge
-    it, for the reason ``missing`` says)."""
-    by_proxy = None if proxy is None else HOLDS if proxy else DOES_NOT_HOLD
-    if not judged:
-        return RUN_FULL if by_proxy is None else f"{by_proxy} by the proxy ({missing})"
-    if task is None:
-        return NOT_DECIDED
-    if by_proxy is None or by_proxy == task:
-        return task
-    return "holds at task level, not by the proxy" if task == HOLDS else "holds by the proxy, not at task level"
-
-
-def reaches(value: float, threshold: float) -> str:
-    """A measured claim without an interval: it holds where the value reaches the threshold."""
-    return HOLDS if value >= threshold else DOES_NOT_HOLD
+RECORD_FIELDS = ("phrase", "difference", "difference_low", "difference_high", "unit", "examples", "flops_ratio")
 
 
 @dataclass(frozen=True)
 class Claim:
-    """One row: the claim, what the papers report, the verdict here, and the numbers behind it."""
+    """One row: the claim, what the papers report, the verdict here and the numbers behind it: typed
+    (``difference``, ``flops``: the share of attention FLOPs the claim's change computes) and in words
+    (by the proxy, by the task, across seeds)."""
 
     claim: str
     papers: str
@@ -93,43 +113,119 @@ class Claim:
     proxy: str = ""
     task: str = ""
     seeds: str = ""
+    difference: Difference | None = None
+    flops: float | None = None
 
     def row(self, preset: str) -> list[str]:
         return [self.claim, self.papers, self.verdict.text, self.proxy, self.task, preset, self.seeds]
 
+    def record(self) -> dict[str, object]:
+        """The typed fields ``claims.csv`` keeps beside the words: the phrase by name and the numbers."""
+        d = self.difference
+        return {
+            "phrase": self.verdict.phrase.name,
+            "difference": np.nan if d is None else d.mean,
+            "difference_low": np.nan if d is None else d.low,
+            "difference_high": np.nan if d is None else d.high,
+            "unit": "" if d is None else d.unit,
+            "examples": np.nan if d is None or d.examples is None else d.examples,
+            "flops_ratio": np.nan if self.flops is None else self.flops,
+        }
 
-@dataclass
-class Evidence:
-    """What every claim reads besides its own result: the preset, the task's target half-width, and
-    why a claim the task did not judge was not judged."""
+
+@dataclass(frozen=True)
+class Context:
+    """What every claim reads besides its own result: the preset, the task's target half-width, why a
+    claim the task did not judge was not judged, and whether fine-tune seeds decide across seeds."""
 
     preset: str
     target: float = 0.02
     missing: str = "task: run --full"
     seeded: bool = False
-    rows: list[Claim] = field(default_factory=list)
+
+    def verdict(self, phrase: Phrase, said: str = "") -> Verdict:
+        """``phrase`` with ``said``; a phrase of the proxy alone says why the task did not judge it."""
+        proxy_only = phrase in (Phrase.PROXY_HOLDS, Phrase.PROXY_DOES_NOT_HOLD)
+        return Verdict(phrase, said, self.missing if proxy_only else "")
 
 
-def task_verdict(row: pd.Series | None, evidence: Evidence, prefix: str = "") -> tuple[str | None, bool]:
-    """(verdict, judged) of a "costs nothing" claim from a task judgement (``prefix``: its ``joint_``
-    columns): fine-tuned with several seeds, across seeds; else over examples. A judgement on fewer
-    examples than an interval needs counts as not judged at this size."""
+def on_task(low: float, high: float, *, target: float) -> Phrase | None:
+    """A "costs nothing" claim by its paired Δ accuracy interval (changed − unmodified): see the module."""
+    if low > 0 or (low <= 0 <= high and (high - low) / 2 <= target):
+        return Phrase.HOLDS
+    if high < 0:
+        return Phrase.DOES_NOT_HOLD
+    return None
+
+
+def by_proxy(moved: float) -> bool:
+    """A "costs nothing" claim by the proxy: the outputs moved by at most :data:`PROXY_TOLERANCE`."""
+    return bool(moved <= PROXY_TOLERANCE)
+
+
+def combine(*, proxy: bool | None, task: Phrase | None, judged: bool = True) -> Phrase:
+    """The claim's phrase from the proxy's verdict (``None``: no proxy judges it) and the task's
+    (:func:`on_task`; ``None`` with ``judged``: not decided; ``judged=False``: the task did not judge it)."""
+    if not judged:
+        return Phrase.AT_THIS_SIZE if proxy is None else Phrase.PROXY_HOLDS if proxy else Phrase.PROXY_DOES_NOT_HOLD
+    if task is None:
+        return Phrase.NOT_DECIDED
+    if proxy is None or proxy == (task is Phrase.HOLDS):
+        return task
+    return Phrase.TASK_NOT_PROXY if task is Phrase.HOLDS else Phrase.PROXY_NOT_TASK
+
+
+def reaches(value: float, threshold: float) -> Phrase:
+    """A measured claim without an interval: it holds where the value reaches the threshold."""
+    return Phrase.HOLDS if value >= threshold else Phrase.DOES_NOT_HOLD
+
+
+def below_zero(difference: Difference) -> Phrase:
+    """A claim that one change costs less than another (their difference of costs below zero): decided
+    where the paired interval excludes zero."""
+    if difference.high < 0:
+        return Phrase.HOLDS
+    return Phrase.DOES_NOT_HOLD if difference.low > 0 else Phrase.NOT_DECIDED
+
+
+def beats(difference: Difference, target: float) -> Phrase:
+    """A claim that one choice beats another (their difference of accuracy above zero), by the rule every
+    comparison by the task follows (:func:`attnlens.analysis.task.compared`): on par counts against it."""
+    said = compared(difference.low, difference.high, target)
+    return {"better": Phrase.HOLDS, "worse": Phrase.DOES_NOT_HOLD, "on par": Phrase.DOES_NOT_HOLD}.get(said, Phrase.NOT_DECIDED)
+
+
+class TaskJudged(NamedTuple):
+    """A "costs nothing" claim by the task: its phrase (``None``: not decided), whether the task judged
+    it at this size, and the difference it rests on."""
+
+    phrase: Phrase | None
+    judged: bool
+    difference: Difference | None = None
+
+
+def task_verdict(row: pd.Series | None, context: Context, prefix: str = "") -> TaskJudged:
+    """A "costs nothing" claim from a task judgement (``prefix``: its ``joint_`` columns): fine-tuned with
+    several seeds, across seeds; else over examples. A judgement on fewer examples than an interval needs
+    counts as not judged at this size."""
     if row is None or row.get(f"{prefix}accuracy", np.nan) != row.get(f"{prefix}accuracy", np.nan):
-        return None, False
-    if evidence.seeded and f"{prefix}delta_seeds_low" in row:
-        return on_task(row[f"{prefix}delta_seeds_low"], row[f"{prefix}delta_seeds_high"], target=evidence.target), True
+        return TaskJudged(None, False)
+    seeds = seed_values(row, prefix)
+    if context.seeded and f"{prefix}delta_seeds_low" in row and seeds is not None:
+        difference = Difference.of(row, f"{prefix}delta_seeds", examples=f"{prefix}held_out")
+        difference = Difference(difference.mean, difference.low, difference.high, "points", difference.examples, tuple(seeds))
+        return TaskJudged(on_task(difference.low, difference.high, target=context.target), True, difference)
     if row.get(f"{prefix}held_out", TOO_FEW) < TOO_FEW:
-        return None, False
-    low, high = row[f"{prefix}delta_accuracy_low"], row[f"{prefix}delta_accuracy_high"]
-    return on_task(low, high, target=evidence.target), True
+        return TaskJudged(None, False)
+    difference = Difference.of(row, f"{prefix}delta_accuracy", examples=f"{prefix}held_out")
+    return TaskJudged(on_task(difference.low, difference.high, target=context.target), True, difference)
 
 
 def seeds_points(row: pd.Series, prefix: str = "") -> str:
     """``−1.0 [−3.0, +1.0] over 3 seeds (0.74 0.75 0.73)``: fine-tuned with the change, Δ in points
     across seeds (t interval), each seed's accuracy in brackets."""
-    if f"{prefix}delta_seeds" not in row or row[f"{prefix}delta_seeds"] != row[f"{prefix}delta_seeds"]:
+    each = seed_values(row, prefix)
+    if each is None or f"{prefix}delta_seeds" not in row or row[f"{prefix}delta_seeds"] != row[f"{prefix}delta_seeds"]:
         return ""
-    each = str(row[f"{prefix}seed_accuracies"]).split()
-    said = points(pd.Series({"delta_accuracy": row[f"{prefix}delta_seeds"], "delta_accuracy_low": row[f"{prefix}delta_seeds_low"],
-                             "delta_accuracy_high": row[f"{prefix}delta_seeds_high"]}))  # fmt: skip
-    return f"{said} over {len(each)} seeds ({' '.join(number(float(value), 3) for value in each)})"
+    said = points(row, f"{prefix}delta_seeds", examples=None)
+    return f"{said} over {len(each)} seeds ({' '.join(number(value, 3) for value in each)})"

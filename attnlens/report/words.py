@@ -1,6 +1,5 @@
 """How the report says a number: one rounding for every number it prints, accuracy changes in
-points with the sign of the change (changed − unmodified), intervals, and the few facts of the
-results that the claims and the sections both read."""
+points with the sign of the change (changed − unmodified), intervals, and how a DAM run ended."""
 
 from __future__ import annotations
 
@@ -50,67 +49,38 @@ def interval(row: pd.Series, prefix: str = "delta") -> str:
     return "{} [{}, {}]".format(*values)
 
 
-def points(row: pd.Series, prefix: str = "delta_accuracy") -> str:
+def too_few(row: pd.Series, examples: str | None = "held_out") -> int | None:
+    """The examples a judgement rests on where they are fewer than an interval needs (else ``None``)."""
+    held = TOO_FEW if examples is None else row.get(examples, TOO_FEW)
+    return int(held) if held == held and held < TOO_FEW else None  # held == held: not NaN
+
+
+def points(row: pd.Series, prefix: str = "delta_accuracy", examples: str | None = "held_out") -> str:
     """A change of accuracy in points with its interval, ``−0.9 [−2.9, +1.0]`` (changed − unmodified:
     below zero the change loses accuracy), or "too few examples (n = 64)" where the judgement rests
-    on fewer examples than an interval needs.
+    on fewer examples (the row's ``examples`` column; ``None``: not counted in examples) than an
+    interval needs.
 
     >>> points(pd.Series({"delta_accuracy": -0.009, "delta_accuracy_low": -0.029, "delta_accuracy_high": 0.01, "held_out": 900}))
     '−0.9 [−2.9, +1.0]'
     >>> points(pd.Series({"delta_accuracy": 0.0, "delta_accuracy_low": 0.0, "delta_accuracy_high": 0.0, "held_out": 64}))
     'too few examples (n = 64)'
     """
-    held = row.get("held_out", TOO_FEW)
-    if held == held and held < TOO_FEW:  # held == held: not NaN
-        return f"too few examples (n = {int(held)})"
+    held = too_few(row, examples)
+    if held is not None:
+        return f"too few examples (n = {held})"
     values = [100 * row[f"{prefix}{end}"] + 0.0 for end in ("", "_low", "_high")]  # + 0.0: no "−0.0"
     return "{:+.1f} [{:+.1f}, {:+.1f}]".format(*values).replace("-", "−")
 
 
-def delta_points(row: pd.Series, prefix: str = "delta_accuracy") -> str:
+def delta_points(row: pd.Series, prefix: str = "delta_accuracy", examples: str | None = "held_out") -> str:
     """``Δ −0.9 points [−2.9, +1.0]``: :func:`points` as a verdict states it.
 
     >>> delta_points(pd.Series({"delta_accuracy": -0.009, "delta_accuracy_low": -0.029, "delta_accuracy_high": 0.01}))
     'Δ −0.9 points [−2.9, +1.0]'
     """
-    said = points(row, prefix)
-    return said if said.startswith("too few") else said.replace(" [", " points [", 1).join(["Δ ", ""])
-
-
-def task_meta(results: dict) -> dict | None:
-    """The report's main task, the one that judged the position classes (or the first any stage used), if any."""
-    tasks = task_metas(results)
-    main = results["importance"].meta.get("task") if "importance" in results else None
-    return main or next(iter(tasks.values()), None)
-
-
-def task_metas(results: dict) -> dict[str, dict]:
-    """Every task that judged a stage's changes, by name, in the order the stages ran (the main task
-    and the savings task, where they differ); ``"stages"`` adds the results each judged."""
-    found: dict[str, dict] = {}
-    for key, result in results.items():
-        task = result.meta.get("task")
-        if task:
-            found.setdefault(task["task"], {**task, "stages": []})["stages"].append(key)
-    return found
-
-
-def layer_summary(eigen_result) -> pd.DataFrame:
-    """Per layer: components for 90% energy of single heads (median, min, max over heads), the
-    Gaussian baseline's, and of the heads pooled."""
-    table = eigen_result.table
-    heads = table[(table["level"] == "head") & (table["query"] == table["query"].max())]
-    per_layer = heads.groupby("layer").agg(
-        head_k90_median=("k90", "median"),
-        head_k90_min=("k90", "min"),
-        head_k90_max=("k90", "max"),
-        baseline_k90=("baseline_k90", "median"),
-        head_effective_rank=("effective_rank", "median"),
-        ones_fraction=("ones_fraction", "median"),
-    )
-    pooled = table[(table["level"] == "layer") & (table["query"] == table["query"].max())]
-    layers = pooled.set_index("layer")[["k90", "k95", "k99"]].add_prefix("pooled_")
-    return per_layer.join(layers).reset_index()
+    said = points(row, prefix, examples)
+    return said if too_few(row, examples) is not None else "Δ " + said.replace(" [", " points [", 1)
 
 
 def steps(row: pd.Series) -> str:

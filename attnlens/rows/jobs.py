@@ -47,7 +47,7 @@ from attnlens.io.provenance import provenance
 from attnlens.io.ranks import World, init_world, local_gpus
 from attnlens.io.results import check_resumable_out, write_result
 from attnlens.io.store import Store, is_store
-from attnlens.models.loading import LoadedModel
+from attnlens.models.loading import LoadedModel, Placement
 from attnlens.progress import progress_bar
 from attnlens.rows.accumulate import UnitSums, accumulate_rows, check_rows_for_per_query
 from attnlens.rows.budgets import ACCUMULATE, MomentsCost, Plan, format_bytes, format_option, parse_bytes, plan_units
@@ -141,13 +141,13 @@ def run_moments(
     world.run_on_main(lambda: _prepare(out, job, resume=resume, overwrite=overwrite))
     (out / "partials").mkdir(parents=True, exist_ok=True)  # for ranks whose work directory is a local disk
 
-    device = rows.model.device if isinstance(rows, ModelRows) else torch.device(world.device(device))
+    sums_device = rows.model.device if isinstance(rows, ModelRows) else torch.device(world.device(device))
     half = split_halves(rows.num_seqs, seed)
     start, stop = plan.sequences(world.rank, rows.num_seqs)
     label = "moments" if not world.distributed else f"moments rank 0/{world.size}"
     with progress_bar(total=plan.passes * (stop - start), desc=label, unit="seq", enabled=progress and world.is_main) as bar:
         for pass_ in range(plan.passes):
-            _accumulate_pass(rows, world, plan, pass_, out, settings, run, half, device, checkpoint_every, resume, bar)
+            _accumulate_pass(rows, world, plan, pass_, out, settings, run, half, sums_device, checkpoint_every, resume, bar)
     meta_extra = {
         "run": run,
         "distributed": world.describe(),
@@ -155,7 +155,7 @@ def run_moments(
         # which corpus block each sequence is, and its half: enough to recompute any number
         "blocks": {"block_index": rows.block_index.tolist(), "half_of_block": half.tolist()},
     }
-    return _combine(world, plan, cost, out, settings, meta_extra, device, command)
+    return _combine(world, plan, cost, out, settings, meta_extra, sums_device, command)
 
 
 # ---------------------------------------------------------------------- checks
@@ -252,7 +252,7 @@ def _prepare(out: Path, job: dict, *, resume: bool, overwrite: bool) -> None:
 
 
 def _open_rows(
-    source: object,
+    source: str | Path | Store | LoadedModel,
     world: World,
     *,
     corpus,
@@ -267,7 +267,7 @@ def _open_rows(
     if isinstance(source, (Store, LoadedModel)) or is_store(Path(str(source))):
         return open_rows(source, corpus=corpus, seq_len=seq_len, num_seqs=num_seqs, seed=seed, device=world.device(device))
     check_source_path(source, moments=False)  # a moments job reads rows: a store or a model
-    placement: dict = {}
+    placement: Placement = {}
     if device_map is not None:
         memory = None
         if world.local_size > 1 and torch.cuda.is_available():

@@ -19,6 +19,8 @@ how, is said there).
 
 from __future__ import annotations
 
+import functools
+import operator
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -245,19 +247,21 @@ def unit_sums(parts: Sequence[Moments], level: str, index: tuple[int, int, int])
         members = [(position, h) for position in range(len(first.layers)) for h in range(first.num_heads)]
     else:
         raise BadInput(f"level {level} is unknown; use one of {', '.join(LEVELS)}")
-    total: UnitMoments | None = None
-    for position, h in members:
-        piece: UnitMoments | None = None
-        for part in parts:
-            sums = UnitMoments(
+
+    def head_sums(position: int, h: int) -> UnitMoments:  # one head's sums over the parts, added in order
+        sums = (
+            UnitMoments(
                 np.asarray(part.count[position, h, query]),
                 part.key_count[position, h, query],
                 part.sum[position, h, query],
                 part.sum_outer[position, h, query],
             )
-            piece = sums if piece is None else piece + sums
-        total = piece if total is None else total + piece
-    return total
+            for part in parts
+        )
+        return functools.reduce(operator.add, sums)
+
+    # one head at a time, in (layer, head) order; parts and members are never empty (parts[0] is read above)
+    return functools.reduce(operator.add, (head_sums(position, h) for position, h in members))
 
 
 def split_halves(num_seqs: int, seed: int) -> np.ndarray:

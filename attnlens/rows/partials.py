@@ -64,7 +64,9 @@ def partial_name(pass_: int, rank: int) -> str:
 def _dump(path: Path, meta: dict, arrays: dict[str, np.ndarray]) -> None:
     """Write the ``.npz`` and flush it to disk (a seam for tests that kill a rank mid-write)."""
     with open(path, "wb") as handle:
-        np.savez(handle, meta=np.array(json.dumps(meta)), **arrays)
+        # numpy >= 2.1's stubs let `**arrays` reach savez's `allow_pickle: bool`; its keys are array names, and
+        # numpy 1.26 (supported) has no such parameter, so it cannot be passed explicitly to rule that out.
+        np.savez(handle, meta=np.array(json.dumps(meta)), **arrays)  # type: ignore[arg-type]
         handle.flush()
         os.fsync(handle.fileno())
 
@@ -160,7 +162,7 @@ class MergedWriter:
                 for name in ARRAYS:
                     data = np.ascontiguousarray(sums[name][which, index], dtype=np.float64)
                     descriptor, offset = self.files[half, name]
-                    pwrite_all(descriptor, memoryview(data).cast("B"), offset + position * data.nbytes)
+                    pwrite_all(descriptor, data.data.cast("B"), offset + position * data.nbytes)  # the array's own buffer
 
     def close(self) -> None:
         for descriptor, _ in self.files.values():
@@ -257,10 +259,10 @@ def merge_partials(
     Sums are added in float64 (float32 partials are widened first), group by group, so
     memory holds one group's sums and one partial at a time.
     """
-    paths = sorted({Path(path) for path in paths})
-    if not paths:
+    files = sorted({Path(path) for path in paths})
+    if not files:
         raise BadInput("give at least one partial file (the .npz files in a moments job's partials/ directory)")
-    metas = {path: load_partial_meta(path) for path in paths}
+    metas = {path: load_partial_meta(path) for path in files}
     settings = _common_settings(metas)
     for path, meta in metas.items():
         total = meta["sequences"][1] - meta["sequences"][0]
@@ -276,7 +278,7 @@ def merge_partials(
 
     def fill(directory: Path) -> None:
         writer = MergedWriter(directory, settings["layers"], settings["num_heads"], _query_units(settings), settings["n"])
-        with progress_bar(total=len(paths), desc="merge", unit="file", enabled=progress) as bar:
+        with progress_bar(total=len(files), desc="merge", unit="file", enabled=progress) as bar:
             for units, members in groups:
                 total: dict[str, np.ndarray] | None = None
                 for path in members:
@@ -287,10 +289,11 @@ def merge_partials(
                         else {name: total[name] + arrays[name] for name in ARRAYS}
                     )
                     bar.update(1)
+                assert total is not None, "_groups makes no group without files"
                 writer.write_units(units, total)
         writer.close()
 
-    parts = [_part_record(metas[path], path.name) for path in paths]
+    parts = [_part_record(metas[path], path.name) for path in files]
     write_result(
         out, "moments", merged_meta(settings, parts, {"merged_by": "attnlens merge"}, command), overwrite=overwrite, extra=fill
     )

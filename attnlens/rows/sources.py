@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Unpack
 
 import numpy as np
 import torch
@@ -33,7 +34,7 @@ from attnlens.errors import BadInput
 from attnlens.io.store import Store, is_store, open_store
 from attnlens.models.aliases import ALIASES
 from attnlens.models.capture import Capture
-from attnlens.models.loading import LoadedModel, load_model
+from attnlens.models.loading import LoadedModel, LoadOptions, load_model
 from attnlens.models.locate import ModelNotFound
 from attnlens.progress import progress_bar
 
@@ -128,7 +129,10 @@ def layer_pairs(rows: StoreRows | ModelRows, layers: Iterable[int]) -> dict[int,
     on a text of n tokens (every pair, its causal triangle, its window), as the costs count it
     (:mod:`attnlens.analysis.costs`). One forward of one block, or one read of a store."""
     found: dict[int, np.ndarray] = {}
-    consume = lambda layer, scores, valid, chunk: found.setdefault(layer, valid[0].cpu().numpy().astype(bool))
+
+    def consume(layer: int, scores: torch.Tensor, valid: torch.Tensor, chunk: np.ndarray) -> None:
+        found.setdefault(layer, valid[0].cpu().numpy().astype(bool))
+
     rows.for_each_batch(np.arange(1), list(layers), consume, batch_size=1, progress=False)
     return dict(sorted(found.items()))
 
@@ -209,7 +213,7 @@ def check_source_path(source: str | Path, *, moments: bool = True) -> None:
     )
 
 
-def load_source_model(source: str | Path, *, moments: bool = True, **options: object) -> LoadedModel:
+def load_source_model(source: str | Path, *, moments: bool = True, **options: Unpack[LoadOptions]) -> LoadedModel:
     """:func:`attnlens.load_model` of a SOURCE that is not a store: a name that names no model
     here is refused with a message that says what SOURCE was given and everything it may be."""
     try:

@@ -16,11 +16,17 @@ The parts, one idea each:
 
 - :mod:`~attnlens.analysis.dam.settings`: :class:`DamSettings`, the recipe's defaults;
 - :mod:`~attnlens.analysis.dam.layouts`: how logits map onto positions (:data:`LAYOUTS`);
-- :mod:`~attnlens.analysis.dam.training`: :class:`DamTrainer`, dual ascent, :class:`StoppingRule`, the convergence check;
+- :mod:`~attnlens.analysis.dam.masked_forward`: a sampled mask inside attention, with its straight-through gradient;
+- :mod:`~attnlens.analysis.dam.training`: :class:`DamTrainer`, its schedules, dual ascent (or a mask held on its way);
+- :mod:`~attnlens.analysis.dam.stopping`: :class:`StoppingRule` and the convergence check;
 - :mod:`~attnlens.analysis.dam.judging`: masks and patterns judged on blocks and task batches;
 - :mod:`~attnlens.analysis.dam.reference`: the swap search a learned mask is set against;
 - :mod:`~attnlens.analysis.dam.seeds`: masks per seed combined (spread, verdicts counting every seed);
 - :mod:`~attnlens.analysis.dam.result`: :class:`DamResult`, with the comparisons at matched sparsity;
+- :mod:`~attnlens.analysis.dam.runs`: what the runs of one call share (``Setup``) and what each ends with (``Run``);
+- :mod:`~attnlens.analysis.dam.mask_run`: one run, its mask trained, polished and judged;
+- :mod:`~attnlens.analysis.dam.compared`: the patterns set beside each mask (adapted, or matched for the task);
+- :mod:`~attnlens.analysis.dam.assemble`: the result's tables, arrays and metadata from the runs;
 - :mod:`~attnlens.analysis.dam.run`: :func:`dam`, the steps of a run.
 """
 
@@ -28,6 +34,7 @@ from attnlens.analysis.dam.layouts import LAYOUTS, MaskLayout
 from attnlens.analysis.dam.result import DamResult
 from attnlens.analysis.dam.run import dam
 from attnlens.analysis.dam.settings import DEFAULT_SPARSITY, DamSettings
-from attnlens.analysis.dam.training import DamTrainer, StoppingRule
+from attnlens.analysis.dam.stopping import StoppingRule
+from attnlens.analysis.dam.training import DamTrainer
 
 __all__ = ["DEFAULT_SPARSITY", "LAYOUTS", "DamResult", "DamSettings", "DamTrainer", "MaskLayout", "StoppingRule", "dam"]

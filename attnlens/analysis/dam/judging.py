@@ -22,9 +22,9 @@ from attnlens.analysis.dam.layouts import MaskLayout, hard_removals
 from attnlens.analysis.dam.settings import DamSettings
 from attnlens.analysis.evaluation import evaluate_change, layer_groups
 from attnlens.analysis.experiment import Split
-from attnlens.analysis.objectives import Objective
+from attnlens.analysis.objectives import Evaluates, Objective
 from attnlens.analysis.patterns import PATTERNS
-from attnlens.analysis.task import TaskJudge, seeds_difference, task_columns
+from attnlens.analysis.task import TaskJudge, seed_values, seeds_difference, task_columns
 from attnlens.models.capture import Capture
 from attnlens.models.loading import LoadedModel
 
@@ -63,7 +63,7 @@ def _own_positions(layout: MaskLayout, batch: object) -> torch.Tensor | None:
 
 
 def evaluate_mask(
-    layout: MaskLayout, logits: torch.Tensor, objective: Objective, data: MaskSplit, noise: float = 1.0
+    layout: MaskLayout, logits: torch.Tensor, objective: Evaluates, data: MaskSplit, noise: float = 1.0
 ) -> dict[str, np.ndarray]:
     """Losses on ``data`` under the hard mask (:class:`MaskChange`), sparsity, and keep statistics
     per (layer, head, class): the keep-probability of a sample at noise scale ``noise``,
@@ -151,7 +151,7 @@ def judge_patterns(
 
 def adapt_to_pattern(
     model: LoadedModel,
-    objective: Objective,
+    objective: Evaluates,
     split: Split,
     change: Change,
     batches: list[int],
@@ -231,7 +231,8 @@ def compare_on_task(
 
 def _across_seeds(mask: pd.Series, pattern: pd.Series) -> dict[str, float]:
     """With fine-tune seeds: the mask's accuracy minus the pattern's, paired by seed, with its t interval."""
-    if "seed_accuracies" not in mask or not isinstance(mask["seed_accuracies"], str):
+    mine, theirs = seed_values(mask), seed_values(pattern)
+    if mine is None or theirs is None:
         return {}
-    mean, low, high = seeds_difference(mask["seed_accuracies"], pattern["seed_accuracies"])
+    mean, low, high = seeds_difference(mine, theirs)
     return {"difference_seeds": mean, "difference_seeds_low": low, "difference_seeds_high": high}

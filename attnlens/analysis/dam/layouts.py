@@ -24,6 +24,7 @@ the ``layout`` a result records) and :meth:`DamResult.compared` all read the reg
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import ClassVar
 
 import torch
@@ -125,7 +126,8 @@ class MaskLayout:
     def expand(self, values: torch.Tensor, layer: int, context: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
-    def counts(self, context: torch.Tensor) -> torch.Tensor:
+    def counts(self, context: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+        """How many valid positions each logit decides in a batch (``valid``: its own, default unpadded blocks)."""
         raise NotImplementedError
 
     def context(self, batch: Batch) -> torch.Tensor:
@@ -257,17 +259,31 @@ class PerClass(MaskLayout):
 # ----------------------------------------------------------------------------- what a layout decides
 
 
+def total(tensors: Iterable[torch.Tensor]) -> torch.Tensor:
+    """The sum of ``tensors`` (at least one), added in order as ``sum`` adds them, as a new tensor
+    (``sum``'s start, 0, would leave its result typed ``Tensor | int``).
+
+    >>> total([torch.tensor([1.0, 2.0]), torch.tensor([3.0, 4.0])]).tolist()
+    [4.0, 6.0]
+    """
+    remaining = iter(tensors)
+    result = next(remaining).clone()
+    for tensor in remaining:
+        result = result + tensor
+    return result
+
+
 def decided(layout: MaskLayout, contexts: list[torch.Tensor], masks: list[torch.Tensor]) -> torch.Tensor:
     """How many positions of a set (``masks``: one (batch, n, n) per context of unpadded blocks)
     each logit decides, over the valid positions of every layer: the adjoint of ``expand`` applied
     to the set (the gradient of Σ expand(values)·set)."""
     values = torch.zeros(layout.shape, requires_grad=True, device=layout.valid.device)
-    total = 0.0
+    terms: list[torch.Tensor] = []
     for context, mask in zip(contexts, masks):
         for layer in range(layout.num_layers):
             chosen = (mask & layout.valid[layer][None]).to(torch.float32)[:, None]  # (batch, 1, n, n)
-            total = total + (layout.expand(values, layer, context) * chosen).sum()
-    (counts,) = torch.autograd.grad(total, values)
+            terms.append((layout.expand(values, layer, context) * chosen).sum())
+    (counts,) = torch.autograd.grad(total(terms), values)
     return counts
 
 
@@ -279,7 +295,7 @@ def pattern_logits(layout: MaskLayout, keeps: list[tuple[torch.Tensor, torch.Ten
     """
     contexts = [context for context, _ in keeps]
     kept = decided(layout, contexts, [keep for _, keep in keeps])
-    counts = sum(layout.counts(context) for context in contexts)
+    counts = total(layout.counts(context) for context in contexts)
     fraction = (kept / counts.clamp_min(1)).clamp(0, 1)
     probability = (1 - inside) + (2 * inside - 1) * fraction
     return torch.log(probability / (1 - probability))

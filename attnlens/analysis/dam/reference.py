@@ -33,14 +33,14 @@ import numpy as np
 import torch
 
 from attnlens.analysis.changes import PATTERN_STREAM, seeded
-from attnlens.analysis.dam.layouts import MaskLayout, hard_sparsity, pattern_logits
-from attnlens.analysis.objectives import Objective
+from attnlens.analysis.dam.layouts import MaskLayout, hard_sparsity, pattern_logits, total
 from attnlens.analysis.patterns import build
 from attnlens.errors import BadInput
 
 if TYPE_CHECKING:
     from attnlens.analysis.dam.judging import MaskSplit
     from attnlens.analysis.dam.training import DamTrainer
+    from attnlens.analysis.objectives import Evaluates
 
 REFERENCE_LIMIT = 4096  # logits: each round costs a forward over the training blocks per candidate swap
 SWAP_CANDIDATES = 8  # swaps judged exactly at a time, the best by their first-order estimate
@@ -80,7 +80,7 @@ class SearchOutcome:
 
 def swap_search(
     trainer: DamTrainer,
-    objective: Objective,
+    objective: Evaluates,
     data: MaskSplit,
     kept: torch.Tensor,
     rank: torch.Tensor,
@@ -93,7 +93,7 @@ def swap_search(
     dropped (a row left empty keeps its keys of largest logit, as a judged mask's would).
     ``trainer`` (started on the model) applies masks as training does (its removal); ``bar``
     advances a step per round, and by the rounds not needed at the end."""
-    share = sum(data.counts) / sum(counts.sum() for counts in data.counts)  # each logit's share of the positions
+    share = total(data.counts) / total(counts.sum() for counts in data.counts)  # each logit's share of the positions
     current, order = kept.clone(), torch.sigmoid(rank)
 
     def as_logits(mask: torch.Tensor) -> torch.Tensor:  # kept in (1, 2), dropped in (-2, -1), each in rank's order
@@ -119,7 +119,7 @@ def swap_search(
     return outcome
 
 
-def _best_swap(trainer: DamTrainer, data: MaskSplit, current, proposals, as_logits, reached, target, objective: Objective):
+def _best_swap(trainer: DamTrainer, data: MaskSplit, current, proposals, as_logits, reached, target, objective: Evaluates):
     """The best of ``proposals`` by training loss (mask, per-block losses, dropped, added), judged
     :data:`SWAP_CANDIDATES` at a time: the first group with a swap below ``reached`` (the current
     mask's loss) ends the round (None without proposals). A swap whose mask, rows left empty rescued,
@@ -196,7 +196,7 @@ def start_mask(
     if start == "dam":
         return logits > 0, logits
     generator = torch.Generator().manual_seed(seeded(seed, PATTERN_STREAM))
-    weights = sum(data.counts)
+    weights = total(data.counts)
     for width in range(1, seq_len):
         keeps = [
             (context, build("band", seq_len, width, view.roles().cls.to(context.device), generator))

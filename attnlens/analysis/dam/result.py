@@ -15,7 +15,7 @@ import pandas as pd
 
 from attnlens.analysis.dam.layouts import LAYOUTS
 from attnlens.analysis.dam.seeds import seeds_agree, spread, verdicts_across_seeds
-from attnlens.analysis.dam.training import TARGET_WITHIN
+from attnlens.analysis.dam.stopping import TARGET_WITHIN
 from attnlens.analysis.evaluation import bootstrap_interval
 from attnlens.io.results import Result, format_table
 
@@ -74,6 +74,14 @@ class DamResult(Result):
     }
     keep = property(lambda self: self.tables["keep"])
     keep_summary = property(lambda self: self.tables["keep_summary"])
+
+    @property
+    def table(self) -> pd.DataFrame:
+        """``summary``, one row per run (every DAM result has it)."""
+        table = super().table
+        assert table is not None, "a DAM result always has its summary"
+        return table
+
     patterns = property(lambda self: self.tables["patterns"])
     training = property(lambda self: self.tables["training"])
     logits = property(lambda self: self.arrays["logits"])

@@ -49,7 +49,7 @@ from attnlens.analysis.plan.allocate import Price, at_step, greedy_path, head_cu
 from attnlens.analysis.plan.assemble import MapBank, assignment_key, layer_plans, plan_change, saved_maps
 from attnlens.analysis.plan.choices import EXACT, Assignment, Choice, changes_pairs, flops, flops_on, options, parse
 from attnlens.analysis.plan.judging import Budget, Costs, ProxyCosts, TaskCosts
-from attnlens.analysis.plan.result import PlanResult
+from attnlens.analysis.plan.result import NONE_MEETS, Form, Method, PlanResult
 from attnlens.analysis.plan.seconds import Geometry, Timings, measure
 from attnlens.analysis.plan.settings import PlanSettings
 from attnlens.analysis.reconstruct import MapFitter
@@ -83,7 +83,7 @@ class _Planner:
     choices: list[Choice]
     bank: MapBank
     proxy: ProxyCosts
-    judge: Costs
+    costs: Costs  # what judges a change against a budget: the task's accuracy, or the proxy's loss
     # the examples' own lengths, whose valid pairs the FLOPs count: the task's held-out examples (both
     # halves), or the corpus blocks (n tokens each) without a task
     lengths: np.ndarray
@@ -150,18 +150,20 @@ def plan(
     maps_progress, curves_progress, plans_progress = split(progress, 1, 4, 2)
     planner = _planner(source, s, device, maps_progress)
     for budget in s.budgets:  # before the curves: a budget no plan can meet is bad input, found early
-        _check_meetable(planner.judge, budget)
+        _check_meetable(planner.costs, budget)
     curves = head_curves(
         planner.units,
         planner.choices,
         planner.change,
-        lambda change: planner.judge.costs(change, "curve"),
+        lambda change: planner.costs.per_unit(change, "curve"),
         planner.price,
         curves_progress,
     )
     path = greedy_path(curves)
     uniforms = {choice: uniform(planner.units, choice) for choice in planner.choices}
-    summaries, chosen, probes = [], [], []
+    summaries: list[dict] = []  # per budget: its methods judged, its choices and its probes, as records
+    chosen: list[dict] = []
+    probes: list[dict] = []
     with progress_bar(total=len(s.budgets), desc="plans", unit="budget", enabled=plans_progress) as bar:
         for number, budget in enumerate(s.budgets):
             judged, choices, probed = _plan_budget(planner, path, uniforms, budget, seeded(s.seed, RANDOM_STREAM, number))
@@ -177,12 +179,14 @@ def _plan_budget(
     the path, or one choice for every head), its methods judged, its choices and its probes, as records."""
     step, predicted, probed = _verified_step(planner, path, budget)
     cheapest = _cheapest_uniforms(planner, uniforms, budget)
-    candidates = [(planner.total(at_step(path, step)), f"step {step} of the path", at_step(path, step))]
-    candidates += [(planner.total(a), f"uniform {name}", a) for kind, (name, a) in cheapest.items() if a]
-    _, detail, assignment = min(candidates, key=lambda item: item[0])  # the path's step on a tie
+    candidates = [(planner.total(at_step(path, step)), Method(f"step {step} of the path", Form.STEP), at_step(path, step))]
+    candidates += [
+        (planner.total(a), Method(f"uniform {m.choice}", Form.UNIFORM, m.choice), a) for m, a in cheapest.values() if a
+    ]
+    _, picked, assignment = min(candidates, key=lambda item: item[0])  # the path's step on a tie
     rival = random_allocation(planner.units, planner.choices, planner.price, planner.spent(assignment), seed)
-    judged = _judged_methods(planner, budget, (detail, assignment), uniforms, cheapest, rival, predicted)
-    judged[0]["path_step"] = step if detail.startswith("step") else None  # the plan's row: its step, where it is one
+    judged = _judged_methods(planner, budget, (picked, assignment), uniforms, cheapest, rival, predicted)
+    judged[0]["path_step"] = step if picked.form is Form.STEP else None  # the plan's row: its step, where it is one
     choices = [
         {"budget": budget.value, "layer": layer, "head": head, "choice": str(assignment.get((layer, head), EXACT))}
         for layer, head in planner.units
@@ -192,14 +196,14 @@ def _plan_budget(
 
 def _cheapest_uniforms(
     planner: _Planner, uniforms: dict[Choice, Assignment], budget: Budget
-) -> dict[str, tuple[str, Assignment]]:
+) -> dict[str, tuple[Method, Assignment]]:
     """Per kind, the cheapest uniform plan (one choice for every head) that meets ``budget`` on the
     selection data; none meeting, exact attention ("none meets: exact", no assignment)."""
     cheapest = {}
     for kind in ("partial", "window"):
         mine = sorted((planner.total(a), str(choice), a) for choice, a in uniforms.items() if choice.kind == kind)
-        meeting = next((item for item in mine if planner.judge.judged(planner.change(item[2]), "select", budget)["meets"]), None)
-        cheapest[kind] = (meeting[1], meeting[2]) if meeting else ("none meets: exact", {})
+        meeting = next((item for item in mine if planner.costs.judged(planner.change(item[2]), "select", budget)["meets"]), None)
+        cheapest[kind] = (Method(meeting[1], Form.UNIFORM, meeting[1]), meeting[2]) if meeting else (NONE_MEETS, {})
     return cheapest
 
 
@@ -210,11 +214,13 @@ def _planner(source: str | LoadedModel, s: PlanSettings, device: str, progress: 
         source, s, num_eval=s.eval_seqs, num_train=s.fit_seqs + s.curve_seqs + s.select_seqs, device=device,
         task=TaskSettings.of(s) if s.max_drop is not None else None, task_pad_to=s.seq_len,
     )  # fmt: skip
+    # num_train above is at least 5 (the settings' minimums): Experiment.start gives training blocks
+    assert experiment.train is not None, "a plan asks for fit, curve and selection blocks"
     fit, curve, select = _divided(experiment.train, (s.fit_seqs, s.curve_seqs), s.seed)
     model = experiment.model
     s.check_geometry(model.num_layers, model.num_heads, model.causal)
-    pairs = model_pairs(model, s.seq_len)
-    pairs = np.stack([pairs[layer] for layer in range(model.num_layers)])
+    by_layer = model_pairs(model, s.seq_len)
+    pairs = np.stack([by_layer[layer] for layer in range(model.num_layers)])
     choices, timings = _choices(model, pairs, s, device)
     fitter = None
     if any(choice.kind == "partial" for choice in choices):
@@ -223,12 +229,12 @@ def _planner(source: str | LoadedModel, s: PlanSettings, device: str, progress: 
         moments = compute_moments(rows, queries=queries, batch_size=s.batch_size, seed=s.seed, progress=progress).total
         fitter = MapFitter(moments, ridge=MAP_RIDGE, seed=s.seed, global_positions=(0,))
     proxy = ProxyCosts(experiment, curve, select, s.batch_size, s.bootstrap, s.seed)
-    judge: Costs = proxy
+    costs: Costs = proxy
     if s.max_drop is not None:
-        judge = TaskCosts(experiment, TaskSettings.of(s), _choosing_half(s), s.curve_seqs, s.batch_size, s.seed)
+        costs = TaskCosts(experiment, TaskSettings.of(s), _choosing_half(s), s.curve_seqs, s.batch_size, s.seed)
     units = [(layer, head) for layer in range(model.num_layers) for head in range(model.num_heads)]
-    lengths = judge.judge.held_out.lengths if isinstance(judge, TaskCosts) else np.array([s.seq_len])
-    return _Planner(experiment, s, fit, curve, select, units, choices, MapBank(fitter), proxy, judge, lengths, pairs, timings)
+    lengths = costs.task.held_out.lengths if isinstance(costs, TaskCosts) else np.array([s.seq_len])
+    return _Planner(experiment, s, fit, curve, select, units, choices, MapBank(fitter), proxy, costs, lengths, pairs, timings)
 
 
 def _choices(model: LoadedModel, pairs: np.ndarray, s: PlanSettings, device: str) -> tuple[list[Choice], Timings | None]:
@@ -264,12 +270,12 @@ def _choosing_half(s: PlanSettings) -> int:
     return int(s.task_eval) // 2
 
 
-def _check_meetable(judge: Costs, budget: Budget) -> None:
-    allowance = budget.allowance(judge)
+def _check_meetable(costs: Costs, budget: Budget) -> None:
+    allowance = budget.allowance(costs)
     if allowance <= 0:
         raise BadInput(
             f"the budget {budget} cannot be met even with every head exact: the unmodified model's loss on the selection "
-            f"blocks is {judge.unmodified_loss('select'):.4g}; give `max_loss` above it"
+            f"blocks is {costs.unmodified_loss('select'):.4g}; give `max_loss` above it"
         )
 
 
@@ -277,17 +283,17 @@ def _verified_step(planner: _Planner, path: list[dict], budget: Budget) -> tuple
     """The last step of the path whose plan meets ``budget`` on the selection data, found by a
     binary search that starts where the per-head costs' sum predicts; the step it started from,
     and every step it ran on the model."""
-    allowance = budget.allowance(planner.judge)
+    allowance = budget.allowance(planner.costs)
     added = np.cumsum([0.0] + [segment["added"] for segment in path])
     # The curves predict a loss budget's step (same units); an accuracy budget's (divergence curves) starts halfway.
-    predicted = int(np.flatnonzero(added <= allowance).max()) if planner.judge is planner.proxy else len(path) // 2
+    predicted = int(np.flatnonzero(added <= allowance).max()) if planner.costs is planner.proxy else len(path) // 2
     probed: list[dict] = []
 
     def meets(step: int) -> bool:
         assignment = at_step(path, step)
-        verdict = planner.judge.judged(planner.change(assignment), "select", budget)
+        verdict = planner.costs.judged(planner.change(assignment), "select", budget)
         probed.append({"step": step, **planner.shares(assignment), "summed_proxy_cost": added[step], **verdict})
-        return verdict["meets"]
+        return bool(verdict["meets"])
 
     low, high = 0, len(path)  # step 0 (every head exact) costs nothing: it always meets
     if meets(predicted):
@@ -303,38 +309,40 @@ def _verified_step(planner: _Planner, path: list[dict], budget: Budget) -> tuple
 def _judged_methods(
     planner: _Planner,
     budget: Budget,
-    plan: tuple[str, Assignment],
+    plan: tuple[Method, Assignment],
     uniforms: dict,
-    cheapest: dict[str, tuple[str, Assignment]],
+    cheapest: dict[str, tuple[Method, Assignment]],
     rival: Assignment,
     predicted: int,
 ) -> list[dict]:
     """The plan; for each kind, the cheapest uniform plan that meets the budget on the selection data
     and the uniform plan at the plan's FLOPs (the cheapest that spends at least as much); the random
     allocation; each judged on the held-out check and paired with the plan."""
-    judge, (detail, assignment) = planner.judge, plan
+    judge, (picked, assignment) = planner.costs, plan
     spent = planner.total(assignment)
-    methods = {"plan": (detail, assignment)}
+    methods = {"plan": (picked, assignment)}
     for kind, best in cheapest.items():
         methods[f"uniform {kind}"] = best
         mine = sorted((planner.total(a), str(choice), a) for choice, a in uniforms.items() if choice.kind == kind)
         if mine:
             _, name, matched = next((item for item in mine if item[0] >= spent), mine[-1])
-            methods[f"uniform {kind} at plan FLOPs"] = (name, matched)
-    methods["random"] = ("at plan FLOPs", rival)
-    plan_costs = judge.costs(planner.change(assignment), "check")
+            methods[f"uniform {kind} at plan FLOPs"] = (Method(name, Form.UNIFORM, name), matched)
+    methods["random"] = (Method("at plan FLOPs", Form.RANDOM), rival)
+    plan_costs = judge.per_unit(planner.change(assignment), "check")
     records = []
-    for method, (detail, chosen) in methods.items():
+    for method, (picked, chosen) in methods.items():
         change = planner.change(chosen)
         selected = judge.judged(change, "select", budget)
         checked = judge.judged(change, "check", budget)
-        difference = judge.interval(plan_costs - judge.costs(change, "check"))
+        difference = judge.interval(plan_costs - judge.per_unit(change, "check"))
         records.append(
             {
                 "budget": budget.value,
                 "budget_kind": budget.kind,
                 "method": method,
-                "detail": detail,
+                "detail": picked.detail,
+                "form": picked.form.value,
+                "choice": picked.choice,
                 **planner.shares(chosen),
                 **{f"select_{name}": value for name, value in selected.items()},
                 **{f"check_{name}": value for name, value in checked.items()},
@@ -360,8 +368,8 @@ def _result(
     picked = [(int(row.layer), int(row.head), parse(row.choice)) for row in chosen.itertuples()]
     used = {(layer, head, choice.size) for layer, head, choice in picked if choice.kind == "partial"}
     map_rows, arrays = saved_maps(planner.bank, used)
-    if isinstance(planner.judge, TaskCosts):  # every judged plan's per-example outcomes, to re-pair any two
-        arrays = {**arrays, **planner.judge.judge.outcome_arrays()}
+    if isinstance(planner.costs, TaskCosts):  # every judged plan's per-example outcomes, to re-pair any two
+        arrays = {**arrays, **planner.costs.task.outcome_arrays()}
     meta = planner.experiment.metadata(
         s,
         command,
@@ -374,14 +382,14 @@ def _result(
                 for choice in [EXACT, *planner.choices]
             },
             "timings": planner.timings.describe() if planner.timings is not None else None,
-            "evaluations": planner.judge.evaluations + (planner.proxy.evaluations if planner.judge is not planner.proxy else 0),
-            "units": {part: planner.judge.units(part) for part in ("select", "check")},
+            "evaluations": planner.costs.evaluations + (planner.proxy.evaluations if planner.costs is not planner.proxy else 0),
+            "units": {part: planner.costs.units(part) for part in ("select", "check")},
             "fit_block_index": planner.fit.index.tolist(),
             "curve_block_index": planner.curve.index.tolist(),
-            "curve_cost": "task" if isinstance(planner.judge, TaskCosts) else "proxy",
+            "curve_cost": "task" if isinstance(planner.costs, TaskCosts) else "proxy",
             "select_block_index": planner.select.index.tolist(),
         },
-        task=planner.judge.judge.describe() if isinstance(planner.judge, TaskCosts) else None,
+        task=planner.costs.task.describe() if isinstance(planner.costs, TaskCosts) else None,
     )
     tables = {"summary": summary, "choices": chosen, "curves": curves, "path": pd.DataFrame(path), "probes": probes}
     if map_rows:

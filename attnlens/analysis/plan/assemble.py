@@ -24,7 +24,8 @@ from attnlens.models.partial import LayerPlan, MaskedHeads, PartialHeads
 
 
 class MapBank:
-    """Each layer's greedy per-head maps at each k, fitted once from ``fitter`` (float32, as they run)."""
+    """Each layer's greedy per-head maps at each k, fitted once from ``fitter`` (float32, as they run);
+    ``None`` where no choice is partial, so none is ever asked for."""
 
     def __init__(self, fitter: MapFitter | None) -> None:
         self.fitter = fitter
@@ -32,6 +33,7 @@ class MapBank:
 
     def maps(self, layer: int, k: int) -> LayerMaps:
         if (layer, k) not in self._maps:
+            assert self.fitter is not None, "only a partial choice has maps, and a plan with one fits them"
             maps, _ = self.fitter.layer_maps("greedy", "head", k, layer)
             self._maps[layer, k] = LayerMaps(maps.positions, maps.weights.float(), maps.offset.float())
         return self._maps[layer, k]

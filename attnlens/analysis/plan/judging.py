@@ -156,7 +156,7 @@ class Costs:
         self._known: dict[tuple[str, str], np.ndarray] = {}
         self.evaluations = 0  # changes run on the model (each part counts once)
 
-    def costs(self, change: Change, part: str) -> np.ndarray:
+    def per_unit(self, change: Change, part: str) -> np.ndarray:
         key = (change.key, part)
         if key not in self._known:
             self._known[key] = self._compute(change, part)
@@ -181,7 +181,7 @@ class Costs:
         allowance = budget.allowance(self)
         if part == "select" and (missed := self.early_miss(change, allowance)) is not None:
             return {**self._verdict(missed, allowance), "margin": np.nan, "forecast_high": np.nan, "meets": False}
-        values = self.costs(change, part)
+        values = self.per_unit(change, part)
         verdict = self._verdict(values, allowance)
         if part != "select":
             return {**verdict, "margin": 0.0, "meets": bool(verdict["cost_high"] <= allowance)}
@@ -272,23 +272,24 @@ class TaskCosts(Costs):
     ) -> None:
         super().__init__()
         model, n = experiment.model, experiment.held_out.ids.shape[1]
-        self.judge = TaskJudge(model, settings, seq_len=n, batch_size=batch_size, seed=seed, pad_to=n, prepared=experiment.task)
-        if len(self.judge.held_out) <= select + 1:
+        self.task = TaskJudge(model, settings, seq_len=n, batch_size=batch_size, seed=seed, pad_to=n, prepared=experiment.task)
+        if len(self.task.held_out) <= select + 1:
             raise BadInput(
-                f"the task gives {len(self.judge.held_out)} held-out examples, too few to choose on {select} and check on the rest; "
+                f"the task gives {len(self.task.held_out)} held-out examples, too few to choose on {select} and check on the rest; "
                 "raise `task_eval` (half of it chooses the plan, half checks it)"
             )
-        if len(self.judge.train) < curve:
+        if len(self.task.train) < curve:
             raise BadInput(
-                f"the task gives {len(self.judge.train)} training examples, fewer than the {curve} the curves are measured on; "
+                f"the task gives {len(self.task.train)} training examples, fewer than the {curve} the curves are measured on; "
                 "lower `curve_seqs` or raise `task_train`"
             )
         self.bootstrap, self.seed = settings.bootstrap, seed
         self.parts = {"select": slice(0, select), "check": slice(select, None)}
-        self.baseline = self.judge.judge(None)["correct"]
-        curve_split = Split.of_examples(self.judge.train.take(slice(0, curve)), model, batch_size)
-        self.curve, self.curve_baseline = _predicted(self.judge, curve_split)  # a curve cost is then a KL divergence
-        self.loss = TaskLoss(self.judge)
+        # the unmodified model's per-example outcomes on every held-out example (judge(None)'s "correct")
+        self.baseline = self.task.correct(None, len(self.task.held_out))
+        curve_split = Split.of_examples(self.task.train.take(slice(0, curve)), model, batch_size)
+        self.curve, self.curve_baseline = _predicted(self.task, curve_split)  # a curve cost is then a KL divergence
+        self.loss = TaskLoss(self.task)
 
     def _losses(self, change: Change | None) -> np.ndarray:
         return evaluate_change(self.loss, self.curve.inputs, self.curve.views, change, self.curve.starts)["loss"]
@@ -303,7 +304,7 @@ class TaskCosts(Costs):
         with every head exact changes nothing: no forward pass."""
         if change.key == EXACT_KEY:
             return np.zeros(count)
-        return self.baseline[:count] - self.judge.correct(change, count)
+        return self.baseline[:count] - self.task.correct(change, count)
 
     def early_miss(self, change: Change, allowance: float) -> np.ndarray | None:
         for look in (look for look in EARLY_LOOKS if look < self.units("select")):

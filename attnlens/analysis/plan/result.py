@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import ClassVar
+from enum import StrEnum
+from typing import ClassVar, NamedTuple
 
 from attnlens.analysis.plan.assemble import SavedMaps, layer_plans
 from attnlens.analysis.plan.choices import Assignment, parse
@@ -38,6 +39,28 @@ def choices_name(budget: float) -> str:
 GEOMETRY = ("num_layers", "num_heads", "num_kv_heads", "head_dim", "causal")
 
 
+class Form(StrEnum):
+    """What a method of the summary is (its ``form`` column): a step of the greedy path, one choice
+    for every head (its ``choice`` column names it), every head exact (no uniform plan met the
+    budget), or the random allocation."""
+
+    STEP = "step"
+    UNIFORM = "uniform"
+    EXACT = "exact"
+    RANDOM = "random"
+
+
+class Method(NamedTuple):
+    """A judged method: its label for the reader (``detail``), its :class:`Form` and, uniform, its choice."""
+
+    detail: str
+    form: Form
+    choice: str = ""
+
+
+NONE_MEETS = Method("none meets: exact", Form.EXACT)
+
+
 class PlanResult(Result):
     """Per-head plans meeting each budget; see the module docstring."""
 
@@ -54,6 +77,7 @@ class PlanResult(Result):
         "detail": "the plan's step on the greedy path (or the uniform plan it is, where one meeting the budget was cheaper), or the uniform choice (none meets: exact attention is the cheapest that does)",
         "flops_ratio": "attention FLOPs on the valid (query, key) pairs of the examples judged, their own lengths, as a share of every head exact",
         "flops_ratio_padded": "the same at width n, padding counted (as a padded batch computes it)",
+        "form": "what the method is: a step of the greedy path, uniform (one choice, the choice column, for every head), exact (no uniform plan met the budget) or random",
         "path_step": "the plan's step on the greedy path (the heads it changes), where the plan is one",
         "changes_nothing": "no valid pair of the examples judged is changed: a window wider than every text (its saving is padding)",
         "seconds_ratio": "attention seconds per call the timing table predicts, as a share of every head exact (sdpa)",
@@ -94,10 +118,11 @@ class PlanResult(Result):
                     f"the plan was made for '{made['name']}' ({name} {made[name]}), not '{model.name}' ({name} {described[name]}); "
                     "make a plan for this model with 'attnlens plan'"
                 )
-        if described["weights_sha256"] != made["weights_sha256"]:
+        weights = model.weights_sha256()  # what describe() records, as a str
+        if weights != made["weights_sha256"]:
             raise BadInput(
                 f"the plan's maps were fitted to the scores of '{made['name']}' (weights {made['weights_sha256'][:12]}), "
-                f"not to these weights ({described['weights_sha256'][:12]}); make a plan for this model"
+                f"not to these weights ({weights[:12]}); make a plan for this model"
             )
 
     @contextlib.contextmanager

@@ -49,7 +49,7 @@ from attnlens.errors import BadInput
 from attnlens.models.cache import cached_array
 from attnlens.models.kernels import kernel_attention
 from attnlens.models.loading import LoadedModel
-from attnlens.models.partial import LayerPlan, MaskedHeads, PartialHeads
+from attnlens.models.partial import LayerPlan, MaskedHeads, PartialHeads, set_plan
 
 TABLE_VERSION = 1  # bump when what is timed changes: older tables are measured again
 
@@ -80,8 +80,10 @@ def layer_spans(model: LoadedModel) -> tuple[int | None, ...]:
     >>> layer_spans(load_model("minilm-l3"))
     (None, None, None)
     """
-    config = model.model.config
-    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    from transformers import PretrainedConfig
+
+    own = model.model.config
+    config = own.get_text_config() if isinstance(own, PretrainedConfig) else own  # a multimodal model's text layers
     kinds = getattr(config, "layer_types", None) or ["full_attention"] * model.num_layers
     window = getattr(config, "sliding_window", None)
     return tuple(window - 1 if kind == "sliding_attention" and window else None for kind in kinds)
@@ -205,8 +207,7 @@ def _layer_mask(n: int, span: int | None, causal: bool, device: str) -> torch.Te
 def _seconds(plan: LayerPlan | None, query, key, value, mask, repeats: int) -> float:
     """Best wall time of ``repeats`` calls of one layer through ``"attnlens-kernels"``, after a warm-up."""
     module = nn.Module().eval()
-    if plan is not None:
-        module.attnlens_plan = plan
+    set_plan(module, plan)
     with torch.no_grad():
         kernel_attention(module, query, key, value, mask)
         best = np.inf

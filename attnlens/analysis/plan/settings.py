@@ -100,13 +100,13 @@ class PlanSettings(CorpusSettings, TaskSettings):
     @property
     def budgets(self) -> list[Budget]:
         """The budgets to plan for, smallest first; asking with none given is an error."""
-        if self.max_drop is None and self.max_loss is None:
-            raise BadInput(
-                "give a budget: `max_drop` (the most accuracy may drop, in points) or `max_loss` (the most the proxy loss may be)"
-            )
         if self.max_drop is not None:
             return [Budget("accuracy", value) for value in sorted(self.max_drop)]
-        return [Budget("loss", value) for value in sorted(self.max_loss)]
+        if self.max_loss is not None:
+            return [Budget("loss", value) for value in sorted(self.max_loss)]
+        raise BadInput(
+            "give a budget: `max_drop` (the most accuracy may drop, in points) or `max_loss` (the most the proxy loss may be)"
+        )
 
     def check_geometry(self, num_layers: int, num_heads: int, causal: bool) -> None:
         """Refuse per-query maps (causal models) whose moments would not fit in memory."""

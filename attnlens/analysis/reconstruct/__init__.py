@@ -53,11 +53,11 @@ from attnlens.analysis.reconstruct.errors import (
     BOOTSTRAP_RESAMPLES,
     PAIRS_STRATEGY,
     HeldOutBatch,
-    _error_records,
-    _evaluate_pairs,
+    error_records,
+    evaluate_pairs,
     layer_errors,
 )
-from attnlens.analysis.reconstruct.judging import _model_for_plug_in, _plug_in, _PlugIn, _prepared_task
+from attnlens.analysis.reconstruct.judging import PlugIn, judge_plug_in, model_for_plug_in, prepared_task
 from attnlens.analysis.reconstruct.maps import (
     LayerMaps,
     MapFitter,
@@ -128,11 +128,11 @@ def reconstruct(
     source_rows = open_rows(
         source, corpus=s.corpus, seq_len=s.seq_len, num_seqs=s.num_seqs, seed=s.seed, device=device, moments=False
     )
-    plan = _Plan.of(source_rows, s)  # every check that needs the source, before any work
+    plan = ReconstructPlan.of(source_rows, s)  # every check that needs the source, before any work
     judged_by_model = s.plug_in or s.learn_r
-    objective = Objective(_model_for_plug_in(source_rows, model, device), s.objective, seed=s.seed) if judged_by_model else None
+    objective = Objective(model_for_plug_in(source_rows, model, device), s.objective, seed=s.seed) if judged_by_model else None
     # the task, checked and split now: a task that cannot be judged fails before the moments' pass, not after it
-    task = _prepared_task(objective.model, plan.n, s) if s.task is not None and s.plug_in else None
+    task = prepared_task(objective.model, plan.n, s) if objective is not None and s.task is not None and s.plug_in else None
     plan = plan.with_structure(source_rows, s)
     fitted, evaluated = held_out_split(source_rows.num_seqs, s.eval_fraction, s.seed)
     # Shares of the bars, one after another: the moments' pass is quick beside the maps' evaluation.
@@ -150,20 +150,23 @@ def reconstruct(
     ).total
     fitter = MapFitter(moments, ridge=s.ridge, seed=s.seed, global_positions=(0,))
 
-    plug = _plug_in(objective, source_rows, plan, evaluated, s, maps_progress, task) if judged_by_model else None
+    plug = judge_plug_in(objective, source_rows, plan, evaluated, s, maps_progress, task) if objective is not None else None
     configs = [(strategy, scope, k) for strategy in plan.strategies for scope in plan.scopes for k in plan.ks]
     table, selections = _evaluate(
         source_rows, fitter, configs, evaluated, plan.layers, s.batch_size, plug, maps_progress, seed=s.seed
     )
     if s.pairs:
-        pairs = _evaluate_pairs(
+        assert isinstance(source_rows, StoreRows), "ReconstructPlan.of refuses pairs mode without a store"
+        pairs = evaluate_pairs(
             source_rows, fitter, plan.ks, fitted, evaluated, s.pairs_ridge, plan.head_dim, pairs_progress, seed=s.seed
         )
         table = pd.concat([table, pairs], ignore_index=True)
     tables = {"table": plan.with_flops(table)}
     if s.plug_in:
+        assert plug is not None, "plug_in runs the model"
         tables["plug_in"] = plan.with_flops(pd.DataFrame(plug.records), plug.layers)
     if s.learn_r:
+        assert objective is not None and plug is not None, "learn_r runs the model"
         tables["learned"] = _learned_table(
             objective,
             fitter,
@@ -184,7 +187,7 @@ def reconstruct(
     return ReconstructResult(meta, tables, arrays, selections=selections)
 
 
-def _metadata(rows, plan: _Plan, s: ReconstructSettings, fitted, evaluated, objective, plug, command) -> dict:
+def _metadata(rows, plan: ReconstructPlan, s: ReconstructSettings, fitted, evaluated, objective, plug, command) -> dict:
     """The result's meta: the source's model and corpus, the settings as run, the task, and the split."""
     settings = {
         **s.to_dict(),
@@ -229,7 +232,7 @@ def held_out_split(num_seqs: int, eval_fraction: float, seed: int) -> tuple[np.n
 
 
 @dataclass(frozen=True)
-class _Plan:
+class ReconstructPlan:
     """What the settings mean for this source: its n, the ks, layers, strategies and scopes, and the row mode."""
 
     n: int
@@ -242,7 +245,7 @@ class _Plan:
     pairs: dict[int, np.ndarray] | None = None  # each analysed layer's (query, key) pairs at n (with_structure)
 
     @classmethod
-    def of(cls, rows: StoreRows | ModelRows, s: ReconstructSettings) -> _Plan:
+    def of(cls, rows: StoreRows | ModelRows, s: ReconstructSettings) -> ReconstructPlan:
         n = rows.n
         causal = bool(rows.model_info["causal"])
         per_query = s.rows == "per-query" or (s.rows == "auto" and causal)
@@ -259,7 +262,7 @@ class _Plan:
             raise BadInput("pairs mode reads whole score matrices of each sequence from a store; run 'attnlens extract' first")
         return cls(
             n=n,
-            head_dim=int(rows.model_info["head_dim"]),
+            head_dim=_head_dim(rows),
             ks=check_ks(default_ks(n) if s.ks is None else s.ks, n),
             layers=rows.check_layers(s.layers),
             strategies=strategies,
@@ -267,14 +270,15 @@ class _Plan:
             per_query=per_query,
         )
 
-    def with_structure(self, rows: StoreRows | ModelRows, s: ReconstructSettings) -> _Plan:
+    def with_structure(self, rows: StoreRows | ModelRows, s: ReconstructSettings) -> ReconstructPlan:
         """The plan with the pairs each layer computes (found by one forward of one block, so after every
         check that needs none), and one map per query where an encoder's layers are windowed: pooled maps
         would be read at the wrong keys."""
-        plan = replace(self, pairs=layer_pairs(rows, self.layers))
+        pairs = layer_pairs(rows, self.layers)
+        plan = replace(self, pairs=pairs)
         if self.per_query or s.rows == "per-query":
             return plan
-        windowed = partial_row_layers(plan.pairs)
+        windowed = partial_row_layers(pairs)
         if windowed and s.rows == "pooled":
             raise BadInput(
                 f"layers {', '.join(map(str, windowed))} are windowed: rows of different queries have different valid keys; "
@@ -287,6 +291,8 @@ class _Plan:
         compute: the row's ``layer`` (-1: every analysed layer), or without that column ``layers`` (the layers
         the maps ran in; default every analysed layer). Pairs mode's rows keep their own count."""
         ratios: dict[tuple[tuple[int, ...], int], float] = {}  # by (layers, k): rows of strategies and scopes share it
+        pairs = self.pairs
+        assert pairs is not None, "the FLOPs are counted on the plan with_structure gave"
 
         def ratio(row) -> float:
             if getattr(row, "strategy", None) == PAIRS_STRATEGY:
@@ -294,10 +300,17 @@ class _Plan:
             at = getattr(row, "layer", -1)
             key = (tuple(layers or self.layers) if at == -1 else (int(at),), int(row.k))
             if key not in ratios:
-                ratios[key] = partial_ratio(np.stack([self.pairs[layer] for layer in key[0]]), self.head_dim, key[1])
+                ratios[key] = partial_ratio(np.stack([pairs[layer] for layer in key[0]]), self.head_dim, key[1])
             return ratios[key]
 
         return table.assign(flops_ratio=[ratio(row) for row in table.itertuples()])
+
+
+def _head_dim(rows: StoreRows | ModelRows) -> int:
+    """The head dimension of the source's model, as its description records it."""
+    head_dim = rows.model_info["head_dim"]
+    assert isinstance(head_dim, int), "a model's description records its head_dim as an integer"
+    return head_dim
 
 
 def _held_out(
@@ -330,7 +343,7 @@ def _evaluate(
     evaluated: np.ndarray,
     layers: list[int],
     batch_size: int,
-    plug: _PlugIn | None,
+    plug: PlugIn | None,
     progress: Progress,
     seed: int = 0,
 ) -> tuple[pd.DataFrame, dict[str, np.ndarray]]:
@@ -344,7 +357,8 @@ def _evaluate(
         for config in configs:
             fitted = {layer: fitter.layer_maps(*config, layer) for layer in layers}
             selections["/".join(map(str, config))] = np.stack([chosen for _, chosen in fitted.values()])
-            totals, blocks = {}, {}
+            totals: dict[int, dict[str, np.ndarray]] = {}  # by layer: each sum over the held-out rows, per head
+            blocks: dict[int, dict[str, np.ndarray]] = {}  # by layer: the same per held-out block (E, H)
             for layer, (maps, _) in fitted.items():
                 totals[layer], parts = {}, []
                 for batch in held[layer]:
@@ -353,7 +367,7 @@ def _evaluate(
                         totals[layer][name] = totals[layer].get(name, 0) + value
                     parts.append(per_block)
                 blocks[layer] = {name: np.concatenate([part[name] for part in parts]) for name in parts[0]}  # (E, H)
-            records += _error_records(config, totals, blocks, weights)
+            records += error_records(config, totals, blocks, weights)
             if plug is not None and plug.wants(config[1]):
                 plug.run(config, {layer: maps for layer, (maps, _) in fitted.items()})
             bar.update(1)

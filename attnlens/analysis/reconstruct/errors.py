@@ -104,7 +104,7 @@ def _summarise(sums: dict[str, np.ndarray]) -> dict[str, float]:
     }
 
 
-def _error_records(
+def error_records(
     config: tuple[str, str, int],
     totals: dict[int, dict[str, np.ndarray]],
     blocks: dict[int, dict[str, np.ndarray]] | None = None,
@@ -122,6 +122,7 @@ def _error_records(
     overall = {name: sum(total[name].sum() for total in totals.values()) for name in next(iter(totals.values()))}
     records.append({**base, "layer": -1, "head": -1, **_summarise(overall)})
     if blocks is not None:
+        assert weights is not None, "per-block sums come with the bootstrap weights that resample them"
         # Units as columns: every (layer, head) in the order of the records, then all of them together.
         per_unit = {name: np.concatenate([blocks[layer][name] for layer in totals], axis=1) for name in overall}
         per_unit = {name: np.column_stack([value, value.sum(1)]) for name, value in per_unit.items()}
@@ -155,7 +156,7 @@ def _intervals(sums: dict[str, np.ndarray], weights: np.ndarray) -> dict[str, tu
     return intervals
 
 
-def _evaluate_pairs(
+def evaluate_pairs(
     rows: StoreRows,
     fitter: MapFitter,
     ks: list[int],
@@ -172,7 +173,9 @@ def _evaluate_pairs(
     its intervals are from the same bootstrap over held-out blocks.
     """
     store, n, layers = rows.store, rows.n, list(fitter.moments.layers)
-    records, totals, block_totals = [], {k: {} for k in ks}, {k: {} for k in ks}
+    records: list[dict] = []
+    totals: dict[int, dict[str, np.ndarray]] = {k: {} for k in ks}  # by k: each sum over the heads so far
+    block_totals: dict[int, dict[str, np.ndarray]] = {k: {} for k in ks}  # by k: the same per held-out block
     weights = bootstrap_weights(len(evaluated), BOOTSTRAP_RESAMPLES, seed)
     with progress_bar(total=len(layers) * rows.num_heads, desc="pairs", unit="head", enabled=progress) as bar:
         for position, layer in enumerate(layers):

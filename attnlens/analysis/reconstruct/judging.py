@@ -22,20 +22,20 @@ from attnlens.progress import Progress
 from attnlens.rows.sources import ModelRows, StoreRows, model_pairs
 
 if TYPE_CHECKING:  # the package's orchestration imports this module
-    from attnlens.analysis.reconstruct import _Plan
+    from attnlens.analysis.reconstruct import ReconstructPlan
 
 
-def _plug_in(
+def judge_plug_in(
     objective: Objective,
     rows: StoreRows | ModelRows,
-    plan: _Plan,
+    plan: ReconstructPlan,
     evaluated: np.ndarray,
     s: ReconstructSettings,
     progress: Progress = False,
     prepared: PreparedTask | None = None,
-) -> _PlugIn:
+) -> PlugIn:
     """The model run with each config's maps inside attention on the held-out blocks (and, with a
-    task, ``prepared`` by :func:`_prepared_task`, its examples padded to the maps' width n; its
+    task, ``prepared`` by :func:`prepared_task`, its examples padded to the maps' width n; its
     fine-tunes name their steps on ``progress``); with ``learn_r`` alone, the layers and batches it needs."""
     layers = plan.layers if s.plug_in_layers is None else rows.check_layers(s.plug_in_layers)
     scopes = set(plan.scopes if s.plug_in_scopes is None else s.plug_in_scopes) if s.plug_in else set()
@@ -52,12 +52,12 @@ def _plug_in(
             prepared=prepared,
         )
     used = [layer for layer in layers if layer in plan.layers]
-    return _PlugIn(
+    return PlugIn(
         objective, used, rows.tokens(evaluated), s.batch_size, s.seed, scopes, task, _judged_by_task(s), _judged_jointly(s)
     )
 
 
-def _prepared_task(model: LoadedModel, n: int, s: ReconstructSettings) -> PreparedTask:
+def prepared_task(model: LoadedModel, n: int, s: ReconstructSettings) -> PreparedTask:
     """The task of the plug-in runs, loaded, checked and split at the maps' width ``n`` before any forward pass."""
     return prepare_task(model, TaskSettings.of(s), seq_len=n, seed=s.seed, pad_to=n)
 
@@ -74,7 +74,8 @@ def _judged_by_task(s: ReconstructSettings) -> Callable[[tuple[str, str, int]], 
     return lambda config: all(chosen is None or value in chosen for value, chosen in zip(config, wanted))
 
 
-def _model_for_plug_in(rows: StoreRows | ModelRows, model: str | LoadedModel | None, device: str) -> LoadedModel:
+def model_for_plug_in(rows: StoreRows | ModelRows, model: str | LoadedModel | None, device: str) -> LoadedModel:
+    """The model the maps are plugged into: the rows' own, or for a store the ``model`` it was made with (checked by its weights)."""
     if isinstance(rows, ModelRows):
         return rows.model
     if model is None:
@@ -88,7 +89,7 @@ def _model_for_plug_in(rows: StoreRows | ModelRows, model: str | LoadedModel | N
     return loaded
 
 
-class _PlugIn:
+class PlugIn:
     """Runs the model with each config's maps inside attention, on the held-out blocks."""
 
     def __init__(
@@ -117,9 +118,9 @@ class _PlugIn:
     def run(self, config: tuple[str, str, int], maps: dict[int, LayerMaps]) -> None:
         strategy, scope, k = config
         used = {layer: maps[layer] for layer in self.layers}
-        judged_by_task = self.task is not None and self.judged_by_task(config)
+        task = self.task if self.task is not None and self.judged_by_task(config) else None  # judged by the task
         key = "reconstruct/" + "/".join(map(str, config))
-        if judged_by_task:  # a cached fine-tune run is reused only for the very same maps
+        if task is not None:  # a cached fine-tune run is reused only for the very same maps
             key = content_key(key, *[t for m in used.values() for t in (m.positions, m.weights, m.offset)])
         change = reconstruction(used, key)
         metrics = evaluate_change(self.objective, self.batches, [None] * len(self.batches), change)
@@ -130,25 +131,29 @@ class _PlugIn:
             "layers": " ".join(map(str, self.layers)),
             "objective": self.objective.name,
         }
-        metrics = {**metrics, "loss_increase": metrics["loss"] - self.baseline}
+        baseline = self.baseline
+        assert baseline is not None, "a run is for a wanted scope, and with any scope the baseline is measured"
+        metrics = {**metrics, "loss_increase": metrics["loss"] - baseline}
         if self.objective.name == "hidden":  # the unmodified loss is 0: loss would repeat loss_increase
             del metrics["loss"]
         for name, values in metrics.items():
             mean, low, high = bootstrap_interval(values[None], seed=self.seed)
             record.update({name: float(mean[0]), f"{name}_low": float(low[0]), f"{name}_high": float(high[0])})
-        record["baseline_loss"] = float(self.baseline.mean())
-        if judged_by_task:
-            judged = task_columns(self.task.judge(change))
-            record.update({**judged, "task_flops_ratio": self._flops_on_task(k, judged["held_out"])})
-        if judged_by_task and self.joint(k):  # the same maps, trained with the weights from the closed form
+        record["baseline_loss"] = float(baseline.mean())
+        if task is not None:
+            judged = task_columns(task.judge(change))
+            examples = judged["held_out"]
+            assert isinstance(examples, int), "a judgement counts the held-out examples it used"
+            record.update({**judged, "task_flops_ratio": self._flops_on_task(task, k, examples)})
+        if task is not None and self.joint(k):  # the same maps, trained with the weights from the closed form
             joint = JointMaps(used, scope, f"{key}/joint")
-            record.update({f"joint_{name}": value for name, value in task_columns(self.task.judge(joint)).items()})
+            record.update({f"joint_{name}": value for name, value in task_columns(task.judge(joint)).items()})
         self.records.append(record)
 
-    def _flops_on_task(self, k: int, examples: int) -> float:
+    def _flops_on_task(self, task: TaskJudge, k: int, examples: int) -> float:
         """The FLOPs ratio at k on the valid pairs of the task examples a judgement used: each example's own
         tokens, over the pairs the changed layers compute (their causal triangles, windows)."""
         if self._pairs is None:  # one forward of one block, once
-            pairs = model_pairs(self.task.model, self.task.pool.ids.shape[1], self.layers)
+            pairs = model_pairs(task.model, task.pool.ids.shape[1], self.layers)
             self._pairs = np.stack([pairs[layer] for layer in self.layers])
-        return partial_ratio(self._pairs, self.task.model.head_dim, k, self.task.pool.lengths[:examples])
+        return partial_ratio(self._pairs, task.model.head_dim, k, task.pool.lengths[:examples])

@@ -73,7 +73,8 @@ class MapFitter:
         return self.moments.n
 
     def _query(self, q: int) -> int:
-        return self.moments.queries[q] if self.moments.per_query else -1
+        queries = self.moments.queries  # None when the moments pool every query
+        return queries[q] if queries is not None else -1
 
     def order(self, strategy: str, scope: str) -> np.ndarray:
         """Nested selection orders (units…, n) for greedy and random, computed once."""

@@ -53,8 +53,11 @@ class ReconstructResult(Result):
     learned = property(lambda self: self.tables.get("learned"))
 
     def _save_extra(self, directory: Path) -> None:
+        # Integer arrays only: no pickles written, as np.load reads them back without allowing any.
         np.savez_compressed(
-            directory / "selections.npz", **{key.replace("/", "|"): value for key, value in self.selections.items()}
+            directory / "selections.npz",
+            allow_pickle=False,
+            **{key.replace("/", "|"): value for key, value in self.selections.items()},
         )
 
     @classmethod
@@ -69,7 +72,9 @@ class ReconstructResult(Result):
 
     def text(self) -> str:
         """Held-out errors over all heads per strategy, scope and k; the plug-in runs and learned maps when there are any."""
-        overall = self.table[self.table["layer"] == -1].drop(columns=["layer", "head"])
+        table = self.table
+        assert table is not None, "a reconstruct result always has its table"
+        overall = table[table["layer"] == -1].drop(columns=["layer", "head"])
         lines = [format_table(self.view(frame=overall)), *self.notes_for(overall)]
         if self.plug_in is not None:
             lines += ["the model with the reconstruction inside attention (held-out blocks):", format_table(self.view("plug_in"))]

@@ -50,10 +50,14 @@ from attnlens.analysis.task.finetune import FINETUNE_VERSION, content_key
 from attnlens.analysis.task.head import head_columns
 from attnlens.analysis.task.judge import TaskJudge, TaskLoss
 from attnlens.analysis.task.outcomes import (
+    SEED_COLUMN,
     UNMODIFIED,
+    compared,
     outcome_arrays,
     paired_difference,
+    seed_columns,
     seed_differences,
+    seed_values,
     seeds_difference,
     t_halfwidth,
     t_interval,
@@ -106,7 +110,11 @@ __all__ = [
     "pooled_features",
     "prepare_task",
     "resolve_protocol",
+    "SEED_COLUMN",
+    "compared",
+    "seed_columns",
     "seed_differences",
+    "seed_values",
     "seeds_difference",
     "standardiser",
     "t_halfwidth",

@@ -1,5 +1,5 @@
 """Task examples in batches on the model's device (bucketed by length), their pooled features, and
-a change applied to one batch (:func:`_changed`, counting the positions it removes)."""
+a change applied to one batch (:func:`changed_capture`, counting the positions it removes)."""
 
 from __future__ import annotations
 
@@ -84,13 +84,15 @@ def pooled_features(module: nn.Module, pooling: str, batch: TaskBatch) -> torch.
     return hidden[torch.arange(hidden.shape[0], device=hidden.device), last]
 
 
-def _changed(
+def changed_capture(
     change: Change | None, batch: TaskBatch, model: LoadedModel, counts: np.ndarray | None = None
 ) -> Capture | contextlib.nullcontext:
     """The capture that applies ``change`` to one batch (nothing for no change), counting the
     valid (query, key) positions it removes (sets to -inf) among the examples' own tokens."""
-    intervene = None if change is None else change.intervention(batch.view(model))
-    if intervene is None:
+    if change is None:
+        return contextlib.nullcontext()
+    intervene = change.intervention(batch.view(model))
+    if intervene is None:  # the change leaves this batch alone
         return contextlib.nullcontext()
     if counts is not None:
         intervene = _counting(intervene, batch.attention_mask.bool(), counts)

@@ -6,17 +6,19 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
 import torch
 from torch import nn
 
 from attnlens.analysis.changes import Change
-from attnlens.analysis.task.batching import _changed, batches, pooled_features
-from attnlens.analysis.task.outcomes import _scored
+from attnlens.analysis.task.batching import TaskBatch, batches, changed_capture, pooled_features
+from attnlens.analysis.task.outcomes import scored
 from attnlens.analysis.task.probe import Probe, ProbeHead
 from attnlens.analysis.task.settings import TaskSettings
-from attnlens.data.tasks import Examples
+from attnlens.data.tasks import Examples, Task
 from attnlens.models.cache import cache_dir
 from attnlens.models.loading import LoadedModel, module_sha256
 from attnlens.progress import Progress, Stage, progress_bar
@@ -31,6 +33,26 @@ def content_key(name: str, *tensors: torch.Tensor) -> str:
     for tensor in tensors:
         digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
     return f"{name}/{digest.hexdigest()[:16]}"
+
+
+@runtime_checkable
+class TrainedChange(Protocol):
+    """A change with tensors of its own that a fine-tune trains (its ``trainable()`` gave parameter
+    groups, as :class:`~attnlens.analysis.reconstruct.joint.JointMaps` does): they are cached with the
+    run's weights (``state``) and set from the cache (``load``)."""
+
+    def state(self) -> list[torch.Tensor]: ...
+
+    def load(self, state: list[torch.Tensor]) -> None: ...
+
+
+def _trained(change: Change | None, groups: list[dict]) -> TrainedChange | None:
+    """``change`` where it trains tensors of its own (``groups``), which the cache then keeps; else ``None``."""
+    if not groups:
+        return None
+    # an invariant of the change kinds, not user input: a kind that trains tensors can save and load them
+    assert isinstance(change, TrainedChange), f"{type(change).__name__} trains tensors but has no state() and load()"
+    return change
 
 
 class FineTuning:
@@ -49,11 +71,30 @@ class FineTuning:
     batch_size: int
     seed: int
     pooling: str
+    task: Task
     train: Examples
     probe: Probe | None
     finetune_runs: list[dict]
     last_finetune: dict
     _removed: np.ndarray
+
+    # TaskJudge's, which this mixin calls: declared for the type checker alone, so that a class mixing this
+    # in without one fails with an AttributeError instead of calling a stub that returns nothing
+    if TYPE_CHECKING:
+
+        def _per_example(
+            self,
+            examples: Examples,
+            change: Change | None,
+            compute: Callable[[TaskBatch], torch.Tensor],
+            counts: np.ndarray | None = None,
+        ) -> np.ndarray: ...
+
+    def _fitted_probe(self) -> Probe:
+        """The probe the head starts from: every protocol but ``head`` (the model's own classifier, no
+        probe) fits one before anything is judged."""
+        assert self.probe is not None, "only the head protocol has no probe, and it neither fine-tunes nor refits"
+        return self.probe
 
     def _finetuned(self, change: Change | None, examples: Examples) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per example, over the fine-tune seeds: the fraction of seeds that classify it right, the
@@ -66,10 +107,11 @@ class FineTuning:
         module, head, change = self._finetune(change, seed)
         module.eval()
         compute = lambda batch: head(pooled_features(module, self.pooling, batch))
-        return _scored(self._per_example(examples, change, compute, self._removed), examples.labels)
+        return scored(self._per_example(examples, change, compute, self._removed), examples.labels)
 
     def finetune_key(self, change: Change | None, seed: int | None = None) -> str:
         """The cache key of a fine-tune run: everything that decides its weights."""
+        probe = self._fitted_probe()
         parts = {
             "version": FINETUNE_VERSION,
             # the weights the fine-tune starts from, hashed now: a change learned with the weights (a DAM
@@ -80,9 +122,7 @@ class FineTuning:
             "width": int(self.train.ids.shape[1]),
             "settings": {"steps": self.settings.finetune_steps, "lr": self.settings.finetune_lr},
             # the head starts from the probe: anything that changes the probe changes the run
-            "probe": content_key(
-                "probe", *(torch.as_tensor(a) for a in (self.probe.mean, self.probe.scale, self.probe.coef, self.probe.intercept))
-            ),
+            "probe": content_key("probe", *(torch.as_tensor(a) for a in (probe.mean, probe.scale, probe.coef, probe.intercept))),
             "batch_size": self.batch_size,
             "seed": self.seed if seed is None else seed,
             "change": None if change is None else change.key,
@@ -94,8 +134,9 @@ class FineTuning:
         with ``seed``), and the change as trained with them (a change with tensors of its own, such
         as jointly learned maps, trains them alongside), from the cache when it holds them."""
         module = copy.deepcopy(self.model.model)
-        head = ProbeHead(self.probe).to(self.model.device)
+        head = ProbeHead(self._fitted_probe()).to(self.model.device)
         change, groups = change.trainable() if change is not None else (None, [])
+        trained = _trained(change, groups)
         path = cache_dir() / "finetune" / f"{self.finetune_key(change, seed)}.pt"
         self.last_finetune = {
             "change": None if change is None else change.key,
@@ -107,8 +148,8 @@ class FineTuning:
             state = torch.load(path, map_location=self.model.device, weights_only=True)
             module.load_state_dict(state["encoder"])
             head.load_state_dict(state["head"])
-            if groups:
-                change.load(state["change"])
+            if trained is not None:
+                trained.load(state["change"])
             self.last_finetune["curve"] = state["curve"].tolist()
         else:
             curve = self._train(module, head, change, seed, groups)
@@ -116,7 +157,7 @@ class FineTuning:
             path.parent.mkdir(parents=True, exist_ok=True)
             temporary = path.with_suffix(".tmp")  # written whole, then renamed: a killed run leaves no half file
             state = {"encoder": module.state_dict(), "head": head.state_dict(), "curve": torch.tensor(curve)}
-            torch.save({**state, **({"change": change.state()} if groups else {})}, temporary)
+            torch.save({**state, **({"change": trained.state()} if trained is not None else {})}, temporary)
             temporary.replace(path)
         self.finetune_runs.append(self.last_finetune)
         return module, head, change
@@ -153,7 +194,7 @@ class FineTuning:
         chosen = np.sort(order[: self.batch_size])
         del order[: self.batch_size]
         batch = next(batches(self.train.take(chosen), self.batch_size, self.model.device))
-        with torch.enable_grad(), _changed(change, batch, self.model):
+        with torch.enable_grad(), changed_capture(change, batch, self.model):
             loss = nn.functional.cross_entropy(head(pooled_features(module, self.pooling, batch)), batch.labels)
         optimiser.zero_grad(set_to_none=True)
         loss.backward()

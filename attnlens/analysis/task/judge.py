@@ -17,9 +17,19 @@ from torch import nn
 from attnlens.analysis.changes import Change, Removal
 from attnlens.analysis.evaluation import bootstrap_interval, layer_groups, valid_masks
 from attnlens.analysis.sequential import Design
-from attnlens.analysis.task.batching import TaskBatch, _changed, batches, in_order, pooled_features
+from attnlens.analysis.task.batching import TaskBatch, batches, changed_capture, in_order, pooled_features
 from attnlens.analysis.task.finetune import FineTuning
-from attnlens.analysis.task.outcomes import UNMODIFIED, _key, _Outcomes, _scored, _with_seed_row, outcome_arrays, t_halfwidth
+from attnlens.analysis.task.outcomes import (
+    UNMODIFIED,
+    Outcomes,
+    compared,
+    judged_key,
+    outcome_arrays,
+    scored,
+    seed_columns,
+    t_halfwidth,
+    with_seed_row,
+)
 from attnlens.analysis.task.prepare import PreparedTask, majority_share, prepare_task
 from attnlens.analysis.task.probe import PROBE_CS, choose_c, fit_probe
 from attnlens.analysis.task.settings import AUTO, FEATURES_VERSION, POOLING, Z_INTERVAL, Z_POWER, TaskSettings
@@ -81,10 +91,10 @@ class TaskJudge(FineTuning):
         # auto: judged sequentially (attnlens.analysis.sequential), each change on as many examples as it needs
         self.design = Design.for_pool(len(self.pool), settings.task_target) if auto else None
         self._structure: tuple[list[int], torch.Tensor] | None = None  # removal_share's valid masks, by layer group
-        self._judged: dict[str | None, _Outcomes] = {}  # by change key: outcomes on the first examples of the pool
+        self._judged: dict[str | None, Outcomes] = {}  # by change key: outcomes on the first examples of the pool
         self._reported: dict[str | None, int] = {}  # by change key: the examples its judgement used
         self.held_out = self.pool.take(slice(0, 0))
-        self._outcomes(None, self.design.grid[0] if auto else len(self.pool))
+        self._outcomes(None, self.design.grid[0] if self.design is not None else len(self.pool))
 
     @property
     def unmodified_accuracy(self) -> float:
@@ -158,14 +168,18 @@ class TaskJudge(FineTuning):
         return self._per_example(examples, change, lambda batch: pooled_features(self.model.model, self.pooling, batch), counts)
 
     def _per_example(
-        self, examples: Examples, change: Change | None, compute: Callable[[TaskBatch], torch.Tensor], counts=None
+        self,
+        examples: Examples,
+        change: Change | None,
+        compute: Callable[[TaskBatch], torch.Tensor],
+        counts: np.ndarray | None = None,
     ) -> np.ndarray:
         """``compute(batch)`` (one row per example) over length-bucketed batches with ``change``
         inside attention, as float64 in the examples' own order."""
         parts, batched = [], list(batches(examples, self.batch_size, self.model.device))
         with torch.no_grad():
             for batch in batched:
-                with _changed(change, batch, self.model, counts):
+                with changed_capture(change, batch, self.model, counts):
                     parts.append(compute(batch).double().cpu().numpy())
         return in_order(parts, batched)
 
@@ -180,7 +194,7 @@ class TaskJudge(FineTuning):
         task class, under any active capture."""
         if self.protocol == "head":
             return self.head_logits(batch)
-        return self.probe.torch_logits(pooled_features(self.model.model, self.pooling, batch))
+        return self._fitted_probe().torch_logits(pooled_features(self.model.model, self.pooling, batch))
 
     def head_logits(self, batch: TaskBatch) -> torch.Tensor:
         """The classification head's logits, one column per task class (in the task's order)."""
@@ -237,7 +251,7 @@ class TaskJudge(FineTuning):
     def correct(self, change: Change | None, count: int) -> np.ndarray:
         """Per example of the pool's first ``count``: 1 where the classifier under ``change`` is right, else 0
         (each example run once per change, so a judge that looks at a prefix first pays only for the rest later)."""
-        self._reported[_key(change)] = max(count, self._reported.get(_key(change), 0))
+        self._reported[judged_key(change)] = max(count, self._reported.get(judged_key(change), 0))
         return self._outcomes(change, count).correct[:count]
 
     def compare(self, first: Change, second: Change | None, *, extend: bool = True) -> dict[str, object]:
@@ -252,11 +266,10 @@ class TaskJudge(FineTuning):
             mean, low, high = self._bootstrap(self._paired(first, second, count))
             examples, stopped = count, "every example"
         else:
-            known = min(len(self._judged.get(_key(change), _Outcomes.none()).correct) for change in (first, second))
+            known = min(len(self._judged.get(judged_key(change), Outcomes.none()).correct) for change in (first, second))
             decision = self.design.run(lambda count: self._paired(first, second, count), available=None if extend else known)
             mean, low, high, examples, stopped = decision.mean, decision.low, decision.high, decision.examples, decision.reason
-        narrow = (high - low) / 2 <= self.settings.task_target
-        verdict = "better" if low > 0 else "worse" if high < 0 else "on par" if narrow else "not decided"
+        verdict = compared(low, high, self.settings.task_target)
         return {"difference": mean, "difference_low": low, "difference_high": high, "compared_on": examples,
                 "compared_stopped": stopped, "verdict": verdict}  # fmt: skip
 
@@ -273,21 +286,21 @@ class TaskJudge(FineTuning):
         the accuracy and of Δ (paired by seed), so a verdict counts seed-to-seed variance."""
         if self.protocol != "finetune" or self.settings.seeds < 2:
             return {}
-        own = self._judged[_key(change)].seeds[:, :count].mean(1)
+        own = self._judged[judged_key(change)].seeds[:, :count].mean(1)
         delta = own - self._judged[None].seeds[:, :count].mean(1)
-        columns = {"seed_accuracies": " ".join(f"{value:.4f}" for value in own)}
+        columns: dict[str, object] = {**seed_columns(own)}
         for name, values in (("accuracy_seeds", own), ("delta_seeds", delta)):
             mean, half = float(values.mean()), float(t_halfwidth(values))
             columns.update({name: mean, f"{name}_low": mean - half, f"{name}_high": mean + half})
         return columns
 
-    def _outcomes(self, change: Change | None, count: int) -> _Outcomes:
+    def _outcomes(self, change: Change | None, count: int) -> Outcomes:
         """``change``'s outcomes on (at least) the pool's first ``count`` examples. Each change is run
         once per example, in the design's slices (whole chunks of the pool: the same slices, so the
         same length buckets, for every change): a judgement that needs more examples computes only those.
         The held-out examples, and the unmodified model's outcomes on them, grow with the largest count."""
-        key = _key(change)
-        known = self._judged.get(key, _Outcomes.none())
+        key = judged_key(change)
+        known = self._judged.get(key, Outcomes.none())
         if len(known.correct) < count:
             cuts = sorted({len(known.correct), count, *(look for look in self._looks() if len(known.correct) < look < count)})
             for start, stop in zip(cuts, cuts[1:]):
@@ -310,15 +323,24 @@ class TaskJudge(FineTuning):
             return self._finetuned(change, examples)
         if self.protocol == "head":
             logits = self._per_example(examples, change, self.head_logits, self._removed)
-            return _with_seed_row(*_scored(logits, examples.labels))
-        probe = self.probe
+            return with_seed_row(*scored(logits, examples.labels))
+        probe = self._fitted_probe()
         if self.protocol == "refit" and change is not None:
+            assert self.c is not None, "C is chosen (or given) with the probe"
             probe = fit_probe(self.features(self.train, change), self.train.labels, self.c)
         if change is None:
             features = self.unmodified_features(examples, as_judged=True)
         else:
             features = self.features(examples, change, self._removed)
-        return _with_seed_row(*_scored(probe.logits(features), examples.labels))
+        return with_seed_row(*scored(probe.logits(features), examples.labels))
+
+    def _head_description(self) -> dict[str, object] | None:
+        """The head protocol's classifier: the model's classes and the columns of them the task reads."""
+        if self.protocol != "head":
+            return None
+        classes = self.model.class_names
+        assert classes is not None, "prepare_task (head_columns) refuses the head protocol on a model without class names"
+        return {"classes": list(classes), "columns": self.head_columns}
 
     def outcome_arrays(self) -> dict[str, np.ndarray]:
         """Every judged change's per-example outcomes, for a result to keep beside its tables
@@ -354,7 +376,7 @@ class TaskJudge(FineTuning):
                 "examples_available": len(self.pool),
             },
             "padded": self.held_out.padded or self.train.padded,
-            "head": None if self.protocol != "head" else {"classes": list(self.model.class_names), "columns": self.head_columns},
+            "head": self._head_description(),
             "probe": None
             if self.probe is None
             else {

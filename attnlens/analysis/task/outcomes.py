@@ -3,7 +3,9 @@ off them: paired differences, t intervals across seeds, and a judgement's table 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -13,7 +15,7 @@ from attnlens.io.outcomes import UNMODIFIED  # the unmodified model's name among
 
 
 def outcome_arrays(
-    judged: dict[str | None, _Outcomes], reported: dict[str | None, int], rows: np.ndarray
+    judged: dict[str | None, Outcomes], reported: dict[str | None, int], rows: np.ndarray
 ) -> dict[str, np.ndarray]:
     """Every judged change's per-example outcomes as arrays a result keeps: ``task_rows`` (the
     held-out examples' rows in the task, in the order judged: each change used a prefix),
@@ -22,7 +24,7 @@ def outcome_arrays(
     cross-entropy, NaN past the examples a change was run on, and ``task_judged`` (change,): how many
     examples its judgement used (its table row's ``held_out``; a change only compared: those run).
 
-    >>> arrays = outcome_arrays({None: _Outcomes(np.ones(3), np.zeros(3), np.ones((1, 3)), np.zeros(2))}, {None: 3}, np.arange(5))
+    >>> arrays = outcome_arrays({None: Outcomes(np.ones(3), np.zeros(3), np.ones((1, 3)), np.zeros(2))}, {None: 3}, np.arange(5))
     >>> arrays["task_rows"].tolist(), arrays["task_changes"].tolist(), arrays["task_judged"].tolist()
     ([0, 1, 2], ['unmodified'], [3])
     """
@@ -52,13 +54,13 @@ def paired_difference(first: np.ndarray, second: np.ndarray, bootstrap: int, see
     return float(mean[0]), float(low[0]), float(high[0])
 
 
-def _key(change: Change | None) -> str | None:
+def judged_key(change: Change | None) -> str | None:
     """What a judgement is remembered by: the change's key (``None``: the unmodified model)."""
     return None if change is None else change.key
 
 
 @dataclass(frozen=True)
-class _Outcomes:
+class Outcomes:
     """A change's outcomes on the first examples of the held-out pool: per example correct (0/1,
     or the fraction of fine-tune seeds) and cross-entropy, (seed, example) correct, and the
     (removed, valid) positions counted over them."""
@@ -69,12 +71,12 @@ class _Outcomes:
     removed: np.ndarray
 
     @classmethod
-    def none(cls) -> _Outcomes:
+    def none(cls) -> Outcomes:
         return cls(np.zeros(0), np.zeros(0), np.zeros((0, 0)), np.zeros(2))
 
-    def extended(self, correct: np.ndarray, losses: np.ndarray, seeds: np.ndarray, removed: np.ndarray) -> _Outcomes:
+    def extended(self, correct: np.ndarray, losses: np.ndarray, seeds: np.ndarray, removed: np.ndarray) -> Outcomes:
         """These outcomes followed by those of the next examples."""
-        return _Outcomes(
+        return Outcomes(
             np.concatenate([self.correct, correct]),
             np.concatenate([self.losses, losses]),
             np.concatenate([self.seeds, seeds], axis=1) if len(self.correct) else seeds,
@@ -82,7 +84,7 @@ class _Outcomes:
         )
 
 
-def _with_seed_row(correct: np.ndarray, losses: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def with_seed_row(correct: np.ndarray, losses: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """A judgement without seeds: its correct array doubles as the one seed's row."""
     return correct, losses, correct[None]
 
@@ -98,23 +100,57 @@ def t_halfwidth(values: np.ndarray, level: float = 0.95) -> float:
     return float(stats.t.ppf(0.5 + level / 2, len(values) - 1) * np.std(values, ddof=1) / np.sqrt(len(values)))
 
 
-def seed_differences(first: str, second: str) -> np.ndarray:
-    """``first`` − ``second`` seed by seed: each the per-seed accuracies a ``seed_accuracies`` column
-    holds (space-separated, seed by seed).
+SEED_COLUMN = "seed_accuracy_{}"  # fine-tuned with several seeds: each seed's accuracy, a column per seed
 
-    >>> seed_differences("0.80 0.82", "0.79 0.80").round(4).tolist()
+
+def seed_columns(values: np.ndarray, prefix: str = "") -> dict[str, float]:
+    """Each seed's accuracy as a column of its own, seed by seed (read back by :func:`seed_values`).
+
+    >>> seed_columns(np.array([0.8, 0.82]))
+    {'seed_accuracy_0': 0.8, 'seed_accuracy_1': 0.82}
+    """
+    return {prefix + SEED_COLUMN.format(seed): float(value) for seed, value in enumerate(values)}
+
+
+def seed_values(row: Mapping[str, Any], prefix: str = "") -> np.ndarray | None:
+    """The per-seed accuracies :func:`seed_columns` wrote into a row (``None``: the row has none).
+
+    >>> seed_values({"seed_accuracy_0": 0.8, "seed_accuracy_1": 0.82}).tolist(), seed_values({"accuracy": 0.8})
+    ([0.8, 0.82], None)
+    """
+    values: list[float] = []
+    while (value := row.get(prefix + SEED_COLUMN.format(len(values)))) is not None and value == value:  # NaN: none
+        values.append(float(value))
+    return np.array(values) if values else None
+
+
+def seed_differences(first: np.ndarray, second: np.ndarray) -> np.ndarray:
+    """``first`` − ``second`` seed by seed (each a change's per-seed accuracies, :func:`seed_values`).
+
+    >>> seed_differences(np.array([0.80, 0.82]), np.array([0.79, 0.80])).round(4).tolist()
     [0.01, 0.02]
     """
-    return np.array(first.split(), float) - np.array(second.split(), float)
+    return np.asarray(first, float) - np.asarray(second, float)
 
 
-def seeds_difference(first: str, second: str) -> tuple[float, float, float]:
+def seeds_difference(first: np.ndarray, second: np.ndarray) -> tuple[float, float, float]:
     """Mean and t interval of ``first`` − ``second``, paired by fine-tune seed (:func:`seed_differences`).
 
-    >>> [round(value, 4) for value in seeds_difference("0.80 0.82 0.84", "0.79 0.80 0.81")]
+    >>> [round(value, 4) for value in seeds_difference(np.array([0.80, 0.82, 0.84]), np.array([0.79, 0.80, 0.81]))]
     [0.02, -0.0048, 0.0448]
     """
     return t_interval(seed_differences(first, second))
+
+
+def compared(low: float, high: float, target: float) -> str:
+    """Two choices compared by their paired difference's interval (first − second, higher better):
+    "better" or "worse" only where it excludes 0, "on par" where it is as narrow as ``target`` around
+    it, else "not decided" (the rule every comparison of two choices by the task follows).
+
+    >>> compared(0.01, 0.03, 0.02), compared(-0.01, 0.01, 0.02), compared(-0.05, 0.05, 0.02)
+    ('better', 'on par', 'not decided')
+    """
+    return "better" if low > 0 else "worse" if high < 0 else "on par" if (high - low) / 2 <= target else "not decided"
 
 
 def t_interval(values: np.ndarray, level: float = 0.95) -> tuple[float, float, float]:
@@ -123,7 +159,8 @@ def t_interval(values: np.ndarray, level: float = 0.95) -> tuple[float, float, f
     return mean, mean - half, mean + half
 
 
-def _scored(logits: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def scored(logits: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per example: whether the classifier's top class is the label (0/1) and its cross-entropy (log-sum-exp, stable)."""
     shifted = logits - logits.max(1, keepdims=True)
     log_probability = shifted - np.log(np.exp(shifted).sum(1, keepdims=True))
     return (logits.argmax(1) == labels).astype(np.float64), -log_probability[np.arange(len(labels)), labels]

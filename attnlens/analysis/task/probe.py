@@ -107,6 +107,10 @@ class ProbeHead(nn.Module):
     probe's weights. The standardisation stays fixed: on raw features the small per-feature
     scales would make the head's weights large and fine-tuning unstable."""
 
+    # buffers (registered in __init__): declared so that they read as tensors, not nn.Module's Tensor | Module
+    mean: torch.Tensor
+    scale: torch.Tensor
+
     def __init__(self, probe: Probe) -> None:
         super().__init__()
         coef, intercept = probe.weights()

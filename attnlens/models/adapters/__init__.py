@@ -15,6 +15,9 @@ True
 from __future__ import annotations
 
 import importlib
+import types
+from collections.abc import Callable
+from typing import Any
 
 from torch import nn
 
@@ -31,3 +34,14 @@ def adapt(model: nn.Module, model_type: str) -> None:
     name = ADAPTERS.get(model_type)
     if name is not None:
         importlib.import_module(f"attnlens.models.adapters.{name}").adapt(model)
+
+
+def set_forward(module: nn.Module, forward: Callable[..., Any]) -> None:
+    """Give ``module`` its own ``forward``, ``forward`` bound to it.
+
+    An instance attribute shadows the class's ``forward`` (``nn.Module.__call__`` calls
+    ``self.forward``), so hooks still run. Written to the instance's ``__dict__``, which is what
+    ``nn.Module.__setattr__`` does with a plain callable: an assignment to a method, which type
+    checkers rightly question elsewhere, is here the adapter's purpose.
+    """
+    module.__dict__["forward"] = types.MethodType(forward, module)

@@ -21,12 +21,16 @@ Refused: ``inner_group_num`` > 1 (each layer would call several attention module
 from __future__ import annotations
 
 import copy
-import types
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from attnlens.errors import UnsupportedModel
+from attnlens.models.adapters import set_forward
+
+if TYPE_CHECKING:  # transformers is imported when a model is adapted, not with attnlens
+    from transformers.models.albert.modeling_albert import AlbertTransformer
 
 COPIES = "attnlens_layers"  # the name of the registered per-layer copies under AlbertTransformer
 
@@ -35,32 +39,34 @@ def adapt(model: nn.Module) -> None:
     """Give every layer of ``model``'s ALBERT transformer its own attention module over the shared weights."""
     from transformers.models.albert.modeling_albert import AlbertTransformer
 
-    config = model.config
-    if config.inner_group_num != 1:
-        raise UnsupportedModel(
-            f"ALBERT with inner_group_num {config.inner_group_num} runs several attention modules per layer, "
-            "which attnlens cannot number by layer; use a model with inner_group_num 1 (every released ALBERT)"
-        )
     for transformer in [module for module in model.modules() if isinstance(module, AlbertTransformer)]:
+        config = transformer.config  # the model's own (an ALBERT model has one transformer)
+        if config.inner_group_num != 1:
+            raise UnsupportedModel(
+                f"ALBERT with inner_group_num {config.inner_group_num} runs several attention modules per layer, "
+                "which attnlens cannot number by layer; use a model with inner_group_num 1 (every released ALBERT)"
+            )
         groups = transformer.albert_layer_groups
         layers, per_group = config.num_hidden_layers, config.num_hidden_layers / config.num_hidden_groups
         # the group index of AlbertTransformer.forward, computed the same way
         transformer.add_module(COPIES, nn.ModuleList(_share(groups[int(i / per_group)]) for i in range(layers)))
-        transformer.forward = types.MethodType(_forward, transformer)
+        set_forward(transformer, _forward)
         transformer.register_state_dict_post_hook(_drop_copies)
         transformer.register_load_state_dict_post_hook(_forgive_copies)
 
 
 def _share(module: nn.Module) -> nn.Module:
     """A copy of ``module`` whose submodules are new objects and whose tensors and configs are the originals."""
-    memo = {id(tensor): tensor for tensor in [*module.parameters(), *module.buffers()]}
+    memo: dict[int, Any] = {id(tensor): tensor for tensor in [*module.parameters(), *module.buffers()]}
     for part in module.modules():
         if hasattr(part, "config"):  # shared, so that set_attn_implementation reaches the copies
             memo[id(part.config)] = part.config
     return copy.deepcopy(module, memo)
 
 
-def _forward(self: nn.Module, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None, **kwargs):
+def _forward(
+    self: AlbertTransformer, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None, **kwargs: Any
+) -> Any:
     """``AlbertTransformer.forward`` of transformers 5, with layer ``i`` run by its own copy of its group."""
     from transformers.modeling_outputs import BaseModelOutput
 

@@ -13,11 +13,16 @@ which per-head capture cannot express), and the ``query_states`` path of DeBERTa
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 
 from attnlens.errors import UnsupportedModel
 from attnlens.models.adapters.deberta_v2 import attend, route
+
+if TYPE_CHECKING:  # transformers is imported when a model is adapted, not with attnlens
+    from transformers.models.deberta.modeling_deberta import DisentangledSelfAttention
 
 
 def adapt(model: nn.Module) -> None:
@@ -32,7 +37,7 @@ def adapt(model: nn.Module) -> None:
 
 
 def _forward(
-    self: nn.Module,
+    self: DisentangledSelfAttention,
     hidden_states: torch.Tensor,
     attention_mask: torch.Tensor,
     output_attentions: bool = False,

@@ -17,13 +17,19 @@ what DeBERTa's softmax sees, and the outputs are unchanged.
 
 from __future__ import annotations
 
-import types
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
-from attnlens.models.capture import ATTENTION_IMPLEMENTATION
+from attnlens.errors import UnsupportedModel
+from attnlens.models.adapters import set_forward
+from attnlens.models.attention import ATTENTION_IMPLEMENTATION
+
+if TYPE_CHECKING:  # transformers is imported when a model is adapted, not with attnlens
+    from transformers.models.deberta.modeling_deberta import DisentangledSelfAttention as DebertaAttention
+    from transformers.models.deberta_v2.modeling_deberta_v2 import DisentangledSelfAttention
 
 
 def adapt(model: nn.Module) -> None:
@@ -33,24 +39,25 @@ def adapt(model: nn.Module) -> None:
     route(model, DisentangledSelfAttention, _forward)
 
 
-def route(model: nn.Module, attention: type, forward: Callable) -> None:
+def route(model: nn.Module, attention: type[nn.Module], forward: Callable[..., Any]) -> None:
     """Give every ``attention`` module of ``model`` the ``forward`` that routes it (under attnlens'
     implementations; its class's own forward under any other, see :func:`routed`), and let the model
     switch implementations."""
     from transformers import PreTrainedModel
 
-    def dispatch(self: nn.Module, *args, **kwargs):
+    def dispatch(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
         return forward(self, *args, **kwargs) if routed(self) else type(self).forward(self, *args, **kwargs)
 
     for module in model.modules():
         if isinstance(module, attention):
             # The module keeps no config; the model's is the one set_attn_implementation changes.
             module.config = model.config
-            module.forward = types.MethodType(dispatch, module)
+            set_forward(module, dispatch)
         elif isinstance(module, PreTrainedModel):
             # transformers reads DeBERTa's source, finds no AttentionInterface call and would ignore
             # set_attn_implementation (attnlens' partial plans use it); the adapted modules do call it.
-            module._can_set_attn_implementation = lambda: True
+            # An instance attribute over the classmethod, as nn.Module.__setattr__ would set it.
+            module.__dict__["_can_set_attn_implementation"] = lambda: True
 
 
 def routed(module: nn.Module) -> bool:
@@ -60,11 +67,19 @@ def routed(module: nn.Module) -> bool:
     ``position_bias`` without a word, so under any other implementation the module runs its
     own code, as transformers would.
     """
-    return module.config._attn_implementation.startswith(ATTENTION_IMPLEMENTATION)
+    return implementation(module).startswith(ATTENTION_IMPLEMENTATION)
+
+
+def implementation(module: nn.Module) -> str:
+    """The attention implementation ``module`` runs under: its model's, read off the config :func:`route` gave it."""
+    name = getattr(module.config, "_attn_implementation", None)
+    if not isinstance(name, str):
+        raise UnsupportedModel(f"{type(module).__name__} has no attention implementation in its config; load it with load_model")
+    return name
 
 
 def attend(
-    module: nn.Module,
+    module: DisentangledSelfAttention | DebertaAttention,
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
@@ -81,7 +96,7 @@ def attend(
 
     if attention_mask is not None:
         attention_mask = attention_mask.bool()  # DeBERTa's mask is 1/0 (batch, 1, q, k); a float one would read as additive
-    output, weights = ALL_ATTENTION_FUNCTIONS[module.config._attn_implementation](
+    output, weights = ALL_ATTENTION_FUNCTIONS[implementation(module)](
         module,
         query,
         key,
@@ -95,7 +110,7 @@ def attend(
 
 
 def _forward(
-    self: nn.Module,
+    self: DisentangledSelfAttention,
     hidden_states: torch.Tensor,
     attention_mask: torch.Tensor,
     output_attentions: bool = False,

@@ -1,0 +1,74 @@
+"""A result's figures, drawn through the registry and saved as PNG and PDF.
+
+Each result class names the module that draws it (``figures_module``, an import path: a module
+with ``draw(result)`` yielding ``(name, figure)`` pairs, the main figure first), so this storage
+layer imports neither the analyses nor matplotlib until there is a figure to draw or save.
+"""
+
+from __future__ import annotations
+
+import importlib
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from attnlens.io.files import swap_into_place
+
+if TYPE_CHECKING:  # results imports this module
+    from attnlens.io.results import Result
+
+FIGURE_FORMATS = ("png", "pdf")  # every figure is saved in each
+
+
+def _imported(path: str) -> Any:
+    module, _, name = path.partition(":")
+    loaded = importlib.import_module(module)
+    return getattr(loaded, name) if name else loaded
+
+
+def draw(result: Result) -> Iterator[tuple[str, Any]]:
+    """``(name, figure)`` for every figure of ``result``, main figure first (none for kinds without figures)."""
+    if result.figures_module is None:
+        return iter(())
+    return _imported(result.figures_module).draw(result)
+
+
+def save_figures(
+    result: Result,
+    directory: str | Path,
+    on_figure: Callable[[str], None] | None = None,
+    formats: tuple[str, ...] = FIGURE_FORMATS,
+) -> list[Path]:
+    """Every figure of ``result`` as ``NAME.png`` and ``NAME.pdf`` (``formats``) in ``directory``, which is
+    written into a staging directory and swapped into place (a crash leaves the old figures)."""
+    directory = Path(directory)
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
+    try:
+        written = []
+        for name, figure in draw(result):
+            written += [path.name for path in save_figure(figure, staging / name, formats)]
+            if on_figure is not None:
+                on_figure(name)
+        swap_into_place(staging, directory)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return [directory / name for name in written]
+
+
+def save_figure(figure: Any, stem: str | Path, formats: tuple[str, ...] = FIGURE_FORMATS) -> list[Path]:
+    """Write a matplotlib figure as ``stem.png`` and ``stem.pdf`` (``formats``); close the figure."""
+    import matplotlib.pyplot as plt  # only once there is a figure: this storage layer does not load matplotlib
+
+    stem = Path(stem)
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for suffix in formats:
+        path = stem.with_suffix(f".{suffix}")
+        figure.savefig(path, dpi=150)
+        paths.append(path)
+    plt.close(figure)
+    return paths
