@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
@@ -48,8 +48,18 @@ from attnlens.data.positions import TokenRoles, class_masks, token_roles
 from attnlens.models.capture import Intervention
 from attnlens.models.loading import LoadedModel
 
-if TYPE_CHECKING:
-    from attnlens.analysis.dam.layouts import MaskLayout
+
+class Layout(Protocol):
+    """What a learned mask's change reads of its layout (a DAM
+    :class:`~attnlens.analysis.dam.layouts.MaskLayout`, named here, not imported: layouts import this module)."""
+
+    @property
+    def shared_by_layers(self) -> bool: ...
+
+    def context(self, batch: Batch) -> torch.Tensor: ...
+
+    def expand(self, logits: torch.Tensor, layer: int, context: torch.Tensor) -> torch.Tensor: ...
+
 
 RANDOM_STREAM = 2  # the random control's keys (importance)
 PATTERN_STREAM = 13  # BigBird's random keys (fixed patterns)
@@ -341,7 +351,7 @@ class MaskChange(Removal):
     tokens' classes or roles), so a mask removes the same positions of the same ids on corpus
     blocks and on task examples."""
 
-    layout: MaskLayout
+    layout: Layout
     logits: torch.Tensor
     key: str
 

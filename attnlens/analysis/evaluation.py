@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -33,8 +33,14 @@ from attnlens.models.capture import Capture, Intervention
 from attnlens.models.layer_inputs import DEFAULT_BUDGET, LayerInputs
 from attnlens.models.loading import LoadedModel
 
-if TYPE_CHECKING:
-    from attnlens.analysis.task.batching import TaskBatch
+
+class TaskInputs(Protocol):
+    """What a forward reads of a task batch (:class:`~attnlens.analysis.task.TaskBatch`, named here, not
+    imported: the task's batching imports the changes, which import this module)."""
+
+    ids: torch.Tensor
+    attention_mask: torch.Tensor
+
 
 CONFIDENCE = 0.95
 MIN_HELD_OUT_BLOCKS = 2  # the bootstrap intervals over blocks need at least two
@@ -182,7 +188,7 @@ class Starts:
         self.model, self.budget_bytes = model, budget_bytes
         self.caches: dict[int, LayerInputs] = {}
 
-    def at(self, index: int, batch: PreparedBatch | TaskBatch, layers: list[int] | None) -> contextlib.AbstractContextManager:
+    def at(self, index: int, batch: PreparedBatch | TaskInputs, layers: list[int] | None) -> contextlib.AbstractContextManager:
         """Inside, a forward of batch ``index`` (a corpus batch's ``input_ids``, or a task batch's ``ids``
         and ``attention_mask``) starts at the first of ``layers`` (all: at 0)."""
         start = min(layers) if layers else 0
@@ -218,7 +224,7 @@ def evaluate_change(
 
 def evaluate_batch(
     objective: Evaluates,
-    batch: PreparedBatch | TaskBatch,
+    batch: PreparedBatch | TaskInputs,
     intervene: Intervention | None = None,
     layers: list[int] | None = None,
     start: tuple[Starts, int] | None = None,

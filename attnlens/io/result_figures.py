@@ -12,12 +12,31 @@ import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
+
+import pandas as pd
 
 from attnlens.io.files import swap_into_place
 
-if TYPE_CHECKING:  # results imports this module
-    from attnlens.io.results import Result
+
+class Drawable(Protocol):
+    """What saving and showing a result's figures reads of it (:class:`attnlens.io.results.Result` is one;
+    named here, not imported, since that module imports this one)."""
+
+    @property
+    def figures_module(self) -> str | None: ...
+
+    @property
+    def meta(self) -> dict: ...
+
+    @property
+    def main_table(self) -> str: ...
+
+    @property
+    def table(self) -> pd.DataFrame | None: ...
+
+    def view(self, name: str | None = None, frame: pd.DataFrame | None = None) -> pd.DataFrame: ...
+
 
 FIGURE_FORMATS = ("png", "pdf")  # every figure is saved in each
 
@@ -28,7 +47,7 @@ def _imported(path: str) -> Any:
     return getattr(loaded, name) if name else loaded
 
 
-def draw(result: Result) -> Iterator[tuple[str, Any]]:
+def draw(result: Drawable) -> Iterator[tuple[str, Any]]:
     """``(name, figure)`` for every figure of ``result``, main figure first (none for kinds without figures)."""
     if result.figures_module is None:
         return iter(())
@@ -36,7 +55,7 @@ def draw(result: Result) -> Iterator[tuple[str, Any]]:
 
 
 def save_figures(
-    result: Result,
+    result: Drawable,
     directory: str | Path,
     on_figure: Callable[[str], None] | None = None,
     formats: tuple[str, ...] = FIGURE_FORMATS,

@@ -6,15 +6,11 @@ from __future__ import annotations
 import base64
 import html
 import io
-from typing import TYPE_CHECKING
 
-from attnlens.io.result_figures import draw
-
-if TYPE_CHECKING:  # results imports this module
-    from attnlens.io.results import Result
+from attnlens.io.result_figures import Drawable, draw
 
 
-def result_html(result: Result) -> str:
+def result_html(result: Drawable) -> str:
     """Provenance, the head of the main table (its shown columns), and the main figure, as HTML."""
     parts = [f"<h4>{html.escape(type(result).__name__)}</h4>", provenance_html(result.meta)]
     if result.table is not None:
@@ -67,7 +63,7 @@ def provenance_html(meta: dict) -> str:
     return f"<table>{body}</table>"
 
 
-def first_figure(result: Result) -> str | None:
+def first_figure(result: Drawable) -> str | None:
     """The main figure as base64 PNG, or None."""
     figures = draw(result)
     try:
