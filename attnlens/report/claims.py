@@ -1,6 +1,6 @@
 """The report's claims: each question of the two papers with its verdict here, in one phrase and the
 one number that decides it (:mod:`attnlens.report.verdicts`), and the numbers behind it, by the proxy
-and by the task (:func:`claims`: the page's first table and the README's claims section).
+and by the task (:func:`findings`, made once per report: the page's first table and the README's claims section).
 
 Paper 1's claims are here; paper 2's learned masks and patterns in :mod:`attnlens.report.dam`, and
 the planner's in :mod:`attnlens.report.plan`.
@@ -89,11 +89,6 @@ def findings(results: dict, preset: str = "default") -> Findings:
     rows += dam_claims(results["dam"], context, masks)
     rows += plan_claims(results["plan"], context) if "plan" in results else []
     return Findings(context, rows, _k_phrases(recon, context), masks)
-
-
-def claims(results: dict, preset: str = "default") -> pd.DataFrame:
-    """The claims table (:meth:`Findings.table`)."""
-    return findings(results, preset).table()
 
 
 def _k_phrases(recon, context: Context) -> dict[int, Phrase | None]:

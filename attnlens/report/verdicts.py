@@ -29,6 +29,7 @@ claim is made of (its :class:`Verdict`, the numbers behind it as :class:`Differe
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from enum import Enum
 from typing import NamedTuple
@@ -213,7 +214,7 @@ def task_verdict(row: pd.Series | None, context: Context, prefix: str = "") -> T
     seeds = seed_values(row, prefix)
     if context.seeded and f"{prefix}delta_seeds_low" in row and seeds is not None:
         difference = Difference.of(row, f"{prefix}delta_seeds", examples=f"{prefix}held_out")
-        difference = Difference(difference.mean, difference.low, difference.high, "points", difference.examples, tuple(seeds))
+        difference = dataclasses.replace(difference, seeds=tuple(seeds))
         return TaskJudged(on_task(difference.low, difference.high, target=context.target), True, difference)
     if row.get(f"{prefix}held_out", TOO_FEW) < TOO_FEW:
         return TaskJudged(None, False)
