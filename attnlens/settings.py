@@ -31,6 +31,7 @@ import dataclasses
 import math
 from collections.abc import Iterable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Self
 
 from attnlens.errors import BadInput
@@ -38,34 +39,121 @@ from attnlens.errors import BadInput
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
-    """Base of every analysis's settings: frozen, validated on creation, recorded in results."""
+    """Base of every analysis's settings: frozen, validated on creation, recorded in results.
+
+    A field may be a group: settings of their own (a :class:`Settings` made by its
+    ``default_factory``), which validate themselves; the class holding them checks what
+    spans groups. Every setting has one flat name, its field's name or the ``flag`` given
+    by :func:`setting`: the name :meth:`build`, :meth:`replace`, :meth:`to_dict` and the
+    command line's options use, wherever the setting sits. A name declared both here and in a
+    group (``bootstrap``) is one setting: this class's value is passed down to the group.
+    """
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):  # lists given by a caller are kept as tuples: hashable, compared by value
             value = getattr(self, field.name)
             if isinstance(value, list):
                 object.__setattr__(self, field.name, tuple(value))
+        self._pass_down()
         self.validate()
+
+    def _pass_down(self) -> None:
+        own = {_flag(field): getattr(self, field.name) for field in dataclasses.fields(self) if not _is_group(field)}
+        for field in dataclasses.fields(self):
+            if _is_group(field):
+                group = getattr(self, field.name)
+                shared = {name: own[name] for name, value in group.flat().items() if name in own and value != own[name]}
+                if shared:
+                    object.__setattr__(self, field.name, group.replace(**shared))
 
     def validate(self) -> None:
         """Raise :class:`BadInput` for a bad value; subclasses check their fields."""
 
     @classmethod
-    def build(cls, settings: Self | None = None, **changes: Any) -> Self:
-        """``settings`` (default: the defaults) with ``changes`` applied; unknown names are an error."""
-        names = [field.name for field in dataclasses.fields(cls)]
-        unknown = [name for name in changes if name not in names]
+    def paths(cls) -> dict[str, tuple[str, ...]]:
+        """Each flat name and the fields that lead to its setting.
+
+        >>> from attnlens.analysis.dam import DamSettings
+        >>> DamSettings.paths()["stop_window"], DamSettings.paths()["task"]
+        (('stopping', 'window'), ('task', 'name'))
+        """
+        paths: dict[str, tuple[str, ...]] = {
+            _flag(field): (field.name,) for field in dataclasses.fields(cls) if not _is_group(field)
+        }
+        for field in dataclasses.fields(cls):
+            if _is_group(field):
+                for name, path in field.default_factory.paths().items():  # type: ignore[union-attr]
+                    paths.setdefault(name, (field.name, *path))  # a name this class declares too is this class's
+        return paths
+
+    @classmethod
+    def build(cls, settings: Self | None = None, /, **changes: Any) -> Self:
+        """``settings`` (default: the defaults) with ``changes``, by flat name, applied; unknown names are an error."""
+        paths = cls.paths()
+        unknown = [name for name in changes if name not in paths]
         if unknown:
-            raise BadInput(f"`{unknown[0]}` is not a setting of {cls.__name__}; the settings are: {', '.join(names)}")
+            raise BadInput(f"`{unknown[0]}` is not a setting of {cls.__name__}; the settings are: {', '.join(paths)}")
         base = settings if settings is not None else cls()
-        return dataclasses.replace(base, **changes) if changes else base
+        return base._changed({paths[name]: value for name, value in changes.items()}) if changes else base
+
+    def _changed(self, changes: dict[tuple[str, ...], Any]) -> Self:
+        own: dict[str, Any] = {}
+        nested: dict[str, dict[tuple[str, ...], Any]] = {}
+        for (name, *rest), value in changes.items():
+            if rest:
+                nested.setdefault(name, {})[tuple(rest)] = value
+            else:
+                own[name] = value
+        for name, group_changes in nested.items():
+            own[name] = getattr(self, name)._changed(group_changes)
+        return dataclasses.replace(self, **own)
 
     def replace(self, **changes: Any) -> Self:
         return type(self).build(self, **changes)
 
+    def flat(self) -> dict[str, Any]:
+        """Every setting by its flat name, groups opened."""
+        values: dict[str, Any] = {}
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if _is_group(field):
+                values.update({name: item for name, item in value.flat().items() if name not in values})
+            else:
+                values[_flag(field)] = value
+        return values
+
+    @classmethod
+    def defaults(cls) -> SimpleNamespace:
+        """The defaults by flat name, as attributes: what the command line declares its options with.
+
+        >>> from attnlens.analysis.dam import DamSettings
+        >>> DamSettings.defaults().stop_window
+        20
+        """
+        return SimpleNamespace(**cls().flat())
+
     def to_dict(self) -> dict[str, Any]:
-        """The settings as JSON-ready data (tuples as lists, paths and objects as text)."""
-        return {field.name: _plain(getattr(self, field.name)) for field in dataclasses.fields(self)}
+        """The settings as JSON-ready data by flat name (tuples as lists, paths and objects as text)."""
+        return {name: _plain(value) for name, value in self.flat().items()}
+
+
+def setting(default: Any, *, flag: str) -> Any:
+    """A field whose flat name (:meth:`Settings.build`, the command line, saved results) is ``flag``."""
+    return dataclasses.field(default=default, metadata={"flag": flag})
+
+
+def group(cls: type[Settings]) -> Any:
+    """A field holding a group of settings, its defaults by default."""
+    return dataclasses.field(default_factory=cls)
+
+
+def _flag(field: dataclasses.Field[Any]) -> str:
+    return str(field.metadata.get("flag", field.name))
+
+
+def _is_group(field: dataclasses.Field[Any]) -> bool:
+    factory = field.default_factory
+    return isinstance(factory, type) and issubclass(factory, Settings)
 
 
 def _plain(value: Any) -> Any:

@@ -64,7 +64,7 @@ def main() -> None:
     modes = {"plain": plain}
     for variant in args.variants.split(","):
         layout = LAYOUTS[variant](model.num_layers, model.num_heads, args.seq_len, valid, DEFAULT_CLASSES)
-        trainer = DamTrainer(layout, DamSettings(seq_len=args.seq_len), lam=0.1).start(model)  # the recipe dam() runs
+        trainer = DamTrainer(layout, DamSettings.build(seq_len=args.seq_len), lam=0.1).start(model)  # the recipe dam() runs
         layout_context = layout.context(Batch(ids, model, 0))
 
         def step(trainer=trainer, layout_context=layout_context) -> None:

@@ -115,7 +115,7 @@ def planner_curves(model, n: int, blocks: int, repeats: int) -> None:
     from attnlens.analysis.plan import PlanSettings, _planner
     from attnlens.analysis.plan.allocate import head_curves
 
-    settings = PlanSettings(
+    settings = PlanSettings.build(
         seq_len=n, fit_seqs=16, curve_seqs=blocks, select_seqs=2, eval_seqs=2, max_loss=[0.05], ks=[4], widths=[8]
     )
     planner = _planner(model, settings, "cpu", False)

@@ -161,13 +161,13 @@ def main() -> None:
     budgets = tuple(float(value) for value in args.budgets.split(","))
     if args.pool:
         return pooled(
-            model, PlanSettings(seq_len=args.seq_len, max_loss=budgets, seed=args.seed, **chosen), args.pool, args.draws
+            model, PlanSettings.build(seq_len=args.seq_len, max_loss=budgets, seed=args.seed, **chosen), args.pool, args.draws
         )
     rules = {name: RULES[name] for name in args.rules.split(",")}
     rows = []
     for seed in range(args.first_seed, args.first_seed + args.seeds):
         began = time.perf_counter()
-        settings = PlanSettings(seq_len=args.seq_len, max_loss=budgets, seed=seed, **chosen)
+        settings = PlanSettings.build(seq_len=args.seq_len, max_loss=budgets, seed=seed, **chosen)
         found = one_seed(model, settings, rules)
         rows += [{**row, "seed": seed} for row in found]
         said = ", ".join(

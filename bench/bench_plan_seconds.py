@@ -58,7 +58,7 @@ def main() -> None:
     if args.result and Path(args.result).exists():  # a plan this bench saved before: time it again
         result = attnlens.load_result(args.result)
     else:
-        budget = budget_of(model, PlanSettings(max_loss=(1e9,), **sizes), args.slack)
+        budget = budget_of(model, PlanSettings.build(max_loss=(1e9,), **sizes), args.slack)
         result = attnlens.plan(model, max_loss=[budget], progress=True, **sizes)
         if args.result:
             result.save(args.result)

@@ -33,7 +33,7 @@ def main() -> None:
     parser.add_argument("--curve-seqs", type=int, default=PlanSettings.curve_seqs)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    settings = PlanSettings(
+    settings = PlanSettings.build(
         max_drop=(args.budget,), task="rotten-tomatoes", protocol="probe", task_eval=args.task_eval, seq_len=args.seq_len,
         curve_seqs=args.curve_seqs, seed=args.seed,
     )  # fmt: skip

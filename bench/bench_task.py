@@ -46,7 +46,7 @@ def main() -> None:
     args = parser.parse_args()
 
     model = attnlens.load_model("minilm-l6")
-    settings = TaskSettings(task=args.task, task_train=args.train, task_eval=args.examples)
+    settings = TaskSettings(name=args.task, task_train=args.train, task_eval=args.examples)
     began = time.perf_counter()
     judge = TaskJudge(model, settings, seq_len=args.seq_len, batch_size=args.batch_size)
     one_off = time.perf_counter() - began

@@ -14,7 +14,7 @@ model's report's first screen at 1,280 px as ``docs/report.png``. A claim a defa
 
 A column whose report is not made again keeps its cells and its line as the README prints them
 (``--keep '`gemma3-270m`'``, once per column), in the README's order: the default report of
-gemma3-270m alone takes an hour and a half on 2 cores, and the finetune protocol as long.
+gemma3-270m alone takes over an hour on 2 cores (65 minutes, `bench_report.py --from`), the finetune protocol about 85 minutes.
 
 >>> claims = pd.DataFrame([["q", "yes", "holds: a | b", "default"]], columns=COLUMNS)
 >>> section = claims_section([column(claims, {"model": {"name": "m"}})])
@@ -95,8 +95,8 @@ def markdown_table(columns: list[Column]) -> str:
 
 def kept(readme: str, headings: list[str]) -> list[Column]:
     """The columns under ``headings`` as the README's claims section prints them now, each with its
-    model's line: for a column whose report is not made again (gemma3-270m's default report takes an
-    hour and a half on 2 cores) beside those that are. Refused where the section's table is not the
+    model's line: for a column whose report is not made again (gemma3-270m's default report takes
+    over an hour on 2 cores) beside those that are. Refused where the section's table is not the
     generator's own (its digest) or lacks a heading.
 
     >>> one = Column("`m`", "`m` on `kjv`.", {"a": "holds: 1 (default)"}, {"a": "p"})
@@ -270,6 +270,12 @@ def update(
     return section
 
 
+def _first_heading(readme: Path) -> str:
+    """The heading of the README's first model column (the figure's report)."""
+    header = next(line for line in readme.read_text().splitlines() if line.startswith("| claim | papers report |"))
+    return header.split(" | ")[2]
+
+
 def _refused(directory: Path, presets: tuple[str, ...]) -> str | None:
     """Why ``directory`` cannot be read as a report of one of ``presets``, or ``None``."""
     if not (directory / "result.json").is_file():
@@ -307,7 +313,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as error:
         print(f"readme_claims: error: {error}", file=sys.stderr)
         return 2
-    print(f"rewrote the claims section of {args.readme} and {FIGURE_COPY} from {', '.join(map(str, args.reports))}")
+    figure = "" if _first_heading(args.readme) in args.keep else f" and {FIGURE_COPY}"  # a kept first column keeps its figure
+    print(f"rewrote the claims section of {args.readme}{figure} from {', '.join(map(str, args.reports))}")
     return 0
 
 

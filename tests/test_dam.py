@@ -81,7 +81,7 @@ def test_mask_forward_equals_a_hard_masked_forward(minilm_l6, setting, variant, 
     """The training intervention's forward value is the hard mask, exactly removed."""
     ids, valid, classes, context = setting
     layout = LAYOUTS[variant](6, 12, ids.shape[1], valid, classes)
-    trainer = DamTrainer(layout, DamSettings(steps=2, stop_window=2, removal=removal_mode), lam=0.0).start(minilm_l6)
+    trainer = DamTrainer(layout, DamSettings.build(steps=2, stop_window=2, removal=removal_mode), lam=0.0).start(minilm_l6)
     noisy = torch.randn(layout.shape, generator=torch.Generator().manual_seed(1))
     hard = (noisy > 0).float()
     with torch.no_grad():
@@ -105,7 +105,7 @@ def test_renormalised_gate_forward_is_the_hard_mask_and_removed_positions_get_a_
         hand_hidden = minilm_l6.forward(ids).last_hidden_state
     gradients = {}
     for mode in ("renormalise", "1e4"):
-        trainer = DamTrainer(layout, DamSettings(steps=2, stop_window=2, removal=mode), lam=0.0).start(minilm_l6)
+        trainer = DamTrainer(layout, DamSettings.build(steps=2, stop_window=2, removal=mode), lam=0.0).start(minilm_l6)
         logits = noisy.clone().requires_grad_(True)
         soft = torch.sigmoid(logits)
         mask = (logits > 0).float() + soft - soft.detach()  # straight-through, as DamTrainer.sample makes it
@@ -133,7 +133,7 @@ def test_gradient_scale_multiplies_the_task_gradient(minilm_l6, setting):
     layout = LAYOUTS["structured"](6, 12, ids.shape[1], valid, classes)
     grads = []
     for scale in (1.0, 10.0):
-        trainer = DamTrainer(layout, DamSettings(steps=2, stop_window=2, removal="1e4"), lam=0.0).start(minilm_l6)
+        trainer = DamTrainer(layout, DamSettings.build(steps=2, stop_window=2, removal="1e4"), lam=0.0).start(minilm_l6)
         trainer.gradient_scale = scale
         with attnlens.analysis.evaluation.frozen(minilm_l6.model):
             trainer.step(objective, batch, context)
@@ -206,7 +206,7 @@ def test_train_weights_leaves_the_model_as_it_was(minilm_l6, kjv):
 
 def test_tau_schedule():
     assert parse_tau("0.5") == (0.5, 0.5) and parse_tau("2:0.1") == (2.0, 0.1)
-    trainer = DamTrainer(None, DamSettings(steps=11, stop_window=2, tau="2:0.02"), lam=0.0)
+    trainer = DamTrainer(None, DamSettings.build(steps=11, stop_window=2, tau="2:0.02"), lam=0.0)
     assert trainer.temperature(0) == pytest.approx(2.0) and trainer.temperature(10) == pytest.approx(0.02)
     assert trainer.temperature(5) == pytest.approx(0.2)
 
@@ -602,4 +602,4 @@ def test_an_unknown_adapted_pattern_is_one_line():
     from attnlens.errors import BadInput
 
     with pytest.raises(BadInput, match="adapted_patterns longformer is unknown; use some of"):
-        DamSettings(adapted_patterns=("longformer",))
+        DamSettings.build(adapted_patterns=("longformer",))

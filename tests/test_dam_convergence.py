@@ -29,7 +29,10 @@ SMALL = dict(
 def _setup(model, kjv, **settings) -> Setup:
     """The blocks, layout and objectives a dam() call with ``settings`` uses, built again."""
     s = DamSettings.build(None, corpus=kjv, **{name: value for name, value in settings.items() if name != "progress"})
-    return Setup.of(Experiment.start(model, s, num_eval=s.eval_seqs, num_train=s.train_seqs), s)
+    experiment = Experiment.start(
+        model, s, classes=s.mask.classes, objective=s.judging.objective, num_eval=s.eval_seqs, num_train=s.train_seqs
+    )
+    return Setup.of(experiment, s)
 
 
 @pytest.mark.slow
@@ -100,7 +103,7 @@ def test_mask_seeds_draw_different_noise_and_are_judged_on_the_same_blocks(minil
     setup = _setup(minilm_l3, kjv, sparsity=[0.9], **SMALL)
     for number in range(2):
         logits = torch.as_tensor(np.asarray(result.logits[number]))
-        again = evaluate_mask(setup.layout, logits, setup.judge, setup.held_out)["losses"]
+        again = evaluate_mask(setup.layout, logits, setup.judging_objective, setup.held_out)["losses"]
         np.testing.assert_allclose(again, result.arrays["eval_losses"][number], rtol=1e-5, atol=1e-6)
     assert "target 90%, seed 1" in result.text()
     across = result.across_seeds()
@@ -139,7 +142,7 @@ def test_the_reference_search_never_ends_worse_than_its_start(minilm_l3, kjv, st
         assert row["start_train_loss"] == pytest.approx(row["dam_train_loss"], rel=1e-6), "it starts at DAM's mask"
     setup = _setup(minilm_l3, kjv, sparsity=[0.9], **SMALL)
     logits = torch.as_tensor(np.asarray(result.arrays["reference_logits"][0]))
-    held = evaluate_mask(setup.layout, logits, setup.judge, setup.held_out)
+    held = evaluate_mask(setup.layout, logits, setup.judging_objective, setup.held_out)
     trained = evaluate_mask(setup.layout, logits, setup.train_objective, setup.train)
     assert row["train_loss"] == pytest.approx(trained["losses"].mean(), rel=1e-5)
     assert row["delta"] == pytest.approx((held["losses"] - setup.baseline).mean(), abs=1e-6)
@@ -239,10 +242,10 @@ def test_masks_learn_from_a_train_objective_and_are_judged_by_the_objective(tmp_
     result = attnlens.dam(model, corpus=kjv, steps=20, **settings)
     assert result.meta["settings"]["trained_on"] == "hidden" and result.meta["settings"]["objective"] == "mlm"
     setup = _setup(model, kjv, **settings)
-    assert setup.judge.name == "mlm" and setup.train_objective.name == "hidden"
+    assert setup.judging_objective.name == "mlm" and setup.train_objective.name == "hidden"
     logits = torch.as_tensor(np.asarray(result.logits[0]))
     trained = evaluate_mask(setup.layout, logits, setup.train_objective, setup.train)["losses"].mean()
-    held = evaluate_mask(setup.layout, logits, setup.judge, setup.held_out)["losses"] - setup.baseline
+    held = evaluate_mask(setup.layout, logits, setup.judging_objective, setup.held_out)["losses"] - setup.baseline
     assert result.table.iloc[0]["train_loss"] == pytest.approx(trained, rel=1e-5)
     assert result.table.iloc[0]["delta"] == pytest.approx(held.mean(), abs=1e-6)
 

@@ -57,13 +57,13 @@ def test_a_held_runs_lambda_balances_the_averaged_gradients_on_the_target_share(
 
 
 def test_auto_holds_exactly_when_the_weights_train_and_a_held_run_starts_where_gradients_balance():
-    assert [DamSettings(dual=dual, train_weights=tw).holds for dual in ("auto", "ascent", "hold") for tw in (False, True)] == [
+    assert [DamSettings.build(dual=dual, train_weights=tw).holds for dual in ("auto", "ascent", "hold") for tw in (False, True)] == [
         False, True, False, False, True, True,
     ]  # fmt: skip
-    assert DamSettings(sparsity=(0.9,), dual="hold").runs() == [(None, 0.9, 0)]
-    assert DamSettings(sparsity=(0.9,)).runs() == [(0.1, 0.9, 0)]
+    assert DamSettings.build(sparsity=(0.9,), dual="hold").runs() == [(None, 0.9, 0)]
+    assert DamSettings.build(sparsity=(0.9,)).runs() == [(0.1, 0.9, 0)]
     with pytest.raises(BadInput, match="dual"):
-        DamSettings(dual="integral")
+        DamSettings.build(dual="integral")
 
 
 @pytest.mark.slow

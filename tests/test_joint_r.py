@@ -79,7 +79,7 @@ def test_joint_r_needs_the_finetune_protocol(capsys, tmp_path):
     from tiny_models import assert_one_line_error, run_cli
 
     with pytest.raises(BadInput, match="needs protocol finetune"):
-        ReconstructSettings(task="rotten-tomatoes", plug_in=True, task_joint_r=True)
+        ReconstructSettings.build(task="rotten-tomatoes", plug_in=True, task_joint_r=True)
     code, _, err = run_cli(
         capsys,
         "reconstruct",
@@ -100,9 +100,9 @@ def test_task_joint_ks_picks_the_ks_judged_with_maps_trained_with_the_weights():
     from attnlens.errors import BadInput
 
     common = dict(task="imdb", protocol="finetune", plug_in=True, task_ks=(16, 32))
-    some = _judged_jointly(ReconstructSettings(**common, task_joint_r=True, task_joint_ks=(16,)))
-    every = _judged_jointly(ReconstructSettings(**common, task_joint_r=True))
-    none = _judged_jointly(ReconstructSettings(**common, task_joint_ks=(16,)))
+    some = _judged_jointly(ReconstructSettings.build(**common, task_joint_r=True, task_joint_ks=(16,)))
+    every = _judged_jointly(ReconstructSettings.build(**common, task_joint_r=True))
+    none = _judged_jointly(ReconstructSettings.build(**common, task_joint_ks=(16,)))
     assert [some(16), some(32), every(16), every(32), none(16)] == [True, False, True, True, False]
     with pytest.raises(BadInput, match="task_joint_ks 8 is not among the task_ks"):
-        ReconstructSettings(**common, task_joint_r=True, task_joint_ks=(8,))
+        ReconstructSettings.build(**common, task_joint_r=True, task_joint_ks=(8,))

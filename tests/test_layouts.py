@@ -72,7 +72,7 @@ def test_every_change_judged_on_length_bucketed_batches_equals_it_padded_to_n(mi
     """Masks and patterns decide positions by their place, so a batch narrower than n takes their
     corner: features and the share removed equal those of the same examples padded to n (BigBird's
     random keys are each example's own, drawn at n)."""
-    settings = TaskSettings(task="rotten-tomatoes", task_train=32, task_eval=40, probe_c=1.0)
+    settings = TaskSettings(name="rotten-tomatoes", task_train=32, task_eval=40, probe_c=1.0)
     padded = TaskJudge(minilm_l6, settings, seq_len=N, batch_size=16, pad_to=N)
     bucketed = TaskJudge(minilm_l6, settings, seq_len=N, batch_size=16)
     widths = [batch.ids.shape[1] for batch in batches(bucketed.held_out, 16, minilm_l6.device)]
@@ -88,7 +88,7 @@ def test_on_padded_task_batches_counts_and_sparsity_are_those_of_the_examples_ow
     decides among the examples' own tokens: counted here by expanding each logit's number and
     counting it over those positions; and the hard mask's sparsity there is the share of zero
     weights among them in a forward with the mask."""
-    settings = TaskSettings(task="rotten-tomatoes", task_train=32, task_eval=40, probe_c=1.0)
+    settings = TaskSettings(name="rotten-tomatoes", task_train=32, task_eval=40, probe_c=1.0)
     split = Split.of_examples(TaskJudge(minilm_l6, settings, seq_len=N, batch_size=16).held_out, minilm_l6, 16)
     for change in [change for change in contract_changes(minilm_l6, blocks) if isinstance(change, MaskChange)]:
         layout = change.layout
@@ -203,4 +203,4 @@ def test_a_layout_defined_in_one_class_runs_through_dam_the_figures_and_the_cli(
 
 def test_an_unknown_variant_names_every_registered_layout(registered):
     with pytest.raises(attnlens.BadInput, match=registered):
-        attnlens.DamSettings(variant="dense")
+        attnlens.DamSettings.build(variant="dense")

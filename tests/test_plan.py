@@ -169,9 +169,9 @@ def test_task_halves_are_disjoint(minilm_l3):
     from attnlens.analysis.experiment import Experiment
     from attnlens.analysis.plan import PlanSettings
 
-    s = PlanSettings(seq_len=32, task="rotten-tomatoes", task_train=64, task_eval=40, max_drop=(50.0,))
+    s = PlanSettings.build(seq_len=32, task="rotten-tomatoes", task_train=64, task_eval=40, max_drop=(50.0,))
     experiment = Experiment.start(minilm_l3, s, num_eval=2)
-    costs = TaskCosts(experiment, s, 20, 8, batch_size=16, seed=0)
+    costs = TaskCosts(experiment, s.task, 20, 8, batch_size=16, seed=0)
     select, check = costs.parts["select"], costs.parts["check"]
     assert costs.units("select") == 20 and costs.units("check") == 20 and costs.units("curve") == 8
     positions = np.arange(len(costs.baseline))
@@ -209,9 +209,11 @@ def test_the_selections_early_looks_are_prefixes_of_the_whole_and_exact_runs_not
     from attnlens.analysis.plan.assemble import EXACT_KEY, layer_plans, plan_change
     from attnlens.analysis.plan.judging import EARLY_LOOKS, Budget, clearly_misses
 
-    s = PlanSettings(seq_len=32, task="rotten-tomatoes", task_train=64, task_eval=420, max_drop=(1.0,), forecastable_only=False)
+    s = PlanSettings.build(
+        seq_len=32, task="rotten-tomatoes", task_train=64, task_eval=420, max_drop=(1.0,), forecastable_only=False
+    )
     experiment = Experiment.start(minilm_l3, s, num_eval=2)
-    costs = TaskCosts(experiment, s, 210, 8, batch_size=32, seed=0)
+    costs = TaskCosts(experiment, s.task, 210, 8, batch_size=32, seed=0)
     budget = Budget("accuracy", 1.0)
     narrow = {(layer, head): Choice("window", 1) for layer in range(3) for head in range(12)}
     change = plan_change(layer_plans(narrow, None, 32, False), "narrow")
@@ -236,7 +238,7 @@ def test_a_task_budgets_curves_are_the_divergence_of_the_classifiers_predictions
     from attnlens.analysis.plan import PlanSettings, _planner
     from attnlens.analysis.task.batching import batches
 
-    s = PlanSettings(seq_len=32, task="rotten-tomatoes", task_train=64, task_eval=40, max_drop=(50.0,), fit_seqs=4,
+    s = PlanSettings.build(seq_len=32, task="rotten-tomatoes", task_train=64, task_eval=40, max_drop=(50.0,), fit_seqs=4,
                      curve_seqs=6, ks=(), widths=(2,), forecastable_only=False)  # fmt: skip
     planner = _planner(minilm_l3, s, "cpu", False)
     judge = planner.costs.task
@@ -297,9 +299,9 @@ def test_an_accuracy_budget_needs_the_examples_that_can_forecast_it():
     for points in (0.5, 1.0, 2.0, 5.0):
         needed = next(n for n in range(8, 10_000) if by_hand(n) <= points / 100)
         with pytest.raises(BadInput, match=f"at least {needed:,}"):
-            PlanSettings(max_drop=(points,), task="rotten-tomatoes", task_eval=needed - 1)
-        PlanSettings(max_drop=(points,), task="rotten-tomatoes", task_eval=needed)
-        PlanSettings(max_drop=(points,), task="rotten-tomatoes", task_eval=needed - 1, forecastable_only=False)
+            PlanSettings.build(max_drop=(points,), task="rotten-tomatoes", task_eval=needed - 1)
+        PlanSettings.build(max_drop=(points,), task="rotten-tomatoes", task_eval=needed)
+        PlanSettings.build(max_drop=(points,), task="rotten-tomatoes", task_eval=needed - 1, forecastable_only=False)
 
 
 def test_a_budget_below_the_unmodified_loss_cannot_be_met(gemma3, capsys, tmp_path):
@@ -420,7 +422,7 @@ def test_a_window_wider_than_every_text_saves_nothing_and_says_so(minilm_l3, sho
     from attnlens.report.plan import plan_claims
     from attnlens.report.verdicts import Context, Phrase
 
-    s = PlanSettings(seq_len=64, task=str(short_texts), task_train=64, task_eval=60, max_drop=(50.0,), fit_seqs=4,
+    s = PlanSettings.build(seq_len=64, task=str(short_texts), task_train=64, task_eval=60, max_drop=(50.0,), fit_seqs=4,
                      curve_seqs=6, ks=(), widths=(40,), forecastable_only=False)  # fmt: skip
     planner = _planner(minilm_l3, s, "cpu", False)
     lengths = planner.lengths

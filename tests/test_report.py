@@ -314,10 +314,12 @@ def test_the_presets_keep_their_budgets_as_last_measured():
     assert sum(stage_weights("default").values()) <= 600 and sum(stage_weights("quick").values()) <= 120
     assert sum(stage_weights("full").values()) <= 1800 and sum(stage_weights("finetune").values()) <= 5400
     assert list(stage_weights("default")) == list(stage_weights("quick")) == list(stage_weights("full"))
-    assert FULL.dam.mask_seeds == 3 and FULL.dam.reference and FULL.reconstruct.task
-    assert 1.0 in FULL.plan.max_drop and FULL.plan.task_eval >= task_eval_needed(0.01)
-    assert DEFAULT.dam.mask_seeds == QUICK.dam.mask_seeds == 1
-    assert DEFAULT.reconstruct.task and {16, 32} <= set(DEFAULT.reconstruct.task_ks)  # the k claims are decided by the task
+    assert FULL.dam.mask.seeds == 3 and FULL.dam.judging.reference and FULL.reconstruct.task.name
+    assert 1.0 in FULL.plan.max_drop and FULL.plan.task.task_eval >= task_eval_needed(0.01)
+    assert DEFAULT.dam.mask.seeds == QUICK.dam.mask.seeds == 1
+    assert DEFAULT.reconstruct.task.name and {16, 32} <= set(
+        DEFAULT.reconstruct.on_task.ks
+    )  # the k claims are decided by the task
 
 
 def test_a_report_task_option_reaches_every_stage_the_preset_judges_and_none_removes_them():
@@ -327,11 +329,11 @@ def test_a_report_task_option_reaches_every_stage_the_preset_judges_and_none_rem
 
     mine = DEFAULT.for_run(corpus="wordnet", seed=3, task="rotten-tomatoes")
     judged = [mine.reconstruct, mine.importance, mine.plan]
-    assert {stage.task for stage in judged} == {"rotten-tomatoes"} and mine.dam.task is None  # DAM is not judged here
+    assert {stage.task.name for stage in judged} == {"rotten-tomatoes"} and mine.dam.task.name is None  # DAM is not judged here
     assert {stage.corpus for stage in (mine.eigen, *judged)} == {"wordnet"} and mine.eigen.seed == 3
     none = FINETUNE.for_run(corpus="kjv", seed=0, task=None)
-    assert none.plan is None and not none.reconstruct.task_joint_r and none.dam.train_on != "task"
-    assert [stage.task for stage in (none.reconstruct, none.importance, none.dam)] == [None, None, None]
+    assert none.plan is None and not none.reconstruct.on_task.joint_r and none.dam.training.train_on != "task"
+    assert [stage.task.name for stage in (none.reconstruct, none.importance, none.dam)] == [None, None, None]
 
 
 def test_a_report_into_a_new_nested_directory_stages_beside_it(tmp_path, monkeypatch, minilm_l3):

@@ -30,7 +30,7 @@ SMALL = dict(task_train=96, task_eval=48)
 
 @pytest.fixture(scope="module")
 def rotten(minilm_l6) -> TaskJudge:
-    return TaskJudge(minilm_l6, TaskSettings(task="rotten-tomatoes", **SMALL), seq_len=64, batch_size=16)
+    return TaskJudge(minilm_l6, TaskSettings(name="rotten-tomatoes", **SMALL), seq_len=64, batch_size=16)
 
 
 # ----------------------------------------------------------------------------- data
@@ -151,7 +151,7 @@ def _no_op(batch):
 
 @pytest.mark.parametrize("protocol", ["probe", "refit"])
 def test_no_change_reproduces_the_unmodified_accuracy_exactly(minilm_l6, protocol):
-    judge = TaskJudge(minilm_l6, TaskSettings(task="rotten-tomatoes", protocol=protocol, **SMALL), seq_len=64, batch_size=16)
+    judge = TaskJudge(minilm_l6, TaskSettings(name="rotten-tomatoes", protocol=protocol, **SMALL), seq_len=64, batch_size=16)
     for change in (None, Change("no-op", _no_op)):
         judged = judge.judge(change)
         assert judged["accuracy"] == judge.unmodified_accuracy and judged["delta_accuracy"] == 0.0
@@ -172,7 +172,7 @@ def test_a_real_change_moves_the_probe(rotten):
 @pytest.mark.slow
 def test_finetune_trains_once_then_loads_its_cached_checkpoint(minilm_l3, tmp_path, monkeypatch):
     monkeypatch.setenv("ATTNLENS_CACHE", str(tmp_path / "cache"))
-    settings = TaskSettings(task="rotten-tomatoes", protocol="finetune", task_train=32, task_eval=24, finetune_steps=3)
+    settings = TaskSettings(name="rotten-tomatoes", protocol="finetune", task_train=32, task_eval=24, finetune_steps=3)
     first = TaskJudge(minilm_l3, settings, seq_len=48, batch_size=8)
     assert first.last_finetune["from_cache"] is False and len(first.last_finetune["curve"]) == 3
     monkeypatch.setattr(TaskJudge, "_train", lambda *args: pytest.fail("retrained instead of loading the cache"))
@@ -187,7 +187,7 @@ def test_finetune_trains_once_then_loads_its_cached_checkpoint(minilm_l3, tmp_pa
 @pytest.mark.slow
 def test_finetune_with_no_change_in_the_loop_reproduces_the_unmodified_run(minilm_l3, tmp_path, monkeypatch):
     monkeypatch.setenv("ATTNLENS_CACHE", str(tmp_path / "cache"))
-    settings = TaskSettings(task="rotten-tomatoes", protocol="finetune", task_train=32, task_eval=24, finetune_steps=2)
+    settings = TaskSettings(name="rotten-tomatoes", protocol="finetune", task_train=32, task_eval=24, finetune_steps=2)
     judge = TaskJudge(minilm_l3, settings, seq_len=48, batch_size=8)
     judged = judge.judge(Change("no-op", _no_op))  # trained again, with an intervention that changes nothing
     assert judge.last_finetune["from_cache"] is False
@@ -275,7 +275,7 @@ def test_patterns_adapted_beside_a_mask_are_judged_by_the_task_with_the_weights_
     adapted = table[table["kind"] == "pattern"]
     compared = result.tables["task_compared"]
     assert len(adapted) and len(compared) == len(adapted) and (adapted["lambda"] == table["lambda"].iloc[0]).all()
-    pretrained = TaskJudge(minilm_l3, TaskSettings(**task), seq_len=32, batch_size=8)
+    pretrained = TaskJudge(minilm_l3, TaskSettings.build(**task), seq_len=32, batch_size=8)
     for row in adapted.itertuples():
         unadapted = pretrained.judge(PatternChange(row.pattern, int(row.value), 32))
         assert abs(row.task_loss - unadapted["task_loss"]) > 1e-4, f"{row.pattern} judged with the weights it trained"
@@ -290,7 +290,7 @@ def test_a_pattern_judged_with_other_weights_is_judged_afresh_under_their_name(m
     from attnlens.analysis.task import TaskJudge, TaskSettings
 
     judge = TaskJudge(
-        minilm_l6, TaskSettings(task="rotten-tomatoes", task_train=64, task_eval=24, probe_c=1.0), seq_len=32, batch_size=8
+        minilm_l6, TaskSettings(name="rotten-tomatoes", task_train=64, task_eval=24, probe_c=1.0), seq_len=32, batch_size=8
     )
     change = PatternChange("band", 1, 32)
     first = judge.judge(change)["task_loss"]
@@ -349,7 +349,7 @@ def test_bad_task_input_gives_one_line(case, phrases, tmp_path, capsys):
 
 def test_task_settings_check_themselves():
     with pytest.raises(BadInput, match="protocol"):
-        TaskSettings(task="imdb", protocol="linear")
+        TaskSettings(name="imdb", protocol="linear")
 
 
 def test_reconstruct_with_a_task_needs_the_plug_in(capsys, tmp_path):

@@ -127,7 +127,7 @@ def seen_file(seen_rows, tmp_path_factory):
 def test_under_head_no_example_the_classifier_saw_is_held_out(classifier, seen_rows, seen_file):
     texts = load_task("rotten-tomatoes").texts
     seen = {plain(texts[row]) for row in seen_rows}
-    settings = TaskSettings(task="rotten-tomatoes", task_exclude=str(seen_file), task_eval="auto")
+    settings = TaskSettings(name="rotten-tomatoes", task_exclude=str(seen_file), task_eval="auto")
     with warnings.catch_warnings():
         warnings.simplefilter("error", AttnlensWarning)  # excluded: no warning
         prepared = prepare_task(classifier, settings, seq_len=64)

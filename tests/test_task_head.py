@@ -38,7 +38,7 @@ def classifier(classifier_dir):
 
 
 def test_a_classifier_is_judged_through_its_own_head_and_agrees_with_transformers(classifier, classifier_dir):
-    judge = TaskJudge(classifier, TaskSettings(task="rotten-tomatoes", task_train=8, task_eval=48), seq_len=64, batch_size=16)
+    judge = TaskJudge(classifier, TaskSettings(name="rotten-tomatoes", task_train=8, task_eval=48), seq_len=64, batch_size=16)
     assert judge.protocol == "head" and judge.probe is None, "auto picks the head of a classifier"
     correct = judge.judge(None)["correct"]
     reference = transformers.AutoModelForSequenceClassification.from_pretrained(classifier_dir).eval()
@@ -59,7 +59,7 @@ def test_a_classifier_is_judged_through_its_own_head_and_agrees_with_transformer
 
 
 def test_a_change_is_judged_through_the_head(classifier):
-    judge = TaskJudge(classifier, TaskSettings(task="rotten-tomatoes", task_train=8, task_eval=48), seq_len=64, batch_size=16)
+    judge = TaskJudge(classifier, TaskSettings(name="rotten-tomatoes", task_train=8, task_eval=48), seq_len=64, batch_size=16)
     judged = judge.judge(Ablation("other", ("self", "cls", "sep", "other")))
     assert judged["protocol"] == "head" and judged["task_sparsity"] > 0.5
     assert judge.describe()["head"]["classes"] == ["negative", "positive"]
@@ -68,7 +68,7 @@ def test_a_change_is_judged_through_the_head(classifier):
 def test_head_protocol_on_a_model_without_a_head_says_so(minilm_l6):
     with pytest.raises(BadInput, match="sequence-classification head"):
         TaskJudge(
-            minilm_l6, TaskSettings(task="rotten-tomatoes", protocol="head", task_train=8, task_eval=24), seq_len=32, batch_size=8
+            minilm_l6, TaskSettings(name="rotten-tomatoes", protocol="head", task_train=8, task_eval=24), seq_len=32, batch_size=8
         )
 
 
@@ -76,7 +76,7 @@ def test_task_classes_that_do_not_match_the_heads_id2label_say_so(classifier, tm
     path = tmp_path / "t.csv"
     pd.DataFrame({"text": ["good film", "bad film"] * 20, "label": ["good", "bad"] * 20}).to_csv(path, index=False)
     with pytest.raises(BadInput, match="do not match the head's id2label"):
-        TaskJudge(classifier, TaskSettings(task=str(path), task_train=8, task_eval=24), seq_len=32, batch_size=8)
+        TaskJudge(classifier, TaskSettings(name=str(path), task_train=8, task_eval=24), seq_len=32, batch_size=8)
 
 
 def test_head_protocol_without_a_head_is_one_line_on_the_command_line(tmp_path, capsys):

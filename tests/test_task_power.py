@@ -98,7 +98,7 @@ def test_more_held_out_examples_never_change_the_training_ones(minilm_l6):
 
 def test_unmodified_features_are_computed_once_and_then_read(minilm_l6, tmp_path, monkeypatch):
     monkeypatch.setenv("ATTNLENS_CACHE", str(tmp_path / "cache"))
-    settings = TaskSettings(task="rotten-tomatoes", task_train=32, task_eval=24)
+    settings = TaskSettings(name="rotten-tomatoes", task_train=32, task_eval=24)
     first = TaskJudge(minilm_l6, settings, seq_len=48, batch_size=8)
     monkeypatch.setattr(TaskJudge, "features", lambda *args, **kwargs: pytest.fail("recomputed the unmodified features"))
     second = TaskJudge(minilm_l6, settings, seq_len=48, batch_size=8)
@@ -108,7 +108,7 @@ def test_unmodified_features_are_computed_once_and_then_read(minilm_l6, tmp_path
 
 def test_a_fixed_width_judge_shares_the_training_features_but_not_the_held_out_baseline(minilm_l6, tmp_path, monkeypatch):
     monkeypatch.setenv("ATTNLENS_CACHE", str(tmp_path / "cache"))
-    settings = TaskSettings(task="rotten-tomatoes", task_train=32, task_eval=24)
+    settings = TaskSettings(name="rotten-tomatoes", task_train=32, task_eval=24)
     bucketed = TaskJudge(minilm_l6, settings, seq_len=48, batch_size=8)
     computed, features = [], TaskJudge.features
 
@@ -124,7 +124,7 @@ def test_a_fixed_width_judge_shares_the_training_features_but_not_the_held_out_b
 
 
 def test_power_columns_follow_from_the_paired_outcomes(minilm_l6):
-    judge = TaskJudge(minilm_l6, TaskSettings(task="rotten-tomatoes", task_train=64, task_eval=60), seq_len=48, batch_size=16)
+    judge = TaskJudge(minilm_l6, TaskSettings(name="rotten-tomatoes", task_train=64, task_eval=60), seq_len=48, batch_size=16)
     judged = judge.judge(Ablation("sep", CLASSES))
     paired = judged["correct"] - judge.judge(None)["correct"]
     assert judged["held_out"] == 60
@@ -139,7 +139,7 @@ def test_task_eval_auto_judges_each_change_sequentially_on_a_prefix_of_the_pool(
     standard error, the boundary the design gives on these outcomes), and every earlier look is
     checked not to have stopped."""
     monkeypatch.setattr(judge_module, "AUTO_POOL", 400)
-    settings = TaskSettings(task="rotten-tomatoes", task_train=64, task_eval="auto", task_target=0.06)
+    settings = TaskSettings(name="rotten-tomatoes", task_train=64, task_eval="auto", task_target=0.06)
     judge = TaskJudge(minilm_l3, settings, seq_len=48, batch_size=32)
     assert judge.design.available == len(judge.pool) == 400 and judge.design.grid[0] == 192
 
@@ -174,7 +174,7 @@ def test_a_judgement_computes_each_example_once_in_the_designs_slices(minilm_l3,
     so the same length buckets, and the outcomes equal one judgement of them all to float32 rounding."""
     monkeypatch.setenv("ATTNLENS_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(judge_module, "AUTO_POOL", 400)
-    settings = TaskSettings(task="rotten-tomatoes", task_train=64, task_eval="auto", task_target=0.005)
+    settings = TaskSettings(name="rotten-tomatoes", task_train=64, task_eval="auto", task_target=0.005)
     auto = TaskJudge(minilm_l3, settings, seq_len=48, batch_size=16)
     judged, features = [], auto.features
 
@@ -189,7 +189,7 @@ def test_a_judgement_computes_each_example_once_in_the_designs_slices(minilm_l3,
     assert count > auto.design.grid[0]
     ran = [(rows, size) for rows, size, changed in judged if changed]
     assert [size for _, size in ran] == np.diff((0, *cuts[: cuts.index(count) + 1])).tolist()
-    fixed = TaskJudge(minilm_l3, TaskSettings(task="rotten-tomatoes", task_train=64, task_eval=400), seq_len=48, batch_size=16)
+    fixed = TaskJudge(minilm_l3, TaskSettings(name="rotten-tomatoes", task_train=64, task_eval=400), seq_len=48, batch_size=16)
     assert fixed.pool.rows.tolist() == auto.pool.rows.tolist()
     np.testing.assert_allclose(auto._judged[change.key].losses, fixed._outcomes(change, 400).losses[:count], atol=1e-5)
 
@@ -200,7 +200,7 @@ def test_removal_share_is_the_task_sparsity_a_judgement_counts(minilm_l6, change
     from attnlens.analysis.changes import PatternChange
 
     judge = TaskJudge(
-        minilm_l6, TaskSettings(task="rotten-tomatoes", task_train=32, task_eval=40), seq_len=48, batch_size=16, pad_to=48
+        minilm_l6, TaskSettings(name="rotten-tomatoes", task_train=32, task_eval=40), seq_len=48, batch_size=16, pad_to=48
     )
     made = PatternChange(change[1], change[2], 48) if change[0] == "pattern" else Ablation(change[1], CLASSES)
     counted = judge.judge(made)["task_sparsity"]
@@ -214,7 +214,7 @@ def test_task_eval_auto_on_a_task_too_small_uses_every_example_and_says_so(minil
     frame = pd.DataFrame({"text": [task.texts[row] for row in chosen], "label": task.labels[chosen]})
     path = tmp_path / "small.csv"
     frame.to_csv(path, index=False)
-    settings = TaskSettings(task=str(path), task_train=40, task_eval="auto", task_target=0.001, probe_c=1.0)
+    settings = TaskSettings(name=str(path), task_train=40, task_eval="auto", task_target=0.001, probe_c=1.0)
     judge = TaskJudge(minilm_l6, settings, seq_len=48, batch_size=32)
     judged = judge.judge(Ablation("sep", CLASSES, "random"))  # a small change: 50 examples cannot decide it
     assert judge.design.grid == (50,) and judged["held_out"] == 50
@@ -229,10 +229,10 @@ def test_a_broken_jsonl_line_is_named_by_its_number(tmp_path):
     path = tmp_path / "t.jsonl"
     path.write_text('{"text": "good", "label": 0}\n\n{"text": "fine", "label": 1}\n{"text": "broken", label: 1}\n')
     with pytest.raises(BadFile, match="line 4 is not JSON"):
-        TaskSettings(task=str(path))
+        TaskSettings(name=str(path))
     path.write_text('{"text": "good", "label": 0}\n[1, 2]\n')
     with pytest.raises(BadFile, match="line 2 is not a JSON object"):
-        TaskSettings(task=str(path))
+        TaskSettings(name=str(path))
 
 
 @pytest.mark.parametrize(
@@ -246,7 +246,7 @@ def test_a_task_file_is_checked_when_the_settings_are_made(frame, phrase, tmp_pa
     path = tmp_path / "t.csv"
     frame.to_csv(path, index=False)
     with pytest.raises(BadInput, match=phrase):
-        TaskSettings(task=str(path))
+        TaskSettings(name=str(path))
 
 
 @pytest.mark.parametrize("value", ["0.5", "many", "auto2"])
@@ -307,7 +307,7 @@ def _plain_finetune(judge: TaskJudge, seed: int):
 @pytest.mark.slow
 def test_with_no_change_each_finetune_seed_is_the_plain_finetune_bit_for_bit(minilm_l3, tmp_path, monkeypatch):
     monkeypatch.setenv("ATTNLENS_CACHE", str(tmp_path / "cache"))
-    settings = TaskSettings(task="imdb", protocol="finetune", task_train=16, task_eval=20, finetune_steps=3, seeds=2)
+    settings = TaskSettings(name="imdb", protocol="finetune", task_train=16, task_eval=20, finetune_steps=3, seeds=2)
     judge = TaskJudge(minilm_l3, settings, seq_len=32, batch_size=8, seed=4)
     assert [run["seed"] for run in judge.finetune_runs] == [4, 5]
     for seed in (4, 5):
@@ -323,7 +323,7 @@ def test_finetune_seeds_give_each_seed_and_an_interval_across_seeds(minilm_l3, t
     from scipy import stats
 
     monkeypatch.setenv("ATTNLENS_CACHE", str(tmp_path / "cache"))
-    settings = TaskSettings(task="imdb", protocol="finetune", task_train=16, task_eval=20, finetune_steps=2, seeds=3)
+    settings = TaskSettings(name="imdb", protocol="finetune", task_train=16, task_eval=20, finetune_steps=2, seeds=3)
     judge = TaskJudge(minilm_l3, settings, seq_len=32, batch_size=8)
     judged = judge.judge(Ablation("cls", CLASSES))
     per_seed = seed_values(judged)
@@ -337,6 +337,6 @@ def test_finetune_seeds_give_each_seed_and_an_interval_across_seeds(minilm_l3, t
 
 def test_seeds_are_checked(tmp_path, capsys):
     with pytest.raises(BadInput, match="needs protocol finetune"):
-        TaskSettings(task="imdb", seeds=2)
+        TaskSettings(name="imdb", seeds=2)
     code, _, err = run_cli(capsys, "importance", "-o", str(tmp_path / "out"), "--task", "imdb", "--seeds", "0")
     assert_one_line_error(code, err, "--seeds 0 must be at least 1")

@@ -10,7 +10,7 @@ else dropped with a note). :meth:`Experiment.split` gives a set of blocks as jud
 them (:class:`Split`), and :meth:`Experiment.metadata` the result's ``meta``.
 
 >>> from attnlens.analysis.importance import ImportanceSettings
->>> experiment = Experiment.start("minilm-l6", ImportanceSettings(seq_len=16, classes="self,cls,other"), num_eval=4)
+>>> experiment = Experiment.start("minilm-l6", ImportanceSettings.build(seq_len=16), classes="self,cls,other", num_eval=4)
 >>> experiment.classes, experiment.valid.shape
 (('self', 'cls', 'other'), torch.Size([6, 16, 16]))
 >>> held_out = experiment.split(experiment.held_out, batch_size=3)
@@ -23,7 +23,6 @@ True
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
 
 import torch
 
@@ -38,22 +37,6 @@ from attnlens.data.tasks import Examples
 from attnlens.io.provenance import result_meta
 from attnlens.models.loading import LoadedModel, load_model
 from attnlens.settings import CorpusSettings
-
-
-class ExperimentSettings(Protocol):
-    """What :meth:`Experiment.start` reads of an analysis's settings: those of
-    :class:`~attnlens.settings.CorpusSettings`, with the position ``classes`` and the ``objective``."""
-
-    @property
-    def corpus(self) -> Any: ...
-    @property
-    def seq_len(self) -> int: ...
-    @property
-    def seed(self) -> int: ...
-    @property
-    def classes(self) -> str | tuple[str, ...] | None: ...
-    @property
-    def objective(self) -> str: ...
 
 
 @dataclass
@@ -103,8 +86,10 @@ class Experiment:
     def start(
         cls,
         source: str | LoadedModel,
-        s: ExperimentSettings,
+        s: CorpusSettings,
         *,
+        classes: str | tuple[str, ...] | None = None,
+        objective: str = "auto",
         num_eval: int,
         num_train: int = 0,
         device: str = "cpu",
@@ -112,25 +97,25 @@ class Experiment:
         task_pad_to: int | None = None,
         task_trains: bool = False,
     ) -> Experiment:
-        """The prologue, for settings ``s`` with ``classes`` and ``objective`` (and corpus settings);
+        """The prologue, for corpus settings ``s``, the position ``classes`` and the ``objective``;
         with ``task`` (settings whose task judges the analysis), the task prepared at ``s.seq_len``
         (padded to ``task_pad_to``; ``task_trains``: something trains on its examples) before the first
         forward pass, so a task that cannot be judged costs seconds, not the passes before its judge."""
-        classes = parse_classes(s.classes)
+        named = parse_classes(classes)
         corpus = s.corpus if isinstance(s.corpus, Corpus) else load_corpus(s.corpus)
         model = source if isinstance(source, LoadedModel) else load_model(source, device=device)
         model.check_seq_len(s.seq_len)
         prepared = None
-        if task is not None and task.task is not None:
+        if task is not None and task.name is not None:
             prepared = prepare_task(model, task, seq_len=s.seq_len, seed=s.seed, pad_to=task_pad_to, train_needed=task_trains)
-        objective = Objective(model, s.objective, seed=s.seed)
+        judged_by = Objective(model, objective, seed=s.seed)
         held_out, train = split_blocks(corpus, model, s.seq_len, num_eval, num_train, seed=s.seed)
         valid = valid_masks(model, held_out.ids)
         ids = torch.from_numpy(held_out.ids)
         roles = token_roles(ids, model)
-        counts = class_counts(class_masks(ids, model, classes, roles=roles), valid)
-        occurring, notes = check_classes_occur(classes, counts, model, len(held_out), explicit=s.classes is not None)
-        return cls(model, corpus, objective, held_out, train, valid, roles, occurring, counts, notes, prepared)
+        counts = class_counts(class_masks(ids, model, named, roles=roles), valid)
+        occurring, notes = check_classes_occur(named, counts, model, len(held_out), explicit=classes is not None)
+        return cls(model, corpus, judged_by, held_out, train, valid, roles, occurring, counts, notes, prepared)
 
     def split(self, blocks: Blocks, batch_size: int, objective: Objective | None = None) -> Split:
         """Corpus ``blocks`` in batches: the inputs of ``objective`` (default the experiment's; its

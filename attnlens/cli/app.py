@@ -6,7 +6,6 @@ become one line on stderr and exit status 2.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import sys
 import warnings
@@ -320,8 +319,8 @@ def settings_from(cls: type[S], options: Mapping[str, object], **parsed: object)
     >>> settings_from(OverlapSettings, {"dim": 8, "out": "runs/o", "query": None})
     OverlapSettings(dim=8, max_dim=None, level=0.9, query=None)
     """
-    fields = {field.name for field in dataclasses.fields(cls)}
-    return cls(**{**{name: value for name, value in options.items() if name in fields}, **parsed})
+    names = cls.paths()
+    return cls.build(None, **{**{name: value for name, value in options.items() if name in names}, **parsed})
 
 
 def run_and_save(out: Path, *, overwrite: bool, figures: bool, work: Callable[[], Result]) -> Result:

@@ -48,7 +48,7 @@ from .app import (
     settings_from,
 )
 
-D = DamSettings  # the defaults live there
+D = DamSettings.defaults()  # the defaults live there
 LIVE_HELP[("dam", "variant")] = lambda: (
     "How logits map onto positions: " + "; ".join(f"{name}: {layout.summary}" for name, layout in LAYOUTS.items())
 )

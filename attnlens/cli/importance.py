@@ -44,7 +44,7 @@ from .app import (
     settings_from,
 )
 
-S = ImportanceSettings  # the defaults live there
+S = ImportanceSettings.defaults()  # the defaults live there
 
 
 @app.command()

@@ -40,7 +40,7 @@ from .app import (
     settings_from,
 )
 
-P = PlanSettings  # the defaults live there
+P = PlanSettings.defaults()  # the defaults live there
 
 
 def _sizes(text: str, option: str) -> list[int]:

@@ -46,7 +46,7 @@ def _names(text: str) -> list[str]:
     return [part.strip() for part in text.split(",") if part.strip()]
 
 
-R = ReconstructSettings  # the defaults live there
+R = ReconstructSettings.defaults()  # the defaults live there
 
 
 @app.command()
@@ -87,12 +87,12 @@ def reconstruct(
     num_seqs: NumSeqsOption = R.num_seqs,
     batch_size: BatchSizeOption = R.batch_size,
     layers: LayersOption = None,
-    task: TaskOption = ReconstructSettings.task,
-    protocol: ProtocolOption = ReconstructSettings.protocol,
-    task_exclude: TaskExcludeOption = ReconstructSettings.task_exclude,
-    task_train: TaskTrainOption = ReconstructSettings.task_train,
-    task_eval: TaskEvalOption = str(ReconstructSettings.task_eval),
-    task_target: TaskTargetOption = ReconstructSettings.task_target,
+    task: TaskOption = R.task,
+    protocol: ProtocolOption = R.protocol,
+    task_exclude: TaskExcludeOption = R.task_exclude,
+    task_train: TaskTrainOption = R.task_train,
+    task_eval: TaskEvalOption = str(R.task_eval),
+    task_target: TaskTargetOption = R.task_target,
     task_ks: Annotated[
         str | None,
         typer.Option("--task-ks", help="The k values the task judges (each a forward of every held-out example); default all."),
@@ -103,12 +103,12 @@ def reconstruct(
             "--task-joint-r", help="With --protocol finetune: also fine-tune each judged config with its maps trained jointly."
         ),
     ] = R.task_joint_r,
-    text_column: TextColumnOption = ReconstructSettings.text_column,
-    label_column: LabelColumnOption = ReconstructSettings.label_column,
-    probe_c: ProbeCOption = ReconstructSettings.probe_c,
-    finetune_steps: FinetuneStepsOption = ReconstructSettings.finetune_steps,
-    finetune_lr: FinetuneLrOption = ReconstructSettings.finetune_lr,
-    seeds: SeedsOption = ReconstructSettings.seeds,
+    text_column: TextColumnOption = R.text_column,
+    label_column: LabelColumnOption = R.label_column,
+    probe_c: ProbeCOption = R.probe_c,
+    finetune_steps: FinetuneStepsOption = R.finetune_steps,
+    finetune_lr: FinetuneLrOption = R.finetune_lr,
+    seeds: SeedsOption = R.seeds,
     seed: SeedOption = R.seed,
     device: DeviceOption = "cpu",
     overwrite: OverwriteOption = False,

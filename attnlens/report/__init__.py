@@ -226,10 +226,10 @@ def _sized(loaded: LoadedModel, settings: ReportSettings) -> ReportSettings:
 def _check_task(loaded: LoadedModel, settings: ReportSettings, seed: int) -> None:
     """Every check of the task that needs the model (the protocol, the split at each width a stage
     judges at), made by preparing it as the stages will; they prepare it again, at the cost of tokenising."""
-    from attnlens.analysis.task import TaskSettings, prepare_task
+    from attnlens.analysis.task import prepare_task
 
-    for stage in settings.judged():
-        prepare_task(loaded, TaskSettings.of(stage), seq_len=stage.seq_len, seed=seed)
+    for task, seq_len in settings.judged():
+        prepare_task(loaded, task, seq_len=seq_len, seed=seed)
 
 
 def _directory_names(results: dict) -> dict[str, str]:

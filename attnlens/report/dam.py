@@ -218,7 +218,7 @@ def _method(result) -> str:
         else ""
     )
     dual = settings.get("dual", "ascent")  # a result from before `dual` found every λ by dual ascent
-    held = DamSettings(dual=dual, train_weights=settings["train_weights"]).holds
+    held = DamSettings.build(dual=dual, train_weights=settings["train_weights"]).holds
     return (
         f"DAM ({settings['variant']} masks, model {'trained alongside' if settings['train_weights'] else 'frozen'}, n = "
         f"{settings['n']}, learned on {learned}) aimed at target sparsities, "

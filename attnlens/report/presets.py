@@ -13,9 +13,9 @@ each judged change inside fine-tuning, 33 runs within 90 minutes.
 
 >>> preset("probe", quick=False, full=False) == ("default", DEFAULT)
 True
->>> preset("finetune", quick=True, full=False)[0], FULL.dam.mask_seeds, DEFAULT.dam.mask_seeds
+>>> preset("finetune", quick=True, full=False)[0], FULL.dam.mask.seeds, DEFAULT.dam.mask.seeds
 ('quick', 3, 1)
->>> DEFAULT.reconstruct.task, DEFAULT.importance.task      # fewer scores judged on texts that fill n
+>>> DEFAULT.reconstruct.task.name, DEFAULT.importance.task.name      # fewer scores judged on texts that fill n
 ('imdb', 'rotten-tomatoes')
 """
 
@@ -33,8 +33,9 @@ from attnlens.analysis.eigen import EigenSettings
 from attnlens.analysis.importance import ImportanceSettings
 from attnlens.analysis.plan.settings import PlanSettings
 from attnlens.analysis.reconstruct.settings import ReconstructSettings
+from attnlens.analysis.task.settings import TaskSettings, task_of
 from attnlens.errors import BadInput
-from attnlens.settings import CorpusSettings, Settings, one_of
+from attnlens.settings import Settings, one_of
 
 STAGES = ("eigen", "reconstruct", "importance", "dam", "plan")  # the stages with settings of their own, in order
 _NEED_TASK = {
@@ -68,10 +69,10 @@ class ReportSettings:
         for name in STAGES:
             stage: Settings = getattr(self, name)
             change: dict[str, Any] = {"corpus": corpus, "seed": seed}
-            if task is not ... and getattr(stage, "task", None) is not None:
+            if task is not ... and task_of(stage) is not None:
                 change["task"] = task
             if task is None:  # the proxies only: what needs a task goes back to its default
-                defaults = {field.name: field.default for field in dataclasses.fields(stage)}
+                defaults = type(stage)().flat()
                 change.update(
                     {field: defaults[field] for field in ("protocol", "seeds", *_NEED_TASK.get(name, ())) if field in defaults}
                 )
@@ -79,7 +80,9 @@ class ReportSettings:
         settings = self.stages(**{name: change for name, change in changed.items() if not (name == "plan" and task is None)})
         recon = settings.reconstruct
         fits = {
-            name: tuple(k for k in ks if k <= recon.seq_len) for name, ks in (("ks", recon.ks), ("task_ks", recon.task_ks)) if ks
+            name: tuple(k for k in ks if k <= recon.seq_len)
+            for name, ks in (("ks", recon.maps.ks), ("task_ks", recon.on_task.ks))
+            if ks
         }
         plan = settings.plan
         if task is None or plan is None:
@@ -123,15 +126,15 @@ class ReportSettings:
             sized = sized.stages(plan={"fit_seqs": max(sized.plan.fit_seqs, sized.plan.seq_len + 1)})
         return sized
 
-    def judged(self) -> list[CorpusSettings]:
-        """The stages judged by a task, each once per (task, n): what the report prepares before it starts."""
-        seen, judged = set(), []
+    def judged(self) -> list[tuple[TaskSettings, int]]:
+        """The tasks that judge stages, each once per (task, n): what the report prepares before it starts."""
+        judged: dict[tuple[str | None, int], TaskSettings] = {}
         for name in STAGES:
             stage = getattr(self, name)
-            if getattr(stage, "task", None) is not None and (stage.task, stage.seq_len) not in seen:
-                seen.add((stage.task, stage.seq_len))
-                judged.append(stage)
-        return judged
+            task = task_of(stage) if stage is not None else None
+            if task is not None:
+                judged.setdefault((task.name, stage.seq_len), task)
+        return [(task, seq_len) for (_, seq_len), task in judged.items()]
 
     def to_dict(self) -> dict[str, Any]:
         stages = {name: getattr(self, name) for name in STAGES}
@@ -148,8 +151,8 @@ _TASK: dict[str, Any] = dict(task="rotten-tomatoes", protocol="probe", task_trai
 _SAVINGS: dict[str, Any] = {**_TASK, "task": "imdb"}
 
 FULL = ReportSettings(
-    eigen=EigenSettings(num_seqs=256, seq_len=128),
-    reconstruct=ReconstructSettings(
+    eigen=EigenSettings.build(num_seqs=256, seq_len=128),
+    reconstruct=ReconstructSettings.build(
         num_seqs=128,
         ks=(1, 2, 4, 8, 16, 32, 64, 128),
         strategies=("greedy", "random", "stride"),
@@ -165,13 +168,13 @@ FULL = ReportSettings(
         **_SAVINGS,
     ),  # fmt: skip
     # held-out blocks of the importance and DAM judgements (the same blocks); each class beside its random control
-    importance=ImportanceSettings(num_seqs=32, task_classes=("self", "cls", "sep"), **_BLOCKS, **_TASK),
+    importance=ImportanceSettings.build(num_seqs=32, task_classes=("self", "cls", "sep"), **_BLOCKS, **_TASK),
     # DAM learns at n = 64 (attention 4x cheaper than at 128) so that its runs converge within the budget.
     # One target, three masks (each its own noise and batch order): a verdict about a learned mask holds for
     # every seed or for none. The swap search from the band at the target beside them (the reference); a
     # swap search finishes each mask at its target. 300 steps are the cap: the stopping rule ends the
     # schedule when the mask has stopped changing; converged: no improvement over check_window steps.
-    dam=DamSettings(
+    dam=DamSettings.build(
         sparsity=(0.9,),
         mask_seeds=3,
         reference="band",
@@ -192,7 +195,7 @@ FULL = ReportSettings(
     # plan the search runs is out of reach). 1,200 examples: the fewest at which one lost example forecasts
     # within the claim's 1 point (1,148, judging.task_eval_needed); every example a plan is judged on costs a
     # forward pass of a full review, and the search judges dozens of plans (those that clearly miss stop early).
-    plan=PlanSettings(
+    plan=PlanSettings.build(
         max_drop=(1.0, 2.0),
         fit_seqs=64,
         curve_seqs=16,

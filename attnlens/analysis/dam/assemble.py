@@ -30,7 +30,7 @@ def assemble(
     """The result: every run's rows, the patterns with their change against the unmodified model
     (intervals over the same blocks), the task's tables (with ``task_patterns``, the patterns the task
     judged and their outcomes: each mask against them, paired), the arrays and the metadata."""
-    s, experiment, baseline, judge = setup.settings, setup.experiment, setup.baseline, setup.judge.name
+    s, experiment, baseline, judge = setup.settings, setup.experiment, setup.baseline, setup.judging_objective.name
     patterns = with_deltas(patterns, pattern_losses, baseline, s)
     adapted_rows = [row for run in runs for row, _, _ in run.adapted]
     adapted_losses = (
@@ -48,12 +48,12 @@ def assemble(
         "training": pd.concat([run.curve for run in runs], ignore_index=True),
     }
     if setup.task is not None:
-        task_table = pd.DataFrame([run.task for run in runs]).assign(kind="dam", variant=s.variant)
+        task_table = pd.DataFrame([run.task for run in runs]).assign(kind="dam", variant=s.mask.variant)
         tables["task"] = task_table if task_patterns is None else pd.concat([task_table, task_patterns[1]], ignore_index=True)
-    adapting = s.train_weights and s.patterns
+    adapting = s.training.train_weights and s.judging.patterns
     if adapting:
         tables["patterns_adapted"] = without_absolute_loss(adapted, judge)
-    if s.reference is not None:
+    if s.judging.reference is not None:
         tables["reference"] = pd.DataFrame([run.reference for run in runs])
     arrays = {
         "logits": np.stack([run.logits for run in runs]),
@@ -62,7 +62,7 @@ def assemble(
         "baseline_losses": baseline,
         "pattern_losses": pattern_losses,
         **({"adapted_pattern_losses": adapted_losses} if adapting else {}),
-        **({"reference_logits": np.stack([_searched(run) for run in runs])} if s.reference is not None else {}),
+        **({"reference_logits": np.stack([_searched(run) for run in runs])} if s.judging.reference is not None else {}),
     }
     result = DamResult(_metadata(setup, command), tables, arrays)
     if task_patterns is not None:
@@ -73,7 +73,7 @@ def assemble(
         for run in runs:
             assert run.task_change is not None, "with a task, every run's mask is judged by it"
             masks.append(run.task_change)
-        extend = not s.train_weights
+        extend = not s.training.train_weights
         result.tables["task_compared"] = compare_on_task(setup.task, compared, task_table, masks, judged, changes, extend=extend)
     if setup.task is not None:  # after the comparisons, which may judge changes on more examples
         result.arrays.update(setup.task.outcome_arrays())
@@ -90,7 +90,7 @@ def _summary(runs: list[Run], judge: str, s: DamSettings) -> pd.DataFrame:
     """One row per run; columns of settings not used (no target, no warm start, one seed, a check
     that could not judge) are left out rather than all NaN or all the same."""
     table = without_absolute_loss(pd.DataFrame([run.summary for run in runs]), judge).dropna(axis=1, how="all")
-    return table if s.mask_seeds > 1 else table.drop(columns="mask_seed")
+    return table if s.mask.seeds > 1 else table.drop(columns="mask_seed")
 
 
 def with_deltas(table: pd.DataFrame, losses: np.ndarray, baseline: np.ndarray, s: DamSettings) -> pd.DataFrame:
@@ -108,9 +108,9 @@ def _metadata(setup: Setup, command: str | None) -> dict:
     assert experiment.train is not None, "dam's experiment draws training blocks (train_seqs)"
     mean, low, high = bootstrap_interval(setup.baseline[None], s.bootstrap, s.seed)
     runs = {
-        "sparsity": None if s.lambdas is not None else list(dict.fromkeys(target for _, target, _ in s.runs())),
-        "tau": list(s.temperature),
-        "weights_lr": s.weights_lr if s.train_weights else None,
+        "sparsity": None if s.target.lambdas is not None else list(dict.fromkeys(target for _, target, _ in s.runs())),
+        "tau": list(s.training.temperature),
+        "weights_lr": s.training.weights_lr if s.training.train_weights else None,
         "layout_classes": list(setup.layout_classes),
         "trained_on": setup.trained_on,
         "train_seqs": len(experiment.train),
@@ -126,7 +126,7 @@ def _metadata(setup: Setup, command: str | None) -> dict:
         settings=runs,
         layout=setup.layout.describe(),
         baseline={"loss": float(mean[0]), "loss_low": float(low[0]), "loss_high": float(high[0])},
-        columns=loss_columns(setup.judge.name),
+        columns=loss_columns(setup.judging_objective.name),
         equal_by_construction=setup.same,
         task=setup.task.describe() if setup.task is not None else None,
     )

@@ -41,7 +41,9 @@ def matched_on_task(setup: Setup, patterns: pd.DataFrame, runs: list[Run], which
         nearest = nearest.assign(expressible=expressible)
         scopes = [("own family", nearest[nearest["expressible"]]), ("overall", nearest)]
         if which == "adapted":
-            scopes = [("same fine-tuning", nearest[nearest["pattern"] == name]) for name in setup.settings.adapted_patterns]
+            scopes = [
+                ("same fine-tuning", nearest[nearest["pattern"] == name]) for name in setup.settings.judging.adapted_patterns
+            ]
         for scope, candidates in scopes:
             if len(candidates):
                 best = candidates.loc[candidates["delta"].idxmin()]
@@ -60,22 +62,22 @@ def adapt_patterns(
     (the change as the task judged it, its judgement) or None)."""
     s, model = setup.settings, setup.experiment.model
     adapted: list[Adapted] = []
-    if not s.patterns:
+    if not s.judging.patterns:
         return adapted
     matched_on = "sparsity" if setup.task is None else "task_sparsity"
     batches = [int(order[step % len(order)]) for step in curve["step"]]
-    rates = (curve["lr"] / s.lr).tolist()
-    for name in s.adapted_patterns:
+    rates = (curve["lr"] / s.training.lr).tolist()
+    for name in s.judging.adapted_patterns:
         points = patterns[patterns["pattern"] == name]
         nearest = points.iloc[(points[matched_on] - sparsity).abs().argmin()]
         if abs(nearest[matched_on] - sparsity) > MATCH_WITHIN:
-            bar.update(s.steps)
+            bar.update(s.training.steps)
             continue
         change = setup.pattern(nearest)
         losses = adapt_to_pattern(model, setup.train_objective, setup.train.split, change, batches, rates, s, bar)
-        bar.update(s.steps - len(batches))
+        bar.update(s.training.steps - len(batches))
         held_out = setup.held_out.split
-        judged = evaluate_change(setup.judge, held_out.inputs, held_out.views, change)["loss"]
+        judged = evaluate_change(setup.judging_objective, held_out.inputs, held_out.views, change)["loss"]
         removed = removed_fraction(change, held_out, setup.layout.valid)
         outcome = None
         if setup.task is not None:  # with the weights it trained: two masks may adapt one pattern, each its own way

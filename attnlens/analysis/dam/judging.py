@@ -164,11 +164,11 @@ def adapt_to_pattern(
     learning-rate factor the mask's step had (``rates``: its schedule, then its convergence check).
     Returns the training losses; the caller restores the weights."""
     parameters = [parameter for parameter in model.model.parameters() if parameter.requires_grad]
-    optimizer = torch.optim.Adam(parameters, lr=s.weights_lr)
+    optimizer = torch.optim.Adam(parameters, lr=s.training.weights_lr)
     losses = []
     with torch.enable_grad():
         for index, rate in zip(batches, rates):
-            optimizer.param_groups[0]["lr"] = s.weights_lr * rate
+            optimizer.param_groups[0]["lr"] = s.training.weights_lr * rate
             with Capture(record=False, intervene=change.intervention(split.views[index])):
                 loss = objective.evaluate(split.inputs[index])["loss"].mean()
             optimizer.zero_grad(set_to_none=True)

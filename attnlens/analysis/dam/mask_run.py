@@ -32,7 +32,7 @@ def train_and_judge(setup: Setup, lam: float | None, target: float | None, seed:
     blocks (and the task), then give the patterns nearest its sparsity the same weight training
     when the weights train alongside."""
     s, model = setup.settings, setup.experiment.model
-    original = copy.deepcopy(model.model.state_dict()) if s.train_weights else None
+    original = copy.deepcopy(model.model.state_dict()) if s.training.train_weights else None
     began = time.perf_counter()
     density = None if target is None else 1.0 - target
     trainer = DamTrainer(setup.layout, s, lam=lam, target_density=density, init_logits=setup.init_logits, seed=seed)
@@ -48,11 +48,11 @@ def train_and_judge(setup: Setup, lam: float | None, target: float | None, seed:
     trained = evaluate_mask(setup.layout, logits, setup.train_objective, setup.train)
     seconds = time.perf_counter() - began
     noise = trainer.noise(trainer.steps_used_ - 1)  # the sampler's at the end: keep-probabilities are σ(α / noise)
-    judged = evaluate_mask(setup.layout, logits, setup.judge, setup.held_out, noise)
+    judged = evaluate_mask(setup.layout, logits, setup.judging_objective, setup.held_out, noise)
     task: dict[str, Any] | None = None  # the run's row of the task table
     change = None
     if setup.task is not None:  # before the weights are restored: a mask trained with them is judged with them
-        change = MaskChange(setup.layout, logits, content_key(f"dam/{s.variant}/{lam}", logits))
+        change = MaskChange(setup.layout, logits, content_key(f"dam/{s.mask.variant}/{lam}", logits))
         outcome = setup.task.judge(change)
         task = {"lambda": lam, "sparsity": float(judged["sparsity"]), **task_columns(outcome)}
     bar.update(1)
@@ -63,7 +63,7 @@ def train_and_judge(setup: Setup, lam: float | None, target: float | None, seed:
         matched = float(judged["sparsity"]) if task is None else task["task_sparsity"]
         adapted = adapt_patterns(setup, lam, matched, curve, order, patterns, original, bar)
     summary = {
-        **summary_row(lam, s.variant, judged, setup.baseline, curve, trainer, s.bootstrap, s.seed),
+        **summary_row(lam, s.mask.variant, judged, setup.baseline, curve, trainer, s.bootstrap, s.seed),
         "mask_seed": seed,
         "seconds": seconds,
         "train_loss": float(trained["losses"].mean()),
@@ -74,7 +74,7 @@ def train_and_judge(setup: Setup, lam: float | None, target: float | None, seed:
     }
     image = _keep_image(setup, logits, noise)
     run = Run(lam, judged, curve.assign(**{"lambda": lam}), summary, logits.cpu().numpy(), image, task, adapted, change)
-    if s.reference is not None:
+    if s.judging.reference is not None:
         run.reference, run.reference_logits = judge_reference(setup, trainer, run, bar)
     return run
 
@@ -88,7 +88,7 @@ def polish(setup: Setup, trainer: DamTrainer, bar) -> SearchOutcome:
     logits, target = trainer.logits_.detach(), trainer.target_density
     assert target is not None, "only a run aimed at a target is polished (Setup.polishes)"
     s, data = setup.settings, setup.train
-    return swap_search(trainer, setup.train_objective, data, logits > 0, logits, target, s.polish_rounds, bar)
+    return swap_search(trainer, setup.train_objective, data, logits > 0, logits, target, s.judging.polish_rounds, bar)
 
 
 def polish_columns(polished: SearchOutcome, trainer: DamTrainer) -> dict:
@@ -110,16 +110,16 @@ def judge_reference(setup: Setup, trainer: DamTrainer, run: Run, bar) -> tuple[d
     one search per target, shared by the target's seeds. Returns the row of ``reference`` and the
     search's logits."""
     s, density = setup.settings, trainer.target_density
-    assert s.reference is not None and density is not None, "a swap search beside a run aimed at a target (DamSettings)"
+    assert s.judging.reference is not None and density is not None, "a swap search beside a run aimed at a target (DamSettings)"
     # from the band one search per target serves every seed, unless each seed trains on its own blocks
-    key = density if s.reference == "band" and not s.resample else (density, run.summary["mask_seed"])
+    key = density if s.judging.reference == "band" and not s.resample else (density, run.summary["mask_seed"])
     if key not in setup.references:
         logits = torch.as_tensor(run.logits, device=setup.layout.valid.device)
-        kept, rank = start_mask(s.reference, setup.layout, setup.train, logits, density, s.seq_len, s.seed)
-        found = swap_search(trainer, setup.train_objective, setup.train, kept, rank, density, s.reference_rounds, bar)
-        setup.references[key] = (found, evaluate_mask(setup.layout, found.logits, setup.judge, setup.held_out))
+        kept, rank = start_mask(s.judging.reference, setup.layout, setup.train, logits, density, s.seq_len, s.seed)
+        found = swap_search(trainer, setup.train_objective, setup.train, kept, rank, density, s.judging.reference_rounds, bar)
+        setup.references[key] = (found, evaluate_mask(setup.layout, found.logits, setup.judging_objective, setup.held_out))
     else:
-        bar.update(s.reference_rounds)
+        bar.update(s.judging.reference_rounds)
     found, held = setup.references[key]
     paired = np.stack([held["losses"] - setup.baseline, run.judged["losses"] - held["losses"]])
     mean, low, high = bootstrap_interval(paired, s.bootstrap, s.seed)
@@ -127,7 +127,7 @@ def judge_reference(setup: Setup, trainer: DamTrainer, run: Run, bar) -> tuple[d
     row = {
         "lambda": run.lam,
         "mask_seed": run.summary["mask_seed"],
-        "start": s.reference,
+        "start": s.judging.reference,
         "rounds": found.rounds,
         "swaps": len(found.swaps),
         "start_train_loss": found.start_loss,

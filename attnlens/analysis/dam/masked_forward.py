@@ -67,7 +67,7 @@ class MaskedForward:
         shifted as a whole, i.e. unmasked, as in SparseBERT); ``"inf"`` sets removed scores
         to ``-inf`` and lets a row with nothing left keep its keys of largest noisy logit.
         """
-        layout, infinite = self.layout, self.settings.removal == "inf"
+        layout, infinite = self.layout, self.settings.mask.removal == "inf"
         cache: dict[int, torch.Tensor] = {}  # a layout shared by layers is expanded once per step
 
         def intervene(layer: int, scores: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
@@ -127,7 +127,7 @@ class MaskedForward:
         noisy: torch.Tensor,
     ) -> torch.Tensor:
         """The objective on ``batch`` with ``mask`` (or ``score_mask``, by the removal) inside attention."""
-        if self.settings.removal == "renormalise":
+        if self.settings.mask.removal == "renormalise":
             capture = Capture(record=False, intervene_weights=self.gate(mask, context, noisy))
         else:
             capture = Capture(record=False, intervene=self.intervention(score_mask, context, noisy))
@@ -144,7 +144,7 @@ class MaskedForward:
         mask = kept.to(torch.float32).requires_grad_(True)
         score_mask = mask.detach() + (mask - mask.detach()) * (self.gradient_scale / BIG)
         gradient = torch.zeros_like(mask)
-        weights = contextlib.nullcontext() if self.settings.train_weights else frozen(self.model_.model)
+        weights = contextlib.nullcontext() if self.settings.training.train_weights else frozen(self.model_.model)
         with weights, torch.enable_grad():
             for index in chosen:
                 batch, context = data.split.inputs[index], data.contexts[index]

@@ -24,7 +24,6 @@ from attnlens.analysis.dam.result import DamResult
 from attnlens.analysis.dam.runs import Run, Setup
 from attnlens.analysis.dam.settings import DamSettings
 from attnlens.analysis.experiment import Experiment
-from attnlens.analysis.task import TaskSettings
 from attnlens.models.loading import LoadedModel
 from attnlens.progress import Progress, progress_bar
 
@@ -56,14 +55,17 @@ def dam(
     """
     s = DamSettings.build(settings, **changes)
     experiment = Experiment.start(  # the task is prepared (and so checked) here, before the first forward pass
-        source, s, num_eval=s.eval_seqs, num_train=s.train_seqs, device=device, task=TaskSettings.of(s),
-        task_trains=s.train_on == "task",
+        source, s, classes=s.mask.classes, objective=s.judging.objective, num_eval=s.eval_seqs, num_train=s.train_seqs,
+        device=device, task=s.task,
+        task_trains=s.training.train_on == "task",
     )  # fmt: skip
     setup = Setup.of(experiment, s, progress)
     with progress_bar(total=setup.total_steps(), desc="dam", unit="step", enabled=progress) as bar:
         # the patterns first (on the unmodified model): weight training under a pattern needs their sparsity
-        points = pattern_points(s.seq_len) if s.patterns else []
-        patterns, pattern_losses = judge_patterns(setup.judge, setup.held_out.split, setup.layout.valid, points, s.seed, bar)
+        points = pattern_points(s.seq_len) if s.judging.patterns else []
+        patterns, pattern_losses = judge_patterns(
+            setup.judging_objective, setup.held_out.split, setup.layout.valid, points, s.seed, bar
+        )
         if setup.task is not None and points:  # each point's share of the task's own positions, to match on
             patterns = patterns.assign(
                 task_sparsity=[setup.task.removal_share(setup.pattern(row)) for row in patterns.itertuples()]
@@ -102,9 +104,9 @@ def _task_patterns(
     else those ``task_patterns`` names, judged now."""
     s, task = setup.settings, setup.task
     assert task is not None, "the task's view of the patterns needs a task"
-    if s.train_weights:  # judged by the task with the weights they trained
+    if s.training.train_weights:  # judged by the task with the weights they trained
         return adapted_on_task(runs)
-    compared = matched_on_task(setup, with_deltas(patterns, pattern_losses, setup.baseline, s), runs, s.task_patterns)
-    chosen = patterns if s.task_patterns == "all" else patterns.merge(compared[["pattern", "value"]].drop_duplicates())
+    compared = matched_on_task(setup, with_deltas(patterns, pattern_losses, setup.baseline, s), runs, s.judging.task_patterns)
+    chosen = patterns if s.judging.task_patterns == "all" else patterns.merge(compared[["pattern", "value"]].drop_duplicates())
     table, changes = judge_patterns_on_task(task, chosen, s.seq_len, s.seed, bar)
     return compared, table, list(changes)

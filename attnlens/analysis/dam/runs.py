@@ -25,7 +25,7 @@ from attnlens.analysis.evaluation import evaluate_change, resample_train
 from attnlens.analysis.experiment import Experiment, Split
 from attnlens.analysis.objectives import Objective
 from attnlens.analysis.patterns import build
-from attnlens.analysis.task import TaskJudge, TaskLoss, TaskSettings
+from attnlens.analysis.task import TaskJudge, TaskLoss
 from attnlens.errors import BadInput
 from attnlens.progress import Progress
 
@@ -59,7 +59,9 @@ class Setup:
     train_blocks: dict = field(default_factory=dict)  # with resample: each mask seed's training blocks (corpus index)
 
     @property
-    def judge(self) -> Objective:
+    def judging_objective(self) -> Objective:
+        """The objective every mask and pattern is judged by on the held-out blocks (``train_objective``
+        may differ: what the masks learn from)."""
         return self.experiment.objective
 
     @property
@@ -67,7 +69,9 @@ class Setup:
         """Whether a swap search finishes each mask at its target: with targets, rounds to spend, the
         pretrained weights (a search does not train them) and a layout of few enough logits."""
         s = self.settings
-        return s.polish_rounds > 0 and s.lambdas is None and not s.train_weights and searchable(self.layout)
+        return (
+            s.judging.polish_rounds > 0 and s.target.lambdas is None and not s.training.train_weights and searchable(self.layout)
+        )
 
     def for_seed(self, seed: int) -> Setup:
         """What the mask of ``seed`` learns from: this setup, or with ``resample`` (seeds after the
@@ -88,7 +92,7 @@ class Setup:
 
     def order(self, seed: int) -> np.ndarray:
         """Which training batch each step of a run with ``seed`` takes."""
-        return batch_order(seed, len(self.train.split.inputs), self.settings.steps)
+        return batch_order(seed, len(self.train.split.inputs), self.settings.training.steps)
 
     def pattern(self, row) -> PatternChange:
         """The change of one row of the patterns table."""
@@ -100,29 +104,29 @@ class Setup:
         # The class layout needs a partition: "other" takes what the listed classes leave.
         layout_classes = classes if "other" in classes else (*classes, "other")
         valid = experiment.valid.to(model.device)
-        layout = LAYOUTS[s.variant](model.num_layers, model.num_heads, s.seq_len, valid, layout_classes)
-        if s.reference is not None:  # before any work: a layout too large for a swap search is bad input
+        layout = LAYOUTS[s.mask.variant](model.num_layers, model.num_heads, s.seq_len, valid, layout_classes)
+        if s.judging.reference is not None:  # before any work: a layout too large for a swap search is bad input
             check_size(layout)
         # Batches are prepared before any training: the hidden objective's references come
         # from the unmodified model even when its weights are fine-tuned.
         held_out = MaskSplit.of(experiment.split(experiment.held_out, s.batch_size), layout, classes)
         trained_on, corpus_objective = experiment.objective.name, experiment.objective
-        if s.train_objective is not None:  # a cheaper objective to learn from than the one that judges
-            corpus_objective = Objective(model, s.train_objective, seed=s.seed)
+        if s.training.objective is not None:  # a cheaper objective to learn from than the one that judges
+            corpus_objective = Objective(model, s.training.objective, seed=s.seed)
             trained_on = corpus_objective.name
         assert experiment.train is not None, "dam's experiment draws training blocks (train_seqs)"
         train = MaskSplit.of(experiment.split(experiment.train, s.batch_size, corpus_objective), layout, classes)
         train_objective: Objective | TaskLoss = corpus_objective
         init_logits = warm_start(layout, train, s)
         task = None
-        if s.task is not None:  # length-bucketed: masks and patterns decide positions by place, and take a batch's corner
+        if s.task.name is not None:  # length-bucketed: masks and patterns decide positions by place, and take a batch's corner
             task = TaskJudge(
-                model, TaskSettings.of(s), seq_len=s.seq_len, batch_size=s.batch_size, seed=s.seed, progress=progress,
+                model, s.task, seq_len=s.seq_len, batch_size=s.batch_size, seed=s.seed, progress=progress,
                 prepared=experiment.task,
             )  # fmt: skip
         full = task is not None and not (task.train.padded or task.held_out.padded) and task.train.ids.shape[1] == s.seq_len
-        if s.train_on == "task" or (
-            s.train_on == "auto" and full and s.train_objective is None
+        if s.training.train_on == "task" or (
+            s.training.train_on == "auto" and full and s.training.objective is None
         ):  # the task's own loss, on its training examples
             assert task is not None, "the masks learn from a task only with one (DamSettings checks train_on task)"
             trained_on, train_objective = "task", TaskLoss(task)
@@ -142,22 +146,24 @@ class Setup:
         s, runs = self.settings, len(self.settings.runs())
         judged = (
             0
-            if self.task is None or s.train_weights
+            if self.task is None or s.training.train_weights
             else len(pattern_points(s.seq_len))
-            if s.task_patterns == "all"
+            if s.judging.task_patterns == "all"
             else 3 * runs
         )
-        points = len(pattern_points(s.seq_len)) + judged if s.patterns else 0
-        adapted = runs * len(s.adapted_patterns) * s.steps if s.train_weights and s.patterns else 0
-        reference = runs * s.reference_rounds if s.reference is not None else 0
-        polish = runs * s.polish_rounds if self.polishes else 0
-        return runs * (s.steps + 1) + points + adapted + reference + polish
+        points = len(pattern_points(s.seq_len)) + judged if s.judging.patterns else 0
+        adapted = (
+            runs * len(s.judging.adapted_patterns) * s.training.steps if s.training.train_weights and s.judging.patterns else 0
+        )
+        reference = runs * s.judging.reference_rounds if s.judging.reference is not None else 0
+        polish = runs * s.judging.polish_rounds if self.polishes else 0
+        return runs * (s.training.steps + 1) + points + adapted + reference + polish
 
 
 def warm_start(layout: MaskLayout, train: MaskSplit, s: DamSettings) -> torch.Tensor | None:
-    """The logits that start every run at pattern ``s.init`` (None without one): the pattern on the
+    """The logits that start every run at pattern ``s.mask.init`` (None without one): the pattern on the
     corpus's training blocks, averaged into each logit (:func:`pattern_logits`)."""
-    init = parse_init(s.init, s.seq_len)
+    init = parse_init(s.mask.init, s.seq_len)
     if init is None:
         return None
     name, value = init

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from attnlens.analysis.dam.settings import DamSettings
+from attnlens.analysis.dam.settings import DamSettings, StoppingSettings
 from attnlens.analysis.evaluation import bootstrap_interval
 
 CHECK_BATCHES = 8  # training batches the convergence check scores the judged mask on
@@ -49,8 +49,8 @@ class StoppingRule:
     margin: float
 
     @classmethod
-    def of(cls, settings: DamSettings) -> StoppingRule:
-        return cls(settings.stop_window, settings.stop_flips, settings.stop_plateau, settings.stop_margin)
+    def of(cls, settings: StoppingSettings) -> StoppingRule:
+        return cls(settings.window, settings.flips, settings.plateau, settings.margin)
 
     def decisions(self, logits: torch.Tensor, before: torch.Tensor) -> torch.Tensor:
         """The hard decisions after a step: α > margin keeps, α < -margin removes, and in between
@@ -91,10 +91,10 @@ def convergence(judged: Judged, settings: DamSettings, seed: int, target_density
     there) and whether the mask converged.
     """
     s = settings
-    meaningful = [step for step, (rate, *_) in judged.items() if rate >= s.check_lr]
+    meaningful = [step for step, (rate, *_) in judged.items() if rate >= s.stopping.check_lr]
     end = meaningful[-1] if meaningful else None
     # the score check_window steps earlier (or the earliest within it, when the stopping rule ended a run sooner)
-    earlier = [step for step in judged if end is not None and end - s.check_window <= step < end]
+    earlier = [step for step in judged if end is not None and end - s.stopping.check_window <= step < end]
     start = earlier[0] if earlier else None
     check = {
         "check_step": float("nan"),

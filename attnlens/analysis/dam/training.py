@@ -113,9 +113,9 @@ class DamTrainer(MaskedForward):
         self.layout, self.settings = layout, settings
         self.lam, self.target_density, self.init_logits = lam, target_density, init_logits
         self.seed = settings.seed if seed is None else seed
-        self.steps = settings.steps
-        self.tau = settings.temperature
-        self.stopping = StoppingRule.of(settings)
+        self.steps = settings.training.steps
+        self.tau = settings.training.temperature
+        self.stopping = StoppingRule.of(settings.stopping)
 
     def start(self, model: LoadedModel) -> DamTrainer:
         s = self.settings
@@ -123,11 +123,11 @@ class DamTrainer(MaskedForward):
         if self.init_logits is not None:  # a warm start (e.g. at a fixed pattern: pattern_logits)
             self.logits_ = self.init_logits.detach().clone().to(model.device).requires_grad_(True)
         else:
-            init = math.log(s.init_keep / (1 - s.init_keep))
+            init = math.log(s.mask.init_keep / (1 - s.mask.init_keep))
             self.logits_ = torch.full(self.layout.shape, init, device=model.device, requires_grad=True)
-        groups = [{"params": [self.logits_], "lr": s.lr}]
-        if s.train_weights:
-            groups.append({"params": [p for p in model.model.parameters() if p.requires_grad], "lr": s.weights_lr})
+        groups = [{"params": [self.logits_], "lr": s.training.lr}]
+        if s.training.train_weights:
+            groups.append({"params": [p for p in model.model.parameters() if p.requires_grad], "lr": s.training.weights_lr})
         self.optimizer_ = torch.optim.Adam(groups)
         self.generator_ = torch.Generator().manual_seed(seeded(self.seed, NOISE_STREAM))
         self.step_ = 0
@@ -154,12 +154,12 @@ class DamTrainer(MaskedForward):
     def rate(self, step: int) -> float:
         """The learning rates' factor at ``step``: a cosine from 1 down to ``lr_end`` at the step cap.
         It scales the logits' and the weights' rates."""
-        return cosine(step, self.steps, self.settings.lr_end)
+        return cosine(step, self.steps, self.settings.training.lr_end)
 
     def noise(self, step: int) -> float:
         """The scale of the logistic noise at ``step``: a cosine from 1 down to ``noise_end``, so that
         late samples approach the hard mask that is judged."""
-        return cosine(step, self.steps, self.settings.noise_end)
+        return cosine(step, self.steps, self.settings.training.noise_end)
 
     def schedule(self) -> tuple[float, float, float]:
         """(temperature, learning-rate factor, noise scale) of the next step."""
@@ -199,7 +199,7 @@ class DamTrainer(MaskedForward):
         ``counts``: the valid positions each logit decides in the batch (default: unpadded blocks)."""
         counts = self.layout.counts(context) if counts is None else counts
         tau, rate, noise = self.schedule()
-        for group, base in zip(self.optimizer_.param_groups, (self.settings.lr, self.settings.weights_lr)):
+        for group, base in zip(self.optimizer_.param_groups, (self.settings.training.lr, self.settings.training.weights_lr)):
             group["lr"] = base * rate
         task, density = self.sampled_loss(objective, batch, context, counts, tau, noise)
         self.optimizer_.zero_grad(set_to_none=True)
@@ -216,7 +216,7 @@ class DamTrainer(MaskedForward):
             undecided = float((weights * ((keep > 0.1) & (keep < 0.9))).sum())
         if self.target_density is not None and not self.holding_:  # dual ascent: λ rises while the hard mask keeps more
             # than the target, in log space (λ's scale depends on the removal and the objective), on the logits' schedule
-            self.lam = self._lambda() * math.exp(self.settings.dual_lr * rate * (hard_density - self.target_density))
+            self.lam = self._lambda() * math.exp(self.settings.target.dual_lr * rate * (hard_density - self.target_density))
         return {
             "loss": loss.item(),
             "objective": task.item(),
@@ -224,7 +224,7 @@ class DamTrainer(MaskedForward):
             "hard_density": hard_density,
             "undecided": undecided,
             "tau": tau,
-            "lr": self.settings.lr * rate,
+            "lr": self.settings.training.lr * rate,
             **({"lambda_now": self._lambda()} if self.target_density is not None else {}),  # the λ dual ascent is at
         }
 
@@ -332,7 +332,7 @@ class DamTrainer(MaskedForward):
         over the last window (``flipped``) and, every ``check_window`` / 2 steps, the judged mask's
         loss on the check's training batches (``judged_loss``)."""
         self.start(model)
-        weights = contextlib.nullcontext() if self.settings.train_weights else frozen(model.model)
+        weights = contextlib.nullcontext() if self.settings.training.train_weights else frozen(model.model)
         with weights, torch.enable_grad():
             if self.lam is None:  # a target's run from a warm start, or held: λ starts where the gradients balance
                 self.lam = self.balancing_lambda(objective, data, [int(index) for index in order[:DUAL_PROBES]])
@@ -353,7 +353,7 @@ class DamTrainer(MaskedForward):
         hard = [self.logits_.detach() > 0]  # the decisions of the last `window` + 1 steps
         self.annealed_ = False
         self.judged_: Judged = {-1: (1.0, *self.judged_losses(objective, data))}  # -1: the start
-        every = max(self.settings.check_window // 2, 1)
+        every = max(self.settings.stopping.check_window // 2, 1)
         for step in range(self.steps):
             index = int(order[step])
             counts = data.counts[index]

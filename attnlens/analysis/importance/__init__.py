@@ -92,14 +92,16 @@ def importance(
     """
     s = ImportanceSettings.build(settings, **changes)
     # the task is prepared (and so checked) in the prologue, before the first forward pass
-    experiment = Experiment.start(source, s, num_eval=s.num_seqs, device=device, task=TaskSettings.of(s))
+    experiment = Experiment.start(
+        source, s, classes=s.classes, objective=s.objective, num_eval=s.num_seqs, device=device, task=s.task
+    )
     model, classes = experiment.model, experiment.classes
     conditions = ablation_conditions(classes, s.per, model.num_layers, model.num_heads, s.seed)
     # The task's part (its probe, then every condition judged on its examples) costs more than the
     # blocks' passes: the larger share of the bar.
-    passes_progress, task_progress = split(progress, 2, 5 if s.task is not None else 0)
+    passes_progress, task_progress = split(progress, 2, 5 if s.task.name is not None else 0)
     passes = Passes.run(experiment, conditions, s, passes_progress)
-    task_table = _task_table(experiment, TaskSettings.of(s), s, conditions, task_progress) if s.task is not None else None
+    task_table = _task_table(experiment, s.task, s, conditions, task_progress) if s.task.name is not None else None
     mass_table, entropy_table = tabulate_mass(passes.mass, classes)
     ablation_table = tabulate_ablations(
         conditions, passes.losses, passes.pooled, passes.removed, passes.spared, s.bootstrap, s.seed

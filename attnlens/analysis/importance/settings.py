@@ -7,13 +7,13 @@ from dataclasses import dataclass
 from attnlens.analysis.objectives import OBJECTIVES
 from attnlens.analysis.task import TaskSettings
 from attnlens.data.positions import parse_classes
-from attnlens.settings import CorpusSettings, at_least, one_of
+from attnlens.settings import CorpusSettings, at_least, group, one_of
 
 SCOPES = ("model", "layer", "head")
 
 
 @dataclass(frozen=True)
-class ImportanceSettings(CorpusSettings, TaskSettings):
+class ImportanceSettings(CorpusSettings):
     """Settings of :func:`~attnlens.analysis.importance.importance`: the position ``classes`` (``None``: every default
     class that occurs), the ``objective``, the ablation scope beside the whole model
     (``per``), ``num_seqs`` held-out blocks, ``bootstrap`` resamples for the intervals,
@@ -22,7 +22,7 @@ class ImportanceSettings(CorpusSettings, TaskSettings):
     judged by task accuracy under ``protocol`` (only those of ``task_classes`` and their random
     controls when it is given: each judgement is a forward of every held-out example).
 
-    >>> ImportanceSettings(per="row")
+    >>> ImportanceSettings.build(per="row")
     Traceback (most recent call last):
         ...
     attnlens.errors.BadInput: per row is unknown; use one of model, layer, head
@@ -36,6 +36,7 @@ class ImportanceSettings(CorpusSettings, TaskSettings):
     bootstrap: int = 1000
     gradient: bool = True
     task_classes: str | tuple[str, ...] | None = None
+    task: TaskSettings = group(TaskSettings)
 
     def validate(self) -> None:
         super().validate()

@@ -53,7 +53,6 @@ from attnlens.analysis.plan.result import NONE_MEETS, Form, Method, PlanResult
 from attnlens.analysis.plan.seconds import Geometry, Timings, measure
 from attnlens.analysis.plan.settings import PlanSettings
 from attnlens.analysis.reconstruct import MapFitter
-from attnlens.analysis.task import TaskSettings
 from attnlens.data.corpus import Blocks
 from attnlens.errors import BadInput
 from attnlens.models.loading import LoadedModel
@@ -211,8 +210,8 @@ def _planner(source: str | LoadedModel, s: PlanSettings, device: str, progress: 
     """The experiment (its training blocks divided into fit, curve and selection blocks, and the
     held-out blocks), the choices, the maps and the judges."""
     experiment = Experiment.start(  # an accuracy budget's task is prepared (and so checked) before the first forward pass
-        source, s, num_eval=s.eval_seqs, num_train=s.fit_seqs + s.curve_seqs + s.select_seqs, device=device,
-        task=TaskSettings.of(s) if s.max_drop is not None else None, task_pad_to=s.seq_len,
+        source, s, classes=s.classes, objective=s.objective, num_eval=s.eval_seqs, num_train=s.fit_seqs + s.curve_seqs + s.select_seqs, device=device,
+        task=s.task if s.max_drop is not None else None, task_pad_to=s.seq_len,
     )  # fmt: skip
     # num_train above is at least 5 (the settings' minimums): Experiment.start gives training blocks
     assert experiment.train is not None, "a plan asks for fit, curve and selection blocks"
@@ -231,7 +230,7 @@ def _planner(source: str | LoadedModel, s: PlanSettings, device: str, progress: 
     proxy = ProxyCosts(experiment, curve, select, s.batch_size, s.bootstrap, s.seed)
     costs: Costs = proxy
     if s.max_drop is not None:
-        costs = TaskCosts(experiment, TaskSettings.of(s), _choosing_half(s), s.curve_seqs, s.batch_size, s.seed)
+        costs = TaskCosts(experiment, s.task, _choosing_half(s), s.curve_seqs, s.batch_size, s.seed)
     units = [(layer, head) for layer in range(model.num_layers) for head in range(model.num_heads)]
     lengths = costs.task.held_out.lengths if isinstance(costs, TaskCosts) else np.array([s.seq_len])
     return _Planner(experiment, s, fit, curve, select, units, choices, MapBank(fitter), proxy, costs, lengths, pairs, timings)
@@ -267,7 +266,7 @@ def _divided(blocks: Blocks, sizes: tuple[int, ...], seed: int) -> tuple[Blocks,
 
 def _choosing_half(s: PlanSettings) -> int:
     """How many of the task's held-out examples choose the plan: the first half."""
-    return int(s.task_eval) // 2
+    return int(s.task.task_eval) // 2
 
 
 def _check_meetable(costs: Costs, budget: Budget) -> None:

@@ -7,14 +7,14 @@ from dataclasses import dataclass
 from attnlens.analysis.plan.judging import Budget, one_loss_forecast, task_eval_needed
 from attnlens.analysis.task import TaskSettings
 from attnlens.errors import BadInput
-from attnlens.settings import CorpusSettings, at_least, positive
+from attnlens.settings import CorpusSettings, at_least, group, positive
 
 COSTS = ("flops", "seconds")  # what a plan spends: attention FLOPs, or measured seconds per call
 PER_QUERY_LIMIT = 4 * 2**30  # bytes of per-query moments a causal model's maps may need
 
 
 @dataclass(frozen=True)
-class PlanSettings(CorpusSettings, TaskSettings):
+class PlanSettings(CorpusSettings):
     """What a plan must keep, and what it may choose from.
 
     Budgets (one kind, one or more values, each planned): ``max_drop``, the most task
@@ -34,7 +34,7 @@ class PlanSettings(CorpusSettings, TaskSettings):
     example already forecasts above, at these halves, is refused with the ``task_eval`` it needs
     (``forecastable_only``; the report plans anyway at its small sizes and says "not decided").
 
-    >>> PlanSettings(max_loss=(0.01,), max_drop=(1.0,), task="rotten-tomatoes")
+    >>> PlanSettings.build(max_loss=(0.01,), max_drop=(1.0,), task="rotten-tomatoes")
     Traceback (most recent call last):
         ...
     attnlens.errors.BadInput: give one kind of budget, max_drop (accuracy points) or max_loss (proxy loss), not both
@@ -50,9 +50,10 @@ class PlanSettings(CorpusSettings, TaskSettings):
     eval_seqs: int = 32
     objective: str = "auto"
     classes: str | None = None
-    seq_len: int = 128
     cost: str = "flops"
     forecastable_only: bool = True
+    bootstrap: int = 1000
+    task: TaskSettings = group(TaskSettings)
 
     def validate(self) -> None:
         super().validate()
@@ -65,7 +66,7 @@ class PlanSettings(CorpusSettings, TaskSettings):
                 )
         if self.cost not in COSTS:
             raise BadInput(f"`cost` '{self.cost}' is unknown; use one of {', '.join(COSTS)}")
-        if self.max_drop is not None and self.task is None:
+        if self.max_drop is not None and self.task.name is None:
             raise BadInput("`max_drop` is a budget of task accuracy: name a task (imdb, rotten-tomatoes or a file)")
         for k in self.ks:
             at_least("ks", k, 1, " exact key per query")
@@ -79,15 +80,16 @@ class PlanSettings(CorpusSettings, TaskSettings):
         at_least("curve_seqs", self.curve_seqs, 1, " block to measure the heads' curves on")
         at_least("select_seqs", self.select_seqs, 2, " blocks to choose the plan on")
         at_least("eval_seqs", self.eval_seqs, 2, " held-out blocks")
+        at_least("bootstrap", self.bootstrap, 10, " resamples for an interval (1000 is usual)")
         if self.forecastable_only:
             self._check_forecastable()
 
     def _check_forecastable(self) -> None:
         """Refuse an accuracy budget these halves cannot forecast: one lost example (the least a change
         that costs anything can lose) forecasts above it, so only changes that lose nothing could meet it."""
-        if self.max_drop is None or not isinstance(self.task_eval, int):
+        if self.max_drop is None or not isinstance(self.task.task_eval, int):
             return
-        select, check = self.task_eval // 2, self.task_eval - self.task_eval // 2
+        select, check = self.task.task_eval // 2, self.task.task_eval - self.task.task_eval // 2
         forecast, value = one_loss_forecast(select, check), min(self.max_drop)  # the smallest budget is the hardest
         if forecast > value / 100:
             points = f"{value:g} point{'' if value == 1 else 's'}"

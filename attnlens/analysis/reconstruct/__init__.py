@@ -129,15 +129,21 @@ def reconstruct(
         source, corpus=s.corpus, seq_len=s.seq_len, num_seqs=s.num_seqs, seed=s.seed, device=device, moments=False
     )
     plan = ReconstructPlan.of(source_rows, s)  # every check that needs the source, before any work
-    judged_by_model = s.plug_in or s.learn_r
-    objective = Objective(model_for_plug_in(source_rows, model, device), s.objective, seed=s.seed) if judged_by_model else None
+    judged_by_model = s.plug_in.enabled or s.plug_in.learn_r
+    objective = (
+        Objective(model_for_plug_in(source_rows, model, device), s.plug_in.objective, seed=s.seed) if judged_by_model else None
+    )
     # the task, checked and split now: a task that cannot be judged fails before the moments' pass, not after it
-    task = prepared_task(objective.model, plan.n, s) if objective is not None and s.task is not None and s.plug_in else None
+    task = (
+        prepared_task(objective.model, plan.n, s)
+        if objective is not None and s.task.name is not None and s.plug_in.enabled
+        else None
+    )
     plan = plan.with_structure(source_rows, s)
     fitted, evaluated = held_out_split(source_rows.num_seqs, s.eval_fraction, s.seed)
     # Shares of the bars, one after another: the moments' pass is quick beside the maps' evaluation.
     moments_progress, maps_progress, pairs_progress, learn_progress = split(
-        progress, 1, 4, 2 if s.pairs else 0, 2 if s.learn_r else 0
+        progress, 1, 4, 2 if s.maps.pairs else 0, 2 if s.plug_in.learn_r else 0
     )
     moments = compute_moments(
         source_rows,
@@ -148,24 +154,24 @@ def reconstruct(
         seed=s.seed,
         progress=moments_progress,
     ).total
-    fitter = MapFitter(moments, ridge=s.ridge, seed=s.seed, global_positions=(0,))
+    fitter = MapFitter(moments, ridge=s.maps.ridge, seed=s.seed, global_positions=(0,))
 
     plug = judge_plug_in(objective, source_rows, plan, evaluated, s, maps_progress, task) if objective is not None else None
     configs = [(strategy, scope, k) for strategy in plan.strategies for scope in plan.scopes for k in plan.ks]
     table, selections = _evaluate(
         source_rows, fitter, configs, evaluated, plan.layers, s.batch_size, plug, maps_progress, seed=s.seed
     )
-    if s.pairs:
+    if s.maps.pairs:
         assert isinstance(source_rows, StoreRows), "ReconstructPlan.of refuses pairs mode without a store"
         pairs = evaluate_pairs(
-            source_rows, fitter, plan.ks, fitted, evaluated, s.pairs_ridge, plan.head_dim, pairs_progress, seed=s.seed
+            source_rows, fitter, plan.ks, fitted, evaluated, s.maps.pairs_ridge, plan.head_dim, pairs_progress, seed=s.seed
         )
         table = pd.concat([table, pairs], ignore_index=True)
     tables = {"table": plan.with_flops(table)}
-    if s.plug_in:
+    if s.plug_in.enabled:
         assert plug is not None, "plug_in runs the model"
         tables["plug_in"] = plan.with_flops(pd.DataFrame(plug.records), plug.layers)
-    if s.learn_r:
+    if s.plug_in.learn_r:
         assert objective is not None and plug is not None, "learn_r runs the model"
         tables["learned"] = _learned_table(
             objective,
@@ -176,8 +182,8 @@ def reconstruct(
             plug.layers,
             plug.batches,
             source_rows.tokens(fitted),
-            s.learn_steps,
-            s.learn_lr,
+            s.plug_in.learn_steps,
+            s.plug_in.learn_lr,
             s.batch_size,
             s.seed,
             learn_progress,
@@ -248,8 +254,8 @@ class ReconstructPlan:
     def of(cls, rows: StoreRows | ModelRows, s: ReconstructSettings) -> ReconstructPlan:
         n = rows.n
         causal = bool(rows.model_info["causal"])
-        per_query = s.rows == "per-query" or (s.rows == "auto" and causal)
-        strategies = list(s.strategies)  # checked by the settings
+        per_query = s.maps.rows == "per-query" or (s.maps.rows == "auto" and causal)
+        strategies = list(s.maps.strategies)  # checked by the settings
         if causal and not per_query:
             raise BadInput(
                 "the model is causal: rows of different queries have different valid keys; use `rows` per-query (or auto)"
@@ -258,15 +264,15 @@ class ReconstructPlan:
             raise BadInput(
                 "`strategies` local+global picks keys around each query, so it needs one map per query: add `rows` per-query"
             )
-        if s.pairs and not isinstance(rows, StoreRows):
+        if s.maps.pairs and not isinstance(rows, StoreRows):
             raise BadInput("pairs mode reads whole score matrices of each sequence from a store; run 'attnlens extract' first")
         return cls(
             n=n,
             head_dim=_head_dim(rows),
-            ks=check_ks(default_ks(n) if s.ks is None else s.ks, n),
-            layers=rows.check_layers(s.layers),
+            ks=check_ks(default_ks(n) if s.maps.ks is None else s.maps.ks, n),
+            layers=rows.check_layers(s.maps.layers),
             strategies=strategies,
-            scopes=list(s.scopes),
+            scopes=list(s.maps.scopes),
             per_query=per_query,
         )
 
@@ -276,10 +282,10 @@ class ReconstructPlan:
         would be read at the wrong keys."""
         pairs = layer_pairs(rows, self.layers)
         plan = replace(self, pairs=pairs)
-        if self.per_query or s.rows == "per-query":
+        if self.per_query or s.maps.rows == "per-query":
             return plan
         windowed = partial_row_layers(pairs)
-        if windowed and s.rows == "pooled":
+        if windowed and s.maps.rows == "pooled":
             raise BadInput(
                 f"layers {', '.join(map(str, windowed))} are windowed: rows of different queries have different valid keys; "
                 "use `rows` per-query (or auto)"

@@ -15,7 +15,7 @@ from attnlens.analysis.reconstruct.cost import partial_ratio
 from attnlens.analysis.reconstruct.joint import JointMaps
 from attnlens.analysis.reconstruct.maps import LayerMaps, evaluate_objective, reconstruction
 from attnlens.analysis.reconstruct.settings import ReconstructSettings
-from attnlens.analysis.task import PreparedTask, TaskJudge, TaskSettings, content_key, prepare_task, task_columns
+from attnlens.analysis.task import PreparedTask, TaskJudge, content_key, prepare_task, task_columns
 from attnlens.errors import BadInput
 from attnlens.models.loading import LoadedModel, load_model
 from attnlens.progress import Progress
@@ -37,13 +37,13 @@ def judge_plug_in(
     """The model run with each config's maps inside attention on the held-out blocks (and, with a
     task, ``prepared`` by :func:`prepared_task`, its examples padded to the maps' width n; its
     fine-tunes name their steps on ``progress``); with ``learn_r`` alone, the layers and batches it needs."""
-    layers = plan.layers if s.plug_in_layers is None else rows.check_layers(s.plug_in_layers)
-    scopes = set(plan.scopes if s.plug_in_scopes is None else s.plug_in_scopes) if s.plug_in else set()
+    layers = plan.layers if s.plug_in.layers is None else rows.check_layers(s.plug_in.layers)
+    scopes = set(plan.scopes if s.plug_in.scopes is None else s.plug_in.scopes) if s.plug_in.enabled else set()
     task = None
-    if s.task is not None and s.plug_in:
+    if s.task.name is not None and s.plug_in.enabled:
         task = TaskJudge(
             objective.model,
-            TaskSettings.of(s),
+            s.task,
             seq_len=plan.n,
             batch_size=s.batch_size,
             seed=s.seed,
@@ -59,18 +59,18 @@ def judge_plug_in(
 
 def prepared_task(model: LoadedModel, n: int, s: ReconstructSettings) -> PreparedTask:
     """The task of the plug-in runs, loaded, checked and split at the maps' width ``n`` before any forward pass."""
-    return prepare_task(model, TaskSettings.of(s), seq_len=n, seed=s.seed, pad_to=n)
+    return prepare_task(model, s.task, seq_len=n, seed=s.seed, pad_to=n)
 
 
 def _judged_jointly(s: ReconstructSettings) -> Callable[[int], bool]:
     """Whether a task-judged config at k is also judged with its maps trained with the weights."""
-    return lambda k: s.task_joint_r and (s.task_joint_ks is None or k in s.task_joint_ks)
+    return lambda k: s.on_task.joint_r and (s.on_task.joint_ks is None or k in s.on_task.joint_ks)
 
 
 def _judged_by_task(s: ReconstructSettings) -> Callable[[tuple[str, str, int]], bool]:
     """Whether a (strategy, scope, k) config is judged by the task: its strategy, scope and k each
     among the task's (``None``: any)."""
-    wanted = (s.task_strategies, s.task_scopes, s.task_ks)
+    wanted = (s.on_task.strategies, s.on_task.scopes, s.on_task.ks)
     return lambda config: all(chosen is None or value in chosen for value, chosen in zip(config, wanted))
 
 

@@ -8,37 +8,29 @@ from attnlens.analysis.objectives import OBJECTIVES
 from attnlens.analysis.reconstruct.selection import check_ks, check_strategies
 from attnlens.analysis.task import TaskSettings
 from attnlens.errors import BadInput
-from attnlens.settings import CorpusSettings, at_least, numbered_from_zero, one_of, positive, probability
+from attnlens.settings import (
+    CorpusSettings,
+    Settings,
+    at_least,
+    group,
+    numbered_from_zero,
+    one_of,
+    positive,
+    probability,
+    setting,
+)
 
 SCOPES = ("head", "layer", "all")
 ROW_MODES = ("auto", "pooled", "per-query")
 
 
 @dataclass(frozen=True)
-class ReconstructSettings(CorpusSettings, TaskSettings):
-    """Settings of :func:`~attnlens.analysis.reconstruct.reconstruct`: ``num_seqs`` blocks of which ``eval_fraction`` are
-    held out; the ``ks`` (default 1, 2, 4, … n), key-selection ``strategies``, map
-    ``scopes``, ``rows`` (pooled or per query; ``auto`` picks per query for causal
-    models) and relative ``ridge`` of the maps; ``layers`` analysed; ``pairs`` mode and
-    its ridge; ``plug_in`` (the model run with the reconstruction inside attention, in
-    ``plug_in_layers`` and ``plug_in_scopes``) judged by ``objective``; ``learn_r``
-    (maps fine-tuned on the objective for ``learn_steps`` at ``learn_lr``). With ``task``
-    (:class:`~attnlens.analysis.task.TaskSettings`), the plug-in runs are also judged by
-    task accuracy under ``protocol`` (for the strategies in ``task_strategies``, the ``task_ks`` and
-    the ``task_scopes``; each ``None``: all of them; each judgement costs a forward of the
-    held-out examples at the maps' width, so a report judges only its headline configs).
-    ``task_joint_r`` (``finetune`` protocol) also judges each of them with its maps trained
-    jointly with the weights from the closed form (:mod:`~attnlens.analysis.reconstruct.joint`):
-    the ``joint_`` columns; ``task_joint_ks`` limits that to some of the ``task_ks`` (``None``: all).
+class MapSettings(Settings):
+    """The maps: fitted at each of ``ks`` exact keys (default 1, 2, 4, … n), chosen by each of the key-selection
+    ``strategies``, one per ``scopes`` (head, layer, all), for ``rows`` pooled or per query (``auto``: per
+    query for causal models) with relative ``ridge``, in ``layers`` (``None``: all); ``pairs`` mode and its
+    ``pairs_ridge``."""
 
-    >>> ReconstructSettings(scopes=["head", "row"])
-    Traceback (most recent call last):
-        ...
-    attnlens.errors.BadInput: scopes row is unknown; use some of head, layer, all
-    """
-
-    num_seqs: int = 256
-    eval_fraction: float = 0.25
     ks: tuple[int, ...] | None = None
     strategies: tuple[str, ...] = ("greedy", "random", "stride")
     scopes: tuple[str, ...] = SCOPES
@@ -47,52 +39,104 @@ class ReconstructSettings(CorpusSettings, TaskSettings):
     layers: tuple[int, ...] | None = None
     pairs: bool = False
     pairs_ridge: float = 0.1
-    plug_in: bool = False
-    plug_in_layers: tuple[int, ...] | None = None
-    plug_in_scopes: tuple[str, ...] | None = None
-    task_strategies: tuple[str, ...] | None = None
-    task_ks: tuple[int, ...] | None = None
-    task_scopes: tuple[str, ...] | None = None
-    task_joint_r: bool = False
-    task_joint_ks: tuple[int, ...] | None = None
+
+    def validate(self) -> None:
+        if self.ks is not None:  # k <= n is checked once n is known (a store's n need not be seq_len)
+            check_ks(self.ks, n=max(self.ks, default=0))
+        check_strategies(self.strategies)
+        _check_scopes("scopes", self.scopes)
+        one_of("rows", self.rows, ROW_MODES)
+        numbered_from_zero("layers", self.layers)
+        at_least("ridge", self.ridge, 0)
+        at_least("pairs_ridge", self.pairs_ridge, 0)
+
+
+@dataclass(frozen=True)
+class PlugInSettings(Settings):
+    """The model run with the reconstruction inside attention (``enabled``, flag ``plug_in``), in ``layers``
+    and ``scopes`` (flags ``plug_in_layers``, ``plug_in_scopes``; ``None``: all layers, the maps' scopes),
+    judged by ``objective``; ``learn_r``: the maps fine-tuned on the objective for ``learn_steps`` at ``learn_lr``."""
+
+    enabled: bool = setting(False, flag="plug_in")
+    layers: tuple[int, ...] | None = setting(None, flag="plug_in_layers")
+    scopes: tuple[str, ...] | None = setting(None, flag="plug_in_scopes")
     objective: str = "auto"
     learn_r: bool = False
     learn_steps: int = 60
     learn_lr: float = 1e-3
+
+    def validate(self) -> None:
+        numbered_from_zero("plug_in_layers", self.layers)
+        if self.scopes is not None:
+            _check_scopes("plug_in_scopes", self.scopes)
+        one_of("objective", self.objective, OBJECTIVES)
+        if self.learn_r:
+            at_least("learn_steps", self.learn_steps, 1)
+            positive("learn_lr", self.learn_lr)
+
+
+@dataclass(frozen=True)
+class TaskJudgedSettings(Settings):
+    """Which plug-in runs the task judges (each judgement costs a forward of the held-out examples at the
+    maps' width, so a report judges only its headline configs): the ``strategies``, ``ks`` and ``scopes``
+    (flags ``task_strategies``, ``task_ks``, ``task_scopes``; each ``None``: all of them). ``joint_r`` (flag
+    ``task_joint_r``, ``finetune`` protocol) also judges each with its maps trained jointly with the weights
+    from the closed form (:mod:`~attnlens.analysis.reconstruct.joint`): the ``joint_`` columns; ``joint_ks``
+    (flag ``task_joint_ks``) limits that to some of the ``ks`` (``None``: all)."""
+
+    strategies: tuple[str, ...] | None = setting(None, flag="task_strategies")
+    ks: tuple[int, ...] | None = setting(None, flag="task_ks")
+    scopes: tuple[str, ...] | None = setting(None, flag="task_scopes")
+    joint_r: bool = setting(False, flag="task_joint_r")
+    joint_ks: tuple[int, ...] | None = setting(None, flag="task_joint_ks")
+
+    def validate(self) -> None:
+        _check_scopes("task_scopes", SCOPES if self.scopes is None else self.scopes)
+        if self.strategies is not None:
+            check_strategies(self.strategies)
+        if self.ks is not None:
+            check_ks(self.ks, n=max(self.ks, default=0))
+        outside = [k for k in self.joint_ks or () if self.ks is not None and k not in self.ks]
+        if outside:
+            raise BadInput(f"`task_joint_ks` {outside[0]} is not among the `task_ks` the task judges; add it to `task_ks`")
+
+
+@dataclass(frozen=True)
+class ReconstructSettings(CorpusSettings):
+    """Settings of :func:`~attnlens.analysis.reconstruct.reconstruct`: ``num_seqs`` blocks of which
+    ``eval_fraction`` are held out, ``bootstrap`` resamples for the intervals, and groups: the ``maps``
+    (:class:`MapSettings`), the ``plug_in`` runs (:class:`PlugInSettings`) and, with a ``task``
+    (:class:`~attnlens.analysis.task.TaskSettings`), which plug-in runs it also judges by task accuracy
+    under its ``protocol`` (``on_task``: :class:`TaskJudgedSettings`). Every setting also has one flat name
+    (``ReconstructSettings.build(task_ks=(16,))``, ``--task-ks 16``).
+
+    >>> ReconstructSettings.build(scopes=["head", "row"])
+    Traceback (most recent call last):
+        ...
+    attnlens.errors.BadInput: scopes row is unknown; use some of head, layer, all
+    """
+
+    num_seqs: int = 256
+    eval_fraction: float = 0.25
     batch_size: int = 16
+    bootstrap: int = 1000
+    maps: MapSettings = group(MapSettings)
+    plug_in: PlugInSettings = group(PlugInSettings)
+    on_task: TaskJudgedSettings = group(TaskJudgedSettings)
+    task: TaskSettings = group(TaskSettings)
 
     def validate(self) -> None:
         super().validate()
         at_least("num_seqs", self.num_seqs, 2, " (some to fit the maps, some to judge them)")
         probability("eval_fraction", self.eval_fraction)
-        if self.ks is not None:  # k <= n is checked once n is known (a store's n need not be seq_len)
-            check_ks(self.ks, n=max(self.ks, default=0))
-        check_strategies(self.strategies)
-        for name, scopes in (
-            ("scopes", self.scopes),
-            ("plug_in_scopes", self.scopes if self.plug_in_scopes is None else self.plug_in_scopes),
-            ("task_scopes", SCOPES if self.task_scopes is None else self.task_scopes),
-        ):
-            bad = [scope for scope in scopes if scope not in SCOPES]
-            if bad or not scopes:
-                raise BadInput(f"`{name}` {bad[0] if bad else '(none)'} is unknown; use some of {', '.join(SCOPES)}")
-        one_of("rows", self.rows, ROW_MODES)
-        numbered_from_zero("layers", self.layers)
-        numbered_from_zero("plug_in_layers", self.plug_in_layers)
-        at_least("ridge", self.ridge, 0)
-        at_least("pairs_ridge", self.pairs_ridge, 0)
-        one_of("objective", self.objective, OBJECTIVES)
-        if self.task_strategies is not None:
-            check_strategies(self.task_strategies)
-        if self.task_ks is not None:
-            check_ks(self.task_ks, n=max(self.task_ks, default=0))
-        if self.task_joint_r and self.protocol != "finetune":
+        at_least("bootstrap", self.bootstrap, 10, " resamples for an interval (1000 is usual)")
+        if self.on_task.joint_r and self.task.protocol != "finetune":
             raise BadInput("`task_joint_r` trains the maps with the weights: it needs `protocol` finetune")
-        outside = [k for k in self.task_joint_ks or () if self.task_ks is not None and k not in self.task_ks]
-        if outside:
-            raise BadInput(f"`task_joint_ks` {outside[0]} is not among the `task_ks` the task judges; add it to `task_ks`")
-        if self.task is not None and not self.plug_in:
+        if self.task.name is not None and not self.plug_in.enabled:
             raise BadInput("`task` judges the plug-in runs (the model with the reconstruction inside); add `plug_in`")
-        if self.learn_r:
-            at_least("learn_steps", self.learn_steps, 1)
-            positive("learn_lr", self.learn_lr)
+
+
+def _check_scopes(name: str, scopes: tuple[str, ...]) -> None:
+    bad = [scope for scope in scopes if scope not in SCOPES]
+    if bad or not scopes:
+        raise BadInput(f"`{name}` {bad[0] if bad else '(none)'} is unknown; use some of {', '.join(SCOPES)}")

@@ -38,7 +38,7 @@ outcomes and their statistics), :mod:`~attnlens.analysis.task.head` and
 (:class:`TaskJudge`, which uses them all). Every public name is exported here.
 
 >>> from attnlens import load_model
->>> judge = TaskJudge(load_model("minilm-l6"), TaskSettings(task="rotten-tomatoes", task_train=64, task_eval=32),
+>>> judge = TaskJudge(load_model("minilm-l6"), TaskSettings(name="rotten-tomatoes", task_train=64, task_eval=32),
 ...                   seq_len=64, batch_size=32)
 >>> unmodified = judge.judge(None)
 >>> unmodified["accuracy"] == judge.unmodified_accuracy, unmodified["delta_accuracy"]

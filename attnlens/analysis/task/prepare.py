@@ -9,7 +9,7 @@ task in its prologue, before its first forward, and hands the :class:`PreparedTa
 :class:`~attnlens.analysis.task.TaskJudge`, so nothing is read or tokenised twice.
 
 >>> from attnlens import load_model
->>> prepared = prepare_task(load_model("minilm-l6"), TaskSettings(task="rotten-tomatoes", task_train=16, task_eval=32), seq_len=64)
+>>> prepared = prepare_task(load_model("minilm-l6"), TaskSettings(name="rotten-tomatoes", task_train=16, task_eval=32), seq_len=64)
 >>> prepared.protocol, len(prepared.train), len(prepared.pool), prepared.majority_from
 ('probe', 16, 32, 'training examples')
 """
@@ -78,10 +78,10 @@ def prepare_task(
     Under ``head`` with nothing excluded from a built-in task whose rows are an official training
     split, warns (:class:`~attnlens.errors.AttnlensWarning`): the model may have been trained on them.
     """
-    if settings.task is None:
+    if settings.name is None:
         raise BadInput("judging by a task needs `task`; name a task (imdb, rotten-tomatoes or a file)")
     protocol = resolve_protocol(model, settings.protocol)
-    task = load_task(settings.task, text_column=settings.text_column, label_column=settings.label_column)
+    task = load_task(settings.name, text_column=settings.text_column, label_column=settings.label_column)
     columns = head_columns(model, task.label_names) if protocol == "head" else None
     num_train = settings.train_examples(protocol)
     if train_needed and num_train < 2:

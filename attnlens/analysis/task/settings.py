@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 from attnlens.data.exclusion import read_exclusion
 from attnlens.data.tasks import check_task
 from attnlens.errors import BadInput
-from attnlens.settings import Settings, at_least, one_of, positive
+from attnlens.settings import Settings, at_least, one_of, positive, setting
 
 PROTOCOLS = ("auto", "probe", "refit", "finetune", "head")
 POOLING: dict[bool, str] = {False: "mean", True: "last"}  # by LoadedModel.causal: what each family pools
@@ -23,8 +22,8 @@ DEFAULT_TRAIN = 1024  # task_train when not given, for a protocol that fits or t
 
 @dataclass(frozen=True)
 class TaskSettings(Settings):
-    """Which task judges a change, and how: ``task`` (``None``: no task; a built-in name or
-    a file), its ``text_column``/``label_column``, ``task_exclude`` (a file of texts a classifier
+    """Which task judges a change, and how: ``task`` (the field ``name``; ``None``: no task; a built-in
+    name or a file), its ``text_column``/``label_column``, ``task_exclude`` (a file of texts a classifier
     was trained on, taken out of the task before any split: :mod:`attnlens.data.exclusion`),
     ``task_train`` (``None``: :data:`DEFAULT_TRAIN` for the protocols that fit or train; none under
     ``head``, whose held-out examples are then every example not excluded) and ``task_eval`` examples
@@ -43,7 +42,7 @@ class TaskSettings(Settings):
     attnlens.errors.BadInput: protocol finetune needs task; name a task (imdb, rotten-tomatoes or a file)
     """
 
-    task: str | None = None
+    name: str | None = setting(None, flag="task")
     protocol: str = "auto"
     text_column: str = "text"
     label_column: str = "label"
@@ -60,12 +59,12 @@ class TaskSettings(Settings):
     def validate(self) -> None:
         super().validate()
         one_of("protocol", self.protocol, PROTOCOLS)
-        if self.task is None and self.protocol not in ("auto", "probe"):
+        if self.name is None and self.protocol not in ("auto", "probe"):
             raise BadInput(f"`protocol` {self.protocol} needs `task`; name a task (imdb, rotten-tomatoes or a file)")
-        if self.task is not None:  # its file is read now: a missing column or a broken line fails before any model loads
-            check_task(self.task, text_column=self.text_column, label_column=self.label_column)
+        if self.name is not None:  # its file is read now: a missing column or a broken line fails before any model loads
+            check_task(self.name, text_column=self.text_column, label_column=self.label_column)
         if self.task_exclude is not None:
-            if self.task is None:
+            if self.name is None:
                 raise BadInput("`task_exclude` takes examples out of a task; name the task with `task`")
             read_exclusion(self.task_exclude, text_column=self.text_column)
         if self.task_eval != AUTO:
@@ -88,14 +87,15 @@ class TaskSettings(Settings):
         """How many training examples ``protocol`` (resolved: not ``auto``) sets aside: ``task_train``,
         or when not given :data:`DEFAULT_TRAIN`, and none under ``head`` (nothing is fitted).
 
-        >>> TaskSettings(task="rotten-tomatoes").train_examples("head"), TaskSettings(task="rotten-tomatoes").train_examples("probe")
+        >>> TaskSettings(name="rotten-tomatoes").train_examples("head"), TaskSettings(name="rotten-tomatoes").train_examples("probe")
         (0, 1024)
         """
         if self.task_train is not None:
             return self.task_train
         return 0 if protocol == "head" else DEFAULT_TRAIN
 
-    @classmethod
-    def of(cls, settings: Settings) -> TaskSettings:
-        """The task fields of an analysis's settings (which mix this class in)."""
-        return cls(**{field.name: getattr(settings, field.name) for field in dataclasses.fields(cls)})
+
+def task_of(settings: Settings) -> TaskSettings | None:
+    """The task that judges an analysis (its ``task`` group, where one is named), else None."""
+    group = getattr(settings, "task", None)
+    return group if isinstance(group, TaskSettings) and group.name is not None else None
