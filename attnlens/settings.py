@@ -83,6 +83,10 @@ class Settings:
         for field in dataclasses.fields(cls):
             if _is_group(field):
                 for name, path in field.default_factory.paths().items():  # type: ignore[union-attr]
+                    # one flag, two settings: a mistake in the classes, not the user's input
+                    assert len(paths.get(name, ())) <= 1, (
+                        f"{cls.__name__}: groups {paths[name][0]} and {field.name} both name `{name}`"
+                    )
                     paths.setdefault(name, (field.name, *path))  # a name this class declares too is this class's
         return paths
 

@@ -95,3 +95,26 @@ def test_the_task_is_one_object_every_analysis_holds():
     for cls in (DamSettings, ImportanceSettings):
         assert cls.build(**task).task == alone
     assert ReconstructSettings.build(plug_in=True, **task).task == alone
+
+
+def test_two_groups_that_name_one_setting_alike_are_refused_when_the_class_is_used():
+    """A flat name must lead to one setting: two groups with the same flag would make one unreachable."""
+    from dataclasses import dataclass
+
+    from attnlens.settings import Settings, group
+
+    @dataclass(frozen=True)
+    class Left(Settings):
+        rounds: int = 1
+
+    @dataclass(frozen=True)
+    class Right(Settings):
+        rounds: int = 2
+
+    @dataclass(frozen=True)
+    class Both(Settings):
+        left: Left = group(Left)
+        right: Right = group(Right)
+
+    with pytest.raises(AssertionError, match="groups left and right both name `rounds`"):
+        Both.build(rounds=3)
