@@ -4,7 +4,7 @@ a change applied to one batch (:func:`changed_capture`, counting the positions i
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -97,6 +97,25 @@ def changed_capture(
     if counts is not None:
         intervene = _counting(intervene, batch.attention_mask.bool(), counts)
     return Capture(layers=change.layers, intervene=intervene, record=False)
+
+
+def per_example(
+    model: LoadedModel,
+    batch_size: int,
+    examples: Examples,
+    change: Change | None,
+    compute: Callable[[TaskBatch], torch.Tensor],
+    counts: np.ndarray | None = None,
+) -> np.ndarray:
+    """``compute(batch)`` (one row per example) over length-bucketed batches with ``change``
+    inside attention (adding to ``counts`` the positions it removes and the valid ones, when given),
+    as float64 in the examples' own order."""
+    parts, batched = [], list(batches(examples, batch_size, model.device))
+    with torch.no_grad():
+        for batch in batched:
+            with changed_capture(change, batch, model, counts):
+                parts.append(compute(batch).double().cpu().numpy())
+    return in_order(parts, batched)
 
 
 def _counting(intervene: Intervention, queries: torch.Tensor, counts: np.ndarray) -> Intervention:

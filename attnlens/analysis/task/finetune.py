@@ -6,15 +6,14 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 import torch
 from torch import nn
 
 from attnlens.analysis.changes import Change
-from attnlens.analysis.task.batching import TaskBatch, batches, changed_capture, pooled_features
+from attnlens.analysis.task.batching import batches, changed_capture, per_example, pooled_features
 from attnlens.analysis.task.outcomes import scored
 from attnlens.analysis.task.probe import Probe, ProbeHead
 from attnlens.analysis.task.settings import TaskSettings
@@ -60,7 +59,7 @@ class FineTuning:
     change judged by ``finetune`` is judged by ``settings.seeds`` encoders and heads trained with it
     (:meth:`_finetune`, cached by :meth:`finetune_key`).
 
-    It reads the judge's model, settings, split and probe, calls its ``_per_example``, and records
+    It reads the judge's model, settings, split and probe, and records
     each run in ``finetune_runs`` and ``last_finetune``.
     """
 
@@ -77,18 +76,6 @@ class FineTuning:
     finetune_runs: list[dict]
     last_finetune: dict
     _removed: np.ndarray
-
-    # TaskJudge's, which this mixin calls: declared for the type checker alone, so that a class mixing this
-    # in without one fails with an AttributeError instead of calling a stub that returns nothing
-    if TYPE_CHECKING:
-
-        def _per_example(
-            self,
-            examples: Examples,
-            change: Change | None,
-            compute: Callable[[TaskBatch], torch.Tensor],
-            counts: np.ndarray | None = None,
-        ) -> np.ndarray: ...
 
     def _fitted_probe(self) -> Probe:
         """The probe the head starts from: every protocol but ``head`` (the model's own classifier, no
@@ -107,7 +94,7 @@ class FineTuning:
         module, head, change = self._finetune(change, seed)
         module.eval()
         compute = lambda batch: head(pooled_features(module, self.pooling, batch))
-        return scored(self._per_example(examples, change, compute, self._removed), examples.labels)
+        return scored(per_example(self.model, self.batch_size, examples, change, compute, self._removed), examples.labels)
 
     def finetune_key(self, change: Change | None, seed: int | None = None) -> str:
         """The cache key of a fine-tune run: everything that decides its weights."""

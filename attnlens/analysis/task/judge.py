@@ -8,7 +8,6 @@ import dataclasses
 import hashlib
 import json
 import math
-from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -17,7 +16,7 @@ from torch import nn
 from attnlens.analysis.changes import Change, Removal
 from attnlens.analysis.evaluation import bootstrap_interval, layer_groups, valid_masks
 from attnlens.analysis.sequential import Design
-from attnlens.analysis.task.batching import TaskBatch, batches, changed_capture, in_order, pooled_features
+from attnlens.analysis.task.batching import TaskBatch, batches, per_example, pooled_features
 from attnlens.analysis.task.finetune import FineTuning
 from attnlens.analysis.task.outcomes import (
     UNMODIFIED,
@@ -165,23 +164,8 @@ class TaskJudge(FineTuning):
     def features(self, examples: Examples, change: Change | None, counts: np.ndarray | None = None) -> np.ndarray:
         """(examples, hidden) float64 pooled features of the model, with ``change`` inside attention
         (adding to ``counts`` the positions it removes and the valid ones, when given)."""
-        return self._per_example(examples, change, lambda batch: pooled_features(self.model.model, self.pooling, batch), counts)
-
-    def _per_example(
-        self,
-        examples: Examples,
-        change: Change | None,
-        compute: Callable[[TaskBatch], torch.Tensor],
-        counts: np.ndarray | None = None,
-    ) -> np.ndarray:
-        """``compute(batch)`` (one row per example) over length-bucketed batches with ``change``
-        inside attention, as float64 in the examples' own order."""
-        parts, batched = [], list(batches(examples, self.batch_size, self.model.device))
-        with torch.no_grad():
-            for batch in batched:
-                with changed_capture(change, batch, self.model, counts):
-                    parts.append(compute(batch).double().cpu().numpy())
-        return in_order(parts, batched)
+        features = lambda batch: pooled_features(self.model.model, self.pooling, batch)  # noqa: E731
+        return per_example(self.model, self.batch_size, examples, change, features, counts)
 
     def loss(self, batch: TaskBatch) -> torch.Tensor:
         """Per-example cross-entropy of the unmodified probe (or the model's own head), differentiable
@@ -322,7 +306,7 @@ class TaskJudge(FineTuning):
         if self.protocol == "finetune":
             return self._finetuned(change, examples)
         if self.protocol == "head":
-            logits = self._per_example(examples, change, self.head_logits, self._removed)
+            logits = per_example(self.model, self.batch_size, examples, change, self.head_logits, self._removed)
             return with_seed_row(*scored(logits, examples.labels))
         probe = self._fitted_probe()
         if self.protocol == "refit" and change is not None:
