@@ -1,14 +1,16 @@
 """The report's budget, measured: the seconds of every stage of the quick and the default report,
 each run in its own process from a cold cache (the one-off conversion of the models aside; the task's
-features included), in one run.
+features included), in one run, beside the forecast the report made before its first stage.
 
-Run:  python bench/bench_report.py [--presets quick,default] [--write] [--keep DIR]
+Run:  python bench/bench_report.py [--presets quick,default] [--model minilm-l6] [--write] [--keep DIR]
       python bench/bench_report.py --from REPORT_DIR ... --write      (a saved report's own timings: --full, finetune)
       python bench/bench_report.py --from FULL_DIR --write --stored finetune   (keeps stating a time no change touched)
 
-Prints each stage's seconds per preset, the totals and the wall time of the whole command against
-the budgets (the default report in 10 minutes, --quick in 2, --full in 30, --protocol finetune in 90). ``--write`` stores the stages' seconds
-in attnlens/report/stage_weights.json (the stretches of the report's progress bar, and the times
+Prints each stage's seconds per preset with its forecast beside it (actual/forecast), the totals, the
+total's forecast as a share of the actual (within ±30%: the forecast's promise), and the wall time of
+the whole command against the budgets (the default report in 10 minutes, --quick in 2, --full in 30,
+--protocol finetune in 90). ``--write`` (minilm-l6 only) stores the stages' seconds
+in attnlens/report/stage_weights.json (the forecast's seconds of the overlap and the figures, and the times
 ``attnlens report --help`` states) and the README's sentence between its report-times markers, so
 that no time a reader sees is typed by hand.
 """
@@ -32,40 +34,55 @@ FLAGS = {"quick": ["--quick"], "default": [], "full": ["--full"], "finetune": ["
 BEGIN, END = "<!-- report times -->", "<!-- report times end -->"
 
 
-def run_report(preset: str, out: Path) -> tuple[dict[str, float], float]:
-    """One report in a fresh process and a cold cache (converted models kept): its stages' seconds
-    and the command's wall time."""
+def run_report(preset: str, out: Path, model: str, extra: list[str]) -> tuple[dict[str, float], dict[str, float], float]:
+    """One report in a fresh process and a cold cache (converted models kept): its stages' seconds, their
+    forecast and the command's wall time."""
     import attnlens
     from attnlens.models.cache import cache_dir
 
-    for alias in ("minilm-l6", "minilm-l3"):  # the one-off conversion, outside the measurement
+    for alias in {model, *(("minilm-l6", "minilm-l3") if model.startswith("minilm") else ())}:  # the one-off conversion
         attnlens.load_model(alias)
     with tempfile.TemporaryDirectory(prefix="attnlens-cold-") as cold:
         (Path(cold) / "models").symlink_to(cache_dir() / "models")
         began = time.perf_counter()
-        command = [sys.executable, "-m", "attnlens", "report", *FLAGS[preset], "--out", str(out), "--no-progress"]
-        subprocess.run(command, check=True, env={**os.environ, "ATTNLENS_CACHE": cold}, stdout=subprocess.DEVNULL)
+        flags = [*FLAGS[preset], "--model", model, *extra, "--out", str(out), "--no-progress"]
+        subprocess.run([sys.executable, "-m", "attnlens", "report", *flags], check=True, env={**os.environ, "ATTNLENS_CACHE": cold},
+                       stdout=subprocess.DEVNULL)  # fmt: skip
         wall = time.perf_counter() - began
-    return json.loads((out / "result.json").read_text())["timings_s"], wall
+    return (*saved(out)[1:], wall)
 
 
-def saved(report: Path) -> tuple[str, dict[str, float]]:
-    """A saved report's preset and its stages' seconds."""
+def saved(report: Path) -> tuple[str, dict[str, float], dict[str, float]]:
+    """A saved report's preset, its stages' seconds and their forecast (empty for a report saved before forecasts)."""
     meta = json.loads((report / "result.json").read_text())
     if meta.get("kind") != "report":
         raise SystemExit(f"bench_report: {report} is not a report directory (attnlens report --out DIR)")
-    return meta["preset"], meta["timings_s"]
+    forecast = {stage: value["forecast"] for stage, value in meta.get("forecast", {}).get("stages_s", {}).items()}
+    return meta["preset"], meta["timings_s"], forecast
 
 
-def table(timings: dict[str, dict[str, float]], walls: dict[str, float]) -> str:
-    """Stage by stage, a column per preset; the totals, the wall times and the budgets."""
+def table(timings: dict[str, dict[str, float]], walls: dict[str, float], forecasts: dict[str, dict[str, float]]) -> str:
+    """Stage by stage, a column per preset (actual / forecast seconds); the totals, the total's forecast as a share
+    of the actual, the wall times and the budgets."""
     presets = list(timings)
     stages = list(dict.fromkeys(stage for seconds in timings.values() for stage in seconds))
-    lines = [f"{'stage':24}" + "".join(f"{name:>12}" for name in presets)]
+
+    def cell(actual: float, predicted: float | None) -> str:
+        return f"{actual:9.1f} / {predicted:7.1f}" if predicted is not None else f"{actual:9.1f} / {'':>7}"
+
+    lines = [f"{'stage (actual / forecast s)':28}" + "".join(f"{name:>20}" for name in presets)]
     for stage in stages:
-        lines.append(f"{stage:24}" + "".join(f"{timings[name].get(stage, float('nan')):12.1f}" for name in presets))
-    lines.append(f"{'stages, total':24}" + "".join(f"{sum(timings[name].values()):12.1f}" for name in presets))
-    lines.append(f"{'command, wall':24}" + "".join(f"{walls.get(name, float('nan')):12.1f}" for name in presets))
+        lines.append(
+            f"{stage:28}" + "".join(cell(timings[name].get(stage, float("nan")), forecasts[name].get(stage)) for name in presets)
+        )
+    totals = {name: (sum(timings[name].values()), sum(forecasts[name].values()) or None) for name in presets}
+    lines.append(f"{'stages, total':28}" + "".join(cell(*totals[name]) for name in presets))
+    lines.append(f"{'command, wall':28}" + "".join(f"{walls.get(name, float('nan')):20.1f}" for name in presets))
+    for name, (actual, predicted) in totals.items():
+        if predicted:
+            share = predicted / actual
+            verdict = "within ±30%" if abs(share - 1) <= 0.3 else "OUTSIDE ±30%"
+            lines.append(f"{name}: the total's forecast is {share:.2f} of the actual: {verdict}")
     for name in presets:
         if name in BUDGETS and name in walls:
             verdict = "within" if walls[name] <= BUDGETS[name] else "OVER"
@@ -107,6 +124,8 @@ def _replace(path: Path, text: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--presets", default="quick,default", help="which reports to run: quick, default, full, finetune")
+    parser.add_argument("--model", default="minilm-l6", help="the model the reports run on")
+    parser.add_argument("--flags", default="", help="more flags for attnlens report, e.g. '--precision bfloat16'")
     parser.add_argument("--from", dest="saved", nargs="*", type=Path, default=[], help="saved reports to read instead")
     parser.add_argument("--keep", type=Path, help="keep the reports in this directory")
     parser.add_argument("--write", action="store_true", help="store the seconds (stage_weights.json, README)")
@@ -114,17 +133,18 @@ def main() -> None:
         "--stored", default="", help="with --write: presets (full, finetune) not measured now whose stored time still holds"
     )
     args = parser.parse_args()
-    timings, walls = {}, {}
+    timings, walls, forecasts = {}, {}, {}
     for report in args.saved:
-        name, seconds = saved(report)
-        timings[name] = seconds
+        name, timings[name], forecasts[name] = saved(report)
     if not args.saved:
         with tempfile.TemporaryDirectory(prefix="bench-report-") as scratch:
             base = args.keep or Path(scratch)
             for name in args.presets.split(","):
-                timings[name], walls[name] = run_report(name, base / name)
+                timings[name], forecasts[name], walls[name] = run_report(name, base / name, args.model, args.flags.split())
                 print(f"{name}: {walls[name]:.1f} s", file=sys.stderr, flush=True)
-    print(table(timings, walls))
+    print(table(timings, walls, forecasts))
+    if args.write and args.model != "minilm-l6":
+        raise SystemExit("bench_report: --write stores minilm-l6's seconds (the README's and --help's times); drop --model")
     if args.write:
         write(timings, tuple(filter(None, args.stored.split(","))))
 

@@ -23,7 +23,7 @@ COMMANDS = {
     "plan": ("attnlens.analysis.plan:plan", ["--max-loss", "0.1"]),
     "extract": ("attnlens.io.extract:extract", []),
     "moments": ("attnlens.rows.jobs:run_moments", []),
-    "report": ("attnlens.report:report", []),
+    "report": ("attnlens.report.prepare:prepare", []),  # what it checks and sizes first, the model included
 }
 
 
@@ -41,7 +41,7 @@ def stubs(monkeypatch):
         module, name = target.split(":")
 
         def stub(*args, _command=command, **kwargs):
-            source = kwargs.get("model") if _command == "report" else args[0]
+            source = args[0]
             calls.append((_command, source, kwargs.get("model") if _command == "reconstruct" else None))
             raise Reached(f"reached {source}")
 

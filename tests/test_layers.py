@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "attnlens"
-LAYERS = ("models", "data", "io", "rows", "analysis", "figures", "report", "cli")
+LAYERS = ("models", "data", "io", "rows", "analysis", "figures", "forecast", "report", "cli")
 BASE = ("attnlens.errors", "attnlens.settings", "attnlens.progress")
 # Deliberate exceptions: none today. An entry is (importer, imported) with a comment that says why.
 ALLOWED_UPWARD: set[tuple[str, str]] = set()

@@ -48,7 +48,7 @@ def test_bucketed_batches_are_sorted_by_length_and_cut_to_their_longest(examples
 
 def test_bucketed_features_equal_unbucketed_ones_in_the_original_order(minilm_l6, examples):
     judge = object.__new__(TaskJudge)  # only what features() reads
-    judge.model, judge.batch_size, judge.pooling = minilm_l6, 8, "mean"
+    judge.model, judge.batch_size, judge.pooling, judge.settings = minilm_l6, 8, "mean", TaskSettings()
     bucketed = judge.features(examples, None)
     plain = []  # the examples in their own order, every batch padded to the longest of the split
     with torch.no_grad():

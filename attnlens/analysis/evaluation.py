@@ -32,6 +32,7 @@ from attnlens.errors import BadInput
 from attnlens.models.capture import Capture, Intervention
 from attnlens.models.layer_inputs import DEFAULT_BUDGET, LayerInputs
 from attnlens.models.loading import LoadedModel
+from attnlens.models.precision import DEFAULT_PRECISION, judging
 
 
 class TaskInputs(Protocol):
@@ -182,10 +183,12 @@ def class_counts(masks: dict[str, torch.Tensor], valid: torch.Tensor) -> dict[st
 class Starts:
     """Each batch's unmodified layer inputs, recorded the first time a change needs them, so that a
     change confined to layers ≥ l runs from layer l (:mod:`attnlens.models.layer_inputs`): equal to
-    the full forward, for less. Up to ``budget_bytes`` in all; past it, batches run in full."""
+    the full forward, for less. Up to ``budget_bytes`` in all; past it, batches run in full. Recorded
+    at the ``precision`` of the objective that judges the batches: layers below l must compute what
+    the unmodified arm's full forward computes, in the same arithmetic."""
 
-    def __init__(self, model: LoadedModel, budget_bytes: int = DEFAULT_BUDGET) -> None:
-        self.model, self.budget_bytes = model, budget_bytes
+    def __init__(self, model: LoadedModel, budget_bytes: int = DEFAULT_BUDGET, *, precision: str = DEFAULT_PRECISION) -> None:
+        self.model, self.budget_bytes, self.precision = model, budget_bytes, precision
         self.caches: dict[int, LayerInputs] = {}
 
     def at(self, index: int, batch: PreparedBatch | TaskInputs, layers: list[int] | None) -> contextlib.AbstractContextManager:
@@ -198,7 +201,8 @@ class Starts:
         if cache is None:
             spent = sum(kept.nbytes for kept in self.caches.values())
             ids, mask = (batch.input_ids, None) if isinstance(batch, PreparedBatch) else (batch.ids, batch.attention_mask)
-            cache = self.caches[index] = LayerInputs.record(self.model, ids, mask, budget_bytes=self.budget_bytes - spent)
+            with judging(self.precision, self.model.device):
+                cache = self.caches[index] = LayerInputs.record(self.model, ids, mask, budget_bytes=self.budget_bytes - spent)
         return cache.started_at(start)
 
 
@@ -231,6 +235,8 @@ def evaluate_batch(
 ) -> dict[str, np.ndarray]:
     """Per-block metrics of one batch, under an optional score intervention, without gradients;
     ``start`` (the split's :class:`Starts` and this batch's index) runs it from the first of ``layers``."""
+    # both arms at one precision: a change started from layer inputs recorded in another would mix two arithmetics
+    assert start is None or start[0].precision == objective.precision, "the layer inputs and the objective disagree"
     with torch.no_grad():
         if intervene is None:
             metrics = objective.evaluate(batch)

@@ -36,6 +36,7 @@ from attnlens.data.positions import TokenRoles, class_masks, parse_classes, toke
 from attnlens.data.tasks import Examples
 from attnlens.io.provenance import result_meta
 from attnlens.models.loading import LoadedModel, load_model
+from attnlens.models.precision import DEFAULT_PRECISION
 from attnlens.settings import CorpusSettings
 
 
@@ -57,13 +58,15 @@ class Split:
         return [view.ids.shape[0] for view in self.views]
 
     @classmethod
-    def of_examples(cls, examples: Examples, model: LoadedModel, batch_size: int) -> Split:
+    def of_examples(cls, examples: Examples, model: LoadedModel, batch_size: int, precision: str = DEFAULT_PRECISION) -> Split:
         """Task examples in batches (their first example's number seeds their draws); a change to layers
-        ≥ l judged through :func:`~attnlens.analysis.evaluation.evaluate_change` runs from layer l."""
+        ≥ l judged through :func:`~attnlens.analysis.evaluation.evaluate_change` runs from layer l, its
+        layer inputs recorded at the ``precision`` of the task that judges it."""
         from attnlens.analysis.task import batches
 
         inputs = list(batches(examples, batch_size, model.device))
-        return cls(inputs, [batch.view(model) for batch in inputs], torch.from_numpy(examples.ids), Starts(model))
+        starts = Starts(model, precision=precision)
+        return cls(inputs, [batch.view(model) for batch in inputs], torch.from_numpy(examples.ids), starts)
 
 
 @dataclass
@@ -96,8 +99,10 @@ class Experiment:
         task: TaskSettings | None = None,
         task_pad_to: int | None = None,
         task_trains: bool = False,
+        precision: str = DEFAULT_PRECISION,
     ) -> Experiment:
-        """The prologue, for corpus settings ``s``, the position ``classes`` and the ``objective``;
+        """The prologue, for corpus settings ``s``, the position ``classes`` and the ``objective`` (its
+        forwards at ``precision``, :mod:`attnlens.models.precision`);
         with ``task`` (settings whose task judges the analysis), the task prepared at ``s.seq_len``
         (padded to ``task_pad_to``; ``task_trains``: something trains on its examples) before the first
         forward pass, so a task that cannot be judged costs seconds, not the passes before its judge."""
@@ -108,7 +113,7 @@ class Experiment:
         prepared = None
         if task is not None and task.name is not None:
             prepared = prepare_task(model, task, seq_len=s.seq_len, seed=s.seed, pad_to=task_pad_to, train_needed=task_trains)
-        judged_by = Objective(model, objective, seed=s.seed)
+        judged_by = Objective(model, objective, seed=s.seed, precision=precision)
         held_out, train = split_blocks(corpus, model, s.seq_len, num_eval, num_train, seed=s.seed)
         valid = valid_masks(model, held_out.ids)
         ids = torch.from_numpy(held_out.ids)
@@ -119,15 +124,16 @@ class Experiment:
 
     def split(self, blocks: Blocks, batch_size: int, objective: Objective | None = None) -> Split:
         """Corpus ``blocks`` in batches: the inputs of ``objective`` (default the experiment's; its
-        references from the unmodified model, prepared once) and the views, seeded by each batch's
-        first block in the corpus."""
-        inputs = prepare_batches(objective or self.objective, blocks.ids, batch_size)
+        references from the unmodified model, prepared once, at its precision) and the views, seeded by
+        each batch's first block in the corpus."""
+        objective = objective or self.objective
+        inputs = prepare_batches(objective, blocks.ids, batch_size)
         ids = torch.from_numpy(blocks.ids)
         starts = range(0, len(blocks), batch_size)
         views = [
             Batch(ids[start : start + batch_size].to(self.model.device), self.model, int(blocks.index[start])) for start in starts
         ]
-        return Split(inputs, views, ids, Starts(self.model))
+        return Split(inputs, views, ids, Starts(self.model, precision=objective.precision))
 
     def metadata(self, s: CorpusSettings, command: str | None, *, settings: dict, **extra: object) -> dict[str, object]:
         """The result's ``meta``: the model, the corpus with the blocks it gave, the settings as

@@ -11,7 +11,10 @@ objectives, chosen by ``--objective auto|clm|mlm|hidden``:
   sentence embeddings is reported beside it.
 
 ``auto`` takes what the model supports (``LoadedModel.objective``). Losses are per
-block and differentiable, so the same objective trains DAM masks and learned R.
+block and differentiable, so the same objective trains DAM masks and learned R. Every forward
+an objective runs (its references included) runs at its ``precision``
+(:func:`attnlens.models.precision.judging`): both arms of a judgement go through the same
+objective, so they are computed alike.
 
 >>> import torch
 >>> from attnlens import Capture, load_model
@@ -35,6 +38,7 @@ from torch import nn
 from attnlens.errors import BadInput
 from attnlens.models.capture import no_capture
 from attnlens.models.loading import LoadedModel
+from attnlens.models.precision import DEFAULT_PRECISION, judging
 
 OBJECTIVES = ("auto", "clm", "mlm", "hidden")
 MASK_RATE = 0.15
@@ -72,24 +76,33 @@ class PreparedBatch:
 
 class Evaluates(Protocol):
     """What judging a change needs of an objective: per-sequence metrics of one of its batches, ``"loss"``
-    among them. An :class:`Objective` on corpus blocks is one; so is a task's loss on its examples
-    (:class:`~attnlens.analysis.task.TaskLoss`), which DAM and the plan judge and train against."""
+    among them, computed at its ``precision``. An :class:`Objective` on corpus blocks is one; so is a
+    task's loss on its examples (:class:`~attnlens.analysis.task.TaskLoss`), which DAM and the plan judge
+    and train against."""
+
+    @property
+    def precision(self) -> str: ...
 
     def evaluate(self, batch: Any) -> dict[str, torch.Tensor]: ...
 
 
 class Objective:
-    """One objective for one model; see the module docstring."""
+    """One objective for one model, its forwards at ``precision``; see the module docstring."""
 
-    def __init__(self, model: LoadedModel, objective: str = "auto", *, seed: int = 0) -> None:
+    def __init__(self, model: LoadedModel, objective: str = "auto", *, seed: int = 0, precision: str = DEFAULT_PRECISION) -> None:
         self.model = model
         self.name = resolve_objective(model, objective)
         self.seed = seed
+        self.precision = precision
         # hidden states need no logits: a language model that can skip its head for all but the last
         # position (gemma's is a 262k-word vocabulary, most of a step's cost) is asked to
         self._no_head: _HeadSkip = (
             {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.model.forward).parameters else {}
         )
+
+    def at(self, precision: str) -> Objective:
+        """The same objective (its name, seed and masks), its forwards at ``precision``."""
+        return self if precision == self.precision else Objective(self.model, self.name, seed=self.seed, precision=precision)
 
     def prepare(self, input_ids: torch.Tensor, *, offset: int = 0) -> PreparedBatch:
         """Masks (mlm) or reference outputs (hidden) for a batch of blocks.
@@ -120,7 +133,7 @@ class Objective:
             token_cosine = nn.functional.cosine_similarity(hidden, reference, dim=-1).mean(-1)
             pooled_cosine = nn.functional.cosine_similarity(hidden.mean(1), reference.mean(1), dim=-1)
             return {"loss": 1 - token_cosine, "token_cosine": token_cosine, "pooled_cosine": pooled_cosine}
-        logits = self.model.forward(batch.input_ids).logits
+        logits = self._forward(batch.input_ids).logits
         labels = batch.labels
         assert labels is not None, "prepare gives a batch of the clm and mlm objectives its labels"
         if self.name == "clm":  # position t predicts token t + 1
@@ -130,7 +143,13 @@ class Objective:
         return {"loss": losses.sum(1) / counted}
 
     def _hidden(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.model.forward(input_ids, output_hidden_states=True, **self._no_head).hidden_states[-1].float()
+        return self._forward(input_ids, output_hidden_states=True, **self._no_head).hidden_states[-1].float()
+
+    def _forward(self, input_ids: torch.Tensor, **kwargs: Any) -> Any:
+        """The model's forward at the objective's precision; what it returns is read (and its loss taken,
+        and any backward run) outside, in float32."""
+        with judging(self.precision, self.model.device):
+            return self.model.forward(input_ids, **kwargs)
 
     def _mask(self, input_ids: torch.Tensor, offset: int) -> PreparedBatch:
         mask_id = self.model.special.mask

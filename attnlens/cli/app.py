@@ -201,6 +201,16 @@ FinetuneLrOption = Annotated[
 BootstrapOption = Annotated[
     int, typer.Option("--bootstrap", help="Bootstrap resamples for the 95% intervals.", rich_help_panel=ANALYSIS)
 ]
+PrecisionOption = Annotated[
+    str,
+    typer.Option(
+        "--precision",
+        help="Arithmetic of the forwards and the training that judge a change (proxy, task, DAM, plan, fine-tunes): "
+        "float32, or bfloat16 (autocast; faster on hardware with bfloat16 matrix units). Captured scores, moments and "
+        "maps stay float32.",
+        rich_help_panel=ANALYSIS,
+    ),
+]
 
 
 # Help texts read from a registry (the mask layouts), written when the command line is built rather

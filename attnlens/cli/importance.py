@@ -26,6 +26,7 @@ from .app import (
     ObjectiveOption,
     OutOption,
     OverwriteOption,
+    PrecisionOption,
     ProbeCOption,
     ProgressOption,
     ProtocolOption,
@@ -66,6 +67,7 @@ def importance(
         bool, typer.Option("--gradient/--no-gradient", help="Also compute gradient importance.", rich_help_panel=ANALYSIS)
     ] = S.gradient,
     bootstrap: BootstrapOption = S.bootstrap,
+    precision: PrecisionOption = S.precision,
     task: TaskOption = S.task,
     protocol: ProtocolOption = S.protocol,
     task_exclude: TaskExcludeOption = S.task_exclude,

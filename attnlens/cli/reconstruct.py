@@ -21,6 +21,7 @@ from .app import (
     NumSeqsOption,
     OutOption,
     OverwriteOption,
+    PrecisionOption,
     ProbeCOption,
     ProgressOption,
     ProtocolOption,
@@ -74,6 +75,7 @@ def reconstruct(
         str | None, typer.Option("--plug-in-scope", help="Scopes to run in plug-in mode; default all of --scope.")
     ] = None,
     objective: Annotated[str, typer.Option("--objective", help="auto, clm, mlm or hidden.")] = R.objective,
+    precision: PrecisionOption = R.precision,
     model: ModelOption = None,
     learn_r: Annotated[
         bool, typer.Option("--learn-r", help="Fine-tune the maps on the objective (first strategy and scope).")

@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from attnlens.errors import BadInput
 from attnlens.report.presets import took
 
 from .app import (
+    OUTPUT,
     CorpusOption,
     DeviceOption,
     ModelArgument,
     ModelOption,
-    OutOption,
     OverwriteOption,
+    PrecisionOption,
     ProgressOption,
     SeedOption,
     app,
@@ -26,7 +29,9 @@ from .app import (
 def report(
     model: ModelArgument = None,
     *,
-    out: OutOption,
+    out: Annotated[
+        Path | None, typer.Option("--out", "-o", help="Directory to write the report to.", rich_help_panel=OUTPUT)
+    ] = None,
     model_option: ModelOption = None,
     corpus: CorpusOption = "kjv",
     compare: Annotated[
@@ -61,16 +66,30 @@ def report(
         ),
     ] = "default",
     seed: SeedOption = 0,
+    precision: PrecisionOption = "float32",
+    dry_run: Annotated[
+        bool,
+        typer.Option(
+            "--dry-run",
+            help="Check everything, forecast each stage's time on this model and machine (seconds of timed work), print it "
+            "and stop: no stage runs, nothing is written.",
+            rich_help_panel=OUTPUT,
+        ),
+    ] = False,
     device: DeviceOption = "cpu",
     overwrite: OverwriteOption = False,
     progress: ProgressOption = True,
 ) -> None:
     """Run every analysis and write a self-contained HTML report with all result files."""
-    from attnlens.report import report as run
+    from attnlens.io.results import check_out
+    from attnlens.report import write_report
+    from attnlens.report.prepare import forecast_report, prepare
 
-    page = run(
-        out,
-        model=model_named(model, model_option),
+    if out is None and not dry_run:
+        raise BadInput("give the directory to write the report to (--out DIR), or --dry-run to forecast its time only")
+    checked = None if out is None or dry_run else check_out(out, overwrite)  # before the model loads
+    prepared = prepare(
+        model_named(model, model_option),
         corpus=corpus,
         compare=None if compare == "none" else compare,
         quick=quick,
@@ -79,7 +98,10 @@ def report(
         task=None if task == "none" else task,
         seed=seed,
         device=device,
-        overwrite=overwrite,
-        progress=progress,
+        precision=precision,
     )
+    if checked is None:
+        typer.echo(forecast_report(prepared, device=device).table())
+        return
+    page = write_report(checked, prepared, device=device, progress=progress)
     typer.echo(f"wrote the report to {page}")

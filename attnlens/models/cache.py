@@ -26,6 +26,11 @@ def cache_dir() -> Path:
     return Path(base) / "attnlens"
 
 
+def is_cached(kind: str, key: str) -> bool:
+    """Whether :func:`cached_array` holds ``key`` (it reads it rather than computing it)."""
+    return (cache_dir() / kind / f"{key}.npy").is_file()
+
+
 def cached_array(kind: str, key: str, compute: Callable[[], np.ndarray]) -> np.ndarray:
     """``compute()`` once per ``key``; later calls read the saved array.
 

@@ -145,6 +145,12 @@ class LoadedModel:
         return backbone(self.model)
 
     @property
+    def hidden_size(self) -> int:
+        """The width of its hidden states (a task's pooled features)."""
+        config: Any = self.model.config
+        return int(config.get_text_config().hidden_size)
+
+    @property
     def architecture(self) -> str:
         return type(self.model).__name__
 

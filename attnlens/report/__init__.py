@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -24,15 +25,14 @@ from typing import TypeVar
 
 import pandas as pd
 
-from attnlens.errors import AttnlensError, BadInput
+from attnlens.errors import BadInput
 from attnlens.io.files import swap_into_place
 from attnlens.io.provenance import provenance
 from attnlens.io.results import Result, check_out, load_result
-from attnlens.models.aliases import ALIASES, missing_distributions
-from attnlens.models.loading import LoadedModel, check_device, load_model
-from attnlens.models.locate import locate_model
+from attnlens.models.loading import LoadedModel
 from attnlens.progress import Progress, Stage, StageBar, progress_bar
 from attnlens.report.page import write_page
+from attnlens.report.prepare import Prepared, forecast_report, prepare
 from attnlens.report.presets import (
     DEFAULT,
     FINETUNE,
@@ -42,10 +42,7 @@ from attnlens.report.presets import (
     QUICK_FINETUNE,
     REPORT_PRESETS,
     REPORT_PROTOCOLS,
-    STAGES,
     ReportSettings,
-    preset,
-    stage_weights,
 )
 from attnlens.report.stages import analyses
 from attnlens.report.verdicts import RECORD_FIELDS
@@ -65,14 +62,6 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-
-# A second model of the same geometry to compare subspaces with, when it is installed.
-COMPANIONS = {"minilm-l6": "minilm-l3", "minilm-l3": "minilm-l6"}
-
-
-def companion_for(model: LoadedModel) -> str | None:
-    name = COMPANIONS.get(model.name)
-    return name if name is not None and not missing_distributions(ALIASES[name]) else None
 
 
 class _Stages:
@@ -120,6 +109,7 @@ def report(
     task: str | None = "default",
     seed: int = 0,
     device: str = "cpu",
+    precision: str = "float32",
     overwrite: bool = False,
     progress: bool = True,
     command: str | None = None,
@@ -133,29 +123,39 @@ def report(
     imdb for the claims about computing fewer scores and rotten-tomatoes for the rest; a name: that
     task for all; ``None``: proxies only) under ``protocol``: ``probe`` (a probe on the frozen
     model) or ``finetune`` (the papers' protocol, :data:`~attnlens.report.presets.FINETUNE`: each
-    judged change inside fine-tuning, 3 seeds, every run cached). Everything is written into a
-    staging directory and moved into place at the end, so an interrupted report leaves nothing half-written.
+    judged change inside fine-tuning, 3 seeds, every run cached). ``precision``: the arithmetic of the
+    forwards and the training that judge a change (``bfloat16``: faster; captured scores stay float32).
+    Before the first stage the report forecasts each stage's time here (:func:`forecast_report`; printed
+    with ``progress``), its progress bar runs on that forecast, and ``result.json`` keeps it beside the
+    actual seconds. Everything is written into a staging directory and moved into place at the end, so an
+    interrupted report leaves nothing half-written.
     """
-    name, settings = preset(protocol, quick=quick, full=full)
     out = check_out(out, overwrite)
-    check_device(device)
-    # the user's task judges every stage the preset judges by a task (the savings' too); the settings are
-    # checked as they are made, the task's file too, before the model loads
-    settings = settings.for_run(corpus=corpus, seed=seed, **({} if task == "default" else {"task": task}))
-    _check_inputs(corpus, compare)
-    loaded = model if isinstance(model, LoadedModel) else load_model(model, device=device)
-    _check_lengths(loaded, settings, name)
-    settings = _sized(loaded, settings)
-    _check_task(loaded, settings, seed)  # before the first stage's forward pass, not stages later
-    second = companion_for(loaded) if compare == "auto" else compare
-    weights = {stage: w for stage, w in stage_weights(name).items() if second or stage != "eigen (second model)"}
-    stages = _Stages(weights, progress)
+    prepared = prepare(
+        model, corpus=corpus, compare=compare, quick=quick, full=full, protocol=protocol, task=task, seed=seed, device=device,
+        precision=precision,
+    )  # fmt: skip
+    return write_report(out, prepared, device=device, progress=progress, command=command)
+
+
+def write_report(
+    out: Path, prepared: Prepared, *, device: str = "cpu", progress: bool = True, command: str | None = None
+) -> Path:
+    """:func:`report`'s stages and page for a report :func:`prepare` checked and sized (``out``: checked by
+    :func:`~attnlens.io.results.check_out`): its forecast first (printed with ``progress``), then every stage."""
+    predicted = forecast_report(prepared, device=device)
+    if progress:
+        print(f"forecast for this machine (the report starts now):\n{predicted.table()}", file=sys.stderr, flush=True)
+    # each stage's stretch of the bar as wide as its forecast (a sliver at least: a stage the forecast prices at 0 s still shows)
+    stages = _Stages({name: max(stage.seconds, 0.01) for name, stage in predicted.stages.items()}, progress)
     out.parent.mkdir(parents=True, exist_ok=True)  # the staging directory sits beside `out`, so the last move is a rename
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        results = analyses(loaded, second, settings, device=device, run=stages.run)
+        results = analyses(prepared.loaded, prepared.second, prepared.settings, device=device, run=stages.run)
         names = _directory_names(results)
-        page, claims = stages.run("figures", lambda stage: write_page(staging, results, names, command, name, progress=stage))
+        page, claims = stages.run(
+            "figures", lambda stage: write_page(staging, results, names, command, prepared.name, progress=stage)
+        )
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         stages.close(complete=False)
@@ -164,12 +164,13 @@ def report(
     meta = {
         "kind": "report",
         "format_version": 1,
-        "model": loaded.describe(),
-        "corpus": corpus,
-        "preset": name,
-        "settings": settings.to_dict(),
+        "model": prepared.loaded.describe(),
+        "corpus": prepared.settings.eigen.corpus,
+        "preset": prepared.name,
+        "settings": prepared.settings.to_dict(),
         "results": names,
         "timings_s": stages.timings,
+        "forecast": predicted.to_dict(),
         "tables": ["claims"],
         **provenance(command),
     }
@@ -177,59 +178,6 @@ def report(
     (staging / "result.json").write_text(json.dumps(meta, indent=2))
     swap_into_place(staging, out)
     return out / page.name
-
-
-def _check_inputs(corpus: str, compare: str | None) -> None:
-    """What the user chose, checked before the model loads: a bad name fails in seconds, not stages later."""
-    from attnlens.data.corpus import load_corpus
-
-    load_corpus(corpus)  # quick (kjv: a tenth of a second); the stages read it again by name
-    if compare not in (None, "auto"):
-        try:
-            locate_model(compare)
-        except AttnlensError as error:  # the model's own message and kind, said of the option that named it
-            raise type(error)(f"`compare`: {error.args[0]}") from None
-
-
-def _check_lengths(loaded: LoadedModel, settings: ReportSettings, preset_name: str) -> None:
-    """Every stage's blocks fit the model's positions, checked before the first stage: the report has no
-    ``--seq-len``, so the way out is a preset with shorter blocks, or the analyses one by one."""
-    longest = max(getattr(settings, stage).seq_len for stage in STAGES if getattr(settings, stage) is not None)
-    if longest <= loaded.max_positions:
-        return
-    quick = max(getattr(QUICK, stage).seq_len for stage in STAGES)
-    way = (
-        f"run 'attnlens report --quick' (blocks of {quick})"
-        if quick <= loaded.max_positions and preset_name != "quick"
-        else "run the analyses one by one with a shorter --seq-len (attnlens eigen, reconstruct, importance, dam, plan)"
-    )
-    raise BadInput(
-        f"model '{loaded.name}' supports {loaded.max_positions} positions, fewer than the {longest} tokens of the "
-        f"{preset_name} report's blocks; {way}"
-    )
-
-
-def _sized(loaded: LoadedModel, settings: ReportSettings) -> ReportSettings:
-    """``settings`` sized for the model's geometry (:meth:`ReportSettings.sized_for`), read from the pairs each
-    layer computes at the reconstruction's and the plan's n (one forward of one block per n): whether an
-    encoder has windows shorter than n, and the most keys any query sees where every layer is windowed."""
-    from attnlens.rows.sources import model_pairs, partial_row_layers
-
-    recon_n = settings.reconstruct.seq_len
-    plan_n = settings.plan.seq_len if settings.plan is not None else recon_n
-    pairs = {n: model_pairs(loaded, n) for n in {recon_n, plan_n}}
-    windowed = not loaded.causal and bool(partial_row_layers(pairs[recon_n]))
-    widest = max(int(layer.sum(-1).max()) for layer in pairs[plan_n].values())
-    return settings.sized_for(loaded.causal, windowed, widest)
-
-
-def _check_task(loaded: LoadedModel, settings: ReportSettings, seed: int) -> None:
-    """Every check of the task that needs the model (the protocol, the split at each width a stage
-    judges at), made by preparing it as the stages will; they prepare it again, at the cost of tokenising."""
-    from attnlens.analysis.task import prepare_task
-
-    for task, seq_len in settings.judged():
-        prepare_task(loaded, task, seq_len=seq_len, seed=seed)
 
 
 def _directory_names(results: dict) -> dict[str, str]:

@@ -1,5 +1,5 @@
 """The report's presets: what each stage runs and on how much data (``--quick``, the default, ``--full``),
-and how long each stage took when last measured (the progress bar's stretches).
+and how long each stage took when last measured on MiniLM (the times the help states).
 
 A preset is a :class:`ReportSettings`: each stage's own analysis settings (:class:`EigenSettings`,
 :class:`ReconstructSettings`, ...), exactly what the stage passes to its analysis, so no field is
@@ -35,6 +35,7 @@ from attnlens.analysis.plan.settings import PlanSettings
 from attnlens.analysis.reconstruct.settings import ReconstructSettings
 from attnlens.analysis.task.settings import TaskSettings, task_of
 from attnlens.errors import BadInput
+from attnlens.models.precision import DEFAULT_PRECISION
 from attnlens.settings import Settings, one_of
 
 STAGES = ("eigen", "reconstruct", "importance", "dam", "plan")  # the stages with settings of their own, in order
@@ -42,6 +43,7 @@ _NEED_TASK = {
     "reconstruct": ("task_joint_r", "task_joint_ks"),
     "dam": ("train_on", "task_patterns"),
 }  # fields that mean nothing without one
+_PADDED = ("reconstruct", "plan")  # the stages whose task examples are padded to their n
 
 
 @dataclass(frozen=True)
@@ -62,13 +64,17 @@ class ReportSettings:
         """These settings with ``changes`` applied to the stages named: ``stages(dam={"steps": 40})``."""
         return dataclasses.replace(self, **{name: getattr(self, name).replace(**change) for name, change in changes.items()})
 
-    def for_run(self, *, corpus: str, seed: int, task: str | None | object = ...) -> ReportSettings:
-        """Every stage on ``corpus`` with ``seed``, its ``ks`` within its n, and, where ``task`` is given,
-        that task for every stage the preset judges by one (``None``: none, and no plan)."""
+    def for_run(
+        self, *, corpus: str, seed: int, task: str | None | object = ..., precision: str = DEFAULT_PRECISION
+    ) -> ReportSettings:
+        """Every stage on ``corpus`` with ``seed``, its ``ks`` within its n, every stage that judges at ``precision``
+        and, where ``task`` is given, that task for every stage the preset judges by one (``None``: none, and no plan)."""
         changed = {}
         for name in STAGES:
             stage: Settings = getattr(self, name)
             change: dict[str, Any] = {"corpus": corpus, "seed": seed}
+            if "precision" in stage.flat():  # the stages that judge a change (the eigen analysis judges none)
+                change["precision"] = precision
             if task is not ... and task_of(stage) is not None:
                 change["task"] = task
             if task is None:  # the proxies only: what needs a task goes back to its default
@@ -126,15 +132,16 @@ class ReportSettings:
             sized = sized.stages(plan={"fit_seqs": max(sized.plan.fit_seqs, sized.plan.seq_len + 1)})
         return sized
 
-    def judged(self) -> list[tuple[TaskSettings, int]]:
-        """The tasks that judge stages, each once per (task, n): what the report prepares before it starts."""
-        judged: dict[tuple[str | None, int], TaskSettings] = {}
+    def judged(self) -> dict[str, tuple[TaskSettings, int, int | None]]:
+        """Per stage judged by a task: its task, the width it judges at and the width its examples are padded
+        to (the reconstruction's and the plan's changes have the shape of n: their examples keep it)."""
+        judged = {}
         for name in STAGES:
             stage = getattr(self, name)
             task = task_of(stage) if stage is not None else None
             if task is not None:
-                judged.setdefault((task.name, stage.seq_len), task)
-        return [(task, seq_len) for (_, seq_len), task in judged.items()]
+                judged[name] = (task, stage.seq_len, stage.seq_len if name in _PADDED else None)
+        return judged
 
     def to_dict(self) -> dict[str, Any]:
         stages = {name: getattr(self, name) for name in STAGES}
@@ -286,9 +293,9 @@ def preset(protocol: str, *, quick: bool, full: bool) -> tuple[str, ReportSettin
 
 
 def stage_weights(name: str) -> dict[str, float]:
-    """How long each stage of preset ``name`` took, in the order they run: the seconds
-    ``bench/bench_report.py`` measured (``stage_weights.json``). They set how wide each stage's stretch of
-    the one progress bar is, and the times the README and ``--help`` state.
+    """How long each stage of preset ``name`` took on minilm-l6, in the order they run: the seconds
+    ``bench/bench_report.py`` measured (``stage_weights.json``). They are the times the README and ``--help``
+    state, and the forecast's seconds of the stages it does not count (the overlap, the figures).
 
     >>> list(stage_weights("quick"))[:3]
     ['eigen', 'eigen (second model)', 'overlap']

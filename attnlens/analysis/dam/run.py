@@ -57,7 +57,7 @@ def dam(
     experiment = Experiment.start(  # the task is prepared (and so checked) here, before the first forward pass
         source, s, classes=s.mask.classes, objective=s.judging.objective, num_eval=s.eval_seqs, num_train=s.train_seqs,
         device=device, task=s.task,
-        task_trains=s.training.train_on == "task",
+        task_trains=s.training.train_on == "task", precision=s.precision,
     )  # fmt: skip
     setup = Setup.of(experiment, s, progress)
     with progress_bar(total=setup.total_steps(), desc="dam", unit="step", enabled=progress) as bar:

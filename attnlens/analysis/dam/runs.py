@@ -112,7 +112,7 @@ class Setup:
         held_out = MaskSplit.of(experiment.split(experiment.held_out, s.batch_size), layout, classes)
         trained_on, corpus_objective = experiment.objective.name, experiment.objective
         if s.training.objective is not None:  # a cheaper objective to learn from than the one that judges
-            corpus_objective = Objective(model, s.training.objective, seed=s.seed)
+            corpus_objective = Objective(model, s.training.objective, seed=s.seed, precision=s.precision)
             trained_on = corpus_objective.name
         assert experiment.train is not None, "dam's experiment draws training blocks (train_seqs)"
         train = MaskSplit.of(experiment.split(experiment.train, s.batch_size, corpus_objective), layout, classes)
@@ -130,7 +130,7 @@ class Setup:
         ):  # the task's own loss, on its training examples
             assert task is not None, "the masks learn from a task only with one (DamSettings checks train_on task)"
             trained_on, train_objective = "task", TaskLoss(task)
-            train = MaskSplit.of(Split.of_examples(task.train, model, s.batch_size), layout, classes)
+            train = MaskSplit.of(Split.of_examples(task.train, model, s.batch_size, s.precision), layout, classes)
         start = judged_start(layout, init_logits, train_objective, train)
         baseline = evaluate_change(experiment.objective, held_out.split.inputs, held_out.split.views)["loss"]
         same = equal_by_construction(layout, held_out.contexts, held_out.masks)

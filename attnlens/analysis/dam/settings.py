@@ -20,6 +20,7 @@ from attnlens.analysis.patterns import PATTERNS
 from attnlens.analysis.task import TaskSettings
 from attnlens.data.positions import parse_classes
 from attnlens.errors import BadInput
+from attnlens.models.precision import DEFAULT_PRECISION, PRECISIONS
 from attnlens.settings import CorpusSettings, Settings, at_least, group, one_of, positive, probability, setting
 
 REMOVALS = ("1e4", "inf", "renormalise")
@@ -207,8 +208,9 @@ class DamSettings(CorpusSettings):
     ``stopping`` ends (:class:`StoppingSettings`), the ``judging`` (:class:`JudgingSettings`) and the
     ``task`` that also judges every mask and pattern (:class:`~attnlens.analysis.task.TaskSettings`).
     The data: ``train_seqs`` and ``eval_seqs`` disjoint blocks (``resample``: each mask seed but the first
-    draws its own training blocks; the held-out ones stay), ``bootstrap`` resamples; corpus settings as
-    :class:`CorpusSettings`. Every setting also has one flat name (``DamSettings.build(mask_seeds=2)``,
+    draws its own training blocks; the held-out ones stay), ``bootstrap`` resamples, ``precision`` (the
+    arithmetic of the masks' training and judging, the task's too: :mod:`attnlens.models.precision`;
+    logits and optimiser state stay float32); corpus settings as :class:`CorpusSettings`. Every setting also has one flat name (``DamSettings.build(mask_seeds=2)``,
     ``--mask-seeds 2``).
 
     >>> s = DamSettings.build(sparsity=[0.9], stop_window=10)
@@ -221,6 +223,7 @@ class DamSettings(CorpusSettings):
     eval_seqs: int = 64
     resample: bool = False  # each mask seed but the first draws its own training blocks (the held-out ones stay)
     bootstrap: int = 1000
+    precision: str = DEFAULT_PRECISION  # the judging forwards' and the training's arithmetic, the task's too (passed down)
     mask: MaskSettings = group(MaskSettings)
     target: TargetSettings = group(TargetSettings)
     training: TrainingSettings = group(TrainingSettings)
@@ -233,6 +236,7 @@ class DamSettings(CorpusSettings):
         at_least("train_seqs", self.train_seqs, 1)
         at_least("eval_seqs", self.eval_seqs, MIN_HELD_OUT_BLOCKS, " held-out blocks for a bootstrap interval")
         at_least("bootstrap", self.bootstrap, 10, " resamples for an interval (1000 is usual)")
+        one_of("precision", self.precision, PRECISIONS)
         parse_init(self.mask.init, self.seq_len)
         self._validate_across()
 

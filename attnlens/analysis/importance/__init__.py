@@ -93,8 +93,9 @@ def importance(
     s = ImportanceSettings.build(settings, **changes)
     # the task is prepared (and so checked) in the prologue, before the first forward pass
     experiment = Experiment.start(
-        source, s, classes=s.classes, objective=s.objective, num_eval=s.num_seqs, device=device, task=s.task
-    )
+        source, s, classes=s.classes, objective=s.objective, num_eval=s.num_seqs, device=device, task=s.task,
+        precision=s.precision,
+    )  # fmt: skip
     model, classes = experiment.model, experiment.classes
     conditions = ablation_conditions(classes, s.per, model.num_layers, model.num_heads, s.seed)
     # The task's part (its probe, then every condition judged on its examples) costs more than the

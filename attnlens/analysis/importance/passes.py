@@ -22,6 +22,7 @@ from attnlens.analysis.experiment import Experiment
 from attnlens.analysis.importance.settings import ImportanceSettings
 from attnlens.analysis.objectives import Objective, PreparedBatch
 from attnlens.models.capture import Capture
+from attnlens.models.precision import DEFAULT_PRECISION
 from attnlens.progress import Progress, progress_bar
 
 CONTROLS = ("class", "random")
@@ -143,6 +144,10 @@ class Passes:
             np.zeros((len(blocks), model.num_layers, model.num_heads, len(classes) + 1)),
         )
         held_out = experiment.split(blocks, s.batch_size)
+        # The mass and the gradients measure the model and judge nothing: float32 whatever the judging
+        # precision, on batches of their own where that is not float32 (the hidden objective's references too).
+        exact = experiment.objective.at(DEFAULT_PRECISION)
+        measured = held_out if exact is experiment.objective else experiment.split(blocks, s.batch_size, exact)
         groups, group_valid = layer_groups(experiment.valid.to(model.device))
         total = len(held_out.inputs) * (len(conditions) + (1 if s.gradient else 0))
         with progress_bar(total=total, desc="importance", unit="pass", enabled=progress) as bar:
@@ -150,22 +155,26 @@ class Passes:
             for number, (batch, view) in enumerate(zip(held_out.inputs, held_out.views)):
                 rows = slice(start, start + view.ids.shape[0])
                 stacked = torch.stack(list(view.classes(classes).values())).float()
+                exactly = (exact, measured.inputs[number])
                 for index, condition in enumerate(conditions):  # a per-layer ablation runs from its layer (starts)
                     where = (held_out.starts, number)
-                    passes.measure(experiment, index, condition, batch, view, rows, stacked, groups, group_valid, where)
+                    passes.measure(experiment, index, condition, batch, view, rows, stacked, groups, group_valid, where, exactly)
                     bar.update(1)
                 if s.gradient:
-                    passes.gradients[rows] = _batch_gradients(experiment.objective, batch, blocks.index[rows], stacked, s.seed)
+                    passes.gradients[rows] = _batch_gradients(*exactly, blocks.index[rows], stacked, s.seed)
                     bar.update(1)
                 start = rows.stop
         return passes
 
-    def measure(self, experiment, index, condition, batch, view, rows, stacked, groups, group_valid, where) -> None:
-        """One condition on one batch: the unmodified pass records the mass; an ablation its losses
-        and what it removed from (and spared of) the valid positions of the layers it changes."""
+    def measure(self, experiment, index, condition, batch, view, rows, stacked, groups, group_valid, where, exactly) -> None:
+        """One condition on one batch: the unmodified pass records the mass (in float32: ``exactly``, the
+        float32 objective and its batch) and its losses; an ablation its losses and what it removed from
+        (and spared of) the valid positions of the layers it changes."""
         if condition is None:
             self.mass.masks = stacked
             with torch.no_grad(), Capture(weights=True, sink=self.mass.sink):
+                metrics = evaluate_batch(*exactly)
+            if exactly[0] is not experiment.objective:  # the unmodified arm at the judging precision, as the ablations
                 metrics = evaluate_batch(experiment.objective, batch)
         else:
             metrics = evaluate_batch(experiment.objective, batch, condition.intervention(view), condition.layers, where)

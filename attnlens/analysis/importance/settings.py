@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from attnlens.analysis.objectives import OBJECTIVES
 from attnlens.analysis.task import TaskSettings
 from attnlens.data.positions import parse_classes
+from attnlens.models.precision import DEFAULT_PRECISION, PRECISIONS
 from attnlens.settings import CorpusSettings, at_least, group, one_of
 
 SCOPES = ("model", "layer", "head")
@@ -20,7 +21,9 @@ class ImportanceSettings(CorpusSettings):
     and whether to compute ``gradient`` importance; corpus settings as :class:`CorpusSettings`;
     with ``task`` (:class:`~attnlens.analysis.task.TaskSettings`) every ablation is also
     judged by task accuracy under ``protocol`` (only those of ``task_classes`` and their random
-    controls when it is given: each judgement is a forward of every held-out example).
+    controls when it is given: each judgement is a forward of every held-out example). ``precision``
+    (:mod:`attnlens.models.precision`) is the ablations' and the task's arithmetic; the mass and the
+    gradients are measured in float32 whatever it is.
 
     >>> ImportanceSettings.build(per="row")
     Traceback (most recent call last):
@@ -36,6 +39,7 @@ class ImportanceSettings(CorpusSettings):
     bootstrap: int = 1000
     gradient: bool = True
     task_classes: str | tuple[str, ...] | None = None
+    precision: str = DEFAULT_PRECISION  # the judging forwards' arithmetic, the task's too (passed down)
     task: TaskSettings = group(TaskSettings)
 
     def validate(self) -> None:
@@ -47,3 +51,4 @@ class ImportanceSettings(CorpusSettings):
         one_of("objective", self.objective, OBJECTIVES)
         at_least("num_seqs", self.num_seqs, 1)
         at_least("bootstrap", self.bootstrap, 10, " resamples for an interval (1000 is usual)")
+        one_of("precision", self.precision, PRECISIONS)

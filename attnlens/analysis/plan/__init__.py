@@ -211,7 +211,7 @@ def _planner(source: str | LoadedModel, s: PlanSettings, device: str, progress: 
     held-out blocks), the choices, the maps and the judges."""
     experiment = Experiment.start(  # an accuracy budget's task is prepared (and so checked) before the first forward pass
         source, s, classes=s.classes, objective=s.objective, num_eval=s.eval_seqs, num_train=s.fit_seqs + s.curve_seqs + s.select_seqs, device=device,
-        task=s.task if s.max_drop is not None else None, task_pad_to=s.seq_len,
+        task=s.task if s.max_drop is not None else None, task_pad_to=s.seq_len, precision=s.precision,
     )  # fmt: skip
     # num_train above is at least 5 (the settings' minimums): Experiment.start gives training blocks
     assert experiment.train is not None, "a plan asks for fit, curve and selection blocks"

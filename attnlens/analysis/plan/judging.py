@@ -287,7 +287,7 @@ class TaskCosts(Costs):
         self.parts = {"select": slice(0, select), "check": slice(select, None)}
         # the unmodified model's per-example outcomes on every held-out example (judge(None)'s "correct")
         self.baseline = self.task.correct(None, len(self.task.held_out))
-        curve_split = Split.of_examples(self.task.train.take(slice(0, curve)), model, batch_size)
+        curve_split = Split.of_examples(self.task.train.take(slice(0, curve)), model, batch_size, settings.precision)
         self.curve, self.curve_baseline = _predicted(self.task, curve_split)  # a curve cost is then a KL divergence
         self.loss = TaskLoss(self.task)
 

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from attnlens.analysis.plan.judging import Budget, one_loss_forecast, task_eval_needed
 from attnlens.analysis.task import TaskSettings
 from attnlens.errors import BadInput
-from attnlens.settings import CorpusSettings, at_least, group, positive
+from attnlens.models.precision import DEFAULT_PRECISION, PRECISIONS
+from attnlens.settings import CorpusSettings, at_least, group, one_of, positive
 
 COSTS = ("flops", "seconds")  # what a plan spends: attention FLOPs, or measured seconds per call
 PER_QUERY_LIMIT = 4 * 2**30  # bytes of per-query moments a causal model's maps may need
@@ -28,7 +29,9 @@ class PlanSettings(CorpusSettings):
     on ``select_seqs`` (not the curves' blocks: the forecast holds for plans fixed before the
     selection data are seen), and the proxy's held-out check runs on ``eval_seqs``. With a
     task, ``task_eval`` held-out examples are split in two halves: the first chooses, the
-    second checks. ``bootstrap`` resamples give every interval. ``cost``: what a plan spends,
+    second checks. ``bootstrap`` resamples give every interval. ``precision`` is the arithmetic of the
+    forwards that judge (curves, selection, check: :mod:`attnlens.models.precision`); the maps are
+    fitted, and seconds timed, in float32. ``cost``: what a plan spends,
     attention ``"flops"``, or ``"seconds"`` per call measured on this machine at n
     (:mod:`~attnlens.analysis.plan.seconds`; windows then run on the faster of FlexAttention and sdpa). An accuracy budget that one lost
     example already forecasts above, at these halves, is refused with the ``task_eval`` it needs
@@ -53,6 +56,7 @@ class PlanSettings(CorpusSettings):
     cost: str = "flops"
     forecastable_only: bool = True
     bootstrap: int = 1000
+    precision: str = DEFAULT_PRECISION  # the judging forwards' arithmetic, the task's too (passed down)
     task: TaskSettings = group(TaskSettings)
 
     def validate(self) -> None:
@@ -81,6 +85,7 @@ class PlanSettings(CorpusSettings):
         at_least("select_seqs", self.select_seqs, 2, " blocks to choose the plan on")
         at_least("eval_seqs", self.eval_seqs, 2, " held-out blocks")
         at_least("bootstrap", self.bootstrap, 10, " resamples for an interval (1000 is usual)")
+        one_of("precision", self.precision, PRECISIONS)
         if self.forecastable_only:
             self._check_forecastable()
 

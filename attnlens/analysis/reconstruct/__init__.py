@@ -131,7 +131,9 @@ def reconstruct(
     plan = ReconstructPlan.of(source_rows, s)  # every check that needs the source, before any work
     judged_by_model = s.plug_in.enabled or s.plug_in.learn_r
     objective = (
-        Objective(model_for_plug_in(source_rows, model, device), s.plug_in.objective, seed=s.seed) if judged_by_model else None
+        Objective(model_for_plug_in(source_rows, model, device), s.plug_in.objective, seed=s.seed, precision=s.precision)
+        if judged_by_model
+        else None
     )
     # the task, checked and split now: a task that cannot be judged fails before the moments' pass, not after it
     task = (

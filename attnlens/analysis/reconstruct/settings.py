@@ -8,6 +8,7 @@ from attnlens.analysis.objectives import OBJECTIVES
 from attnlens.analysis.reconstruct.selection import check_ks, check_strategies
 from attnlens.analysis.task import TaskSettings
 from attnlens.errors import BadInput
+from attnlens.models.precision import DEFAULT_PRECISION, PRECISIONS
 from attnlens.settings import (
     CorpusSettings,
     Settings,
@@ -107,7 +108,9 @@ class ReconstructSettings(CorpusSettings):
     ``eval_fraction`` are held out, ``bootstrap`` resamples for the intervals, and groups: the ``maps``
     (:class:`MapSettings`), the ``plug_in`` runs (:class:`PlugInSettings`) and, with a ``task``
     (:class:`~attnlens.analysis.task.TaskSettings`), which plug-in runs it also judges by task accuracy
-    under its ``protocol`` (``on_task``: :class:`TaskJudgedSettings`). Every setting also has one flat name
+    under its ``protocol`` (``on_task``: :class:`TaskJudgedSettings`). ``precision`` is the plug-in runs'
+    arithmetic (and learned R's, and the task's: :mod:`attnlens.models.precision`); the maps are fitted
+    from scores captured in float32 whatever it is. Every setting also has one flat name
     (``ReconstructSettings.build(task_ks=(16,))``, ``--task-ks 16``).
 
     >>> ReconstructSettings.build(scopes=["head", "row"])
@@ -120,6 +123,7 @@ class ReconstructSettings(CorpusSettings):
     eval_fraction: float = 0.25
     batch_size: int = 16
     bootstrap: int = 1000
+    precision: str = DEFAULT_PRECISION  # the plug-in runs' arithmetic (never the maps' fit), the task's too (passed down)
     maps: MapSettings = group(MapSettings)
     plug_in: PlugInSettings = group(PlugInSettings)
     on_task: TaskJudgedSettings = group(TaskJudgedSettings)
@@ -130,6 +134,7 @@ class ReconstructSettings(CorpusSettings):
         at_least("num_seqs", self.num_seqs, 2, " (some to fit the maps, some to judge them)")
         probability("eval_fraction", self.eval_fraction)
         at_least("bootstrap", self.bootstrap, 10, " resamples for an interval (1000 is usual)")
+        one_of("precision", self.precision, PRECISIONS)
         if self.on_task.joint_r and self.task.protocol != "finetune":
             raise BadInput("`task_joint_r` trains the maps with the weights: it needs `protocol` finetune")
         if self.task.name is not None and not self.plug_in.enabled:

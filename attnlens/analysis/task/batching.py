@@ -15,6 +15,7 @@ from attnlens.analysis.changes import Batch, Change
 from attnlens.data.tasks import Examples
 from attnlens.models.capture import Capture, Intervention
 from attnlens.models.loading import LoadedModel, backbone
+from attnlens.models.precision import DEFAULT_PRECISION, judging
 
 
 @dataclass(frozen=True)
@@ -74,9 +75,11 @@ def in_order(parts: list[np.ndarray], batched: list[TaskBatch]) -> np.ndarray:
     return ordered
 
 
-def pooled_features(module: nn.Module, pooling: str, batch: TaskBatch) -> torch.Tensor:
-    """(batch, hidden) float32 features: the final hidden states pooled as ``pooling`` says."""
-    hidden = backbone(module)(input_ids=batch.ids, attention_mask=batch.attention_mask).last_hidden_state.float()
+def pooled_features(module: nn.Module, pooling: str, batch: TaskBatch, precision: str = DEFAULT_PRECISION) -> torch.Tensor:
+    """(batch, hidden) float32 features: the final hidden states, computed at ``precision``, pooled as ``pooling`` says."""
+    with judging(precision, batch.ids.device):
+        hidden = backbone(module)(input_ids=batch.ids, attention_mask=batch.attention_mask).last_hidden_state
+    hidden = hidden.float()  # pooled in float32 whatever the forward's precision
     mask = batch.attention_mask.to(hidden.dtype)
     if pooling == "mean":
         return (hidden * mask[..., None]).sum(1) / mask.sum(1, keepdim=True)

@@ -1,5 +1,7 @@
 """The ``finetune`` protocol: the encoder and a head started from the probe, trained with the change
-inside attention, each run's weights cached under a key of everything that decides them."""
+inside attention, each run's weights cached under a key of everything that decides them. At the
+judge's ``precision`` bfloat16 the forwards run under bfloat16 autocast; the weights, the head and
+AdamW's state stay float32 (:mod:`attnlens.models.precision`)."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from attnlens.analysis.task.settings import TaskSettings
 from attnlens.data.tasks import Examples, Task
 from attnlens.models.cache import cache_dir
 from attnlens.models.loading import LoadedModel, module_sha256
+from attnlens.models.precision import DEFAULT_PRECISION
 from attnlens.progress import Progress, Stage, progress_bar
 
 FINETUNE_VERSION = 4  # part of the cache key: bump when the training recipe changes
@@ -93,7 +96,7 @@ class FineTuning:
     def _finetuned_once(self, change: Change | None, seed: int, examples: Examples) -> tuple[np.ndarray, np.ndarray]:
         module, head, change = self._finetune(change, seed)
         module.eval()
-        compute = lambda batch: head(pooled_features(module, self.pooling, batch))
+        compute = lambda batch: head(pooled_features(module, self.pooling, batch, self.settings.precision))
         return scored(per_example(self.model, self.batch_size, examples, change, compute, self._removed), examples.labels)
 
     def finetune_key(self, change: Change | None, seed: int | None = None) -> str:
@@ -113,6 +116,8 @@ class FineTuning:
             "batch_size": self.batch_size,
             "seed": self.seed if seed is None else seed,
             "change": None if change is None else change.key,
+            # a run trained in bfloat16 is another run; float32 keeps the keys written before the setting existed
+            **({"precision": self.settings.precision} if self.settings.precision != DEFAULT_PRECISION else {}),
         }
         return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
 
@@ -182,7 +187,9 @@ class FineTuning:
         del order[: self.batch_size]
         batch = next(batches(self.train.take(chosen), self.batch_size, self.model.device))
         with torch.enable_grad(), changed_capture(change, batch, self.model):
-            loss = nn.functional.cross_entropy(head(pooled_features(module, self.pooling, batch)), batch.labels)
+            # the forward at the judge's precision (parameters, gradients and AdamW's state stay float32)
+            features = pooled_features(module, self.pooling, batch, self.settings.precision)
+            loss = nn.functional.cross_entropy(head(features), batch.labels)
         optimiser.zero_grad(set_to_none=True)
         loss.backward()
         optimiser.step()

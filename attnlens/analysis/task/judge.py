@@ -35,6 +35,7 @@ from attnlens.analysis.task.settings import AUTO, FEATURES_VERSION, POOLING, Z_I
 from attnlens.data.tasks import Examples, Task
 from attnlens.models.cache import cached_array
 from attnlens.models.loading import LoadedModel
+from attnlens.models.precision import DEFAULT_PRECISION, judging
 from attnlens.progress import Progress
 
 
@@ -117,20 +118,10 @@ class TaskJudge(FineTuning):
         token's state beyond float rounding, so analyses that pad to a fixed width share the
         training features, and so the probe, of those that do not. Held-out features
         (``as_judged``) are the baseline every change is paired with, so they are computed in
-        the changes' own arithmetic: their width is part of the key where it is fixed."""
-        tokens = hashlib.sha256(examples.lengths.astype(np.int64).tobytes())
-        tokens.update(examples.ids[examples.attention_mask.astype(bool)].astype(np.int64).tobytes())
-        parts = {
-            "version": FEATURES_VERSION,
-            "model": self.model.weights_sha256(),
-            "tokens": tokens.hexdigest(),
-            "pooling": self.pooling,
-            "width": int(examples.ids.shape[1]) if as_judged and examples.fixed_width else None,
-            "batch_size": self.batch_size,
-            "device": str(self.model.device),
-            "torch": torch.__version__,
-        }
-        key = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
+        the changes' own arithmetic: their width is part of the key where it is fixed, and so is the
+        judge's precision where it is not float32 (float32 keys are those written before the setting
+        existed, so those features are reused)."""
+        key = features_key(self.model, examples, self.batch_size, self.settings.precision, as_judged=as_judged)
         return cached_array("task-features", key, lambda: self.features(examples, None))
 
     def _chosen_c(self, features: np.ndarray) -> float:
@@ -164,7 +155,7 @@ class TaskJudge(FineTuning):
     def features(self, examples: Examples, change: Change | None, counts: np.ndarray | None = None) -> np.ndarray:
         """(examples, hidden) float64 pooled features of the model, with ``change`` inside attention
         (adding to ``counts`` the positions it removes and the valid ones, when given)."""
-        features = lambda batch: pooled_features(self.model.model, self.pooling, batch)  # noqa: E731
+        features = lambda batch: pooled_features(self.model.model, self.pooling, batch, self.settings.precision)  # noqa: E731
         return per_example(self.model, self.batch_size, examples, change, features, counts)
 
     def loss(self, batch: TaskBatch) -> torch.Tensor:
@@ -178,11 +169,13 @@ class TaskJudge(FineTuning):
         task class, under any active capture."""
         if self.protocol == "head":
             return self.head_logits(batch)
-        return self._fitted_probe().torch_logits(pooled_features(self.model.model, self.pooling, batch))
+        features = pooled_features(self.model.model, self.pooling, batch, self.settings.precision)
+        return self._fitted_probe().torch_logits(features)
 
     def head_logits(self, batch: TaskBatch) -> torch.Tensor:
         """The classification head's logits, one column per task class (in the task's order)."""
-        logits = self.model.model(input_ids=batch.ids, attention_mask=batch.attention_mask).logits
+        with judging(self.settings.precision, self.model.device):
+            logits = self.model.model(input_ids=batch.ids, attention_mask=batch.attention_mask).logits
         return logits[:, self.head_columns].float()
 
     # -- judging
@@ -396,5 +389,37 @@ class TaskLoss:
     def __init__(self, judge: TaskJudge) -> None:
         self.judge, self.model = judge, judge.model
 
+    @property
+    def precision(self) -> str:
+        """The judge's: the loss a mask trains on is computed as the judge computes its features."""
+        return self.judge.settings.precision
+
     def evaluate(self, batch: TaskBatch) -> dict[str, torch.Tensor]:
         return {"loss": self.judge.loss(batch)}
+
+
+def features_key(model: LoadedModel, examples: Examples, batch_size: int, precision: str, *, as_judged: bool = False) -> str:
+    """The cache key of the unmodified model's pooled features of ``examples`` (:meth:`TaskJudge.unmodified_features`)."""
+    tokens = hashlib.sha256(examples.lengths.astype(np.int64).tobytes())
+    tokens.update(examples.ids[examples.attention_mask.astype(bool)].astype(np.int64).tobytes())
+    parts = {
+        "version": FEATURES_VERSION,
+        "model": model.weights_sha256(),
+        "tokens": tokens.hexdigest(),
+        "pooling": POOLING[model.causal],
+        "width": int(examples.ids.shape[1]) if as_judged and examples.fixed_width else None,
+        "batch_size": batch_size,
+        "device": str(model.device),
+        "torch": torch.__version__,
+        # bfloat16 features must never stand in for float32 ones, nor the reverse
+        **({"precision": precision} if precision != DEFAULT_PRECISION else {}),
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def train_features_key(model: LoadedModel, prepared: PreparedTask, batch_size: int, precision: str) -> str | None:
+    """The cache key of the probe's training features of ``prepared`` (None under ``head``: nothing is fitted);
+    two stages with one key share them: the later reads what the earlier computed."""
+    if prepared.protocol == "head":
+        return None
+    return features_key(model, dataclasses.replace(prepared.train, fixed_width=False), batch_size, precision)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from attnlens.data.exclusion import read_exclusion
 from attnlens.data.tasks import check_task
 from attnlens.errors import BadInput
+from attnlens.models.precision import DEFAULT_PRECISION, PRECISIONS
 from attnlens.settings import Settings, at_least, one_of, positive, setting
 
 PROTOCOLS = ("auto", "probe", "refit", "finetune", "head")
@@ -34,7 +35,10 @@ class TaskSettings(Settings):
     training examples, :func:`choose_c`), and
     the fine-tune recipe (``finetune_steps``, ``finetune_lr`` for the encoder; the head
     takes 100× that; ``seeds`` runs per change, seeds ``seed``, ``seed + 1``, …, whose
-    spread gives an interval across seeds). ``bootstrap`` resamples give the intervals.
+    spread gives an interval across seeds). ``bootstrap`` resamples give the intervals. ``precision``
+    (``float32`` or ``bfloat16``, :mod:`attnlens.models.precision`) is the arithmetic of the judge's
+    forwards and fine-tunes: the features the probe is fitted on, every judged change's, the logits
+    DAM and the plan train and measure against.
 
     >>> TaskSettings(protocol="finetune")
     Traceback (most recent call last):
@@ -55,6 +59,7 @@ class TaskSettings(Settings):
     finetune_lr: float = 2e-5
     seeds: int = 1
     bootstrap: int = 1000
+    precision: str = DEFAULT_PRECISION
 
     def validate(self) -> None:
         super().validate()
@@ -82,6 +87,7 @@ class TaskSettings(Settings):
             raise BadInput(f"`seeds` {self.seeds} needs `protocol` finetune: only fine-tuning varies from seed to seed")
         positive("finetune_lr", self.finetune_lr)
         at_least("bootstrap", self.bootstrap, 10, " resamples for an interval (1000 is usual)")
+        one_of("precision", self.precision, PRECISIONS)
 
     def train_examples(self, protocol: str) -> int:
         """How many training examples ``protocol`` (resolved: not ``auto``) sets aside: ``task_train``,
