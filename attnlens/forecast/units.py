@@ -69,7 +69,9 @@ class Calibration:
                 _runner(model, Unit(unit.kind, 2, min(unit.width, 16), unit.per_query), blocks, precision)()
                 warmed.add(unit.kind)
             seconds[unit] = _best_of(_runner(model, unit, blocks, precision))
-        seconds.update(_fits(model, [u for u in wanted if u.kind not in KINDS and u not in known]))
+        fits = [u for u in wanted if u.kind not in KINDS]  # timed together per width and row mode: a group with any unit new
+        stale = {(u.width, u.per_query) for u in fits if u not in known}
+        seconds.update(_fits(model, [u for u in fits if (u.width, u.per_query) in stale]))
         _TIMED.update({(model_key, unit): value for unit, value in seconds.items()})
         return cls({**known, **seconds}, time.perf_counter() - began)
 
