@@ -34,6 +34,7 @@ from typing import NamedTuple
 
 import pandas as pd
 
+from attnlens.report.budget import format_duration
 from attnlens.report.claims import CLAIM_COLUMNS, SEEDS_COLUMN
 from attnlens.report.verdicts import Phrase
 
@@ -144,7 +145,7 @@ def at_this_size(claims: pd.DataFrame) -> pd.Series:
     written: by the verdict's words, which were the phrase's alone)."""
     if "phrase" in claims:
         return claims["phrase"] == Phrase.AT_THIS_SIZE.name
-    return claims["verdict"] == Phrase.AT_THIS_SIZE.value
+    return claims["verdict"].astype(str).str.startswith(Phrase.AT_THIS_SIZE.value)
 
 
 def digest(table: str) -> str:
@@ -180,8 +181,10 @@ def described(meta: dict) -> str:
     if main.get("task") and savings.get("task") and savings["task"] != main["task"]:
         task = (f"; tasks under the {protocol} protocol: `{savings['task']}` for k and the plan (texts that fill n), "
                 f"`{main['task']}` for the rest")  # fmt: skip
+    budget = meta.get("budget")
+    sized = "" if budget is None else f"; sized to `--budget {format_duration(budget['seconds'])}` here ({budget['base']} preset)"
     return (
-        f"`{model}`{seeds} on `{meta.get('corpus', 'kjv')}`, n = {(settings.get('eigen') or {}).get('seq_len')}{task}; made "
+        f"`{model}`{seeds} on `{meta.get('corpus', 'kjv')}`, n = {(settings.get('eigen') or {}).get('seq_len')}{task}{sized}; made "
         f"{meta.get('created', '?')[:10]} with attnlens {meta.get('attnlens_version', '?')}."
     )
 

@@ -71,6 +71,7 @@ def test_the_readme_claims_section_is_untouched_generator_output():
     assert stated == generator.digest(table), "edit the report and rerun scripts/readme_claims.py, not the table"
     assert table.splitlines()[0].startswith("| claim | papers report | `")
     assert len(section.encode()) <= 8_000, "the claims section answers at a glance; the numbers live in the report"
+    assert "run --full" not in table, "an undecided cell says what deciding it takes here, not which preset to run"
 
 
 @pytest.mark.parametrize("typed", [True, False], ids=["phrase", "saved-before-phrase"])

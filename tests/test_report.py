@@ -8,6 +8,7 @@ import re
 
 import matplotlib.pyplot as plt
 import numpy as np
+import pandas as pd
 import pytest
 import scipy.stats
 
@@ -69,9 +70,10 @@ def test_report_claims_are_the_page_summary_and_reload(quick_report):
     for name, verdict in zip(claims["phrase"], claims["verdict"]):  # the phrase, then the number that decides it
         assert verdict.startswith(Phrase[name].value), (name, verdict)
     learned = claims[claims["claim"].str.startswith(("A learned mask", "Fixed sparse", "A plan head"))]
-    assert (learned["phrase"] == "AT_THIS_SIZE").all() and (learned["verdict"] == Phrase.AT_THIS_SIZE.value).all(), (
-        "a quick look decides nothing learned and prints no number for it"
-    )
+    assert (learned["phrase"] == "AT_THIS_SIZE").all() and learned["verdict"].str.fullmatch(
+        rf"{Phrase.AT_THIS_SIZE.value} \(--full's (DAM|plan) decides it: [^)]+, about [^)]+ here\)"
+    ).all(), "a quick look decides nothing learned, prints no number for it, and says what deciding takes here"
+    assert (pd.to_numeric(learned["needs_seconds"]) > 0).all() and (learned["needs_examples"] == "").all()
     # the typed numbers behind a verdict are the ones its words print: the diagonal's by the proxy, or the task
     diagonal = claims.set_index("claim").loc["The diagonal (self) matters least (paper 2)"]
     said = f"{diagonal['difference']:+#.3g} [{diagonal['difference_low']:+#.3g}, {diagonal['difference_high']:+#.3g}]"

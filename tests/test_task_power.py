@@ -18,7 +18,6 @@ import pytest
 import torch
 
 import attnlens
-import attnlens.analysis.task.prepare as judge_module  # where prepare_task reads AUTO_POOL, so where to patch it
 from attnlens.analysis.changes import Ablation
 from attnlens.analysis.task import ProbeHead, TaskJudge, TaskSettings, batches, seed_values
 from attnlens.data.tasks import load_task
@@ -138,8 +137,7 @@ def test_task_eval_auto_judges_each_change_sequentially_on_a_prefix_of_the_pool(
     the interval is recomputed here from the per-example outcomes (mean ± boundary × the Agresti–Min
     standard error, the boundary the design gives on these outcomes), and every earlier look is
     checked not to have stopped."""
-    monkeypatch.setattr(judge_module, "AUTO_POOL", 400)
-    settings = TaskSettings(name="rotten-tomatoes", task_train=64, task_eval="auto", task_target=0.06)
+    settings = TaskSettings(name="rotten-tomatoes", task_train=64, task_eval="auto", task_pool=400, task_target=0.06)
     judge = TaskJudge(minilm_l3, settings, seq_len=48, batch_size=32)
     assert judge.design.available == len(judge.pool) == 400 and judge.design.grid[0] == 192
 
@@ -173,8 +171,7 @@ def test_a_judgement_computes_each_example_once_in_the_designs_slices(minilm_l3,
     """Between looks only the added examples run, in the same slices (whole chunks) for every change,
     so the same length buckets, and the outcomes equal one judgement of them all to float32 rounding."""
     monkeypatch.setenv("ATTNLENS_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(judge_module, "AUTO_POOL", 400)
-    settings = TaskSettings(name="rotten-tomatoes", task_train=64, task_eval="auto", task_target=0.005)
+    settings = TaskSettings(name="rotten-tomatoes", task_train=64, task_eval="auto", task_pool=400, task_target=0.005)
     auto = TaskJudge(minilm_l3, settings, seq_len=48, batch_size=16)
     judged, features = [], auto.features
 
@@ -257,9 +254,8 @@ def test_task_eval_takes_a_number_or_auto(value, tmp_path, capsys):
 
 @pytest.mark.slow
 def test_task_eval_auto_is_recorded_with_what_it_reached(minilm_l3, tmp_path, monkeypatch):
-    monkeypatch.setattr(judge_module, "AUTO_POOL", 240)
     result = attnlens.importance(
-        minilm_l3, seq_len=32, num_seqs=4, batch_size=4, task="rotten-tomatoes", task_train=48, task_eval="auto",
+        minilm_l3, seq_len=32, num_seqs=4, batch_size=4, task="rotten-tomatoes", task_train=48, task_eval="auto", task_pool=240,
         task_target=0.2, gradient=False, progress=False,
     )  # fmt: skip
     sequential = result.meta["task"]["sequential"]

@@ -171,6 +171,12 @@ TaskEvalOption = Annotated[
         rich_help_panel=TASK,
     ),
 ]
+TaskPoolOption = Annotated[
+    int,
+    typer.Option(
+        "--task-pool", help="With --task-eval auto: the most held-out examples a judgement may use.", rich_help_panel=TASK
+    ),
+]
 SeedsOption = Annotated[
     int,
     typer.Option(

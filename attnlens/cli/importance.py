@@ -36,6 +36,7 @@ from .app import (
     TaskEvalOption,
     TaskExcludeOption,
     TaskOption,
+    TaskPoolOption,
     TaskTargetOption,
     TaskTrainOption,
     TextColumnOption,
@@ -73,6 +74,7 @@ def importance(
     task_exclude: TaskExcludeOption = S.task_exclude,
     task_train: TaskTrainOption = S.task_train,
     task_eval: TaskEvalOption = str(S.task_eval),
+    task_pool: TaskPoolOption = S.task_pool,
     task_target: TaskTargetOption = S.task_target,
     task_classes: Annotated[
         str | None,

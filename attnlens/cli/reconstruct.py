@@ -32,6 +32,7 @@ from .app import (
     TaskEvalOption,
     TaskExcludeOption,
     TaskOption,
+    TaskPoolOption,
     TaskTargetOption,
     TaskTrainOption,
     TextColumnOption,
@@ -94,6 +95,7 @@ def reconstruct(
     task_exclude: TaskExcludeOption = R.task_exclude,
     task_train: TaskTrainOption = R.task_train,
     task_eval: TaskEvalOption = str(R.task_eval),
+    task_pool: TaskPoolOption = R.task_pool,
     task_target: TaskTargetOption = R.task_target,
     task_ks: Annotated[
         str | None,

@@ -67,6 +67,18 @@ def report(
     ] = "default",
     seed: SeedOption = 0,
     precision: PrecisionOption = "float32",
+    budget: Annotated[
+        str | None,
+        typer.Option(
+            "--budget",
+            help="The time the report may take here (10m, 2h): it forecasts the presets on this model and machine and sizes "
+            "the largest that fits, cutting the task's examples, then blocks, DAM's seeds and steps (see docs/cli.md).",
+        ),
+    ] = None,
+    sizes_from: Annotated[
+        Path | None,
+        typer.Option("--sizes-from", help="A saved report whose settings (sizes, task, corpus, seed) to make again."),
+    ] = None,
     dry_run: Annotated[
         bool,
         typer.Option(
@@ -83,10 +95,12 @@ def report(
     """Run every analysis and write a self-contained HTML report with all result files."""
     from attnlens.io.results import check_out
     from attnlens.report import write_report
+    from attnlens.report.budget import parse_duration
     from attnlens.report.prepare import forecast_report, prepare
 
     if out is None and not dry_run:
         raise BadInput("give the directory to write the report to (--out DIR), or --dry-run to forecast its time only")
+    seconds = None if budget is None else parse_duration(budget)
     checked = None if out is None or dry_run else check_out(out, overwrite)  # before the model loads
     prepared = prepare(
         model_named(model, model_option),
@@ -99,8 +113,12 @@ def report(
         seed=seed,
         device=device,
         precision=precision,
+        budget=seconds,
+        sizes_from=sizes_from,
     )
     if checked is None:
+        if prepared.budget is not None:
+            typer.echo(prepared.budget.table())
         typer.echo(forecast_report(prepared, device=device).table())
         return
     page = write_report(checked, prepared, device=device, progress=progress)

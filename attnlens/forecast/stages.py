@@ -132,7 +132,7 @@ def dam_work(s: DamSettings, facts: Facts) -> list[Item]:
         ),
         # the schedule (learning rate, noise, temperature) ends at the cap, and the stopping rule, which waits for the
         # mask to stop flipping, rarely stops far before it: the cap is the forecast, twice the window the least
-        Item("training steps", Unit("step", b, n), runs * most, runs * least, runs * most),
+        Item("training steps", Unit("step", min(b, s.train_seqs), n), runs * most, runs * least, runs * most),  # a batch a step
         Item(
             "the mask judged as it trains",
             judged.unit,

@@ -31,6 +31,8 @@ from attnlens.io.provenance import provenance
 from attnlens.io.results import Result, check_out, load_result
 from attnlens.models.loading import LoadedModel
 from attnlens.progress import Progress, Stage, StageBar, progress_bar
+from attnlens.report.budget import parse_duration
+from attnlens.report.deciding import deciding
 from attnlens.report.page import write_page
 from attnlens.report.prepare import Prepared, forecast_report, prepare
 from attnlens.report.presets import (
@@ -110,6 +112,8 @@ def report(
     seed: int = 0,
     device: str = "cpu",
     precision: str = "float32",
+    budget: float | str | None = None,
+    sizes_from: str | Path | None = None,
     overwrite: bool = False,
     progress: bool = True,
     command: str | None = None,
@@ -125,6 +129,8 @@ def report(
     model) or ``finetune`` (the papers' protocol, :data:`~attnlens.report.presets.FINETUNE`: each
     judged change inside fine-tuning, 3 seeds, every run cached). ``precision``: the arithmetic of the
     forwards and the training that judge a change (``bfloat16``: faster; captured scores stay float32).
+    ``budget`` (seconds, or ``"10m"``, ``"2h"``): the report sizes itself to that time here
+    (:mod:`attnlens.report.budget`); ``sizes_from``: a saved report's directory, whose settings it makes again.
     Before the first stage the report forecasts each stage's time here (:func:`forecast_report`; printed
     with ``progress``), its progress bar runs on that forecast, and ``result.json`` keeps it beside the
     actual seconds. Everything is written into a staging directory and moved into place at the end, so an
@@ -133,7 +139,7 @@ def report(
     out = check_out(out, overwrite)
     prepared = prepare(
         model, corpus=corpus, compare=compare, quick=quick, full=full, protocol=protocol, task=task, seed=seed, device=device,
-        precision=precision,
+        precision=precision, budget=parse_duration(budget) if isinstance(budget, str) else budget, sizes_from=sizes_from,
     )  # fmt: skip
     return write_report(out, prepared, device=device, progress=progress, command=command)
 
@@ -144,8 +150,10 @@ def write_report(
     """:func:`report`'s stages and page for a report :func:`prepare` checked and sized (``out``: checked by
     :func:`~attnlens.io.results.check_out`): its forecast first (printed with ``progress``), then every stage."""
     predicted = forecast_report(prepared, device=device)
+    open_claims = deciding(prepared, predicted)  # what deciding a claim the report leaves open takes here
     if progress:
-        print(f"forecast for this machine (the report starts now):\n{predicted.table()}", file=sys.stderr, flush=True)
+        sized = "" if prepared.budget is None else f"{prepared.budget.table()}\n"
+        print(f"{sized}forecast for this machine (the report starts now):\n{predicted.table()}", file=sys.stderr, flush=True)
     # each stage's stretch of the bar as wide as its forecast (a sliver at least: a stage the forecast prices at 0 s still shows)
     stages = _Stages({name: max(stage.seconds, 0.01) for name, stage in predicted.stages.items()}, progress)
     out.parent.mkdir(parents=True, exist_ok=True)  # the staging directory sits beside `out`, so the last move is a rename
@@ -154,7 +162,10 @@ def write_report(
         results = analyses(prepared.loaded, prepared.second, prepared.settings, device=device, run=stages.run)
         names = _directory_names(results)
         page, claims = stages.run(
-            "figures", lambda stage: write_page(staging, results, names, command, prepared.name, progress=stage)
+            "figures",
+            lambda stage: write_page(
+                staging, results, names, command, prepared.name, progress=stage, deciding=open_claims, budget=prepared.budget
+            ),
         )
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
@@ -170,7 +181,8 @@ def write_report(
         "settings": prepared.settings.to_dict(),
         "results": names,
         "timings_s": stages.timings,
-        "forecast": predicted.to_dict(),
+        "forecast": {**predicted.to_dict(), "deciding": open_claims.to_dict()},
+        **({"budget": prepared.budget.to_dict()} if prepared.budget is not None else {}),
         "tables": ["claims"],
         **provenance(command),
     }

@@ -16,10 +16,11 @@ import pandas as pd
 from attnlens.analysis.evaluation import bootstrap_interval
 from attnlens.analysis.task import seed_differences, seed_values, t_interval
 from attnlens.report.dam import Unsettled, dam_claims, standing
+from attnlens.report.deciding import Deciding
 from attnlens.report.facts import layer_summary, task_meta
 from attnlens.report.plan import plan_claims
+from attnlens.report.presets import DECIDING
 from attnlens.report.verdicts import (
-    DECIDING,
     RECORD_FIELDS,
     Claim,
     Context,
@@ -46,8 +47,9 @@ MIN_REMOVED = 0.001  # classes removing fewer of the valid positions are not ran
 K_CLAIMS = (16, 32)  # paper 1's k
 
 
-def context_of(results: dict, preset: str) -> Context:
-    """What every claim of these results reads besides its own result."""
+def context_of(results: dict, preset: str, deciding: Deciding | None = None, made_by: str = "") -> Context:
+    """What every claim of these results reads besides its own result (``deciding``: what deciding takes
+    here; ``made_by``: the words for what made the report, the preset's name where not given)."""
     task = task_meta(results)
     missing = "the task did not judge it" if preset in DECIDING else "task: run --full"
     return Context(
@@ -55,6 +57,8 @@ def context_of(results: dict, preset: str) -> Context:
         target=task["settings"]["task_target"] if task else 0.02,
         missing=missing if task else "no task judged it",
         seeded=task is not None and task["protocol"] == "finetune" and task["settings"]["seeds"] > 1,
+        deciding=deciding if task else None,
+        made_by=made_by or preset,
     )
 
 
@@ -74,14 +78,15 @@ class Findings:
     def table(self) -> pd.DataFrame:
         """The claims table as the page prints it (:data:`CLAIM_COLUMNS`), the typed fields after."""
         columns = CLAIM_COLUMNS + ([SEEDS_COLUMN] if self.context.seeded else [])
-        rows = [claim.row(self.context.preset)[: len(columns)] for claim in self.claims]
+        rows = [claim.row(self.context.made_by)[: len(columns)] for claim in self.claims]
         typed = pd.DataFrame([claim.record() for claim in self.claims], columns=list(RECORD_FIELDS))
         return pd.concat([pd.DataFrame(rows, columns=columns), typed], axis=1)
 
 
-def findings(results: dict, preset: str = "default") -> Findings:
-    """Every claim the report's results speak to, one each (see the module docstring)."""
-    context = context_of(results, preset)
+def findings(results: dict, preset: str = "default", deciding: Deciding | None = None, made_by: str = "") -> Findings:
+    """Every claim the report's results speak to, one each (see the module docstring); ``deciding`` and
+    ``made_by`` as :func:`context_of` reads them."""
+    context = context_of(results, preset, deciding, made_by)
     recon = results["reconstruct"]
     rows = [*_eigen_claims(results), *_reconstruct_claims(recon, context)]
     rows += _importance_claims(results["importance"], context)
@@ -216,7 +221,7 @@ def _k_claim(recon, k: int, row: pd.Series, errors: pd.Series, context: Context)
         else f"{row.objective} loss {number(row.loss_increase, 3, sign=True)} nats"
     )
     q1, median, q3 = np.percentile(errors, [25, 50, 75])
-    task = task_verdict(row, context)
+    task = task_verdict(row, context, stage="reconstruct")
     phrase = combine(proxy=by_proxy(moved), task=task.phrase, judged=task.judged)
     flops = row.task_flops_ratio if task.judged and "task_flops_ratio" in row else row.flops_ratio
     maps = "" if row.scope == "head" else f" ({MAPS[row.scope]})"
@@ -230,7 +235,7 @@ def _k_claim(recon, k: int, row: pd.Series, errors: pd.Series, context: Context)
     return Claim(
         f"k = {k} exact scores suffice (paper 1)",
         "k = 16–32 enough (MNLI 79.7% at k = 32 vs 81.6% full)",
-        context.verdict(phrase, decided),
+        context.verdict(phrase, decided, task.needs),
         f"{proxy_said}; the typical head's held-out relative error {number(median)} [quartiles {number(q1)}, "
         f"{number(q3)}]; attention FLOPs ×{number(row.flops_ratio)}"
         + (
@@ -307,13 +312,13 @@ def _importance_claims(result, context: Context) -> list[Claim]:
     table = result.table[result.table["occurs"]]
     unit = LOSS_UNITS[result.meta["settings"]["objective"]]
     substantial = table[table["removed"] >= MIN_REMOVED]  # a class removing next to nothing costs nothing by construction
-    rows = [_cheapest(result, substantial, unit)]
+    rows = [_cheapest(result, substantial, unit, context)]
     if "self" in set(table["class"]):
         rows.append(_diagonal(result, table[table["class"] == "self"].iloc[0], unit, context))
     return rows
 
 
-def _cheapest(result, substantial: pd.DataFrame, unit: str) -> Claim:
+def _cheapest(result, substantial: pd.DataFrame, unit: str, context: Context) -> Claim:
     """Is the diagonal the cheapest class to remove? Self against every other class, paired over blocks."""
     ordered = substantial.sort_values("delta")
     cheapest = ordered.iloc[0]
@@ -324,10 +329,15 @@ def _cheapest(result, substantial: pd.DataFrame, unit: str) -> Claim:
     difference = _paired_delta(result, "self", other["class"], unit)
     said = f"self − {other['class']} {_interval_of(difference)} ({unit})"
     rank = int((substantial["delta"] < substantial.loc[substantial["class"] == "self", "delta"].iloc[0]).sum()) + 1
+    phrase = below_zero(difference)
+    needs = None
+    if not phrase.decided and context.deciding is not None:
+        half = (difference.high - difference.low) / 2
+        needs = context.deciding.blocks("importance", difference.examples or 0, difference.mean, half)
     return Claim(
         claim,
         papers,
-        Verdict(below_zero(difference), said),
+        Verdict(phrase, said, needs=needs),
         f"cheapest: {cheapest['class']} {interval(cheapest)}; self rank {rank} of {len(substantial)} classes ({unit})",
         difference=difference,
     )
@@ -359,7 +369,7 @@ def _diagonal(result, own: pd.Series, unit: str, context: Context) -> Claim:
     if task_table is not None:
         chosen = task_table[(task_table["scope"] == "model") & (task_table["class"] == "self")].set_index("control")
         judged_row = chosen.loc["class"] if "class" in chosen.index else None
-    task = task_verdict(judged_row, context)
+    task = task_verdict(judged_row, context, stage="importance")
     # "without loss" is absolute: the outputs move by at most the tolerance. Costing no more than as many
     # random positions is another claim, stated beside it (proxy column), never read as "no loss".
     phrase = combine(proxy=by_proxy(own["delta"]), task=task.phrase, judged=task.judged)
@@ -371,7 +381,7 @@ def _diagonal(result, own: pd.Series, unit: str, context: Context) -> Claim:
     return Claim(
         "The diagonal can be removed without loss (paper 2)",
         "removing it costs nothing",
-        context.verdict(phrase, delta_points(judged_row) if task.judged else proxy_said),
+        context.verdict(phrase, delta_points(judged_row) if task.judged else proxy_said, task.needs),
         proxy_said,
         task_said,
         "" if judged_row is None else seeds_points(judged_row),

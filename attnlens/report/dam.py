@@ -3,7 +3,7 @@ patterns against it at matched sparsity, :func:`dam_claims`) and the section (:f
 
 A learned mask is a result only when every run converged and another seed reproduces it (the seeds'
 masks agree on the same held-out blocks, or fine-tune seeds give an interval across seeds); short of
-that the verdict is "not decided" (at a smaller size: "run --full"), with no number beside it.
+that the verdict is "not decided" (at a smaller size: what the full size takes here), with no number beside it.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import pandas as pd
 from attnlens.analysis.dam.result import SEED_TABLES
 from attnlens.analysis.dam.settings import DamSettings
 from attnlens.report.html import Figures, folded, section, table
+from attnlens.report.presets import DECIDING
 from attnlens.report.verdicts import (
-    DECIDING,
     Claim,
     Context,
     Phrase,
@@ -40,8 +40,8 @@ class Unsettled(Enum):
     DISAGREE = "seeds disagree on the same blocks"
 
     def verdict(self, context: Context) -> Verdict:
-        """Below the presets that decide, "run --full"; there, not decided for this reason."""
-        return Verdict(Phrase.AT_THIS_SIZE) if context.preset not in DECIDING else Verdict(Phrase.NOT_DECIDED, self.value)
+        """Below the presets that decide, what the full size takes; there, not decided for this reason."""
+        return context.at_this_size("dam") if context.preset not in DECIDING else Verdict(Phrase.NOT_DECIDED, self.value)
 
 
 def dam_claims(result, context: Context, unsettled: Unsettled | None) -> list[Claim]:
@@ -76,7 +76,7 @@ def _learned(result, context: Context, unit: str, unsettled: Unsettled | None) -
     masks = _task_rows(result, "dam")
     task_said = "; ".join(points(row) for row in masks)
     seeds_said = "; ".join(seeds_points(row) for row in masks)
-    judgements = [task_verdict(row, context) for row in masks]
+    judgements = [task_verdict(row, context, stage="dam") for row in masks]
     phrases = {judged.phrase for judged in judgements}
     judged = bool(masks) and all(judged.judged for judged in judgements)
     task = next(iter(phrases)) if len(phrases) == 1 else None
@@ -183,7 +183,7 @@ def dam_section(results: dict, names: dict[str, str], figures: Figures, unsettle
     if unsettled is None:
         answer = measured[0].upper() + measured[1:] + f", {len(result.table)} masks, every one converged."
     elif context.preset not in DECIDING:
-        answer = f"Not decided at this size ({unsettled.value}): run --full; here {measured}."
+        answer = f"Not decided at this size ({unsettled.value}): {unsettled.verdict(context).aside}; here {measured}."
     else:  # at full size: no one mask is the result (each seed's claim verdict may still agree: the claims table)
         answer = f"No one mask is the result ({unsettled.value}); {measured}."
     body = [

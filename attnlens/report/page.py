@@ -13,8 +13,10 @@ import pandas as pd
 
 from attnlens.io.provenance import provenance
 from attnlens.progress import Progress, progress_bar
+from attnlens.report.budget import Budget
 from attnlens.report.claims import findings
 from attnlens.report.dam import dam_section
+from attnlens.report.deciding import Deciding
 from attnlens.report.html import STYLE, Figures, table
 from attnlens.report.plan import CLAIM as PLAN_CLAIM
 from attnlens.report.plan import plan_section
@@ -43,9 +45,12 @@ def write_page(
     preset: str = "default",
     *,
     progress: Progress = False,
+    deciding: Deciding | None = None,
+    budget: Budget | None = None,
 ) -> tuple[Path, pd.DataFrame]:
     """Save every result (with its figures) into ``directory``, then ``report.html`` from them;
-    returns the page and its claims table (the table the README's claims section is made from)."""
+    returns the page and its claims table (the table the README's claims section is made from).
+    ``deciding``: what deciding an open claim takes here; ``budget``: how the report was sized, if it was."""
     with progress_bar(total=len(results), desc="figures", unit="result", enabled=progress) as bar:
         for key, result in results.items():
             result.save(directory / names[key])
@@ -53,7 +58,8 @@ def write_page(
             result.save_figures(directory / names[key] / "figures", formats=("png",))
             bar.update(1)
     figures = Figures(directory)
-    found = findings(results, preset)  # every verdict, once: the claims table and the sections read them
+    made_by = preset if budget is None else f"{preset}, {budget.said}"
+    found = findings(results, preset, deciding, made_by)  # every verdict, once: the claims table and the sections read them
     claimed = found.table()
     sections = [
         summary_section(results, claimed),
@@ -66,12 +72,15 @@ def write_page(
         other_figures_section(names, figures),
     ]
     page = directory / "report.html"
-    page.write_text(_page(results["eigen"], sections, names, command, preset))
+    page.write_text(_page(results["eigen"], sections, names, command, preset, budget))
     return page, claimed
 
 
-def _page(eigen_result, sections: list[str], names: dict[str, str], command: str | None, preset: str) -> str:
+def _page(
+    eigen_result, sections: list[str], names: dict[str, str], command: str | None, preset: str, budget: Budget | None
+) -> str:
     meta: dict[str, Any] = provenance(command)
+    said = PRESETS_SAID.get(preset, preset) + ("" if budget is None else f"; {budget.table()}")
     model = eigen_result.meta["model"]
     files = "".join(f"<li><code>{html.escape(name)}/</code></li>" for name in names.values())
     versions = table(pd.DataFrame(sorted(meta["versions"].items()), columns=["package", "version"]), text=True)
@@ -80,7 +89,7 @@ def _page(eigen_result, sections: list[str], names: dict[str, str], command: str
 <style>{STYLE}</style></head><body>
 <h1>attnlens report: {html.escape(model["name"])} on {html.escape(str(eigen_result.meta["corpus"].get("source")))}</h1>
 <p class="lede">{html.escape(model["architecture"])}, {model["num_layers"]} layers × {model["num_heads"]} heads;
-{html.escape(PRESETS_SAID.get(preset, preset))}. Made {html.escape(meta["created"][:10])}.</p>
+{html.escape(said)}. Made {html.escape(meta["created"][:10])}.</p>
 {"".join(sections)}
 <section id="made"><h2>How this report was made</h2><p>By <code>{html.escape(meta["command"])}</code> on
 {html.escape(meta["created"])}. Every result is a directory next to this page, readable with

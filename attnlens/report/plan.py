@@ -22,7 +22,7 @@ def headline(plan_result) -> pd.DataFrame:
 
 def plan_claims(plan_result, context: Context) -> list[Claim]:
     """The claims row: the plan holds where it meets its budget on the held-out half and no uniform plan
-    that meets it there costs fewer FLOPs; below the full size, "run --full"."""
+    that meets it there costs fewer FLOPs; below the full size, what the full size takes here."""
     rows = headline(plan_result)
     plan, check = rows.loc["plan"], plan_result.settings["units"]["check"]
     said = [f"plan {_flops(plan)}, {_drop(plan, check)}"]
@@ -52,7 +52,7 @@ def _plan_verdict(plan_result, plan: pd.Series, context: Context, cheaper: list[
         return Verdict(Phrase.CHANGES_NOTHING, f"no valid pair of its {check} held-out examples is changed ({_flops(plan)})")
     if context.preset != "full" or min(units["select"], units["check"]) < TOO_FEW:
         return (
-            Verdict(Phrase.AT_THIS_SIZE) if context.preset != "full" else Verdict(Phrase.NOT_DECIDED, f"{check} examples checked")
+            context.at_this_size("plan") if context.preset != "full" else Verdict(Phrase.NOT_DECIDED, f"{check} examples checked")
         )
     if plan.flops_ratio >= 1:  # every head exact: no plan that computes less met the budget on the choosing half
         return Verdict(
@@ -139,7 +139,7 @@ def plan_section(results: dict, names: dict[str, str], figures: Figures, claim: 
     if _padding_only(plan):
         answer += ", but it changes nothing on this task: every valid pair of its examples is kept"
     if verdict.phrase is Phrase.AT_THIS_SIZE:
-        answer = f"Not decided at this size ({units['check']:,} examples to check on): run --full; here {answer[0].lower()}{answer[1:]}"
+        answer = f"Not decided at this size ({units['check']:,} examples to check on): {verdict.aside}; here {answer[0].lower()}{answer[1:]}"
     elif verdict.phrase is Phrase.NOT_DECIDED:
         answer = f"Not decided: {verdict.said}; {answer[0].lower()}{answer[1:]}"
     body = [

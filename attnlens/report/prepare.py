@@ -8,16 +8,26 @@ forecast counts and prices what the stages will run (:mod:`attnlens.forecast`).
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from attnlens.analysis.task import PreparedTask, TaskSettings
+from attnlens.analysis.task.settings import AUTO, task_of
 from attnlens.errors import AttnlensError, BadInput
 from attnlens.forecast import Forecast
 from attnlens.models.aliases import ALIASES, missing_distributions
 from attnlens.models.loading import LoadedModel, check_device, load_model
 from attnlens.models.locate import locate_model
+from attnlens.report.budget import FILL
 from attnlens.report.presets import QUICK, STAGES, ReportSettings, preset, stage_weights
+
+if TYPE_CHECKING:
+    from attnlens.report.budget import Budget
 
 # A second model of the same geometry to compare subspaces with, when it is installed.
 COMPANIONS = {"minilm-l6": "minilm-l3", "minilm-l3": "minilm-l6"}
@@ -32,7 +42,8 @@ def companion_for(model: LoadedModel) -> str | None:
 @dataclass(frozen=True)
 class Prepared:
     """A report checked and sized before its first stage: the preset's name and settings as the stages get
-    them, the model, the second model (or None), and each judged stage's task as it prepares it."""
+    them, the model, the second model (or None), each judged stage's task as it prepares it, and where the
+    report was sized to a time given, how (:class:`~attnlens.report.budget.Budget`)."""
 
     name: str
     settings: ReportSettings
@@ -42,6 +53,22 @@ class Prepared:
     per_query: bool  # the reconstruction's maps are one per query (a causal model, or an encoder's windows)
     precision: str
     task_seconds: dict[str, float]  # how long preparing each stage's task took (each stage prepares it again)
+    geometry: tuple[bool, int]  # whether an encoder has windows shorter than n; the most keys a query sees
+    budget: Budget | None = None
+
+    def sized(self, settings: ReportSettings) -> ReportSettings:
+        """``settings`` sized for this model (:meth:`ReportSettings.sized_for`)."""
+        return settings.sized_for(self.loaded.causal, *self.geometry)
+
+    def tasks_for(self, settings: ReportSettings) -> dict[str, PreparedTask]:
+        """Each stage's task as ``settings`` prepare it, read off the tasks prepared here: a sequential
+        judgement's pool cut to its ``task_pool`` (the budget's candidates differ in nothing else a task sees)."""
+        cut = {}
+        for stage, task in self.tasks.items():
+            judged = task_of(getattr(settings, stage))
+            pool = judged.task_pool if judged is not None and judged.task_eval == AUTO else len(task.pool)
+            cut[stage] = dataclasses.replace(task, pool=task.pool.take(slice(0, pool)))
+        return cut
 
 
 def prepare(
@@ -56,41 +83,106 @@ def prepare(
     seed: int = 0,
     device: str = "cpu",
     precision: str = "float32",
+    budget: float | None = None,
+    sizes_from: str | Path | None = None,
 ) -> Prepared:
     """Everything :func:`report` checks and sizes before its first stage (the arguments are its own): a bad
-    choice fails here, in seconds, and :func:`forecast_report` forecasts what this gives."""
-    name, settings = preset(protocol, quick=quick, full=full)
+    choice fails here, in seconds, and :func:`forecast_report` forecasts what this gives. ``budget``: seconds
+    the report is sized to (:mod:`attnlens.report.budget`); ``sizes_from``: a saved report whose settings it
+    makes again."""
+    began = time.perf_counter()
+    run: dict[str, Any] = dict(corpus=corpus, seed=seed, precision=precision, **({} if task == "default" else {"task": task}))
+    sized: Budget | None = None  # the budget that sized the saved report's settings
+    if sizes_from is not None:
+        _check_saved_alone(quick, full, budget, run)
+        name, settings, sized = saved_settings(sizes_from)
+        precision = settings.importance.flat()["precision"]
+    else:
+        if budget is not None and (quick or full):
+            raise BadInput("`budget` chooses the sizes itself; drop --quick and --full, or drop --budget for a preset's sizes")
+        name, settings = preset(protocol, quick=quick or budget is not None, full=full)
+        # the user's task judges every stage the preset judges by a task (the savings' too); the settings are
+        # checked as they are made, the task's file too, before the model loads
+        settings = settings.for_run(**run)
     check_device(device)
-    # the user's task judges every stage the preset judges by a task (the savings' too); the settings are
-    # checked as they are made, the task's file too, before the model loads
-    settings = settings.for_run(corpus=corpus, seed=seed, precision=precision, **({} if task == "default" else {"task": task}))
-    _check_inputs(corpus, compare)
+    _check_inputs(settings.eigen.corpus, compare)
     loaded = model if isinstance(model, LoadedModel) else load_model(model, device=device)
+    if budget is None:
+        prepared = _prepared(loaded, name, settings, compare, precision)
+        return dataclasses.replace(prepared, budget=sized)
+    return _budgeted(loaded, protocol, run, compare, budget, began, device)
+
+
+def _prepared(loaded: LoadedModel, name: str, settings: ReportSettings, compare: str | None, precision: str) -> Prepared:
+    """The report of preset ``name`` with ``settings`` on ``loaded``, checked and sized."""
     _check_lengths(loaded, settings, name)
-    settings, windowed = _sized(loaded, settings)
+    geometry = _geometry(loaded, settings)
+    settings = settings.sized_for(loaded.causal, *geometry)
+    seed = settings.eigen.seed
     tasks, seconds = _check_task(loaded, settings, seed)  # before the first stage's forward pass, not stages later
     second = companion_for(loaded) if compare == "auto" else compare
-    return Prepared(name, settings, loaded, second, tasks, loaded.causal or windowed, precision, seconds)
+    per_query = loaded.causal or geometry[0]
+    return Prepared(name, settings, loaded, second, tasks, per_query, precision, seconds, geometry)
+
+
+def _budgeted(
+    loaded: LoadedModel, protocol: str, run: dict[str, Any], compare: str | None, seconds: float, began: float, device: str
+) -> Prepared:
+    """The report sized to ``seconds`` (:mod:`attnlens.report.budget`): the largest preset whose forecast fits,
+    each tried only when the smaller fits; then its levers. A preset too long for the model's positions is
+    not tried."""
+    from attnlens.report import budget as sizing
+
+    quick_name, quick = preset(protocol, quick=True, full=False)
+    opened = sizing.shrunk(quick.for_run(**run), {"blocks": 1.0, "pools": sizing.POOLS[-1], "seeds": 10**6, "steps": 1.0})
+    chosen, is_open = _prepared(loaded, quick_name, opened, compare, run["precision"]), True
+    price = pricer(chosen, device=device)
+    if price(chosen.settings).seconds <= FILL * seconds - (time.perf_counter() - began):  # try the larger presets
+        for name, settings in dict(preset(protocol, quick=False, full=full) for full in (False, True)).items():
+            try:
+                larger = _prepared(loaded, name, settings.for_run(**run), compare, run["precision"])
+            except BadInput:  # its blocks are longer than the model's positions
+                break
+            priced = pricer(larger, device=device)
+            if priced(larger.settings).seconds > FILL * seconds - (time.perf_counter() - began):
+                break
+            chosen, price, is_open = larger, priced, False
+    spent = time.perf_counter() - began
+    budget = sizing.fit(
+        chosen.name, chosen.settings, lambda settings: price(chosen.sized(settings)).seconds, seconds, spent, is_open
+    )
+    settings = chosen.sized(sizing.shrunk(chosen.settings, budget.levers))
+    return dataclasses.replace(chosen, settings=settings, tasks=chosen.tasks_for(settings), budget=budget)
 
 
 def forecast_report(prepared: Prepared, *, device: str = "cpu") -> Forecast:
     """How long each stage of the ``prepared`` report will take here: its work counted from its settings and
     priced by timing each kind of it on the model (:mod:`attnlens.forecast`); seconds, not minutes."""
+    return pricer(prepared, device=device)(prepared.settings)
+
+
+def pricer(prepared: Prepared, *, device: str = "cpu") -> Callable[[ReportSettings], Forecast]:
+    """The forecast of ``prepared``'s report with other settings of the same preset (other sizes): what does not
+    change with the sizes (the second model, the probes' set-up, the stages not counted) made once, and each
+    kind of work timed once in this process (:class:`~attnlens.forecast.units.Calibration`)."""
     from attnlens.forecast import forecast
     from attnlens.forecast.stages import Facts
 
-    loaded, settings = prepared.loaded, prepared.settings
+    loaded = prepared.loaded
     cached, setup = _probes_ready(prepared)
-    facts = Facts(
-        loaded.num_layers, loaded.num_heads, loaded.causal, prepared.per_query, loaded.objective, prepared.tasks, cached
-    )
     second = load_model(prepared.second, device=device) if prepared.second else None
     measured = stage_weights(prepared.name)  # the stages the forecast does not count: as bench_report measured them
     # the figures: about half of their seconds are the page's own, half grow with the layers drawn (minilm-l3's
     # 12 s, minilm-l6's 12 s and gemma3-270m's 35 s, as bench_report measured them)
     figures = measured["figures"] * (0.5 + 0.5 * loaded.num_layers / REFERENCE_LAYERS)
     fixed = {"overlap": measured["overlap"], "figures": figures}
-    return forecast(loaded, settings, facts, second=second, fixed=fixed, extra=setup, precision=prepared.precision)
+
+    def priced(settings: ReportSettings) -> Forecast:
+        tasks = prepared.tasks_for(settings)
+        facts = Facts(loaded.num_layers, loaded.num_heads, loaded.causal, prepared.per_query, loaded.objective, tasks, cached)
+        return forecast(loaded, settings, facts, second=second, fixed=fixed, extra=setup, precision=prepared.precision)
+
+    return priced
 
 
 def _probes_ready(prepared: Prepared) -> tuple[frozenset[str], dict[str, float]]:
@@ -116,6 +208,35 @@ def _probes_ready(prepared: Prepared) -> tuple[frozenset[str], dict[str, float]]
             probe_seconds(len(task.train), prepared.loaded.hidden_size) if choosing else 0.0
         )
     return frozenset(cached), setup
+
+
+def saved_settings(directory: str | Path) -> tuple[str, ReportSettings, Budget | None]:
+    """The preset's name, the settings and the budget that sized them (if one did) of the report saved in
+    ``directory`` (its ``result.json``), made again."""
+    from attnlens.report.budget import Budget
+
+    path = Path(directory) / "result.json"
+    try:
+        meta = json.loads(path.read_text())
+    except (OSError, ValueError):
+        raise BadInput(
+            f"--sizes-from '{directory}' holds no readable report (no {path.name}); give a directory `attnlens report` wrote"
+        ) from None
+    if meta.get("kind") != "report":
+        raise BadInput(
+            f"--sizes-from '{directory}' holds a {meta.get('kind', 'result')}, not a report; give a report's directory"
+        )
+    budget = meta.get("budget")
+    return meta["preset"], ReportSettings.from_dict(meta["settings"]), None if budget is None else Budget.from_dict(budget)
+
+
+def _check_saved_alone(quick: bool, full: bool, budget: float | None, run: dict[str, Any]) -> None:
+    """``sizes_from`` takes every setting from the saved report: an option that would choose one too is refused."""
+    chose = [flag for flag, given in (("--quick", quick), ("--full", full), ("--budget", budget is not None),
+             ("--corpus", run["corpus"] != "kjv"), ("--seed", run["seed"] != 0), ("--task", "task" in run),
+             ("--precision", run["precision"] != "float32")) if given]  # fmt: skip
+    if chose:
+        raise BadInput(f"--sizes-from takes every setting from the saved report; drop {', '.join(chose)}")
 
 
 def _check_inputs(corpus: str, compare: str | None) -> None:
@@ -148,10 +269,10 @@ def _check_lengths(loaded: LoadedModel, settings: ReportSettings, preset_name: s
     )
 
 
-def _sized(loaded: LoadedModel, settings: ReportSettings) -> tuple[ReportSettings, bool]:
-    """``settings`` sized for the model's geometry (:meth:`ReportSettings.sized_for`), read from the pairs each
-    layer computes at the reconstruction's and the plan's n (one forward of one block per n): whether an
-    encoder has windows shorter than n, and the most keys any query sees where every layer is windowed."""
+def _geometry(loaded: LoadedModel, settings: ReportSettings) -> tuple[bool, int]:
+    """What :meth:`ReportSettings.sized_for` reads of the model, from the pairs each layer computes at the
+    reconstruction's and the plan's n (one forward of one block per n): whether an encoder has windows shorter
+    than n, and the most keys any query sees where every layer is windowed."""
     from attnlens.rows.sources import model_pairs, partial_row_layers
 
     recon_n = settings.reconstruct.seq_len
@@ -159,7 +280,7 @@ def _sized(loaded: LoadedModel, settings: ReportSettings) -> tuple[ReportSetting
     pairs = {n: model_pairs(loaded, n) for n in {recon_n, plan_n}}
     windowed = not loaded.causal and bool(partial_row_layers(pairs[recon_n]))
     widest = max(int(layer.sum(-1).max()) for layer in pairs[plan_n].values())
-    return settings.sized_for(loaded.causal, windowed, widest), windowed
+    return windowed, widest
 
 
 def _check_task(loaded: LoadedModel, settings: ReportSettings, seed: int) -> tuple[dict[str, PreparedTask], dict[str, float]]:

@@ -7,7 +7,7 @@ copied by hand. :data:`FULL` runs everything the claims rest on, at the largest 
 30 minutes on 2 cores allows (where a claim stays undecided there, its verdict says why).
 :data:`DEFAULT` keeps what decides within the budget of 10 minutes on 2 cores
 (``bench/bench_report.py`` measures it) and runs DAM and the plan at :data:`QUICK`'s sizes, so a
-reader sees the machinery; the claims those stages carry say "run --full". :data:`QUICK` is a first
+reader sees the machinery; the claims those stages carry say what their full size takes. :data:`QUICK` is a first
 look at everything in under 2 minutes. :data:`FINETUNE` is the papers' protocol (``--protocol finetune``):
 each judged change inside fine-tuning, 33 runs within 90 minutes.
 
@@ -38,6 +38,7 @@ from attnlens.errors import BadInput
 from attnlens.models.precision import DEFAULT_PRECISION
 from attnlens.settings import Settings, one_of
 
+DECIDING = ("full", "finetune")  # the presets whose undecided claims the data leave open, not the size
 STAGES = ("eigen", "reconstruct", "importance", "dam", "plan")  # the stages with settings of their own, in order
 _NEED_TASK = {
     "reconstruct": ("task_joint_r", "task_joint_ks"),
@@ -143,6 +144,18 @@ class ReportSettings:
                 judged[name] = (task, stage.seq_len, stage.seq_len if name in _PADDED else None)
         return judged
 
+    @classmethod
+    def from_dict(cls, saved: Mapping[str, Any]) -> ReportSettings:
+        """The settings a report saved (:meth:`to_dict`, through JSON), made again.
+
+        >>> ReportSettings.from_dict(json.loads(json.dumps(QUICK.to_dict()))) == QUICK
+        True
+        """
+        classes: dict[str, type[Settings]] = {"eigen": EigenSettings, "reconstruct": ReconstructSettings,
+                   "importance": ImportanceSettings, "dam": DamSettings, "plan": PlanSettings}  # fmt: skip
+        stages = {name: None if saved.get(name) is None else classes[name].build(**saved[name]) for name in STAGES}
+        return cls(**stages, dim=saved.get("dim"))  # type: ignore[arg-type]
+
     def to_dict(self) -> dict[str, Any]:
         stages = {name: getattr(self, name) for name in STAGES}
         return {**{name: None if stage is None else stage.to_dict() for name, stage in stages.items()}, "dim": self.dim}
@@ -214,7 +227,7 @@ FULL = ReportSettings(
         **{**_SAVINGS, "task_eval": 1200},
     ),  # fmt: skip
 )
-# DAM and the plan at the quick report's sizes (a look at the machinery: their claims say "run --full").
+# DAM and the plan at the quick report's sizes (a look at the machinery: their claims say what the full size takes).
 _MACHINERY: dict[str, Any] = dict(
     # 40 steps barely move a logit across the threshold: two seeds would end alike; the schedule is not
     # converged, and the claims say so

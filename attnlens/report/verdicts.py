@@ -10,21 +10,22 @@ claim is made of (its :class:`Verdict`, the numbers behind it as :class:`Differe
   (:func:`by_proxy`). That a removal costs no more than removing as many random positions is
   another claim, shown beside it, not a verdict of "no loss";
 - where both judge a claim and disagree, the verdict says which holds ("holds at task level, not by
-  the proxy"); where the task did not judge it at this size, the proxy's verdict says so ("holds by
-  the proxy (task: run --full)") (:func:`combine`);
+  the proxy"); where the task did not judge it at this size, the proxy's verdict says so and what
+  judging it takes ("holds by the proxy (task: needs about 1,900 more examples, about 14 minutes
+  here)") (:func:`combine`, :mod:`attnlens.report.deciding`);
 - one choice **beats** another where its paired interval lies above zero, and does not where it lies
   below zero or is as narrow as the target around it (on par) (:func:`beats`); a difference between
   two changes (which costs less) is decided where its interval excludes zero (:func:`sign_of`);
 - a learned object (a DAM mask) is a result only when its runs converged and another seed reproduces
-  it; with one seed or fewer examples than the claim needs, the verdict is "not decided at this size
-  (run --full)", and no number is printed beside it.
+  it; with one seed or fewer examples than the claim needs, the verdict is "not decided at this size",
+  with what deciding it takes, and no number is printed beside it.
 
 >>> on_task(-0.013, 0.003, target=0.02), on_task(-0.05, -0.01, target=0.02), on_task(-0.05, 0.03, target=0.02)
 (<Phrase.HOLDS: 'holds'>, <Phrase.DOES_NOT_HOLD: 'does not hold'>, None)
 >>> combine(proxy=False, task=Phrase.HOLDS).value
 'holds at task level, not by the proxy'
->>> Verdict(combine(proxy=True, task=None, judged=False), "cosine 0.998", missing="task: run --full").text
-'holds by the proxy (task: run --full): cosine 0.998'
+>>> Verdict(combine(proxy=True, task=None, judged=False), "cosine 0.998", missing="task: no task judged it").text
+'holds by the proxy (task: no task judged it): cosine 0.998'
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from enum import Enum
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -40,7 +41,9 @@ import pandas as pd
 from attnlens.analysis.task import compared, seed_values
 from attnlens.report.words import TOO_FEW, number, points
 
-DECIDING = ("full", "finetune")  # the presets whose undecided claims the data leave open, not the size
+if TYPE_CHECKING:
+    from attnlens.report.deciding import Deciding, Needs
+
 PROXY_TOLERANCE = 0.01  # the outputs "keep" when they move by at most this (1 − cosine, or nats)
 
 
@@ -50,7 +53,7 @@ class Phrase(Enum):
     HOLDS = "holds"
     DOES_NOT_HOLD = "does not hold"
     NOT_DECIDED = "not decided"
-    AT_THIS_SIZE = "not decided at this size (run --full)"
+    AT_THIS_SIZE = "not decided at this size"
     TASK_NOT_PROXY = "holds at task level, not by the proxy"
     PROXY_NOT_TASK = "holds by the proxy, not at task level"
     PROXY_HOLDS = "holds by the proxy"  # the task did not judge it: :attr:`Verdict.missing` says why
@@ -66,15 +69,29 @@ class Phrase(Enum):
 @dataclass(frozen=True)
 class Verdict:
     """A claim's phrase and the one measurement that decides it, in words (``said``); ``missing``: why
-    the task did not judge a claim the proxy alone decides."""
+    the task did not judge a claim the proxy alone decides; ``needs``: what deciding an undecided claim takes."""
 
     phrase: Phrase
     said: str = ""
     missing: str = ""
+    needs: Needs | None = None
+
+    @property
+    def aside(self) -> str:
+        """What the phrase's brackets say: why the task did not judge it, or what deciding at a larger size takes."""
+        return self.missing or (self.needs.text if self.needs is not None and self.phrase is Phrase.AT_THIS_SIZE else "")
 
     @property
     def text(self) -> str:
-        head = f"{self.phrase.value} ({self.missing})" if self.missing else self.phrase.value
+        """``phrase (aside): said``, and what deciding takes after an undecided claim's measurement.
+
+        >>> from attnlens.report.deciding import Needs
+        >>> Verdict(Phrase.AT_THIS_SIZE, needs=Needs("needs about 300 more examples, about 2 minutes here", 90.0)).text
+        'not decided at this size (needs about 300 more examples, about 2 minutes here)'
+        """
+        head = f"{self.phrase.value} ({self.aside})" if self.aside else self.phrase.value
+        if self.needs is not None and self.phrase is Phrase.NOT_DECIDED:
+            return f"{head}: {self.said}; {self.needs.text}" if self.said else f"{head}: {self.needs.text}"
         return f"{head}: {self.said}" if self.said else head
 
 
@@ -99,7 +116,10 @@ class Difference:
                    None if held is None or held != held else int(held))  # fmt: skip
 
 
-RECORD_FIELDS = ("phrase", "difference", "difference_low", "difference_high", "unit", "examples", "flops_ratio")
+RECORD_FIELDS = (
+    "phrase", "difference", "difference_low", "difference_high", "unit", "examples", "flops_ratio", "needs_examples",
+    "needs_seconds",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -122,7 +142,7 @@ class Claim:
 
     def record(self) -> dict[str, object]:
         """The typed fields ``claims.csv`` keeps beside the words: the phrase by name and the numbers."""
-        d = self.difference
+        d, needs = self.difference, self.verdict.needs
         return {
             "phrase": self.verdict.phrase.name,
             "difference": np.nan if d is None else d.mean,
@@ -131,23 +151,36 @@ class Claim:
             "unit": "" if d is None else d.unit,
             "examples": np.nan if d is None or d.examples is None else d.examples,
             "flops_ratio": np.nan if self.flops is None else self.flops,
+            "needs_examples": np.nan if needs is None or needs.examples is None else needs.examples,
+            "needs_seconds": np.nan if needs is None or needs.seconds is None else needs.seconds,
         }
 
 
 @dataclass(frozen=True)
 class Context:
     """What every claim reads besides its own result: the preset, the task's target half-width, why a
-    claim the task did not judge was not judged, and whether fine-tune seeds decide across seeds."""
+    claim the task did not judge was not judged, whether fine-tune seeds decide across seeds, what deciding
+    takes here (``None``: not known, a report read back from before it was kept) and the words for what
+    made the report (the preset, or the budget)."""
 
     preset: str
     target: float = 0.02
     missing: str = "task: run --full"
     seeded: bool = False
+    deciding: Deciding | None = None
+    made_by: str = ""
 
-    def verdict(self, phrase: Phrase, said: str = "") -> Verdict:
-        """``phrase`` with ``said``; a phrase of the proxy alone says why the task did not judge it."""
+    def verdict(self, phrase: Phrase, said: str = "", needs: Needs | None = None) -> Verdict:
+        """``phrase`` with ``said``; a phrase of the proxy alone says why the task did not judge it, and what
+        judging it takes where that is known (``needs``); an undecided one what deciding it takes."""
         proxy_only = phrase in (Phrase.PROXY_HOLDS, Phrase.PROXY_DOES_NOT_HOLD)
-        return Verdict(phrase, said, self.missing if proxy_only else "")
+        missing = (f"task: {needs.text}" if needs is not None else self.missing) if proxy_only else ""
+        return Verdict(phrase, said, missing, None if proxy_only else needs)
+
+    def at_this_size(self, stage: str) -> Verdict:
+        """A stage's claim that only its full size decides: what that size takes here, where known."""
+        needs = None if self.deciding is None else self.deciding.stage(stage)
+        return Verdict(Phrase.AT_THIS_SIZE, missing="" if needs is not None else "run --full", needs=needs)
 
 
 def on_task(low: float, high: float, *, target: float) -> Phrase | None:
@@ -198,28 +231,35 @@ def beats(difference: Difference, target: float) -> Phrase:
 
 class TaskJudged(NamedTuple):
     """A "costs nothing" claim by the task: its phrase (``None``: not decided), whether the task judged
-    it at this size, and the difference it rests on."""
+    it at this size, the difference it rests on, and what deciding takes where it did not decide."""
 
     phrase: Phrase | None
     judged: bool
     difference: Difference | None = None
+    needs: Needs | None = None
 
 
-def task_verdict(row: pd.Series | None, context: Context, prefix: str = "") -> TaskJudged:
-    """A "costs nothing" claim from a task judgement (``prefix``: its ``joint_`` columns): fine-tuned with
-    several seeds, across seeds; else over examples. A judgement on fewer examples than an interval needs
-    counts as not judged at this size."""
-    if row is None or row.get(f"{prefix}accuracy", np.nan) != row.get(f"{prefix}accuracy", np.nan):
+def task_verdict(row: pd.Series | None, context: Context, prefix: str = "", stage: str = "") -> TaskJudged:
+    """A "costs nothing" claim from a task judgement (``prefix``: its ``joint_`` columns) of ``stage``:
+    fine-tuned with several seeds, across seeds; else over examples. A judgement on fewer examples than an
+    interval needs counts as not judged at this size; one that did not decide says what deciding takes."""
+    if row is None:
         return TaskJudged(None, False)
+    if row.get(f"{prefix}accuracy", np.nan) != row.get(f"{prefix}accuracy", np.nan):  # a change the task did not judge
+        return TaskJudged(None, False, needs=None if context.deciding is None else context.deciding.unjudged(stage))
     seeds = seed_values(row, prefix)
     if context.seeded and f"{prefix}delta_seeds_low" in row and seeds is not None:
         difference = Difference.of(row, f"{prefix}delta_seeds", examples=f"{prefix}held_out")
         difference = dataclasses.replace(difference, seeds=tuple(seeds))
         return TaskJudged(on_task(difference.low, difference.high, target=context.target), True, difference)
-    if row.get(f"{prefix}held_out", TOO_FEW) < TOO_FEW:
-        return TaskJudged(None, False)
     difference = Difference.of(row, f"{prefix}delta_accuracy", examples=f"{prefix}held_out")
-    return TaskJudged(on_task(difference.low, difference.high, target=context.target), True, difference)
+    judged = difference.examples is None or difference.examples >= TOO_FEW
+    phrase = on_task(difference.low, difference.high, target=context.target) if judged else None
+    needs = None
+    if phrase is None and context.deciding is not None and difference.examples is not None:
+        half = (difference.high - difference.low) / 2
+        needs = context.deciding.examples(stage, difference.examples, half, context.target)
+    return TaskJudged(phrase, judged, difference if judged else None, needs)
 
 
 def seeds_points(row: pd.Series, prefix: str = "") -> str:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from attnlens.analysis.task.head import head_columns
-from attnlens.analysis.task.settings import AUTO, AUTO_POOL, TaskSettings
+from attnlens.analysis.task.settings import AUTO, TaskSettings
 from attnlens.data.exclusion import excluding, read_exclusion
 from attnlens.data.tasks import Examples, Task, load_task
 from attnlens.errors import AttnlensWarning, BadInput
@@ -93,9 +93,9 @@ def prepare_task(
         task = excluding(task, read_exclusion(settings.task_exclude, text_column=settings.text_column))
     model.check_seq_len(seq_len)
     auto = settings.task_eval == AUTO
-    # auto: every example the task has left, up to AUTO_POOL; each judgement uses as many as it needs
+    # auto: every example the task has left, up to task_pool; each judgement uses as many as it needs
     train, pool = task.split(
-        model, seq_len, num_train, AUTO_POOL if auto else int(settings.task_eval), seed=seed, pad_to=pad_to, at_most=auto
+        model, seq_len, num_train, settings.task_pool if auto else int(settings.task_eval), seed=seed, pad_to=pad_to, at_most=auto
     )
     if protocol == "head":  # nothing is fitted: the baseline is the held-out examples' own majority class
         majority, counted_on = task.majority(pool.labels)[0], "held-out examples"

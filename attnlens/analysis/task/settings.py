@@ -30,7 +30,8 @@ class TaskSettings(Settings):
     ``head``, whose held-out examples are then every example not excluded) and ``task_eval`` examples
     (disjoint, seeded; ``task_eval="auto"``: each change judged sequentially, on as many as it
     needs for its paired Δ interval to exclude zero or narrow to a half-width of ``task_target``,
-    :mod:`attnlens.analysis.sequential`), the ``protocol``, the
+    :mod:`attnlens.analysis.sequential`; ``task_pool``: the most examples it may use, fewer where the task has
+    fewer left), the ``protocol``, the
     probe's inverse L2 strength ``probe_c`` (``None``: chosen by cross-validation on the
     training examples, :func:`choose_c`), and
     the fine-tune recipe (``finetune_steps``, ``finetune_lr`` for the encoder; the head
@@ -53,6 +54,7 @@ class TaskSettings(Settings):
     task_exclude: str | None = None
     task_train: int | None = None
     task_eval: int | str = 512
+    task_pool: int = AUTO_POOL
     task_target: float = 0.015
     probe_c: float | None = None
     finetune_steps: int = 200
@@ -76,6 +78,7 @@ class TaskSettings(Settings):
             if not isinstance(self.task_eval, int) or isinstance(self.task_eval, bool):
                 raise BadInput(f"`task_eval` {self.task_eval!r} must be a number of held-out examples or 'auto'")
             at_least("task_eval", self.task_eval, MIN_HELD_OUT, " held-out examples for a bootstrap interval")
+        at_least("task_pool", self.task_pool, MIN_HELD_OUT, " held-out examples for a bootstrap interval")
         positive("task_target", self.task_target)
         if self.task_train is not None:
             at_least("task_train", self.task_train, 0 if self.protocol == "head" else 2)
