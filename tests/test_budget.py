@@ -179,3 +179,38 @@ def test_a_comparison_over_blocks_says_how_many_would_exclude_zero(blocks, mean,
     assert half * np.sqrt(blocks / needed) <= abs(mean) < half * np.sqrt(blocks / (needed - 1))
     assert needs.seconds == pytest.approx(2.0 * needed) and f"(here {blocks})" in needs.text
     assert Deciding({}, {}, per_block={"importance": 2.0}).blocks("importance", blocks, mean, abs(mean) / 2) is None  # decided
+
+
+@pytest.fixture
+def counted_prices(monkeypatch):
+    """Every unit priced by its tokens (1 ms a token, a fit 0.1 s) and the probe's C by its examples, instead of
+    timing them: the budget's choices on a real model and its real tasks, the same on every machine (and large
+    beside the seconds spent preparing, which are measured)."""
+    from attnlens.forecast import units
+
+    def measure(cls, model, wanted, blocks, precision="float32"):
+        return cls({unit: (1e-3 * unit.batch * unit.width if unit.kind in units.KINDS else 0.1) for unit in set(wanted)})
+
+    monkeypatch.setattr(units.Calibration, "measure", classmethod(measure))
+    monkeypatch.setattr(units, "probe_seconds", lambda examples, hidden: 1e-2 * examples)
+
+
+@pytest.mark.slow
+def test_a_budget_on_a_model_takes_the_preset_that_fits_and_the_largest_pool(minilm_l3, counted_prices):
+    """With prices that do not depend on the machine, half the default's forecast takes the quick preset with the
+    largest pool that fits, every judgement sequential on it; and the sizes the report runs with are the ones
+    priced."""
+    from attnlens.report.prepare import forecast_report, prepare
+
+    default = forecast_report(prepare(minilm_l3)).seconds
+    half = prepare(minilm_l3, budget=default / 2 / FILL)
+    budget = half.budget
+    assert half.name == "quick" and budget is not None and budget.base == "quick"
+    assert forecast_report(half).seconds == pytest.approx(budget.forecast)
+    assert budget.forecast <= FILL * budget.seconds - budget.spent
+    pools = {getattr(half.settings, stage).task.task_pool for stage in ("reconstruct", "importance", "dam")}
+    assert pools == {budget.levers["pools"]} and all(
+        len(half.tasks[stage].pool) <= budget.levers["pools"] for stage in half.tasks
+    )
+    assert POOLS[0] < budget.levers["pools"] < POOLS[-1], budget.levers  # the budget sits between the two ends
+    assert min(budget.pools.values()) > budget.seconds  # the next pool would not have fitted: the least budget it takes is more
