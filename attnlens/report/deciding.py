@@ -23,11 +23,14 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from attnlens.analysis.sequential import FIRST_LOOK
 from attnlens.report.budget import format_duration
 from attnlens.report.presets import duration
 
 if TYPE_CHECKING:
+    from attnlens.data.tasks import Examples
     from attnlens.forecast import Forecast
     from attnlens.report.prepare import Prepared
 
@@ -123,7 +126,6 @@ def deciding(prepared: Prepared, predicted: Forecast) -> Deciding:
 def _full_stages(prepared: Prepared, predicted: Forecast) -> dict[str, dict[str, Any]]:
     """DAM and the plan at the full preset's sizes, priced by the units timed for this report (a width not
     timed read off the line through those that were), where this report is not that preset."""
-    from attnlens.analysis.task import prepare_task
     from attnlens.forecast import StageForecast
     from attnlens.forecast.stages import Facts, dam_work, plan_work
     from attnlens.report.presets import DECIDING, preset
@@ -136,9 +138,12 @@ def _full_stages(prepared: Prepared, predicted: Forecast) -> dict[str, dict[str,
     untasked = {} if prepared.tasks else {"task": None}  # a report judged by no task: its full size neither
     full = prepared.sized(full.for_run(corpus=s.corpus, seed=s.seed, precision=prepared.precision, **untasked))
     loaded, tasks = prepared.loaded, dict(prepared.tasks)
-    if full.plan is not None and full.plan.task.name is not None and full.plan.seq_len <= loaded.max_positions:
-        plan = full.plan
-        tasks["plan"] = prepare_task(loaded, plan.task, seq_len=plan.seq_len, seed=plan.seed, pad_to=plan.seq_len)
+    plan = full.plan
+    if plan is not None and "plan" in tasks and plan.seq_len <= loaded.max_positions:
+        # the plan's examples are padded to its n: at the full size, as many rows of n tokens as it draws
+        task = tasks["plan"]
+        train, pool = plan.task.train_examples(task.protocol), int(plan.task.task_eval)
+        tasks["plan"] = dataclasses.replace(task, train=_padded(train, plan.seq_len), pool=_padded(pool, plan.seq_len))
     facts = Facts(loaded.num_layers, loaded.num_heads, loaded.causal, prepared.per_query, loaded.objective, tasks)
     priced = {"dam": StageForecast.of("dam", dam_work(full.dam, facts), predicted.calibration).seconds}
     stages = {"dam": {"seconds": priced["dam"], "seeds": full.dam.mask.seeds, "steps": full.dam.training.steps}}
@@ -146,6 +151,14 @@ def _full_stages(prepared: Prepared, predicted: Forecast) -> dict[str, dict[str,
         seconds = StageForecast.of("plan", plan_work(full.plan, facts), predicted.calibration).seconds
         stages["plan"] = {"seconds": seconds, "examples": int(full.plan.task.task_eval)}
     return stages
+
+
+def _padded(count: int, width: int) -> Examples:
+    """``count`` examples padded to ``width`` tokens, as the forecast counts them (their tokens are not read)."""
+    from attnlens.data.tasks import Examples
+
+    ones = np.ones((count, width), dtype=np.int64)
+    return Examples(ones, ones, np.zeros(count, dtype=np.int64), np.arange(count), fixed_width=True)
 
 
 def _hundreds(examples: float) -> int:
