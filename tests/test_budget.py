@@ -161,6 +161,7 @@ def test_an_undecided_claim_says_what_deciding_takes_and_a_decided_one_does_not(
     few = task_verdict(row.replace(400, 64), context, stage="importance")  # fewer than a first look: judged at no size
     proxy = context.verdict(Phrase.PROXY_HOLDS, "cosine 0.999", few.needs)
     assert not few.judged and proxy.text.startswith("holds by the proxy (task: needs about ") and "here" in proxy.text
+    assert proxy.text.count("needs about") == 1 and proxy.needs == few.needs  # said once, and kept as numbers
     below = row.copy()
     below[["delta_accuracy_low", "delta_accuracy_high"]] = [-0.05, -0.03]
     decided = task_verdict(below, context, stage="importance")

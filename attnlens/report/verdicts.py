@@ -175,7 +175,7 @@ class Context:
         judging it takes where that is known (``needs``); an undecided one what deciding it takes."""
         proxy_only = phrase in (Phrase.PROXY_HOLDS, Phrase.PROXY_DOES_NOT_HOLD)
         missing = (f"task: {needs.text}" if needs is not None else self.missing) if proxy_only else ""
-        return Verdict(phrase, said, missing, None if proxy_only else needs)
+        return Verdict(phrase, said, missing, needs)  # the words carry it in the brackets; the record keeps it too
 
     def at_this_size(self, stage: str) -> Verdict:
         """A stage's claim that only its full size decides: what that size takes here, where known."""
