@@ -198,20 +198,20 @@ def counted_prices(monkeypatch):
 
 @pytest.mark.slow
 def test_a_budget_on_a_model_takes_the_preset_that_fits_and_the_largest_pool(minilm_l3, counted_prices):
-    """With prices that do not depend on the machine, half the default's forecast takes the quick preset with the
-    largest pool that fits, every judgement sequential on it; and the sizes the report runs with are the ones
-    priced."""
+    """With prices that do not depend on the machine, a budget a fifth above the quick preset's forecast takes the
+    quick preset with the largest pool that fits, every judgement sequential on it; and the sizes the report runs
+    with are the ones priced."""
     from attnlens.report.prepare import forecast_report, prepare
 
-    default = forecast_report(prepare(minilm_l3)).seconds
-    half = prepare(minilm_l3, budget=default / 2 / FILL)
-    budget = half.budget
-    assert half.name == "quick" and budget is not None and budget.base == "quick"
-    assert forecast_report(half).seconds == pytest.approx(budget.forecast)
+    quick = forecast_report(prepare(minilm_l3, quick=True)).seconds
+    sized = prepare(minilm_l3, budget=1.2 * quick / FILL)
+    budget = sized.budget
+    assert sized.name == "quick" and budget is not None and budget.base == "quick"
+    assert forecast_report(sized).seconds == pytest.approx(budget.forecast)
     assert budget.forecast <= FILL * budget.seconds - budget.spent
-    pools = {getattr(half.settings, stage).task.task_pool for stage in ("reconstruct", "importance", "dam")}
+    pools = {getattr(sized.settings, stage).task.task_pool for stage in ("reconstruct", "importance", "dam")}
     assert pools == {budget.levers["pools"]} and all(
-        len(half.tasks[stage].pool) <= budget.levers["pools"] for stage in half.tasks
+        len(sized.tasks[stage].pool) <= budget.levers["pools"] for stage in sized.tasks
     )
     assert POOLS[0] < budget.levers["pools"] < POOLS[-1], budget.levers  # the budget sits between the two ends
     assert min(budget.pools.values()) > budget.seconds  # the next pool would not have fitted: the least budget it takes is more
