@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import argparse
 import copy
-import statistics
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -40,6 +40,9 @@ from attnlens.analysis.objectives import Objective
 from attnlens.analysis.task import TaskBatch, pooled_features
 from attnlens.models.loading import LoadedModel, backbone
 from attnlens.models.precision import judging
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _timing import rounds  # noqa: E402
 
 TARGET = 0.7
 
@@ -124,19 +127,6 @@ def bfloat16_units() -> str:
     named = {"amx_bf16": "AMX", "avx512_bf16": "AVX-512 BF16"}
     found = [name for flag, name in named.items() if flag in flags]
     return ", ".join(found) if found else "none"
-
-
-def rounds(modes: dict[Mode, Callable[[], object]], count: int) -> dict[Mode, float]:
-    """Median seconds per mode, rounds alternating the modes after one warm-up each."""
-    seconds: dict[Mode, list[float]] = {mode: [] for mode in modes}
-    for run in modes.values():
-        run()
-    for _ in range(count):
-        for mode, run in modes.items():
-            began = time.perf_counter()
-            run()
-            seconds[mode].append(time.perf_counter() - began)
-    return {mode: statistics.median(values) for mode, values in seconds.items()}
 
 
 def moved(model: LoadedModel, ids: torch.Tensor) -> dict[str, float]:

@@ -21,9 +21,10 @@ features and the probe fit) are timed once and shown beside; they are cached aft
 from __future__ import annotations
 
 import argparse
-import statistics
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 import transformers
@@ -31,6 +32,9 @@ import transformers
 import attnlens
 from attnlens.analysis.changes import Ablation, PatternChange
 from attnlens.analysis.task import TaskJudge, TaskSettings, batches
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _timing import rounds  # noqa: E402
 
 TARGET = 1.1
 
@@ -77,19 +81,6 @@ def main() -> None:
     modes = {"plain": plain_pass, "judge": judging(change), "pattern": judging(pattern), "padded": padded_pass}
     seconds = rounds(modes, args.rounds)
     report(args, examples, seconds, one_off)
-
-
-def rounds(modes: dict, count: int) -> dict[str, float]:
-    """Median seconds per mode, rounds alternating the modes after one warm-up each."""
-    seconds: dict[str, list[float]] = {mode: [] for mode in modes}
-    for run in modes.values():
-        run()
-    for _ in range(count):
-        for mode, run in modes.items():
-            began = time.perf_counter()
-            run()
-            seconds[mode].append(time.perf_counter() - began)
-    return {mode: statistics.median(values) for mode, values in seconds.items()}
 
 
 def report(args, examples, median: dict[str, float], one_off: float) -> None:

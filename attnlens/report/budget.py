@@ -167,10 +167,11 @@ def fit(
     for lever in LEVERS:
         for value in ladders[lever]:
             levers[lever] = value
-            if price(shrunk(settings, levers)) <= left:
+            forecast = price(shrunk(settings, levers))
+            if forecast <= left:
                 pools = _pools(settings, levers, price, spent) if opened else {}
-                return Budget(seconds, base, dict(levers), spent, price(shrunk(settings, levers)), pools)
-    least = price(shrunk(settings, levers))
+                return Budget(seconds, base, dict(levers), spent, forecast, pools)
+    least = forecast  # the last tried: every lever at its least
     raise BadInput(
         f"--budget {format_duration(seconds)} is too short for this model here: the smallest report takes "
         f"{duration(least + spent)} (forecast); give --budget {format_duration(_rounded((least + spent) / FILL))} or more"

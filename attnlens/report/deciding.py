@@ -74,7 +74,7 @@ class Deciding:
 
     def examples(self, stage: str, examples: int, half_width: float, target: float) -> Needs | None:
         """A judgement on ``examples`` examples whose interval is ``half_width`` wide each side, short of ``target``."""
-        if stage not in self.per_example or not half_width == half_width or half_width <= 0:
+        if stage not in self.per_example or math.isnan(half_width) or half_width <= 0:
             return None
         needed = _hundreds(examples * (half_width / target) ** 2)
         more = max(_hundreds(needed - examples), 100)

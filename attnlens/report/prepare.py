@@ -134,7 +134,8 @@ def _budgeted(
     from attnlens.report import budget as sizing
 
     quick_name, quick = preset(protocol, quick=True, full=False)
-    opened = sizing.shrunk(quick.for_run(**run), {"blocks": 1.0, "pools": sizing.POOLS[-1], "seeds": 10**6, "steps": 1.0})
+    largest = {"blocks": 1.0, "pools": sizing.POOLS[-1], "seeds": quick.dam.mask.seeds, "steps": 1.0}
+    opened = sizing.shrunk(quick.for_run(**run), largest)
     chosen, is_open = _prepared(loaded, quick_name, opened, compare, run["precision"]), True
     price = pricer(chosen, device=device)
     if price(chosen.settings).seconds <= FILL * seconds - (time.perf_counter() - began):  # try the larger presets
