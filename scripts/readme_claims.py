@@ -34,6 +34,7 @@ from typing import NamedTuple
 
 import pandas as pd
 
+from attnlens.analysis.margin import Margin
 from attnlens.report.budget import format_duration
 from attnlens.report.claims import CLAIM_COLUMNS, SEEDS_COLUMN
 from attnlens.report.verdicts import Phrase
@@ -181,6 +182,8 @@ def described(meta: dict) -> str:
     if main.get("task") and savings.get("task") and savings["task"] != main["task"]:
         task = (f"; tasks under the {protocol} protocol: `{savings['task']}` for k and the plan (texts that fill n), "
                 f"`{main['task']}` for the rest")  # fmt: skip
+    if main.get("task"):  # a report from before margins held its claims to zero: it says nothing here
+        task += "" if "margin" not in main else f", held to a margin of {Margin.parse(main['margin'])}"
     budget = meta.get("budget")
     sized = "" if budget is None else f"; sized to `--budget {format_duration(budget['seconds'])}` here ({budget['base']} preset)"
     return (
@@ -200,8 +203,11 @@ def claims_section(columns: list[Column]) -> str:
             "",
             *(f"- {one.line}" for one in columns),
             "",
-            "The papers used BERT-base on GLUE, fine-tuned: these are findings about these models. How a verdict is "
-            "reached, and what a causal model's claims mean: [science](docs/science.md#how-the-report-decides-a-claim).",
+            "The papers used BERT-base on GLUE, fine-tuned: these are findings about these models. A claim that a change "
+            "suffices, costs nothing or keeps the model holds when its paired Δ interval lies wholly above minus the "
+            "margin, does not when it lies wholly below, and is otherwise not decided; by the proxy, when the outputs "
+            "move by at most 0.01. How a verdict is reached, and what a causal model's claims mean: "
+            "[science](docs/science.md#how-the-report-decides-a-claim).",
             "",
             table,
             "",

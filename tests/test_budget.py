@@ -128,36 +128,44 @@ def test_report_refuses_a_bad_budget_and_a_missing_saved_report_in_one_line(caps
         assert_one_line_error(code, err, phrase)
 
 
-@pytest.mark.parametrize(("discordant", "delta"), [(0.12, 0.0), (0.3, -0.02), (0.06, 0.01)])
-def test_the_examples_a_judgement_needs_are_the_sequential_designs_horizon(discordant, delta):
-    """What an undecided judgement needs (from its interval alone) against the design's own horizon (from the
-    differences' sums), for the last look's boundary, on simulated paired outcomes."""
+@pytest.mark.parametrize(("discordant", "delta"), [(0.12, -0.005), (0.3, -0.04), (0.06, -0.005)])
+def test_the_examples_a_judgement_needs_put_its_interval_on_one_side_of_the_margin(discordant, delta):
+    """What an undecided judgement needs (from its interval alone), against the design's own interval: with the
+    same mean and spread on that many examples its interval just leaves −δ (it still holds it 200 fewer), on
+    simulated paired outcomes."""
     rng = np.random.default_rng(1)
     draws = rng.random(600)
     up, down = (discordant + delta) / 2, (discordant - delta) / 2
     differences = np.where(draws < up, 1.0, np.where(draws < up + down, -1.0, 0.0))
-    design = Design.for_pool(4000, target=0.02)
+    design = Design.for_pool(10000, margin=0.02)
     count, total, squares = 600, differences.sum(), np.square(differences).sum()
     mean, half = design.interval_of_sums(count, total, squares, 1.959964)
-    needs = Deciding({"importance": 0.01}, {"importance": 4000}).examples("importance", count, half, 0.02)
-    horizon = design._horizon(count, total, squares, 1.959964)
+    needs = Deciding({"importance": 0.01}, {"importance": 10000}).examples("importance", count, mean, half, 0.02)
     assert needs is not None and needs.examples is not None
-    assert abs(count + needs.examples - horizon) <= 100 + 48 + 4, (needs, horizon)  # hundreds vs chunks, the pseudo-examples
+    distance = abs(mean + 0.02)
+
+    def half_at(examples: int) -> float:  # the same mean and spread on more examples
+        return design.interval_of_sums(examples, total * examples / count, squares * examples / count, 1.959964)[1]
+
+    assert half_at(count + needs.examples) <= 1.02 * distance, (needs, half_at(count + needs.examples), distance)
+    if needs.examples > 200:
+        assert half_at(count + needs.examples - 200) >= 0.98 * distance
     assert needs.seconds == pytest.approx(0.01 * needs.examples)
 
 
 def test_an_undecided_claim_says_what_deciding_takes_and_a_decided_one_does_not():
     deciding = Deciding({"importance": 0.05}, {"importance": 4000}, {1296: 900.0, 4000: 2400.0},
                         {"dam": {"seconds": 600.0, "seeds": 3, "steps": 300}})  # fmt: skip
-    context = Context("quick", target=0.02, deciding=deciding)
+    context = Context("quick", deciding=deciding)  # the default margin: 2 points
     row = pd.Series({"accuracy": 0.8, "delta_accuracy": -0.01, "delta_accuracy_low": -0.04, "delta_accuracy_high": 0.02,
                      "held_out": 400})  # fmt: skip
     judged = task_verdict(row, context, stage="importance")
-    assert judged.phrase is None and judged.judged and judged.needs is not None
-    # half-width 0.03 on 400 examples: (0.03 / 0.02)² × 400 = 900 in all, 500 more, 25 s; a pool of 1,296 gives them
-    assert judged.needs.text == "needs about 500 more examples, about 25 seconds here: --budget 15m"
+    assert judged.phrase is None and judged.judged and judged.needs is not None  # [−4, +2] holds −2: not decided
+    # half-width 0.03 on 400 examples, 0.01 from −δ: (0.03 / 0.01)² × 400 = 3,600 in all, 3,200 more, 160 s; a pool
+    # of 4,000 gives them
+    assert judged.needs.text == "needs about 3,200 more examples, about 3 minutes here: --budget 40m"
     verdict = context.verdict(Phrase.NOT_DECIDED, "Δ −1.0 points", judged.needs)
-    assert verdict.text == "not decided: Δ −1.0 points; needs about 500 more examples, about 25 seconds here: --budget 15m"
+    assert verdict.text == "not decided: Δ −1.0 points; needs about 3,200 more examples, about 3 minutes here: --budget 40m"
     few = task_verdict(row.replace(400, 64), context, stage="importance")  # fewer than a first look: judged at no size
     proxy = context.verdict(Phrase.PROXY_HOLDS, "cosine 0.999", few.needs)
     assert not few.judged and proxy.text.startswith("holds by the proxy (task: needs about ") and "here" in proxy.text

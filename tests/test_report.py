@@ -259,7 +259,7 @@ def test_the_choices_of_r_are_decided_by_differences_paired_by_seed(saved):
     if saved == "now":  # written as this version writes it: a column per seed
         plug = read(plug)
         assert "seed_accuracies" not in plug and {"seed_accuracy_2", "joint_seed_accuracy_2"} <= set(plug)
-    claims = {claim.claim: claim for claim in _choices_of_r(read(plug), Evidence("default", target=0.02, seeded=True))}
+    claims = {claim.claim: claim for claim in _choices_of_r(read(plug), Evidence("default", seeded=True))}
     shared = claims["A shared R beats one per layer at k = 16 (paper 1)"]
     assert shared.verdict.phrase.value == "holds", "shared − per layer lies above 0 with R fixed and with R learned"
     difference = np.array([0.031, 0.030, 0.029])  # shared − per layer, R fixed, seed by seed
@@ -274,7 +274,7 @@ def test_the_choices_of_r_are_decided_by_differences_paired_by_seed(saved):
         plug.loc[plug.scope == "layer", [f"joint_seed_accuracy_{seed}" for seed in range(3)]] = undecided
     else:
         plug.loc[plug.scope == "layer", "joint_seed_accuracies"] = _seeds(undecided)
-    claims = {claim.claim: claim for claim in _choices_of_r(read(plug), Evidence("default", target=0.02, seeded=True))}
+    claims = {claim.claim: claim for claim in _choices_of_r(read(plug), Evidence("default", seeded=True))}
     assert claims["R learned with the weights beats R fixed at k = 16 (paper 1)"].verdict.phrase.value == "not decided"
     assert claims["A shared R beats one per layer at k = 16 (paper 1)"].verdict.phrase.value == "not decided"
 

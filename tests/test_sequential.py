@@ -1,13 +1,14 @@
 """The sequential rule: its integration against published boundaries and a Monte Carlo of random
-walks, and its intervals' coverage and the examples they use, on simulated paired outcomes of known
-Δ against a fixed design of the same half-width."""
+walks, and its intervals' coverage, how often they decide and the examples they use, on simulated
+paired outcomes of known Δ around the margin, against a fixed design of the same power."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from attnlens.analysis.sequential import ALPHA, Design, continuation, spending
+from attnlens.analysis.margin import COMPARISON, non_inferior
+from attnlens.analysis.sequential import ALPHA, Z_POWER, Design, continuation, spending
 
 # Published two-sided α = 0.05 constants (Pocock 1977; O'Brien & Fleming 1979; Jennison & Turnbull 2000, tables 2.1, 2.3).
 PUBLISHED = [
@@ -16,7 +17,7 @@ PUBLISHED = [
     ("O'Brien-Fleming, 5 looks", 2.040 * np.sqrt(5 / np.arange(1, 6)), 5),
 ]
 Z = 1.959964
-TARGET = 0.02
+MARGIN = 0.02  # the report's default: 2 points
 
 
 @pytest.mark.parametrize(("name", "bounds", "looks"), PUBLISHED, ids=[name for name, _, _ in PUBLISHED])
@@ -31,8 +32,8 @@ def test_a_judgements_boundaries_spend_what_a_monte_carlo_of_random_walks_spends
     looks cross them by each early look with probability α·t² (t: the look's share of the pool)
     and by the last with probability α, within Monte Carlo error."""
     rng = np.random.default_rng(2)
-    near = rng.choice([-1.0, 0.0, 1.0], size=4000, p=[0.1, 0.8, 0.1])  # Δ = 0, 20% discordant: six looks or so
-    decision = Design.for_pool(4000, TARGET).run(lambda count: near[:count])
+    edge = rng.choice([-1.0, 0.0, 1.0], size=4000, p=[0.06, 0.9, 0.04])  # Δ = −δ, 10% discordant: eight looks or so
+    decision = Design.for_pool(4000, MARGIN).run(lambda count: edge[:count])
     looks, bounds = np.array(decision.looks), np.array(decision.bounds)
     assert decision.reason == "half-width reached" and len(looks) >= 4
     walks = np.cumsum(rng.normal(size=(400_000, len(looks))) * np.sqrt(np.diff(looks, prepend=0)), axis=1)
@@ -43,41 +44,55 @@ def test_a_judgements_boundaries_spend_what_a_monte_carlo_of_random_walks_spends
     assert Z < bounds[-1] < 2.05 < bounds[0]  # early looks spend little: the last keeps most of α
 
 
-def _simulate(delta: float, discordant: float, design: Design, reps: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+def _simulate(delta: float, discordant: float, design: Design, reps: int, seed: int) -> tuple[np.ndarray, ...]:
     """``reps`` sequential judgements of paired 0/1 outcomes: a change right where the unmodified
     model is wrong with probability (discordant + Δ)/2, the reverse (discordant − Δ)/2. Returns, per
-    judgement, whether its interval covers Δ, and the examples it used."""
+    judgement, whether its interval covers Δ, the examples it used, and its verdict against the margin."""
     rng = np.random.default_rng(seed)
     probabilities = [(discordant + delta) / 2, (discordant - delta) / 2, 1 - discordant]
     cuts = np.array(design.cuts)
     counts = np.cumsum(np.stack([rng.multinomial(step, probabilities, size=reps) for step in np.diff(cuts, prepend=0)], 1), 1)
     at = {count: index for index, count in enumerate(cuts)}
-    covered, used = np.zeros(reps, dtype=bool), np.zeros(reps, dtype=int)
+    covered, used, verdicts = np.zeros(reps, dtype=bool), np.zeros(reps, dtype=int), np.empty(reps, dtype=object)
     for rep, (plus, minus) in enumerate(zip(counts[..., 0], counts[..., 1])):
         decision = design.run_on_sums(lambda count: (plus[at[count]] - minus[at[count]], plus[at[count]] + minus[at[count]]))
         covered[rep], used[rep] = decision.low <= delta <= decision.high, decision.examples
-    return covered, used
+        verdicts[rep] = non_inferior(decision.low, decision.high, design.margin)
+    return covered, used, verdicts
 
 
-CASES = [(delta, discordant) for discordant in (0.1, 0.2, 0.4) for delta in (0.0, -0.01, -0.025, -0.05)]
-CASES += [(0.0, 0.05), (-0.01, 0.05), (-0.025, 0.05)]  # at 5% discordance Δ = −0.05 sends every flip one way: see below
+def fixed_design(delta: float, discordant: float, pool: int = 4000) -> int:
+    """The examples of a fixed design of the same power: 80% to show a change that costs nothing within the
+    margin (its interval above −δ), (z + z_β)² σ² / δ² with σ² = discordant − Δ², capped by the pool."""
+    return int(min((Z + Z_POWER) ** 2 * (discordant - delta**2) / MARGIN**2, pool))
+
+
+# Δ at 0, −δ/2 (= −δ + 1 point), −δ, −δ − 1 point and −3δ, at three rates of discordance
+DELTAS = (0.0, -MARGIN / 2, -MARGIN, -MARGIN - 0.01, -3 * MARGIN)
+CASES = [(delta, discordant) for discordant in (0.1, 0.2, 0.4) for delta in DELTAS]
+CASES += [(0.0, 0.05), (-0.01, 0.05), (-0.02, 0.05), (-0.03, 0.05)]  # at 5% discordance Δ = −0.05 sends every flip one way: see below
 
 
 @pytest.mark.parametrize(("delta", "discordant"), CASES)
-def test_intervals_cover_and_near_zero_needs_no_more_than_a_fixed_design(delta, discordant):
-    """2,000 judgements each, stopped by the report's rule (zero excluded, half-width 0.02, or the pool
-    of 4,000 runs out). Coverage is at least 95% up to Monte Carlo error (3 standard errors); a
-    judgement near zero (|Δ| ≤ 0.025) uses at most 1.3× the examples of a fixed design of the same
-    half-width (the median, against 1.96²·σ²/0.02² with σ² = discordant − Δ², capped by the pool);
-    a clear effect (Δ = −0.05) stops before it."""
+def test_intervals_cover_and_decide_on_no_more_examples_than_a_fixed_design_of_the_same_power(delta, discordant):
+    """2,000 judgements each, stopped by the report's rule (the interval on one side of −δ, the target
+    half-width, or the pool of 4,000 run out). Coverage is at least 95% up to Monte Carlo error (3 standard
+    errors), whatever Δ; the median judgement uses at most 1.3× the examples of a fixed design of the same
+    power (:func:`fixed_design`); a change that costs nothing holds at least 80% of the time where the pool
+    allows the fixed design's size; a change that costs three margins is found not to hold before the fixed
+    design's size, and a verdict that is wrong about the side of −δ is as rare as a missed coverage."""
     reps = 2000
-    covered, used = _simulate(delta, discordant, Design.for_pool(4000, TARGET), reps, seed=int(1e4 * (discordant - delta)))
+    design = Design.for_pool(4000, MARGIN)
+    covered, used, verdicts = _simulate(delta, discordant, design, reps, seed=int(1e4 * (discordant - delta)))
     assert covered.mean() >= 0.95 - 3 * np.sqrt(0.95 * 0.05 / reps), covered.mean()
-    fixed = min(Z**2 * (discordant - delta**2) / TARGET**2, 4000)
-    if abs(delta) <= 0.025:
-        assert np.median(used) <= 1.3 * fixed, (np.median(used), fixed)
-    else:
-        assert np.median(used) < 0.9 * fixed, (np.median(used), fixed)
+    fixed = fixed_design(delta, discordant)
+    assert np.median(used) <= 1.3 * fixed, (np.median(used), fixed)
+    wrong = "does not hold" if delta > -MARGIN else "holds" if delta < -MARGIN else None
+    assert wrong is None or (verdicts == wrong).mean() <= 0.05, (verdicts == wrong).mean()
+    if delta == 0 and fixed < 0.8 * 4000:  # where the pool, not the design, ends the judgement, it has less power
+        assert (verdicts == "holds").mean() >= 0.8 - 3 * np.sqrt(0.16 / reps), (verdicts == "holds").mean()
+    if delta == -3 * MARGIN:
+        assert np.median(used) < 0.5 * fixed and (verdicts == "does not hold").mean() >= 0.95, np.median(used)
 
 
 def test_the_agresti_min_interval_itself_undercovers_where_every_flip_goes_one_way():
@@ -96,22 +111,22 @@ def test_the_agresti_min_interval_itself_undercovers_where_every_flip_goes_one_w
 
 def test_a_fixed_rule_looking_as_often_would_not_cover():
     """The control that makes the coverage test able to fail: the same kind of judgement with the
-    fixed-sample 1.96 at every look of the grid stops early on noise and covers Δ = 0 well below 95%."""
-    design = Design.for_pool(4000, TARGET)
+    fixed-sample 1.96 at every look of the grid stops early on noise and covers Δ = −δ well below 95%."""
+    design = Design.for_pool(4000, MARGIN)
     rng = np.random.default_rng(3)
     misses = 0
     for _ in range(1000):
-        outcomes = rng.choice([-1.0, 0.0, 1.0], size=4000, p=[0.2, 0.6, 0.2])
+        outcomes = rng.choice([-1.0, 0.0, 1.0], size=4000, p=[0.21, 0.6, 0.19])  # Δ = −δ, 40% discordant
         for count in design.grid:
             mean, low, high, half = design.interval(outcomes[:count], Z)
-            if low > 0 or high < 0 or half <= TARGET or count == 4000:
-                misses += not low <= 0 <= high
+            if low > -MARGIN or high < -MARGIN or half <= design.target or count == 4000:
+                misses += not low <= -MARGIN <= high
                 break
     assert misses / 1000 > 0.07
 
 
 def test_decisions_say_why_they_stopped():
-    design = Design.for_pool(1000, target=TARGET)
+    design = Design.for_pool(1000, margin=MARGIN)
     assert design.grid == (192, 288, 432, 624, 912, 1000) and set(design.grid) <= set(design.cuts)
     rng = np.random.default_rng(0)
     costly = np.where(rng.random(1000) < 0.2, -1.0, 0.0)
@@ -122,16 +137,31 @@ def test_decisions_say_why_they_stopped():
         return costly[:count]
 
     decision = design.run(differences)
-    assert (decision.reason, decision.examples, asked) == ("excludes zero", 192, [192])
-    assert decision.high < 0 and decision.decided
+    assert (decision.reason, decision.examples, asked) == ("decided", 192, [192])
+    assert decision.high < -MARGIN and decision.decided
     noisy = rng.choice([-1.0, 1.0], size=1000)  # half the examples flip each way: Δ ≈ 0 and a wide interval
     decision = design.run(lambda count: noisy[:count])
-    assert decision.reason == "examples ran out" and decision.examples == 1000 and decision.halfwidth > TARGET
-    assert decision.looks[-1] == 1000 and set(decision.looks) <= set(design.cuts)
-    untouched = np.zeros(1000)  # no example changes: the interval narrows to the target, never to zero width
+    assert decision.reason == "examples ran out" and decision.examples == 1000 and decision.halfwidth > design.target
+    assert decision.looks[-1] == 1000 and set(decision.looks) <= set(design.cuts) and not decision.decided
+    untouched = np.zeros(1000)  # no example changes: the interval lies above −δ, never of zero width
     decision = design.run(lambda count: untouched[:count])
-    assert decision.reason == "half-width reached" and 0 < decision.halfwidth <= TARGET
+    assert decision.reason == "decided" and decision.low > -MARGIN and decision.halfwidth > 0
     mean, low, high, half = design.interval(noisy[:200], decision.bound)
     assert np.isclose(high - low, 2 * half) and np.isclose(mean, noisy[:200].mean())
     capped = design.run(lambda count: noisy[:count], available=300)  # the cap's look spends the rest of α
     assert capped.examples == 300 and capped.reason == "examples ran out" and capped.bound < capped.bounds[0]
+
+
+def test_the_margin_sets_the_question_and_the_last_look():
+    """Against the unmodified model a judgement stops where its interval leaves −δ; two choices compared stop
+    where theirs excludes zero or lies within ±δ. A Δ right at −δ is never decided: it stops at the half-width
+    of a fixed design with 80% power (0.7 δ), not at the pool's end."""
+    design = Design.for_pool(4000, MARGIN)
+    assert np.isclose(design.target, MARGIN * Z / (Z + Z_POWER))
+    rng = np.random.default_rng(5)
+    edge = rng.choice([-1.0, 0.0, 1.0], size=4000, p=[0.06, 0.9, 0.04])  # Δ = −δ
+    decision = design.run(lambda count: edge[:count])
+    assert decision.reason == "half-width reached" and decision.low < -MARGIN < decision.high and decision.examples < 4000
+    same = rng.choice([-1.0, 0.0, 1.0], size=4000, p=[0.05, 0.9, 0.05])  # two choices alike: on par within ±δ
+    compared = design.run(lambda count: same[:count], question=COMPARISON)
+    assert compared.decided and -MARGIN < compared.low and compared.high < MARGIN

@@ -16,6 +16,7 @@ import transformers
 
 import attnlens
 from attnlens.analysis.evaluation import bootstrap_interval
+from attnlens.analysis.margin import COMPARISON
 from attnlens.analysis.sequential import Design
 from attnlens.data.tasks import load_task
 from attnlens.errors import BadInput
@@ -52,7 +53,7 @@ def task_file(classifier, tmp_path_factory):
 def sequential(classifier, task_file, tmp_path_factory):
     """Importance judged through the head, sequentially: [CLS] and 'other' removed (far from zero) and self (near it)."""
     result = attnlens.importance(
-        str(classifier[0]), seq_len=32, num_seqs=2, gradient=False, bootstrap=200, task=str(task_file), task_eval="auto", task_target=0.005,
+        str(classifier[0]), seq_len=32, num_seqs=2, gradient=False, bootstrap=200, task=str(task_file), task_eval="auto", margin=0.5,
         task_classes="self,other", progress=False,
     )  # fmt: skip
     out = tmp_path_factory.mktemp("results") / "importance"
@@ -62,7 +63,7 @@ def sequential(classifier, task_file, tmp_path_factory):
 
 def test_saved_outcomes_re_pair_to_the_reported_delta_and_interval(sequential):
     table, task = sequential.tables["task"], sequential.meta["task"]
-    design = Design.for_pool(task["sequential"]["examples_available"], task["sequential"]["target_halfwidth"])
+    design = Design.for_pool(task["sequential"]["examples_available"], task["sequential"]["margin"])
     assert design.grid == tuple(task["sequential"]["grid"])
     looks = set()
     for number, row in table.iterrows():
@@ -91,7 +92,8 @@ def test_a_class_against_its_random_control_re_pairs_too(sequential):
         count = min(len(first), len(second))
         paired = (first.correct - second.correct).to_numpy()[:count]
         task = sequential.meta["task"]["sequential"]
-        decision = Design.for_pool(task["examples_available"], task["target_halfwidth"]).run(lambda used: paired[:used])
+        design = Design.for_pool(task["examples_available"], task["margin"])
+        decision = design.run(lambda used: paired[:used], question=COMPARISON)
         row = table.iloc[number]
         expected = (row.excess_accuracy, row.excess_accuracy_low, row.excess_accuracy_high)
         assert (decision.mean, decision.low, decision.high) == pytest.approx(expected, abs=1e-12)

@@ -133,11 +133,11 @@ def test_power_columns_follow_from_the_paired_outcomes(minilm_l6):
 
 @pytest.mark.slow
 def test_task_eval_auto_judges_each_change_sequentially_on_a_prefix_of_the_pool(minilm_l3, monkeypatch):
-    """Each change stops at the first look where its interval excludes zero or narrows to the target;
+    """Each change stops at the first look where its interval lies on one side of −δ or narrows to the target;
     the interval is recomputed here from the per-example outcomes (mean ± boundary × the Agresti–Min
     standard error, the boundary the design gives on these outcomes), and every earlier look is
     checked not to have stopped."""
-    settings = TaskSettings(name="rotten-tomatoes", task_train=64, task_eval="auto", task_pool=400, task_target=0.06)
+    settings = TaskSettings(name="rotten-tomatoes", task_train=64, task_eval="auto", task_pool=400, margin=8)
     judge = TaskJudge(minilm_l3, settings, seq_len=48, batch_size=32)
     assert judge.design.available == len(judge.pool) == 400 and judge.design.grid[0] == 192
 
@@ -160,8 +160,8 @@ def test_task_eval_auto_judges_each_change_sequentially_on_a_prefix_of_the_pool(
         assert judged["unmodified_accuracy"] == pytest.approx(judge._outcomes(None, count).correct[:count].mean())
         for look, bound in zip(decision.looks[:-1], decision.bounds):  # no earlier look met a stopping rule
             low_then, high_then = interval(judge._paired(change, None, look), bound)
-            assert low_then <= 0 <= high_then
-        reason = {"excludes zero": low > 0 or high < 0, "half-width reached": (high - low) / 2 <= 0.06}
+            assert low_then <= -0.08 <= high_then
+        reason = {"decided": low > -0.08 or high < -0.08, "half-width reached": (high - low) / 2 <= judge.design.target}
         assert reason.get(judged["stopped"], count == 400), judged["stopped"]
     assert judge.held_out.rows.tolist() == judge.pool.rows[: len(judge.held_out)].tolist()
 
@@ -171,7 +171,7 @@ def test_a_judgement_computes_each_example_once_in_the_designs_slices(minilm_l3,
     """Between looks only the added examples run, in the same slices (whole chunks) for every change,
     so the same length buckets, and the outcomes equal one judgement of them all to float32 rounding."""
     monkeypatch.setenv("ATTNLENS_CACHE", str(tmp_path / "cache"))
-    settings = TaskSettings(name="rotten-tomatoes", task_train=64, task_eval="auto", task_pool=400, task_target=0.005)
+    settings = TaskSettings(name="rotten-tomatoes", task_train=64, task_eval="auto", task_pool=400, margin=0.5)
     auto = TaskJudge(minilm_l3, settings, seq_len=48, batch_size=16)
     judged, features = [], auto.features
 
@@ -211,11 +211,11 @@ def test_task_eval_auto_on_a_task_too_small_uses_every_example_and_says_so(minil
     frame = pd.DataFrame({"text": [task.texts[row] for row in chosen], "label": task.labels[chosen]})
     path = tmp_path / "small.csv"
     frame.to_csv(path, index=False)
-    settings = TaskSettings(name=str(path), task_train=40, task_eval="auto", task_target=0.001, probe_c=1.0)
+    settings = TaskSettings(name=str(path), task_train=40, task_eval="auto", margin=0.1, probe_c=1.0)
     judge = TaskJudge(minilm_l6, settings, seq_len=48, batch_size=32)
     judged = judge.judge(Ablation("sep", CLASSES, "random"))  # a small change: 50 examples cannot decide it
     assert judge.design.grid == (50,) and judged["held_out"] == 50
-    assert judged["stopped"] == "examples ran out" and judged["delta_halfwidth"] > 0.001
+    assert judged["stopped"] == "examples ran out" and judged["delta_halfwidth"] > judge.design.target
     assert judge.describe()["sequential"]["examples_available"] == 50
 
 
@@ -256,12 +256,13 @@ def test_task_eval_takes_a_number_or_auto(value, tmp_path, capsys):
 def test_task_eval_auto_is_recorded_with_what_it_reached(minilm_l3, tmp_path, monkeypatch):
     result = attnlens.importance(
         minilm_l3, seq_len=32, num_seqs=4, batch_size=4, task="rotten-tomatoes", task_train=48, task_eval="auto", task_pool=240,
-        task_target=0.2, gradient=False, progress=False,
+        margin=20, gradient=False, progress=False,
     )  # fmt: skip
     sequential = result.meta["task"]["sequential"]
     table = result.tables["task"]
     assert set(table["held_out"][1:]) <= {*range(sequential["chunk"], 240, sequential["chunk"]), 240}
-    assert set(table["stopped"][1:]) <= {"excludes zero", "half-width reached", "examples ran out"}
+    assert set(table["stopped"][1:]) <= {"decided", "half-width reached", "examples ran out"}
+    assert (table["margin"] == 0.2).all() and result.meta["task"]["margin"]["given"] == "20 points"
     assert len(result.meta["task"]["held_out_rows"]) == table["held_out"].max()
     assert "judged sequentially" in result.text()
     assert json.loads(json.dumps(result.meta))  # provenance stays JSON

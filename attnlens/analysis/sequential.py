@@ -1,13 +1,18 @@
 """Judging that stops when it has decided: a sequential design for paired differences.
 
 A change to attention is judged by the mean of per-example paired differences (the change's
-outcome minus the unmodified model's: 0/1 correct, or a fraction of fine-tune seeds). Most
-changes are far from zero and decide on a few hundred examples; those near zero need as many
-as a fixed design of the target half-width, and should need no more. :class:`Design` looks at
-192 examples first, then adds at most 40% a look, and stops a judgement at the first look where
+outcome minus the unmodified model's: 0/1 correct, or a fraction of fine-tune seeds), against a
+margin δ (:mod:`attnlens.analysis.margin`). Most changes are far from −δ and decide on a few hundred
+examples; those near it need as many as a fixed design of the same power, and should need no more.
+:class:`Design` looks at 192 examples first, then adds at most 40% a look, and stops a judgement at
+the first look where
 
-- its interval excludes zero (``"excludes zero"``), or
-- its half-width is at most the target (``"half-width reached"``), or
+- its interval answers the question asked (``"decided"``): for a change against the unmodified model
+  (non-inferiority) it excludes −δ, on either side; for two choices compared, it excludes zero or
+  lies within ±δ; or
+- its half-width is at most the target (``"half-width reached"``): ``δ·z/(z + z_β)``, the half-width
+  of a fixed design with 80% power to show a change that costs nothing within δ (about 0.7 δ), so
+  a judgement undecided there holds a Δ near −δ, where no affordable size decides; or
 - the examples run out (``"examples ran out"``).
 
 **The variance sizes the judgement.** The early looks are a grid (192, then ×1.4, in whole
@@ -15,7 +20,7 @@ chunks). At each look the spread of the differences so far says how many example
 would need to reach the target half-width (the *horizon*); the next look is the horizon where it
 comes before the grid's next point. A look is the last one when spending the rest of α there
 reaches the target (or the examples run out); until then it is an early look, whose only use is
-an early stop when its interval excludes zero.
+an early stop where its interval already decides.
 
 **Early looks spend little α.** The intervals are repeated confidence intervals (Jennison &
 Turnbull 1989): the boundary ``c_k`` of each look is set, given the boundaries already used, so
@@ -23,28 +28,29 @@ that a Brownian motion crosses one of them with probability ``s_k`` by look k (n
 integration over the looks, :func:`_density`). Early looks spend ``s_k = α·t_k²`` with ``t_k``
 the look's share of the pool (the Kim–DeMets power family, Lan & DeMets 1983; Kim & DeMets 1987):
 little at the few hundred examples a clear effect needs, so the last look, which spends the rest,
-keeps a boundary near 2: a judgement near zero needs about the examples of a fixed design of the
-same half-width. All the intervals hold together with probability ``1 − α``, so the one at whichever
-look a rule stops covers the true Δ at the nominal rate. Which look is last depends on the
-spread of the differences, not on their sign (for paired 0/1 outcomes the spread is nearly the
-discordance rate whatever Δ is); ``tests/test_sequential.py`` measures the coverage by
-simulation. The standard error adds half a pseudo-example to each of the four cells of the paired
-2×2 table (Agresti & Min 2005), so that a run of identical outcomes (no example changed) never
-gives a zero-width interval.
+keeps a boundary near 2: a judgement near −δ needs about the examples of a fixed design of the
+same power. All the intervals hold together with probability ``1 − α``, whatever rule stops at
+whichever look, so the one a judgement stops at covers the true Δ at the nominal rate. Which look
+is last depends on the spread of the differences, not on their mean (for paired 0/1 outcomes the
+spread is nearly the discordance rate whatever Δ is); ``tests/test_sequential.py`` measures the
+coverage by simulation, and ``bench/bench_sequential.py`` the examples against a fixed design. The
+standard error adds half a pseudo-example to each of the four cells of the paired 2×2 table
+(Agresti & Min 2005), so that a run of identical outcomes (no example changed) never gives a
+zero-width interval.
 
 Looks fall on whole chunks of 48 examples (or the pool's end), so every judgement computes the
 same slices of the pool, in the same length buckets.
 
->>> design = Design.for_pool(4000, target=0.02)
+>>> design = Design.for_pool(4000, margin=0.02)
 >>> rng = np.random.default_rng(0)
 >>> far = np.where(rng.random(4000) < 0.10, -1.0, 0.0)          # a change that costs 10 points
 >>> decision = design.run(lambda count: far[:count])
->>> decision.reason, decision.examples
-('excludes zero', 192)
+>>> decision.reason, decision.examples, bool(decision.high < -0.02)       # below −δ: does not hold
+('decided', 288, True)
 >>> near = rng.choice([-1.0, 0.0, 1.0], size=4000, p=[0.05, 0.9, 0.05])   # 10% discordant, Δ = 0
 >>> decision = design.run(lambda count: near[:count])
->>> decision.reason, decision.looks, round(decision.bound, 2)
-('half-width reached', (192, 288, 432, 624, 912), 1.96)
+>>> decision.reason, decision.examples, bool(decision.low > -0.02)        # above −δ: holds
+('decided', 1920, True)
 """
 
 from __future__ import annotations
@@ -57,6 +63,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import optimize
 
+from attnlens.analysis.margin import NON_INFERIORITY, QUESTIONS, decides
+
 ALPHA = 0.05  # two-sided: the intervals are 95% intervals
 RHO = 2.0  # the power of the spending function α·t^ρ: between Pocock-like (1) and O'Brien–Fleming-like (3)
 FIRST_LOOK = 192  # examples at the first look: fewer make the normal approximation of a rare flip too rough
@@ -64,7 +72,12 @@ GROWTH = 1.4  # a look adds at most 40%: where the horizon is further, clear eff
 CHUNK = 48  # looks fall on whole chunks (three batches of 16), so every judgement runs the same slices
 NEVER = 7.5  # a boundary no path crosses (probability 6e-14): a look with nothing left to spend
 PSEUDO = 0.5  # Agresti–Min: half an example added to each cell of the paired 2×2 table, for the standard error
-REASONS = ("excludes zero", "half-width reached", "examples ran out")
+Z = 1.959964  # two-sided 95%
+Z_POWER = 0.841621  # 80% power
+# The target half-width as a share of the margin: a fixed design whose interval is this narrow shows that a
+# change costing nothing lies above −δ 80% of the time (δ·z/(z + z_β), about 0.7 δ).
+POWER_SHARE = Z / (Z + Z_POWER)
+REASONS = ("decided", "half-width reached", "examples ran out")
 _GRID = np.linspace(-8.0, 8.0, 1201)  # the standardised statistic z, where the densities are integrated
 
 
@@ -151,6 +164,15 @@ def _boundary(history: tuple[tuple[int, float], ...], count: int, staying: float
     return float(optimize.brentq(lambda c: _inside(density, c)[1].sum() - staying, 0.1, NEVER, xtol=1e-8))
 
 
+def cuts(available: int, chunk: int = CHUNK) -> tuple[int, ...]:
+    """Every count a look may fall on, whatever the margin: whole chunks, and the pool's end.
+
+    >>> cuts(200)
+    (48, 96, 144, 192, 200)
+    """
+    return (*range(chunk, available, chunk), available)
+
+
 def _chunks(count: float, chunk: int) -> int:
     """``count`` rounded up to a whole number of chunks."""
     return int(math.ceil(count / chunk - 1e-9)) * chunk
@@ -176,36 +198,43 @@ class Decision:
 
     @property
     def decided(self) -> bool:
-        """Whether the interval excludes zero or is as narrow as the target asked."""
-        return self.reason != "examples ran out"
+        """Whether the interval answers the question the judgement asked."""
+        return self.reason == "decided"
 
 
 @dataclass(frozen=True)
 class Design:
-    """How a task with ``available`` held-out examples judges a change sequentially to the
-    half-width ``target``: see the module docstring. Looks fall on whole ``chunk``\\ s of examples
-    (or the pool's end), so every judgement computes the same slices of the pool (:attr:`cuts`)."""
+    """How a task with ``available`` held-out examples judges a change sequentially against the
+    ``margin`` (a fraction of accuracy): see the module docstring. Looks fall on whole ``chunk``\\ s
+    of examples (or the pool's end), so every judgement computes the same slices of the pool
+    (:attr:`cuts`)."""
 
     available: int
-    target: float
+    margin: float
     alpha: float = ALPHA
     first: int = FIRST_LOOK
     growth: float = GROWTH
     chunk: int = CHUNK
 
     @classmethod
-    def for_pool(cls, available: int, target: float, **options) -> Design:
+    def for_pool(cls, available: int, margin: float, **options) -> Design:
         """The design for a task with ``available`` held-out examples (``options``: the other fields)."""
-        return cls(available, target, **options)
+        return cls(available, margin, **options)
+
+    @property
+    def target(self) -> float:
+        """The half-width at which a judgement ends undecided: that of a fixed design with 80% power
+        (:data:`POWER_SHARE` of the margin).
+
+        >>> round(Design.for_pool(4000, 0.02).target, 4)
+        0.014
+        """
+        return self.margin * POWER_SHARE
 
     @property
     def cuts(self) -> tuple[int, ...]:
-        """Every count a look may fall on: whole chunks, and the pool's end.
-
-        >>> Design.for_pool(200, 0.02).cuts
-        (48, 96, 144, 192, 200)
-        """
-        return (*range(self.chunk, self.available, self.chunk), self.available)
+        """Every count a look may fall on (:func:`cuts`)."""
+        return cuts(self.available, self.chunk)
 
     def interval(self, differences: np.ndarray, bound: float) -> tuple[float, float, float, float]:
         """(mean, low, high, half-width) of the paired ``differences`` with boundary ``bound``."""
@@ -220,21 +249,28 @@ class Design:
         examples added to each cell of the 2×2 table."""
         return total / count, bound * np.sqrt(_spread(count, total, squares) / (count + 4 * PSEUDO))
 
-    def run(self, differences: Callable[[int], np.ndarray], available: int | None = None) -> Decision:
+    def run(
+        self, differences: Callable[[int], np.ndarray], available: int | None = None, question: str = NON_INFERIORITY
+    ) -> Decision:
         """Judge sequentially: ``differences(count)`` gives the paired differences of the first
         ``count`` examples (computing only those not yet computed), called once per look until one
         of the stopping rules holds. ``available`` caps the examples that may be used (the design's
-        own at most): the look that reaches it spends the rest of α and ends the judgement."""
+        own at most): the look that reaches it spends the rest of α and ends the judgement.
+        ``question``: ``"non-inferiority"`` (a change against the unmodified model, against −margin) or
+        ``"comparison"`` (two choices: zero excluded, or within ±margin), :mod:`attnlens.analysis.margin`."""
 
         def sums(count: int) -> tuple[float, float]:
             values = np.asarray(differences(count), dtype=np.float64)
             return float(values.sum()), float(np.square(values).sum())
 
-        return self.run_on_sums(sums, available)
+        return self.run_on_sums(sums, available, question)
 
-    def run_on_sums(self, sums: Callable[[int], tuple[float, float]], available: int | None = None) -> Decision:
+    def run_on_sums(
+        self, sums: Callable[[int], tuple[float, float]], available: int | None = None, question: str = NON_INFERIORITY
+    ) -> Decision:
         """:meth:`run`, given ``sums(count)``: the sum and the sum of squares of the first ``count``
         differences (a simulation draws these without drawing every example)."""
+        assert question in QUESTIONS, question  # only a bug in attnlens asks another
         cap = self.available if available is None else max(1, min(available, self.available))
         count, spent = min(self.first, cap), 0.0
         history: tuple[tuple[int, float], ...] = ()
@@ -247,9 +283,9 @@ class Design:
             bound = closing if last else _boundary(history, count, 1 - spent)
             mean, half = self.interval_of_sums(count, total, squares, bound)
             history += ((count, bound),)
-            excludes = mean - half > 0 or mean + half < 0
-            if excludes or last:
-                reason = "excludes zero" if excludes else "half-width reached" if half <= self.target else "examples ran out"
+            decided = decides(question, mean - half, mean + half, self.margin)
+            if decided or last:
+                reason = "decided" if decided else "half-width reached" if half <= self.target else "examples ran out"
                 looks, bounds = zip(*history)
                 return Decision(mean, mean - half, mean + half, half, count, len(history) - 1, bound, reason, looks, bounds)
             # the next look: the next of the grid, or sooner where the spread says a last look there reaches the target

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -21,34 +21,22 @@ from .app import (
     CorpusOption,
     DeviceOption,
     FiguresOption,
-    FinetuneLrOption,
-    FinetuneStepsOption,
-    LabelColumnOption,
     ModelArgument,
     ModelOption,
     ObjectiveOption,
     OutOption,
     OverwriteOption,
     PrecisionOption,
-    ProbeCOption,
     ProgressOption,
-    ProtocolOption,
     SeedOption,
-    SeedsOption,
     SeqLenOption,
-    TaskEvalOption,
-    TaskExcludeOption,
-    TaskOption,
-    TaskPoolOption,
-    TaskTargetOption,
-    TaskTrainOption,
-    TextColumnOption,
     app,
     model_named,
     parse_float_list,
     run_and_save,
     settings_from,
 )
+from .task_options import task_options
 
 D = DamSettings.defaults()  # the defaults live there
 LIVE_HELP[("dam", "variant")] = lambda: (
@@ -226,6 +214,7 @@ PolishRoundsOption = Annotated[
 
 
 @app.command()
+@task_options(D)
 def dam(
     model: ModelArgument = None,
     corpus: CorpusOption = D.corpus,
@@ -267,22 +256,10 @@ def dam(
     polish_rounds: PolishRoundsOption = D.polish_rounds,
     bootstrap: BootstrapOption = D.bootstrap,
     precision: PrecisionOption = D.precision,
-    task: TaskOption = D.task,
-    protocol: ProtocolOption = D.protocol,
-    task_exclude: TaskExcludeOption = D.task_exclude,
-    task_train: TaskTrainOption = D.task_train,
-    task_eval: TaskEvalOption = str(D.task_eval),
-    task_pool: TaskPoolOption = D.task_pool,
-    task_target: TaskTargetOption = D.task_target,
     task_patterns: TaskPatternsOption = D.task_patterns,
     train_on: TrainOnOption = D.train_on,
-    text_column: TextColumnOption = D.text_column,
-    label_column: LabelColumnOption = D.label_column,
-    probe_c: ProbeCOption = D.probe_c,
-    finetune_steps: FinetuneStepsOption = D.finetune_steps,
-    finetune_lr: FinetuneLrOption = D.finetune_lr,
-    seeds: SeedsOption = D.seeds,
     *,
+    task_options: dict[str, Any],
     out: OutOption,
     model_option: ModelOption = None,
     device: DeviceOption = "cpu",
@@ -295,6 +272,9 @@ def dam(
 
     named = model_named(model, model_option)
     settings = settings_from(
-        DamSettings, locals(), lambdas=parse_float_list(lambdas, "--lambdas"), sparsity=parse_float_list(sparsity, "--sparsity")
+        DamSettings,
+        {**locals(), **task_options},
+        lambdas=parse_float_list(lambdas, "--lambdas"),
+        sparsity=parse_float_list(sparsity, "--sparsity"),
     )  # checked before any model loads
     run_and_save(out, overwrite=overwrite, figures=figures, work=lambda: run(named, settings, device=device, progress=progress))

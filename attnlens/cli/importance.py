@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -18,38 +18,27 @@ from .app import (
     CorpusOption,
     DeviceOption,
     FiguresOption,
-    FinetuneLrOption,
-    FinetuneStepsOption,
-    LabelColumnOption,
     ModelArgument,
     ModelOption,
     ObjectiveOption,
     OutOption,
     OverwriteOption,
     PrecisionOption,
-    ProbeCOption,
     ProgressOption,
-    ProtocolOption,
     SeedOption,
-    SeedsOption,
     SeqLenOption,
-    TaskEvalOption,
-    TaskExcludeOption,
-    TaskOption,
-    TaskPoolOption,
-    TaskTargetOption,
-    TaskTrainOption,
-    TextColumnOption,
     app,
     model_named,
     run_and_save,
     settings_from,
 )
+from .task_options import task_options
 
 S = ImportanceSettings.defaults()  # the defaults live there
 
 
 @app.command()
+@task_options(S)
 def importance(
     model: ModelArgument = None,
     corpus: CorpusOption = S.corpus,
@@ -69,13 +58,6 @@ def importance(
     ] = S.gradient,
     bootstrap: BootstrapOption = S.bootstrap,
     precision: PrecisionOption = S.precision,
-    task: TaskOption = S.task,
-    protocol: ProtocolOption = S.protocol,
-    task_exclude: TaskExcludeOption = S.task_exclude,
-    task_train: TaskTrainOption = S.task_train,
-    task_eval: TaskEvalOption = str(S.task_eval),
-    task_pool: TaskPoolOption = S.task_pool,
-    task_target: TaskTargetOption = S.task_target,
     task_classes: Annotated[
         str | None,
         typer.Option(
@@ -85,13 +67,8 @@ def importance(
             rich_help_panel=TASK,
         ),
     ] = None,
-    text_column: TextColumnOption = S.text_column,
-    label_column: LabelColumnOption = S.label_column,
-    probe_c: ProbeCOption = S.probe_c,
-    finetune_steps: FinetuneStepsOption = S.finetune_steps,
-    finetune_lr: FinetuneLrOption = S.finetune_lr,
-    seeds: SeedsOption = S.seeds,
     *,
+    task_options: dict[str, Any],
     out: OutOption,
     model_option: ModelOption = None,
     device: DeviceOption = "cpu",
@@ -103,5 +80,5 @@ def importance(
     from attnlens.analysis.importance import importance as run
 
     named = model_named(model, model_option)
-    settings = settings_from(ImportanceSettings, locals())  # checked before any model loads
+    settings = settings_from(ImportanceSettings, {**locals(), **task_options})  # checked before any model loads
     run_and_save(out, overwrite=overwrite, figures=figures, work=lambda: run(named, settings, device=device, progress=progress))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -16,24 +16,15 @@ from .app import (
     CorpusOption,
     DeviceOption,
     FiguresOption,
-    LabelColumnOption,
     ModelArgument,
     ModelOption,
     ObjectiveOption,
     OutOption,
     OverwriteOption,
     PrecisionOption,
-    ProbeCOption,
     ProgressOption,
-    ProtocolOption,
     SeedOption,
     SeqLenOption,
-    TaskEvalOption,
-    TaskExcludeOption,
-    TaskOption,
-    TaskPoolOption,
-    TaskTrainOption,
-    TextColumnOption,
     app,
     model_named,
     parse_float_list,
@@ -41,6 +32,7 @@ from .app import (
     run_and_save,
     settings_from,
 )
+from .task_options import task_options
 
 P = PlanSettings.defaults()  # the defaults live there
 
@@ -55,6 +47,7 @@ def _blocks(name: str, help: str) -> typer.models.OptionInfo:
 
 
 @app.command()
+@task_options(P, leave_out=("margin", "finetune_steps", "finetune_lr", "seeds"))
 def plan(
     model: ModelArgument = None,
     max_drop: Annotated[
@@ -99,16 +92,8 @@ def plan(
     objective: ObjectiveOption = P.objective,
     bootstrap: BootstrapOption = P.bootstrap,
     precision: PrecisionOption = P.precision,
-    task: TaskOption = P.task,
-    protocol: ProtocolOption = P.protocol,
-    task_exclude: TaskExcludeOption = P.task_exclude,
-    task_train: TaskTrainOption = P.task_train,
-    task_eval: TaskEvalOption = str(P.task_eval),
-    task_pool: TaskPoolOption = P.task_pool,
-    text_column: TextColumnOption = P.text_column,
-    label_column: LabelColumnOption = P.label_column,
-    probe_c: ProbeCOption = P.probe_c,
     *,
+    task_options: dict[str, Any],
     out: OutOption,
     model_option: ModelOption = None,
     device: DeviceOption = "cpu",
@@ -123,7 +108,7 @@ def plan(
     named = model_named(model, model_option)
     settings = settings_from(
         PlanSettings,
-        locals(),
+        {**locals(), **task_options},
         max_drop=parse_float_list(max_drop, "--max-drop"),
         max_loss=parse_float_list(max_loss, "--max-loss"),
         ks=_sizes(ks, "--ks"),

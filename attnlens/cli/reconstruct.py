@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -13,35 +13,23 @@ from .app import (
     CorpusOption,
     DeviceOption,
     FiguresOption,
-    FinetuneLrOption,
-    FinetuneStepsOption,
-    LabelColumnOption,
     LayersOption,
     ModelOption,
     NumSeqsOption,
     OutOption,
     OverwriteOption,
     PrecisionOption,
-    ProbeCOption,
     ProgressOption,
-    ProtocolOption,
     SeedOption,
-    SeedsOption,
     SeqLenOption,
     SourceArgument,
-    TaskEvalOption,
-    TaskExcludeOption,
-    TaskOption,
-    TaskPoolOption,
-    TaskTargetOption,
-    TaskTrainOption,
-    TextColumnOption,
     app,
     parse_int_list,
     run_and_save,
     settings_from,
     source_named,
 )
+from .task_options import task_options
 
 
 def _names(text: str) -> list[str]:
@@ -52,9 +40,11 @@ R = ReconstructSettings.defaults()  # the defaults live there
 
 
 @app.command()
+@task_options(R)
 def reconstruct(
     source: SourceArgument = None,
     *,
+    task_options: dict[str, Any],
     out: OutOption,
     ks: Annotated[str | None, typer.Option("--ks", help="Comma-separated k values; default 1,2,4,...,n.")] = None,
     select: Annotated[str, typer.Option("--select", help="Strategies: greedy, random, stride, local+global, eigen.")] = ",".join(
@@ -90,13 +80,6 @@ def reconstruct(
     num_seqs: NumSeqsOption = R.num_seqs,
     batch_size: BatchSizeOption = R.batch_size,
     layers: LayersOption = None,
-    task: TaskOption = R.task,
-    protocol: ProtocolOption = R.protocol,
-    task_exclude: TaskExcludeOption = R.task_exclude,
-    task_train: TaskTrainOption = R.task_train,
-    task_eval: TaskEvalOption = str(R.task_eval),
-    task_pool: TaskPoolOption = R.task_pool,
-    task_target: TaskTargetOption = R.task_target,
     task_ks: Annotated[
         str | None,
         typer.Option("--task-ks", help="The k values the task judges (each a forward of every held-out example); default all."),
@@ -107,12 +90,6 @@ def reconstruct(
             "--task-joint-r", help="With --protocol finetune: also fine-tune each judged config with its maps trained jointly."
         ),
     ] = R.task_joint_r,
-    text_column: TextColumnOption = R.text_column,
-    label_column: LabelColumnOption = R.label_column,
-    probe_c: ProbeCOption = R.probe_c,
-    finetune_steps: FinetuneStepsOption = R.finetune_steps,
-    finetune_lr: FinetuneLrOption = R.finetune_lr,
-    seeds: SeedsOption = R.seeds,
     seed: SeedOption = R.seed,
     device: DeviceOption = "cpu",
     overwrite: OverwriteOption = False,
@@ -125,7 +102,7 @@ def reconstruct(
     source, model = source_named(source, model)  # a model as SOURCE or --model; a store as SOURCE, its model as --model
     settings = settings_from(
         ReconstructSettings,
-        locals(),
+        {**locals(), **task_options},
         ks=parse_int_list(ks, "--ks"),
         strategies=_names(select),
         scopes=_names(scope),

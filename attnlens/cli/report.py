@@ -23,6 +23,7 @@ from .app import (
     app,
     model_named,
 )
+from .task_options import TASK_OPTIONS
 
 
 @app.command()
@@ -67,6 +68,7 @@ def report(
     ] = "default",
     seed: SeedOption = 0,
     precision: PrecisionOption = "float32",
+    margin: Annotated[str | None, TASK_OPTIONS["margin"].__metadata__[0]] = None,
     budget: Annotated[
         str | None,
         typer.Option(
@@ -113,6 +115,7 @@ def report(
         seed=seed,
         device=device,
         precision=precision,
+        margin=margin,
         budget=seconds,
         sizes_from=sizes_from,
     )

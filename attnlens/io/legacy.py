@@ -8,7 +8,9 @@ read the same numbers:
   ``seed_accuracies`` (``joint_seed_accuracies`` for maps trained with the weights); now a column
   per seed, ``seed_accuracy_0``, ``seed_accuracy_1``, …;
 - a plan's methods said what they are only in their ``detail`` label ("step 12 of the path",
-  "uniform partial(16)", "none meets: exact"); now in ``form`` (and ``choice``, for a uniform plan).
+  "uniform partial(16)", "none meets: exact"); now in ``form`` (and ``choice``, for a uniform plan);
+- a task's judgements stopped on a target half-width, ``task_target``; now on a margin of loss, ``margin``
+  (:func:`upgraded_settings`: a saved report's settings made again take the default margin).
 
 This module is the one place that reads those old labels; nothing else parses a result's text.
 
@@ -31,6 +33,15 @@ def upgraded(kind: str, tables: dict[str, pd.DataFrame]) -> dict[str, pd.DataFra
     if kind == "plan" and "summary" in tables and "form" not in tables["summary"] and "detail" in tables["summary"]:
         tables["summary"] = _plan_forms(tables["summary"])
     return tables
+
+
+def upgraded_settings(saved: dict) -> dict:
+    """A stage's saved settings (by flat name) as this version takes them: ``task_target`` is gone.
+
+    >>> upgraded_settings({"task": "imdb", "task_target": 0.02})
+    {'task': 'imdb'}
+    """
+    return {name: value for name, value in saved.items() if name != "task_target"}
 
 
 def _seed_columns(table: pd.DataFrame) -> pd.DataFrame:

@@ -112,6 +112,7 @@ def report(
     seed: int = 0,
     device: str = "cpu",
     precision: str = "float32",
+    margin: float | str | None = None,
     budget: float | str | None = None,
     sizes_from: str | Path | None = None,
     overwrite: bool = False,
@@ -129,6 +130,8 @@ def report(
     model) or ``finetune`` (the papers' protocol, :data:`~attnlens.report.presets.FINETUNE`: each
     judged change inside fine-tuning, 3 seeds, every run cached). ``precision``: the arithmetic of the
     forwards and the training that judge a change (``bfloat16``: faster; captured scores stay float32).
+    ``margin``: the loss of accuracy a change may cost and still keep the model, in points (``2``, the default)
+    or as a share of the unmodified accuracy (``"3%"``), :mod:`attnlens.analysis.margin`.
     ``budget`` (seconds, or ``"10m"``, ``"2h"``): the report sizes itself to that time here
     (:mod:`attnlens.report.budget`); ``sizes_from``: a saved report's directory, whose settings it makes again.
     Before the first stage the report forecasts each stage's time here (:func:`forecast_report`; printed
@@ -139,7 +142,8 @@ def report(
     out = check_out(out, overwrite)
     prepared = prepare(
         model, corpus=corpus, compare=compare, quick=quick, full=full, protocol=protocol, task=task, seed=seed, device=device,
-        precision=precision, budget=parse_duration(budget) if isinstance(budget, str) else budget, sizes_from=sizes_from,
+        precision=precision, margin=margin, budget=parse_duration(budget) if isinstance(budget, str) else budget,
+        sizes_from=sizes_from,
     )  # fmt: skip
     return write_report(out, prepared, device=device, progress=progress, command=command)
 

@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from attnlens.analysis.evaluation import bootstrap_interval
+from attnlens.analysis.margin import DEFAULT_MARGIN, Margin
 from attnlens.analysis.task import seed_differences, seed_values, t_interval
 from attnlens.report.dam import Unsettled, dam_claims, standing
 from attnlens.report.deciding import Deciding
@@ -26,11 +27,12 @@ from attnlens.report.verdicts import (
     Context,
     Difference,
     Phrase,
+    Stated,
     Verdict,
     beats,
-    below_zero,
     by_proxy,
     combine,
+    costs_less,
     reaches,
     seeds_points,
     task_verdict,
@@ -54,7 +56,7 @@ def context_of(results: dict, preset: str, deciding: Deciding | None = None, mad
     missing = "the task did not judge it" if preset in DECIDING else "task: run --full"
     return Context(
         preset,
-        target=task["settings"]["task_target"] if task else 0.02,
+        margin=Margin.parse(task["settings"].get("margin", DEFAULT_MARGIN)) if task else Margin(DEFAULT_MARGIN),
         missing=missing if task else "no task judged it",
         seeded=task is not None and task["protocol"] == "finetune" and task["settings"]["seeds"] > 1,
         deciding=deciding if task else None,
@@ -222,15 +224,16 @@ def _k_claim(recon, k: int, row: pd.Series, errors: pd.Series, context: Context)
     )
     q1, median, q3 = np.percentile(errors, [25, 50, 75])
     task = task_verdict(row, context, stage="reconstruct")
-    phrase = combine(proxy=by_proxy(moved), task=task.phrase, judged=task.judged)
+    phrase = combine(proxy=by_proxy(moved, context.proxy_margin), task=task.phrase, judged=task.judged)
     flops = row.task_flops_ratio if task.judged and "task_flops_ratio" in row else row.flops_ratio
     maps = "" if row.scope == "head" else f" ({MAPS[row.scope]})"
     across = context.seeded and "delta_seeds" in row
+    margin = context.stated(row) if task.judged else Stated(context.proxy_margin, LOSS_UNITS[row.objective])
     decided = (
-        f"{delta_points(row, 'delta_seeds' if across else 'delta_accuracy')}{' over seeds' if across else ''} on "
-        f"{recon.meta['task']['task']}{maps}, at {flops:.0%} of the attention FLOPs"
+        f"{delta_points(row, 'delta_seeds' if across else 'delta_accuracy')}{' over seeds' if across else ''} "
+        f"({margin.text}) on {recon.meta['task']['task']}{maps}, at {flops:.0%} of the attention FLOPs"
         if task.judged
-        else proxy_said
+        else f"{proxy_said} ({margin.text})"
     )
     return Claim(
         f"k = {k} exact scores suffice (paper 1)",
@@ -247,6 +250,7 @@ def _k_claim(recon, k: int, row: pd.Series, errors: pd.Series, context: Context)
         seeds_points(row),
         difference=task.difference,
         flops=float(flops),
+        margin=margin,
     )
 
 
@@ -294,15 +298,16 @@ def _beats(claim: str, papers: str, label: str, pairs: list[tuple], context: Con
         assert mine is not None and theirs is not None  # the pairs are made of seeded rows only (_seeded)
         by_seed = seed_differences(mine, theirs)
         difference = Difference(*t_interval(by_seed), "points", seeds=tuple(by_seed))
-        phrases.add(beats(difference, context.target))
+        phrases.add(beats(difference, context.task_margin(first, first_prefix)))
         differences.append(difference)
         named = pd.Series({"d": difference.mean, "d_low": difference.low, "d_high": difference.high})
         said.append(f"{what}: {label} {points(named, 'd', examples=None)}")
         each.append(f"{what} " + " ".join(f"{100 * value + 0.0:+.1f}" for value in by_seed).replace("-", "−"))
     phrase = phrases.pop() if len(phrases) == 1 else Phrase.NOT_DECIDED
-    decided = f"{said[0]} points over {len(differences[0].seeds)} seeds"
+    margin = context.stated(pairs[0][1], pairs[0][3])
+    decided = f"{said[0]} points over {len(differences[0].seeds)} seeds (on par only within ±{margin.value:.3g} points)"
     return Claim(claim, papers, Verdict(phrase, decided), "", "; ".join(said), "by seed, points: " + "; ".join(each),
-                 difference=differences[0])  # fmt: skip
+                 difference=differences[0], margin=margin)  # fmt: skip
 
 
 # ---------------------------------------------------------------------- importance
@@ -327,9 +332,10 @@ def _cheapest(result, substantial: pd.DataFrame, unit: str, context: Context) ->
         return Claim(claim, papers, Verdict(Phrase.NOT_DECIDED, "self removes too few positions to rank"))
     other = ordered[ordered["class"] != "self"].iloc[0]
     difference = _paired_delta(result, "self", other["class"], unit)
-    said = f"self − {other['class']} {_interval_of(difference)} ({unit})"
+    margin = Stated(context.proxy_margin, unit)
+    said = f"self − {other['class']} {_interval_of(difference)} ({unit}; on par only within ±{margin.value:g})"
     rank = int((substantial["delta"] < substantial.loc[substantial["class"] == "self", "delta"].iloc[0]).sum()) + 1
-    phrase = below_zero(difference)
+    phrase = costs_less(difference, margin.value)
     needs = None
     if not phrase.decided and context.deciding is not None:
         half = (difference.high - difference.low) / 2
@@ -340,6 +346,7 @@ def _cheapest(result, substantial: pd.DataFrame, unit: str, context: Context) ->
         Verdict(phrase, said, needs=needs),
         f"cheapest: {cheapest['class']} {interval(cheapest)}; self rank {rank} of {len(substantial)} classes ({unit})",
         difference=difference,
+        margin=margin,
     )
 
 
@@ -372,8 +379,9 @@ def _diagonal(result, own: pd.Series, unit: str, context: Context) -> Claim:
     task = task_verdict(judged_row, context, stage="importance")
     # "without loss" is absolute: the outputs move by at most the tolerance. Costing no more than as many
     # random positions is another claim, stated beside it (proxy column), never read as "no loss".
-    phrase = combine(proxy=by_proxy(own["delta"]), task=task.phrase, judged=task.judged)
+    phrase = combine(proxy=by_proxy(own["delta"], context.proxy_margin), task=task.phrase, judged=task.judged)
     proxy_said = f"{interval(own)} against {interval(own, 'random')} for as many random positions ({unit})"
+    margin = context.stated(judged_row) if task.judged else Stated(context.proxy_margin, unit)
     task_said = ""
     if judged_row is not None:
         random = chosen.loc["random"] if "random" in chosen.index else None
@@ -381,9 +389,10 @@ def _diagonal(result, own: pd.Series, unit: str, context: Context) -> Claim:
     return Claim(
         "The diagonal can be removed without loss (paper 2)",
         "removing it costs nothing",
-        context.verdict(phrase, delta_points(judged_row) if task.judged else proxy_said, task.needs),
+        context.verdict(phrase, f"{delta_points(judged_row) if task.judged else proxy_said} ({margin.text})", task.needs),
         proxy_said,
         task_said,
         "" if judged_row is None else seeds_points(judged_row),
         difference=task.difference,
+        margin=margin,
     )

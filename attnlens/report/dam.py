@@ -20,6 +20,7 @@ from attnlens.report.verdicts import (
     Claim,
     Context,
     Phrase,
+    Stated,
     Verdict,
     by_proxy,
     combine,
@@ -80,18 +81,21 @@ def _learned(result, context: Context, unit: str, unsettled: Unsettled | None) -
     phrases = {judged.phrase for judged in judgements}
     judged = bool(masks) and all(judged.judged for judged in judgements)
     task = next(iter(phrases)) if len(phrases) == 1 else None
-    proxy = all(by_proxy(delta) for delta in table["delta"]) if unit == LOSS_UNITS["hidden"] else None
+    kept = lambda delta: by_proxy(delta, context.proxy_margin)  # noqa: E731
+    proxy = all(kept(delta) for delta in table["delta"]) if unit == LOSS_UNITS["hidden"] else None
     phrase = combine(proxy=proxy, task=task, judged=judged)
+    margin = context.stated(masks[0]) if judged else Stated(context.proxy_margin, unit)
     decided = _range(masks) if judged else f"{number(table['delta'].median(), 3)} ({unit}, median of {len(table)} masks)"
+    decided += f" ({margin.text})"
     # Seeds whose masks differ may still each decide the claim alike (every mask, by the task and the proxy,
     # keeps the model, or every one does not): the verdict holds for every seed, so it stands.
-    proxies = {by_proxy(delta) for delta in table["delta"]} if proxy is not None else set()
+    proxies = {kept(delta) for delta in table["delta"]} if proxy is not None else set()
     alike = unsettled is Unsettled.DISAGREE and len(proxies) <= 1 and len(phrases) <= 1 and phrase.decided
     difference = judgements[0].difference if len(judgements) == 1 else None
     if unsettled is not None and not alike:
         return Claim(*LEARNED, unsettled.verdict(context), proxy_said, task_said, seeds_said)
     verdict = context.verdict(phrase, f"{decided}, every seed" if alike else decided)
-    return Claim(*LEARNED, verdict, proxy_said, task_said, seeds_said, difference=difference)
+    return Claim(*LEARNED, verdict, proxy_said, task_said, seeds_said, difference=difference, margin=margin)
 
 
 def _patterns(result, context: Context, unit: str, unsettled: Unsettled | None) -> Claim:
@@ -112,13 +116,16 @@ def _patterns(result, context: Context, unit: str, unsettled: Unsettled | None) 
     worse = None if task_table is None or not len(task_table) else _worse(across.get("task_compared", task_table))
     task = None if worse is None else Phrase.HOLDS if worse else Phrase.DOES_NOT_HOLD
     phrase = combine(proxy=proxy, task=task, judged=task_table is not None)
-    decided = (task_parts or proxy_parts or [""])[0]
-    return Claim(*PATTERNS, context.verdict(phrase, decided), proxy_said, task_said, seeds_said)
+    judged = task_table is not None and len(task_table)
+    margin = context.stated(task_table.iloc[0]) if judged else Stated(context.proxy_margin, unit)
+    decided = f"{(task_parts or proxy_parts or [''])[0]} (on par only within ±{margin.value:.3g}{' points' if judged else ''})"
+    return Claim(*PATTERNS, context.verdict(phrase, decided), proxy_said, task_said, seeds_said, margin=margin)
 
 
 def _worse(compared: pd.DataFrame) -> bool | None:
     """Whether every pattern compared is worse than DAM (its ``verdict`` "better" for DAM everywhere):
-    True; False where some pattern is on par or better; ``None`` where some comparison is undecided."""
+    True; False where some pattern is on par (within the margin) or better; ``None`` where some comparison
+    is undecided."""
     verdicts = set(compared["verdict"])
     if verdicts <= {"better"}:
         return True

@@ -1,19 +1,19 @@
 """What deciding a claim the report left open takes, in examples or seeds and in minutes on this machine.
 
-A task judgement that neither excluded zero nor narrowed to the target half-width needs about
-``n·(h/t)²`` examples for its half-width ``h`` on ``n`` examples to reach the target ``t`` (the
-sequential design's horizon, :mod:`attnlens.analysis.sequential`, with the last look's boundary
-near 1.96); each more example costs one forward of the changed model and one of the unmodified model,
+A task judgement whose interval still holds the margin −δ needs about ``n·(h/|m + δ|)²`` examples,
+for its mean ``m`` and half-width ``h`` on ``n`` examples: where its interval would lie on one side of
+−δ if its mean held (the last look's boundary stays near 1.96, :mod:`attnlens.analysis.sequential`);
+each more example costs one forward of the changed model and one of the unmodified model,
 at the judgement's batch and width, priced by the units the forecast timed. Where the report was sized
 to a budget, the least budget whose sizes give a pool that large comes with it
 (:attr:`~attnlens.report.budget.Budget.pools`). A stage whose claims only its full size decides (DAM's
 seeds and steps, the plan's examples) says what that stage takes at the full size here, priced the same
 way; a comparison over held-out blocks that spans zero, how many blocks would exclude it if its mean held.
 
->>> Deciding({"importance": 0.05}, {"importance": 4000}).examples("importance", 400, 0.04, 0.02).text
+>>> Deciding({"importance": 0.05}, {"importance": 4000}).examples("importance", 400, -0.01, 0.02, 0.02).text
 'needs about 1,200 more examples, about 1 minute here'
->>> Deciding({"importance": 0.05}, {"importance": 4000}).examples("importance", 400, 0.2, 0.02).text
-'needs about 40,000 examples, more than the task offers here (4,000)'
+>>> Deciding({"importance": 0.05}, {"importance": 4000}).examples("importance", 400, -0.018, 0.05, 0.02).text
+'needs about 250,000 examples, more than the task offers here (4,000)'
 """
 
 from __future__ import annotations
@@ -72,11 +72,13 @@ class Deciding:
         seconds = needed * self.per_block[stage]
         return Needs(f"needs about {needed:,} held-out blocks (here {blocks:,}), {_minutes(seconds)} here", seconds)
 
-    def examples(self, stage: str, examples: int, half_width: float, target: float) -> Needs | None:
-        """A judgement on ``examples`` examples whose interval is ``half_width`` wide each side, short of ``target``."""
+    def examples(self, stage: str, examples: int, mean: float, half_width: float, margin: float) -> Needs | None:
+        """A judgement on ``examples`` examples whose interval (``mean`` ± ``half_width``) holds −``margin``: the
+        examples at which it would lie on one side of it if its mean held, and their seconds here."""
         if stage not in self.per_example or math.isnan(half_width) or half_width <= 0:
             return None
-        needed = _hundreds(examples * (half_width / target) ** 2)
+        distance = max(abs(mean + margin), 1e-9)  # a mean right at the margin: no size decides
+        needed = _hundreds(min(examples * (half_width / distance) ** 2, 1e12))
         more = max(_hundreds(needed - examples), 100)
         if needed > self.pools.get(stage, 0) and not any(pool >= needed for pool in self.budgets):
             return Needs(f"needs about {needed:,} examples, more than the task offers here ({self.pools[stage]:,})")

@@ -62,13 +62,13 @@ def write_page(
     found = findings(results, preset, deciding, made_by)  # every verdict, once: the claims table and the sections read them
     claimed = found.table()
     sections = [
-        summary_section(results, claimed),
+        summary_section(results, claimed, found.context),
         *eigen_sections(results, names, figures),
         reconstruct_section(results, names, figures, found.k_phrases),
         importance_section(results, names, figures),
         dam_section(results, names, figures, found.masks, found.context),
         task_section(results, names, figures),
-        plan_section(results, names, figures, found.claim(PLAN_CLAIM)),
+        plan_section(results, names, figures, found.claim(PLAN_CLAIM), found.context),
         other_figures_section(names, figures),
     ]
     page = directory / "report.html"

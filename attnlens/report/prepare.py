@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from attnlens.analysis.margin import Margin
 from attnlens.analysis.task import PreparedTask, TaskSettings
 from attnlens.analysis.task.settings import AUTO, task_of
 from attnlens.errors import AttnlensError, BadInput
@@ -83,6 +84,7 @@ def prepare(
     seed: int = 0,
     device: str = "cpu",
     precision: str = "float32",
+    margin: float | str | None = None,
     budget: float | None = None,
     sizes_from: str | Path | None = None,
 ) -> Prepared:
@@ -92,6 +94,8 @@ def prepare(
     makes again."""
     began = time.perf_counter()
     run: dict[str, Any] = dict(corpus=corpus, seed=seed, precision=precision, **({} if task == "default" else {"task": task}))
+    if margin is not None:
+        run["margin"] = Margin.parse(margin).setting  # a bad margin fails here, before the model loads
     sized: Budget | None = None  # the budget that sized the saved report's settings
     if sizes_from is not None:
         _check_saved_alone(quick, full, budget, run)
@@ -235,7 +239,7 @@ def _check_saved_alone(quick: bool, full: bool, budget: float | None, run: dict[
     """``sizes_from`` takes every setting from the saved report: an option that would choose one too is refused."""
     chose = [flag for flag, given in (("--quick", quick), ("--full", full), ("--budget", budget is not None),
              ("--corpus", run["corpus"] != "kjv"), ("--seed", run["seed"] != 0), ("--task", "task" in run),
-             ("--precision", run["precision"] != "float32")) if given]  # fmt: skip
+             ("--precision", run["precision"] != "float32"), ("--margin", "margin" in run)) if given]  # fmt: skip
     if chose:
         raise BadInput(f"--sizes-from takes every setting from the saved report; drop {', '.join(chose)}")
 

@@ -31,10 +31,12 @@ from typing import Any
 from attnlens.analysis.dam.settings import DamSettings
 from attnlens.analysis.eigen import EigenSettings
 from attnlens.analysis.importance import ImportanceSettings
+from attnlens.analysis.margin import Margin
 from attnlens.analysis.plan.settings import PlanSettings
 from attnlens.analysis.reconstruct.settings import ReconstructSettings
 from attnlens.analysis.task.settings import TaskSettings, task_of
 from attnlens.errors import BadInput
+from attnlens.io.legacy import upgraded_settings
 from attnlens.models.precision import DEFAULT_PRECISION
 from attnlens.settings import Settings, one_of
 
@@ -66,16 +68,25 @@ class ReportSettings:
         return dataclasses.replace(self, **{name: getattr(self, name).replace(**change) for name, change in changes.items()})
 
     def for_run(
-        self, *, corpus: str, seed: int, task: str | None | object = ..., precision: str = DEFAULT_PRECISION
+        self,
+        *,
+        corpus: str,
+        seed: int,
+        task: str | None | object = ...,
+        precision: str = DEFAULT_PRECISION,
+        margin: float | str | None = None,
     ) -> ReportSettings:
         """Every stage on ``corpus`` with ``seed``, its ``ks`` within its n, every stage that judges at ``precision``
-        and, where ``task`` is given, that task for every stage the preset judges by one (``None``: none, and no plan)."""
+        and, where ``task`` is given, that task for every stage the preset judges by one (``None``: none, and no plan);
+        ``margin`` (``None``: the preset's) for every stage judged by a task."""
         changed = {}
         for name in STAGES:
             stage: Settings = getattr(self, name)
             change: dict[str, Any] = {"corpus": corpus, "seed": seed}
             if "precision" in stage.flat():  # the stages that judge a change (the eigen analysis judges none)
                 change["precision"] = precision
+            if margin is not None and "margin" in stage.flat():
+                change["margin"] = margin
             if task is not ... and task_of(stage) is not None:
                 change["task"] = task
             if task is None:  # the proxies only: what needs a task goes back to its default
@@ -95,7 +106,7 @@ class ReportSettings:
         if task is None or plan is None:
             plan = None
         else:
-            plan = plan.replace(ks=tuple(k for k in plan.ks if k <= plan.seq_len))
+            plan = plan.replace(ks=tuple(k for k in plan.ks if k <= plan.seq_len), **_plan_budgets(plan, margin))
         return dataclasses.replace(settings.stages(reconstruct=fits), plan=plan)
 
     def sized_for(self, causal: bool, windowed: bool = False, keys: int | None = None) -> ReportSettings:
@@ -153,7 +164,9 @@ class ReportSettings:
         """
         classes: dict[str, type[Settings]] = {"eigen": EigenSettings, "reconstruct": ReconstructSettings,
                    "importance": ImportanceSettings, "dam": DamSettings, "plan": PlanSettings}  # fmt: skip
-        stages = {name: None if saved.get(name) is None else classes[name].build(**saved[name]) for name in STAGES}
+        stages = {
+            name: None if saved.get(name) is None else classes[name].build(**upgraded_settings(saved[name])) for name in STAGES
+        }
         return cls(**stages, dim=saved.get("dim"))  # type: ignore[arg-type]
 
     def to_dict(self) -> dict[str, Any]:
@@ -161,10 +174,25 @@ class ReportSettings:
         return {**{name: None if stage is None else stage.to_dict() for name, stage in stages.items()}, "dim": self.dim}
 
 
+def _plan_budgets(plan: PlanSettings, margin: float | str | None) -> dict[str, Any]:
+    """The plan's budgets for a report's ``margin`` in points: the margin, and half of it (its claim is read at the
+    margin, :func:`attnlens.report.plan.headline`); a share of the unmodified accuracy keeps the preset's budgets,
+    the claim read at the nearest.
+
+    >>> _plan_budgets(DEFAULT.plan, 3), _plan_budgets(DEFAULT.plan, "3%"), _plan_budgets(DEFAULT.plan, None)
+    ({'max_drop': (1.5, 3.0)}, {}, {})
+    """
+    given = None if margin is None else Margin.parse(margin)
+    if given is None or given.relative or plan.max_drop is None:
+        return {}
+    return {"max_drop": (given.value / 2, given.value)}
+
+
 _BLOCKS: dict[str, Any] = dict(seq_len=128, batch_size=16)
 # The task that judges the claims' changes by accuracy (probe protocol), each sequentially until its
-# paired interval decides (attnlens.analysis.sequential); the probe's training features are cached.
-_TASK: dict[str, Any] = dict(task="rotten-tomatoes", protocol="probe", task_train=5000, task_eval="auto", task_target=0.02)
+# paired interval decides against the margin (attnlens.analysis.sequential); the probe's training features
+# are cached.
+_TASK: dict[str, Any] = dict(task="rotten-tomatoes", protocol="probe", task_train=5000, task_eval="auto")
 # The task of the claims about computing fewer scores (k exact scores, the plan): a saving is only seen
 # on texts that fill the attention it changes. IMDB draws only reviews that fill n (90% of them at n = 128,
 # cut to their first n tokens); Rotten Tomatoes' sentences fill a fifth of 128 (median 27 tokens).

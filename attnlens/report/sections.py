@@ -5,6 +5,7 @@ and :mod:`attnlens.report.plan`)."""
 
 from __future__ import annotations
 
+import html
 from typing import Any
 
 import numpy as np
@@ -13,12 +14,13 @@ import pandas as pd
 from attnlens.data.positions import parse_classes
 from attnlens.report.facts import layer_summary, task_metas
 from attnlens.report.html import Figures, folded, section, table
-from attnlens.report.verdicts import RECORD_FIELDS, Phrase
+from attnlens.report.verdicts import RECORD_FIELDS, Context, Phrase
 from attnlens.report.words import LOSS_UNITS, number, points
 
 
-def summary_section(results: dict, claims: pd.DataFrame) -> str:
-    """The first screen: every paper's question with its verdict here and the one number that decides it."""
+def summary_section(results: dict, claims: pd.DataFrame, context: Context) -> str:
+    """The first screen: the margins the verdicts are held to, then every paper's question with its verdict here and
+    the one number that decides it."""
     tasks = task_metas(results)
     said = "".join(
         f" The task{'' if len(tasks) == 1 else ' of ' + ', '.join(task['stages'])}: {task['task']} under the "
@@ -29,10 +31,31 @@ def summary_section(results: dict, claims: pd.DataFrame) -> str:
     behind = claims.drop(columns=["papers report", "verdict", "made by", *RECORD_FIELDS], errors="ignore")
     return (
         "<section id='claims'><h2>The papers' claims, measured here</h2>"
+        + f"<p class='margin'>{html.escape(margins_said(context, bool(tasks)))}</p>"
         + table(claims[["claim", "papers report", "verdict"]], text=True, kind="claims")
         + f"<p class='notes'>Verdicts: how each is reached is in the docs (science.md).{said}</p>"
         + folded("The numbers behind each verdict", [table(behind, text=True)])
         + "</section>"
+    )
+
+
+def margins_said(context: Context, tasked: bool = True) -> str:
+    """The margins every "suffices", "without loss" and "keeps the model" verdict is held to, in words.
+
+    >>> margins_said(Context("default"))[:97]
+    'Margins: a change keeps the model when its paired Δ accuracy interval lies wholly above −2 points'
+    """
+    proxy = (
+        f"by the proxy, when the outputs move by at most {context.proxy_margin:g} (1 − cosine of the final hidden states, "
+        "or nats of the model's loss)"
+    )
+    if not tasked:
+        return f"Margin: a change keeps the model {proxy}."
+    return (
+        f"Margins: a change keeps the model when its paired Δ accuracy interval lies wholly above −{context.margin} "
+        f"(paper 1 called k = 32 enough at 1.9 points below the full model), and does not when it lies wholly below; "
+        f"an interval that holds the margin is not decided. Two choices are on par only when their difference lies "
+        f"within ± the margin. {proxy[0].upper()}{proxy[1:]}."
     )
 
 
@@ -308,7 +331,9 @@ def _task_method(task: dict) -> str:
         f"Accuracy on {task['task']} ({task['examples']}; {len(task['train_rows'])} training examples) under the "
         f"{task['protocol']} protocol: {reader}. Δ is the changed model's accuracy minus the unmodified one's, paired "
         "over held-out examples, in points; each change was judged sequentially (repeated 95% intervals, the last look "
-        "sized by the spread) until its interval excluded zero or narrowed to the target half-width."
+        f"sized by the spread) until its interval lay on one side of −{task.get('margin', {}).get('given', 'the margin')} "
+        "(two choices: excluded zero, or lay within ± the margin) or narrowed to the half-width that decides at the "
+        "margin with 80% power."
     )
 
 

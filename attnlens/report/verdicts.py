@@ -1,26 +1,28 @@
 """The report's verdicts: the rules that decide a claim, written here once, and the typed records a
 claim is made of (its :class:`Verdict`, the numbers behind it as :class:`Difference`, the
-:class:`Claim` row). docs/science.md states the rules and which question each decides:
+:class:`Claim` row). docs/science.md states the rules and which question each decides. Every rule that
+asks whether a change costs nothing is a non-inferiority test against a stated margin
+(:mod:`attnlens.analysis.margin`), never a test against zero:
 
-- a claim that a change **costs nothing** holds at task level when its paired Δ interval contains
-  zero and is as narrow as the report's target, or lies above zero; it does not hold when the
-  interval lies below zero; otherwise it is not decided (:func:`on_task`);
-- by the proxy, the same claim holds when the outputs move by at most :data:`PROXY_TOLERANCE`
-  (1 − cosine of the final hidden states, or nats of the model's own loss): an absolute rule
-  (:func:`by_proxy`). That a removal costs no more than removing as many random positions is
+- a claim that a change **suffices**, **costs nothing** or **keeps the model** holds at task level when
+  its paired Δ interval lies above −δ (the report's margin, 2 points by default), does not hold when it
+  lies below −δ, and is otherwise not decided, with what deciding takes (:func:`on_task`);
+- by the proxy, the same claim holds when the outputs move by at most the proxy's margin
+  (:data:`~attnlens.analysis.margin.PROXY_MARGIN`: 1 − cosine of the final hidden states, or nats of the
+  model's loss) (:func:`by_proxy`). That a removal costs no more than removing as many random positions is
   another claim, shown beside it, not a verdict of "no loss";
 - where both judge a claim and disagree, the verdict says which holds ("holds at task level, not by
   the proxy"); where the task did not judge it at this size, the proxy's verdict says so and what
   judging it takes ("holds by the proxy (task: needs about 1,900 more examples, about 14 minutes
   here)") (:func:`combine`, :mod:`attnlens.report.deciding`);
-- one choice **beats** another where its paired interval lies above zero, and does not where it lies
-  below zero or is as narrow as the target around it (on par) (:func:`beats`); a difference between
-  two changes (which costs less) is decided where its interval excludes zero (:func:`sign_of`);
+- one choice **beats** another where its paired interval lies above zero; it does not where the interval
+  lies below zero or within ±δ (on par: equivalence) (:func:`beats`); a difference between two changes
+  (which costs less) by the same rule, in the proxy's unit (:func:`costs_less`);
 - a learned object (a DAM mask) is a result only when its runs converged and another seed reproduces
   it; with one seed or fewer examples than the claim needs, the verdict is "not decided at this size",
   with what deciding it takes, and no number is printed beside it.
 
->>> on_task(-0.013, 0.003, target=0.02), on_task(-0.05, -0.01, target=0.02), on_task(-0.05, 0.03, target=0.02)
+>>> on_task(-0.013, 0.003, margin=0.02), on_task(-0.05, -0.025, margin=0.02), on_task(-0.05, 0.03, margin=0.02)
 (<Phrase.HOLDS: 'holds'>, <Phrase.DOES_NOT_HOLD: 'does not hold'>, None)
 >>> combine(proxy=False, task=Phrase.HOLDS).value
 'holds at task level, not by the proxy'
@@ -38,13 +40,12 @@ from typing import TYPE_CHECKING, NamedTuple
 import numpy as np
 import pandas as pd
 
-from attnlens.analysis.task import compared, seed_values
+from attnlens.analysis.margin import DEFAULT_MARGIN, PROXY_MARGIN, Margin, compared, non_inferior
+from attnlens.analysis.task import seed_values
 from attnlens.report.words import TOO_FEW, number, points
 
 if TYPE_CHECKING:
     from attnlens.report.deciding import Deciding, Needs
-
-PROXY_TOLERANCE = 0.01  # the outputs "keep" when they move by at most this (1 − cosine, or nats)
 
 
 class Phrase(Enum):
@@ -117,9 +118,25 @@ class Difference:
 
 
 RECORD_FIELDS = (
-    "phrase", "difference", "difference_low", "difference_high", "unit", "examples", "flops_ratio", "needs_examples",
-    "needs_seconds",
+    "phrase", "difference", "difference_low", "difference_high", "unit", "examples", "margin", "margin_unit", "flops_ratio",
+    "needs_examples", "needs_seconds",
 )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Stated:
+    """The margin a verdict was decided against: ``value`` in ``unit`` (points of accuracy, or the proxy's unit).
+
+    >>> Stated(2.0, "points").text, Stated(0.01, "1 − cosine").text
+    ('margin 2 points', 'margin 0.01 in 1 − cosine')
+    """
+
+    value: float
+    unit: str
+
+    @property
+    def text(self) -> str:
+        return f"margin {self.value:.3g} points" if self.unit == "points" else f"margin {self.value:g} in {self.unit}"
 
 
 @dataclass(frozen=True)
@@ -136,13 +153,14 @@ class Claim:
     seeds: str = ""
     difference: Difference | None = None
     flops: float | None = None
+    margin: Stated | None = None
 
     def row(self, preset: str) -> list[str]:
         return [self.claim, self.papers, self.verdict.text, self.proxy, self.task, preset, self.seeds]
 
     def record(self) -> dict[str, object]:
         """The typed fields ``claims.csv`` keeps beside the words: the phrase by name and the numbers."""
-        d, needs = self.difference, self.verdict.needs
+        d, needs, margin = self.difference, self.verdict.needs, self.margin
         return {
             "phrase": self.verdict.phrase.name,
             "difference": np.nan if d is None else d.mean,
@@ -150,6 +168,8 @@ class Claim:
             "difference_high": np.nan if d is None else d.high,
             "unit": "" if d is None else d.unit,
             "examples": np.nan if d is None or d.examples is None else d.examples,
+            "margin": np.nan if margin is None else margin.value,
+            "margin_unit": "" if margin is None else margin.unit,
             "flops_ratio": np.nan if self.flops is None else self.flops,
             "needs_examples": np.nan if needs is None or needs.examples is None else needs.examples,
             "needs_seconds": np.nan if needs is None or needs.seconds is None else needs.seconds,
@@ -158,17 +178,31 @@ class Claim:
 
 @dataclass(frozen=True)
 class Context:
-    """What every claim reads besides its own result: the preset, the task's target half-width, why a
-    claim the task did not judge was not judged, whether fine-tune seeds decide across seeds, what deciding
-    takes here (``None``: not known, a report read back from before it was kept) and the words for what
-    made the report (the preset, or the budget)."""
+    """What every claim reads besides its own result: the preset, the task's ``margin`` (where a judgement
+    did not record the fraction it was held to, it is resolved from the row) and the proxy's, why a claim the
+    task did not judge was not judged, whether fine-tune seeds decide across seeds, what deciding takes here
+    (``None``: not known, a report read back from before it was kept) and the words for what made the report
+    (the preset, or the budget)."""
 
     preset: str
-    target: float = 0.02
+    margin: Margin = Margin(DEFAULT_MARGIN)
+    proxy_margin: float = PROXY_MARGIN
     missing: str = "task: run --full"
     seeded: bool = False
     deciding: Deciding | None = None
     made_by: str = ""
+
+    def task_margin(self, row: pd.Series | None = None, prefix: str = "") -> float:
+        """The margin a task judgement was held to, as a fraction of accuracy: the one it recorded, else the
+        report's resolved against its unmodified accuracy (a result saved before judgements recorded it)."""
+        if row is not None and (held := row.get("margin", np.nan)) == held:
+            return float(held)
+        unmodified = np.nan if row is None else row.get(f"{prefix}unmodified_accuracy", np.nan)
+        return self.margin.fraction(float(unmodified) if unmodified == unmodified else 1.0)
+
+    def stated(self, row: pd.Series | None = None, prefix: str = "") -> Stated:
+        """The task's margin as the page states it, in points."""
+        return Stated(100 * self.task_margin(row, prefix), "points")
 
     def verdict(self, phrase: Phrase, said: str = "", needs: Needs | None = None) -> Verdict:
         """``phrase`` with ``said``; a phrase of the proxy alone says why the task did not judge it, and what
@@ -183,18 +217,15 @@ class Context:
         return Verdict(Phrase.AT_THIS_SIZE, missing="" if needs is not None else "run --full", needs=needs)
 
 
-def on_task(low: float, high: float, *, target: float) -> Phrase | None:
-    """A "costs nothing" claim by its paired Δ accuracy interval (changed − unmodified): see the module."""
-    if low > 0 or (low <= 0 <= high and (high - low) / 2 <= target):
-        return Phrase.HOLDS
-    if high < 0:
-        return Phrase.DOES_NOT_HOLD
-    return None
+def on_task(low: float, high: float, *, margin: float) -> Phrase | None:
+    """A "costs nothing" claim by its paired Δ accuracy interval (changed − unmodified) against −``margin``
+    (:func:`~attnlens.analysis.margin.non_inferior`; ``None``: not decided)."""
+    return {"holds": Phrase.HOLDS, "does not hold": Phrase.DOES_NOT_HOLD}.get(non_inferior(low, high, margin))
 
 
-def by_proxy(moved: float) -> bool:
-    """A "costs nothing" claim by the proxy: the outputs moved by at most :data:`PROXY_TOLERANCE`."""
-    return bool(moved <= PROXY_TOLERANCE)
+def by_proxy(moved: float, margin: float = PROXY_MARGIN) -> bool:
+    """A "costs nothing" claim by the proxy: the outputs moved by at most ``margin`` (the proxy's own unit)."""
+    return bool(moved <= margin)
 
 
 def combine(*, proxy: bool | None, task: Phrase | None, judged: bool = True) -> Phrase:
@@ -214,18 +245,21 @@ def reaches(value: float, threshold: float) -> Phrase:
     return Phrase.HOLDS if value >= threshold else Phrase.DOES_NOT_HOLD
 
 
-def below_zero(difference: Difference) -> Phrase:
-    """A claim that one change costs less than another (their difference of costs below zero): decided
-    where the paired interval excludes zero."""
-    if difference.high < 0:
-        return Phrase.HOLDS
-    return Phrase.DOES_NOT_HOLD if difference.low > 0 else Phrase.NOT_DECIDED
+def costs_less(difference: Difference, margin: float) -> Phrase:
+    """A claim that one change costs less than another (their difference of costs below zero): holds where
+    the paired interval lies below zero; does not hold where it lies above zero or within ±``margin`` (on par).
+
+    >>> costs_less(Difference(-0.02, -0.03, -0.01, "nats"), 0.01), costs_less(Difference(0.0, -0.004, 0.005, "nats"), 0.01)
+    (<Phrase.HOLDS: 'holds'>, <Phrase.DOES_NOT_HOLD: 'does not hold'>)
+    """
+    return beats(Difference(-difference.mean, -difference.high, -difference.low, difference.unit), margin)
 
 
-def beats(difference: Difference, target: float) -> Phrase:
+def beats(difference: Difference, margin: float) -> Phrase:
     """A claim that one choice beats another (their difference of accuracy above zero), by the rule every
-    comparison by the task follows (:func:`attnlens.analysis.task.compared`): on par counts against it."""
-    said = compared(difference.low, difference.high, target)
+    comparison by the task follows (:func:`attnlens.analysis.margin.compared`): on par (within ±``margin``)
+    counts against it."""
+    said = compared(difference.low, difference.high, margin)
     return {"better": Phrase.HOLDS, "worse": Phrase.DOES_NOT_HOLD, "on par": Phrase.DOES_NOT_HOLD}.get(said, Phrase.NOT_DECIDED)
 
 
@@ -247,18 +281,18 @@ def task_verdict(row: pd.Series | None, context: Context, prefix: str = "", stag
         return TaskJudged(None, False)
     if row.get(f"{prefix}accuracy", np.nan) != row.get(f"{prefix}accuracy", np.nan):  # a change the task did not judge
         return TaskJudged(None, False, needs=None if context.deciding is None else context.deciding.unjudged(stage))
-    seeds = seed_values(row, prefix)
+    seeds, margin = seed_values(row, prefix), context.task_margin(row, prefix)
     if context.seeded and f"{prefix}delta_seeds_low" in row and seeds is not None:
         difference = Difference.of(row, f"{prefix}delta_seeds", examples=f"{prefix}held_out")
         difference = dataclasses.replace(difference, seeds=tuple(seeds))
-        return TaskJudged(on_task(difference.low, difference.high, target=context.target), True, difference)
+        return TaskJudged(on_task(difference.low, difference.high, margin=margin), True, difference)
     difference = Difference.of(row, f"{prefix}delta_accuracy", examples=f"{prefix}held_out")
     judged = difference.examples is None or difference.examples >= TOO_FEW
-    phrase = on_task(difference.low, difference.high, target=context.target) if judged else None
+    phrase = on_task(difference.low, difference.high, margin=margin) if judged else None
     needs = None
     if phrase is None and context.deciding is not None and difference.examples is not None:
         half = (difference.high - difference.low) / 2
-        needs = context.deciding.examples(stage, difference.examples, half, context.target)
+        needs = context.deciding.examples(stage, difference.examples, difference.mean, half, margin)
     return TaskJudged(phrase, judged, difference if judged else None, needs)
 
 

@@ -24,6 +24,7 @@ from attnlens.analysis.dam.result import summary_row
 from attnlens.analysis.dam.runs import Adapted, Run, Setup
 from attnlens.analysis.dam.training import DamTrainer
 from attnlens.analysis.evaluation import bootstrap_interval
+from attnlens.analysis.margin import PROXY_MARGIN, compared
 from attnlens.analysis.task import content_key, task_columns
 
 
@@ -123,7 +124,8 @@ def judge_reference(setup: Setup, trainer: DamTrainer, run: Run, bar) -> tuple[d
     found, held = setup.references[key]
     paired = np.stack([held["losses"] - setup.baseline, run.judged["losses"] - held["losses"]])
     mean, low, high = bootstrap_interval(paired, s.bootstrap, s.seed)
-    verdict = "DAM worse" if low[1] > 0 else "DAM better" if high[1] < 0 else "on par"
+    said = compared(-high[1], -low[1], PROXY_MARGIN)  # lower loss is better: the mask's verdict on the negated difference
+    verdict = f"DAM {said}" if said in ("better", "worse") else said
     row = {
         "lambda": run.lam,
         "mask_seed": run.summary["mask_seed"],

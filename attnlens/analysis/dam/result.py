@@ -17,6 +17,7 @@ from attnlens.analysis.dam.layouts import LAYOUTS
 from attnlens.analysis.dam.seeds import seeds_agree, spread, verdicts_across_seeds
 from attnlens.analysis.dam.stopping import TARGET_WITHIN
 from attnlens.analysis.evaluation import bootstrap_interval
+from attnlens.analysis.margin import PROXY_MARGIN, compared
 from attnlens.io.results import Result, format_table
 
 MATCH_WITHIN = 0.03  # a pattern is compared with a mask only within 3 points of its sparsity
@@ -154,8 +155,8 @@ class DamResult(Result):
     def compared(self, within: float = MATCH_WITHIN) -> pd.DataFrame:
         """Per run, the mask against the best pattern (lowest held-out loss) its own layout can express
         (``scope`` "own family") and the best of all (``scope`` "overall"), at matched sparsity:
-        ``verdict`` is "worse" or "better" when the paired interval of the difference excludes 0,
-        else "on par"."""
+        ``verdict`` is "worse" or "better" when the paired interval of the difference excludes 0, "on par"
+        where it lies within ±:data:`~attnlens.analysis.margin.PROXY_MARGIN`, else "not decided"."""
         matched = self.matched(within)
         rows = []
         for _, group in matched.groupby("lambda", sort=False):
@@ -163,7 +164,8 @@ class DamResult(Result):
                 if not len(candidates):
                     continue
                 best = candidates.loc[candidates["delta"].idxmin()]
-                verdict = "worse" if best["difference_low"] > 0 else "better" if best["difference_high"] < 0 else "on par"
+                # lower loss is better: DAM's verdict is that of the negated difference, on par only within the margin
+                verdict = compared(-best["difference_high"], -best["difference_low"], PROXY_MARGIN)
                 rows.append({**best.to_dict(), "scope": scope, "verdict": verdict})
         return pd.DataFrame(rows, columns=[*MATCHED_COLUMNS, "scope", "verdict"])
 

@@ -83,7 +83,8 @@ def verdicts_across_seeds(compared: pd.DataFrame, runs: pd.DataFrame, *, lower_i
     rows of lambda, scope, pattern, value, difference, verdict; ``runs``: lambda, target_sparsity,
     mask_seed). ``verdict`` is "better" (or "worse") only when every seed's own paired interval
     says so, or the t interval of the mean difference across seeds excludes 0 on that side; "on
-    par" when every seed is on par; else "seeds disagree". Either of the last two decides nothing.
+    par" when every seed is on par (within the margin); "not decided" where some seed's interval is
+    neither; else "seeds disagree". Either of the last two decides nothing.
     ``lower_is_better``: the difference is of losses (else of accuracies)."""
     table = compared.merge(runs[["lambda", "target_sparsity", "mask_seed"]], on="lambda")
     rows = []
@@ -95,8 +96,9 @@ def verdicts_across_seeds(compared: pd.DataFrame, runs: pd.DataFrame, *, lower_i
         better = counts.get("better", 0) == len(group) or (high < 0 if lower_is_better else low > 0)
         worse = counts.get("worse", 0) == len(group) or (low > 0 if lower_is_better else high < 0)
         verdict = (
-            "better" if better else "worse" if worse else "on par" if counts.get("on par", 0) == len(group) else "seeds disagree"
-        )
+            "better" if better else "worse" if worse else "on par" if counts.get("on par", 0) == len(group)
+            else "not decided" if counts.get("not decided", 0) else "seeds disagree"
+        )  # fmt: skip
         rows.append(
             {
                 "target_sparsity": target,

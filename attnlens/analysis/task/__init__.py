@@ -25,7 +25,7 @@ default: ``head`` for a model with a sequence-classification head, ``probe`` oth
 Every judgement carries the accuracy with a percentile-bootstrap interval over held-out
 examples, the change in accuracy paired over examples with its interval (with ``task_eval="auto"``
 judged sequentially, :mod:`attnlens.analysis.sequential`: each change on as many examples as
-its interval needs to exclude zero or reach ``task_target``), the probe's cross-entropy, the
+its interval needs to decide against the ``margin``), the probe's cross-entropy, the
 unmodified model's accuracy and the majority-class baseline on the same examples. Every judged
 change's per-example outcomes are kept (:meth:`TaskJudge.outcome_arrays`), so a result can re-pair any two.
 
@@ -52,7 +52,6 @@ from attnlens.analysis.task.judge import TaskJudge, TaskLoss
 from attnlens.analysis.task.outcomes import (
     SEED_COLUMN,
     UNMODIFIED,
-    compared,
     outcome_arrays,
     paired_difference,
     seed_columns,
@@ -73,8 +72,6 @@ from attnlens.analysis.task.settings import (
     MIN_HELD_OUT,
     POOLING,
     PROTOCOLS,
-    Z_INTERVAL,
-    Z_POWER,
     TaskSettings,
 )
 
@@ -90,8 +87,6 @@ __all__ = [
     "PROBE_CS",
     "PROTOCOLS",
     "UNMODIFIED",
-    "Z_INTERVAL",
-    "Z_POWER",
     "Probe",
     "PreparedTask",
     "ProbeHead",
@@ -111,7 +106,6 @@ __all__ = [
     "prepare_task",
     "resolve_protocol",
     "SEED_COLUMN",
-    "compared",
     "seed_columns",
     "seed_differences",
     "seed_values",

@@ -15,13 +15,14 @@ from torch import nn
 
 from attnlens.analysis.changes import Change, Removal
 from attnlens.analysis.evaluation import bootstrap_interval, layer_groups, valid_masks
-from attnlens.analysis.sequential import Design
+from attnlens.analysis.margin import COMPARISON, Margin, compared
+from attnlens.analysis.sequential import FIRST_LOOK, Z_POWER, Design, cuts
+from attnlens.analysis.sequential import Z as Z_INTERVAL
 from attnlens.analysis.task.batching import TaskBatch, batches, per_example, pooled_features
 from attnlens.analysis.task.finetune import FineTuning
 from attnlens.analysis.task.outcomes import (
     UNMODIFIED,
     Outcomes,
-    compared,
     judged_key,
     outcome_arrays,
     scored,
@@ -31,7 +32,7 @@ from attnlens.analysis.task.outcomes import (
 )
 from attnlens.analysis.task.prepare import PreparedTask, majority_share, prepare_task
 from attnlens.analysis.task.probe import PROBE_CS, choose_c, fit_probe
-from attnlens.analysis.task.settings import AUTO, FEATURES_VERSION, POOLING, Z_INTERVAL, Z_POWER, TaskSettings
+from attnlens.analysis.task.settings import AUTO, FEATURES_VERSION, POOLING, TaskSettings
 from attnlens.data.tasks import Examples, Task
 from attnlens.models.cache import cached_array
 from attnlens.models.loading import LoadedModel
@@ -88,13 +89,16 @@ class TaskJudge(FineTuning):
             self.c = settings.probe_c if settings.probe_c is not None else self._chosen_c(features)
             self.probe = fit_probe(features, self.train.labels, self.c)
         self.finetune_runs: list[dict] = []  # every fine-tune run: change, cache file, training curve
-        # auto: judged sequentially (attnlens.analysis.sequential), each change on as many examples as it needs
-        self.design = Design.for_pool(len(self.pool), settings.task_target) if auto else None
         self._structure: tuple[list[int], torch.Tensor] | None = None  # removal_share's valid masks, by layer group
         self._judged: dict[str | None, Outcomes] = {}  # by change key: outcomes on the first examples of the pool
         self._reported: dict[str | None, int] = {}  # by change key: the examples its judgement used
         self.held_out = self.pool.take(slice(0, 0))
-        self._outcomes(None, self.design.grid[0] if self.design is not None else len(self.pool))
+        self._outcomes(None, min(FIRST_LOOK, len(self.pool)) if auto else len(self.pool))
+        # the margin as a fraction of accuracy: a share of the unmodified accuracy is read on these first examples,
+        # once, so that every change of this judge is held to the same margin
+        self.margin = Margin.parse(settings.margin).fraction(self.unmodified_accuracy)
+        # auto: judged sequentially (attnlens.analysis.sequential), each change on as many examples as it needs
+        self.design = Design.for_pool(len(self.pool), self.margin) if auto else None
 
     @property
     def unmodified_accuracy(self) -> float:
@@ -185,9 +189,10 @@ class TaskJudge(FineTuning):
         ``"correct"`` holds the per-example 0/1 array (for paired comparisons between changes).
 
         With ``task_eval="auto"`` the change is judged sequentially (:class:`~attnlens.analysis.sequential.Design`):
-        on as many of the pool's examples as it takes for its paired Δ interval to exclude zero or
-        to narrow to ``task_target``; ``held_out`` says how many, ``stopped`` why. Otherwise on
-        every held-out example, with a percentile-bootstrap interval."""
+        on as many of the pool's examples as it takes for its paired Δ interval to lie on one side of
+        −``margin`` (or to narrow to the design's target); ``held_out`` says how many, ``stopped`` why.
+        Otherwise on every held-out example, with a percentile-bootstrap interval. ``margin``: the margin
+        the judgement is held to, as a fraction of accuracy."""
         if change is None:
             count, interval, bound, stopped = len(self.held_out), (0.0, 0.0, 0.0), Z_INTERVAL, "unmodified"
         elif self.design is None:
@@ -210,6 +215,7 @@ class TaskJudge(FineTuning):
             "delta_accuracy_low": interval[1],
             "delta_accuracy_high": interval[2],
             "delta_halfwidth": (interval[2] - interval[1]) / 2,
+            "margin": self.margin,
             # the smallest true Δ this many examples would detect 80% of the time at this look's level
             "detectable_delta": float((bound + Z_POWER) * paired.std(ddof=1) / math.sqrt(count)),
             "held_out": count,
@@ -237,18 +243,19 @@ class TaskJudge(FineTuning):
         difference needs them; without it, on the examples both were already judged on, at that look's
         boundary: repeated intervals hold at every look, so this one holds too), or with a bootstrap
         over every held-out example when ``task_eval`` is a number. ``verdict``: "better" or "worse"
-        only where the interval excludes 0, "on par" where it is as narrow as ``task_target``."""
+        only where the interval excludes 0, "on par" where it lies within ±``margin``
+        (:func:`~attnlens.analysis.margin.compared`)."""
         if self.design is None:
             count = len(self.pool)
             mean, low, high = self._bootstrap(self._paired(first, second, count))
             examples, stopped = count, "every example"
         else:
             known = min(len(self._judged.get(judged_key(change), Outcomes.none()).correct) for change in (first, second))
-            decision = self.design.run(lambda count: self._paired(first, second, count), available=None if extend else known)
+            paired = lambda count: self._paired(first, second, count)  # noqa: E731
+            decision = self.design.run(paired, available=None if extend else known, question=COMPARISON)
             mean, low, high, examples, stopped = decision.mean, decision.low, decision.high, decision.examples, decision.reason
-        verdict = compared(low, high, self.settings.task_target)
         return {"difference": mean, "difference_low": low, "difference_high": high, "compared_on": examples,
-                "compared_stopped": stopped, "verdict": verdict}  # fmt: skip
+                "compared_stopped": stopped, "margin": self.margin, "verdict": compared(low, high, self.margin)}  # fmt: skip
 
     def _paired(self, first: Change | None, second: Change | None, count: int) -> np.ndarray:
         """Per example of the pool's first ``count``: ``first``'s outcome minus ``second``'s."""
@@ -291,7 +298,7 @@ class TaskJudge(FineTuning):
         return known
 
     def _looks(self) -> tuple[int, ...]:
-        return self.design.cuts if self.design is not None else ()
+        return cuts(len(self.pool)) if self.settings.task_eval == AUTO else ()
 
     def _classified(self, change: Change | None, examples: Examples) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per example of ``examples``: correct, cross-entropy, and (seed, example) correct (one row
@@ -341,14 +348,18 @@ class TaskJudge(FineTuning):
             if not self.held_out.fixed_width
             else "padded to a fixed width",
             "held_out": len(self.held_out),
+            "margin": {"given": str(Margin.parse(self.settings.margin)), "fraction": self.margin},
             "sequential": None
             if self.design is None
             else {
                 "rule": "repeated 95% intervals (Jennison & Turnbull 1989), Agresti-Min standard error; early looks on the "
-                "grid spend alpha*t^2 of the pool (Kim & DeMets 1987) and stop only where the interval excludes zero; the "
-                "spread so far sizes the last look, which spends the rest of alpha where it reaches the target half-width",
+                "grid spend alpha*t^2 of the pool (Kim & DeMets 1987) and stop only where the interval answers its "
+                "question against the margin (a change: above or below -margin; two choices: zero excluded, or within "
+                "+-margin); the spread so far sizes the last look, which spends the rest of alpha where it reaches the "
+                "target half-width (80% power at the margin)",
                 "grid": list(self.design.grid),
                 "chunk": self.design.chunk,
+                "margin": self.design.margin,
                 "target_halfwidth": self.design.target,
                 "examples_available": len(self.pool),
             },

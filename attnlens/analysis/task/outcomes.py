@@ -142,17 +142,6 @@ def seeds_difference(first: np.ndarray, second: np.ndarray) -> tuple[float, floa
     return t_interval(seed_differences(first, second))
 
 
-def compared(low: float, high: float, target: float) -> str:
-    """Two choices compared by their paired difference's interval (first − second, higher better):
-    "better" or "worse" only where it excludes 0, "on par" where it is as narrow as ``target`` around
-    it, else "not decided" (the rule every comparison of two choices by the task follows).
-
-    >>> compared(0.01, 0.03, 0.02), compared(-0.01, 0.01, 0.02), compared(-0.05, 0.05, 0.02)
-    ('better', 'on par', 'not decided')
-    """
-    return "better" if low > 0 else "worse" if high < 0 else "on par" if (high - low) / 2 <= target else "not decided"
-
-
 def t_interval(values: np.ndarray, level: float = 0.95) -> tuple[float, float, float]:
     """Mean of ``values`` and its t interval (:func:`t_halfwidth`)."""
     mean, half = float(values.mean()), t_halfwidth(values, level)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from attnlens.analysis.margin import DEFAULT_MARGIN, Margin
 from attnlens.data.exclusion import read_exclusion
 from attnlens.data.tasks import check_task
 from attnlens.errors import BadInput
@@ -15,8 +16,6 @@ POOLING: dict[bool, str] = {False: "mean", True: "last"}  # by LoadedModel.causa
 MIN_HELD_OUT = 20  # fewer held-out examples give percentile intervals that mean little
 AUTO = "auto"  # task_eval: each change judged sequentially, on as many held-out examples as it needs
 AUTO_POOL = 4000  # auto's cap, beside the number of examples the task has left
-Z_INTERVAL = 1.959964  # two-sided 95%
-Z_POWER = 0.841621  # 80% power
 FEATURES_VERSION = 1  # part of the features cache key: bump when pooling or batching changes
 DEFAULT_TRAIN = 1024  # task_train when not given, for a protocol that fits or trains (head sets none aside)
 
@@ -29,9 +28,10 @@ class TaskSettings(Settings):
     ``task_train`` (``None``: :data:`DEFAULT_TRAIN` for the protocols that fit or train; none under
     ``head``, whose held-out examples are then every example not excluded) and ``task_eval`` examples
     (disjoint, seeded; ``task_eval="auto"``: each change judged sequentially, on as many as it
-    needs for its paired Δ interval to exclude zero or narrow to a half-width of ``task_target``,
+    needs for its paired Δ interval to answer its question against the ``margin``,
     :mod:`attnlens.analysis.sequential`; ``task_pool``: the most examples it may use, fewer where the task has
-    fewer left), the ``protocol``, the
+    fewer left). ``margin``: the loss of accuracy a change may cost and still keep the model, in points
+    (``2``) or as a share of the unmodified accuracy (``"3%"``), :mod:`attnlens.analysis.margin`. Then the ``protocol``, the
     probe's inverse L2 strength ``probe_c`` (``None``: chosen by cross-validation on the
     training examples, :func:`choose_c`), and
     the fine-tune recipe (``finetune_steps``, ``finetune_lr`` for the encoder; the head
@@ -55,7 +55,7 @@ class TaskSettings(Settings):
     task_train: int | None = None
     task_eval: int | str = 512
     task_pool: int = AUTO_POOL
-    task_target: float = 0.015
+    margin: float | str = DEFAULT_MARGIN
     probe_c: float | None = None
     finetune_steps: int = 200
     finetune_lr: float = 2e-5
@@ -79,7 +79,7 @@ class TaskSettings(Settings):
                 raise BadInput(f"`task_eval` {self.task_eval!r} must be a number of held-out examples or 'auto'")
             at_least("task_eval", self.task_eval, MIN_HELD_OUT, " held-out examples for a bootstrap interval")
         at_least("task_pool", self.task_pool, MIN_HELD_OUT, " held-out examples for a bootstrap interval")
-        positive("task_target", self.task_target)
+        object.__setattr__(self, "margin", Margin.parse(self.margin).setting)  # "2" and 2 are one margin: 2.0
         if self.task_train is not None:
             at_least("task_train", self.task_train, 0 if self.protocol == "head" else 2)
         if self.probe_c is not None:
