@@ -18,7 +18,7 @@ import argparse
 import numpy as np
 
 from attnlens.analysis.margin import non_inferior
-from attnlens.analysis.sequential import Z, Z_POWER, Design
+from attnlens.analysis.sequential import Z_POWER, Design, Z
 
 DISCORDANCE = (0.05, 0.1, 0.2, 0.4)
 
@@ -64,8 +64,10 @@ def main() -> None:
     args = parser.parse_args()
     design = Design.for_pool(args.pool, args.margin)
     print(f"{args.reps} judgements per case, pool {args.pool}, margin {args.margin:g} (target half-width {design.target:.4f})")
-    print("| discordant | Δ | fixed: examples | coverage | holds | does not hold | sequential: coverage | holds | does not hold "
-          "| median examples | × fixed | mean examples | × fixed |")
+    print(
+        "| discordant | Δ | fixed: examples | coverage | holds | does not hold | sequential: coverage | holds | does not hold "
+        "| median examples | × fixed | mean examples | × fixed |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for discordant in DISCORDANCE:
         for delta in deltas(args.margin):

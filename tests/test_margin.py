@@ -7,7 +7,6 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
-from tiny_models import assert_one_line_error, run_cli
 
 from attnlens.analysis.margin import Margin, compared, non_inferior
 from attnlens.errors import BadInput
@@ -23,6 +22,7 @@ from attnlens.report.verdicts import (
     costs_less,
     task_verdict,
 )
+from tiny_models import assert_one_line_error, run_cli
 
 DELTA = 0.02  # the default margin, 2 points
 # (low, high) of a paired Δ interval, and the phrase a "costs nothing" claim takes against −δ

@@ -448,7 +448,10 @@ def test_a_window_wider_than_every_text_saves_nothing_and_says_so(minilm_l3, sho
     checked = dict(result.settings["units"])
     result.settings["units"].update(select=600, check=600)
     (claim,) = plan_claims(result, Context("full"))
-    assert claim.verdict.phrase is Phrase.NOT_DECIDED and "no plan that computes less met the margin −50 points" in claim.verdict.said
+    assert (
+        claim.verdict.phrase is Phrase.NOT_DECIDED
+        and "no plan that computes less met the margin −50 points" in claim.verdict.said
+    )
     result.settings["units"].update(checked)
     # a plan whose only saving is padding (every head under the window, as FLOPs at width n would pick) says so
     summary = result.tables["summary"]

@@ -70,7 +70,12 @@ def fixed_design(delta: float, discordant: float, pool: int = 4000) -> int:
 # Δ at 0, −δ/2 (= −δ + 1 point), −δ, −δ − 1 point and −3δ, at three rates of discordance
 DELTAS = (0.0, -MARGIN / 2, -MARGIN, -MARGIN - 0.01, -3 * MARGIN)
 CASES = [(delta, discordant) for discordant in (0.1, 0.2, 0.4) for delta in DELTAS]
-CASES += [(0.0, 0.05), (-0.01, 0.05), (-0.02, 0.05), (-0.03, 0.05)]  # at 5% discordance Δ = −0.05 sends every flip one way: see below
+CASES += [
+    (0.0, 0.05),
+    (-0.01, 0.05),
+    (-0.02, 0.05),
+    (-0.03, 0.05),
+]  # at 5% discordance Δ = −0.05 sends every flip one way: see below
 
 
 @pytest.mark.parametrize(("delta", "discordant"), CASES)
