@@ -2,41 +2,31 @@
 
 A change to attention is judged by the mean of per-example paired differences (the change's
 outcome minus the unmodified model's: 0/1 correct, or a fraction of fine-tune seeds), against a
-margin δ (:mod:`attnlens.analysis.margin`). Most changes are far from −δ and decide on a few hundred
-examples; those near it need as many as a fixed design of the same power, and should need no more.
-:class:`Design` looks at 192 examples first, then adds at most 40% a look, and stops a judgement at
-the first look where
+margin δ (:mod:`attnlens.analysis.margin`). :class:`Design` looks at 192 examples first, then adds
+at most 40% a look, and stops a judgement at the first look where
 
 - its interval answers the question asked (``"decided"``): for a change against the unmodified model
-  (non-inferiority) it excludes −δ, on either side; for two choices compared, it excludes zero or
-  lies within ±δ; or
-- its half-width is at most the target (``"half-width reached"``): ``δ·z/(z + z_β)``, the half-width
-  of a fixed design with 80% power to show a change that costs nothing within δ (about 0.7 δ), so
-  a judgement undecided there holds a Δ near −δ, where no affordable size decides; or
-- the examples run out (``"examples ran out"``).
+  (non-inferiority) it lies on one side of −δ, wholly above or wholly below; for two choices compared,
+  it excludes zero or lies within ±δ; or
+- the examples run out (``"examples ran out"``): the pool (``--task-pool``) is the judgement's
+  budget, and a judgement undecided there says what deciding would take.
 
-**The variance sizes the judgement.** The early looks are a grid (192, then ×1.4, in whole
-chunks). At each look the spread of the differences so far says how many examples a last look
-would need to reach the target half-width (the *horizon*); the next look is the horizon where it
-comes before the grid's next point. A look is the last one when spending the rest of α there
-reaches the target (or the examples run out); until then it is an early look, whose only use is
-an early stop where its interval already decides.
+A change far from −δ decides on a few hundred examples; one near it uses as many as the pool holds,
+since no smaller size would decide it; nothing stops a judgement before it has decided but the pool.
 
 **Early looks spend little α.** The intervals are repeated confidence intervals (Jennison &
 Turnbull 1989): the boundary ``c_k`` of each look is set, given the boundaries already used, so
 that a Brownian motion crosses one of them with probability ``s_k`` by look k (numerical
-integration over the looks, :func:`_density`). Early looks spend ``s_k = α·t_k²`` with ``t_k``
-the look's share of the pool (the Kim–DeMets power family, Lan & DeMets 1983; Kim & DeMets 1987):
-little at the few hundred examples a clear effect needs, so the last look, which spends the rest,
-keeps a boundary near 2: a judgement near −δ needs about the examples of a fixed design of the
-same power. All the intervals hold together with probability ``1 − α``, whatever rule stops at
-whichever look, so the one a judgement stops at covers the true Δ at the nominal rate. Which look
-is last depends on the spread of the differences, not on their mean (for paired 0/1 outcomes the
-spread is nearly the discordance rate whatever Δ is); ``tests/test_sequential.py`` measures the
-coverage by simulation, and ``bench/bench_sequential.py`` the examples against a fixed design. The
-standard error adds half a pseudo-example to each of the four cells of the paired 2×2 table
-(Agresti & Min 2005), so that a run of identical outcomes (no example changed) never gives a
-zero-width interval.
+integration over the looks, :func:`_density`). Looks before the pool's end spend ``s_k = α·t_k²``
+with ``t_k`` the look's share of the pool (the Kim–DeMets power family, Lan & DeMets 1983; Kim &
+DeMets 1987): little at the few hundred examples a clear effect needs; the look at the pool's end
+spends the rest, with a boundary near 2. All the intervals hold together with probability ``1 − α``,
+so the one a judgement stops at covers the true Δ at the nominal rate, whichever rule stopped it,
+and a verdict is on the wrong side of −δ at most α/2 of the time. ``tests/test_sequential.py``
+measures the coverage and the verdicts by simulation, and ``bench/bench_sequential.py`` the examples
+against fixed designs. The standard error adds half a pseudo-example to each of the four cells of
+the paired 2×2 table (Agresti & Min 2005), so that a run of identical outcomes (no example changed)
+never gives a zero-width interval.
 
 Looks fall on whole chunks of 48 examples (or the pool's end), so every judgement computes the
 same slices of the pool, in the same length buckets.
@@ -50,7 +40,7 @@ same slices of the pool, in the same length buckets.
 >>> near = rng.choice([-1.0, 0.0, 1.0], size=4000, p=[0.05, 0.9, 0.05])   # 10% discordant, Δ = 0
 >>> decision = design.run(lambda count: near[:count])
 >>> decision.reason, decision.examples, bool(decision.low > -0.02)        # above −δ: holds
-('decided', 1920, True)
+('decided', 2592, True)
 """
 
 from __future__ import annotations
@@ -68,16 +58,13 @@ from attnlens.analysis.margin import NON_INFERIORITY, QUESTIONS, decides
 ALPHA = 0.05  # two-sided: the intervals are 95% intervals
 RHO = 2.0  # the power of the spending function α·t^ρ: between Pocock-like (1) and O'Brien–Fleming-like (3)
 FIRST_LOOK = 192  # examples at the first look: fewer make the normal approximation of a rare flip too rough
-GROWTH = 1.4  # a look adds at most 40%: where the horizon is further, clear effects still stop early
+GROWTH = 1.4  # a look adds at most 40%: few looks, and a clear effect still stops early
 CHUNK = 48  # looks fall on whole chunks (three batches of 16), so every judgement runs the same slices
 NEVER = 7.5  # a boundary no path crosses (probability 6e-14): a look with nothing left to spend
 PSEUDO = 0.5  # Agresti–Min: half an example added to each cell of the paired 2×2 table, for the standard error
 Z = 1.959964  # two-sided 95%
 Z_POWER = 0.841621  # 80% power
-# The target half-width as a share of the margin: a fixed design whose interval is this narrow shows that a
-# change costing nothing lies above −δ 80% of the time (δ·z/(z + z_β), about 0.7 δ).
-POWER_SHARE = Z / (Z + Z_POWER)
-REASONS = ("decided", "half-width reached", "examples ran out")
+REASONS = ("decided", "examples ran out")
 _GRID = np.linspace(-8.0, 8.0, 1201)  # the standardised statistic z, where the densities are integrated
 
 
@@ -222,16 +209,6 @@ class Design:
         return cls(available, margin, **options)
 
     @property
-    def target(self) -> float:
-        """The half-width at which a judgement ends undecided: that of a fixed design with 80% power
-        (:data:`POWER_SHARE` of the margin).
-
-        >>> round(Design.for_pool(4000, 0.02).target, 4)
-        0.014
-        """
-        return self.margin * POWER_SHARE
-
-    @property
     def cuts(self) -> tuple[int, ...]:
         """Every count a look may fall on (:func:`cuts`)."""
         return cuts(self.available, self.chunk)
@@ -272,24 +249,19 @@ class Design:
         differences (a simulation draws these without drawing every example)."""
         assert question in QUESTIONS, question  # only a bug in attnlens asks another
         cap = self.available if available is None else max(1, min(available, self.available))
-        count, spent = min(self.first, cap), 0.0
         history: tuple[tuple[int, float], ...] = ()
-        while True:
+        for count in (look for look in (*self.grid, cap) if look <= cap):
             total, squares = sums(count)
-            closing = _boundary(history, count, 1 - self.alpha)  # this look as the last: the rest of α spent
-            last = count >= cap or self.interval_of_sums(count, total, squares, closing)[1] <= self.target
-            if not last:  # an early look, for an early stop only: it spends α·t², t = count / available
-                spent = max(spent, spending(count / self.available, self.alpha))
-            bound = closing if last else _boundary(history, count, 1 - spent)
+            last = count >= cap  # the look at the pool's end (or the cap) spends the rest of α
+            bound = _boundary(history, count, 1 - (self.alpha if last else spending(count / self.available, self.alpha)))
             mean, half = self.interval_of_sums(count, total, squares, bound)
             history += ((count, bound),)
             decided = decides(question, mean - half, mean + half, self.margin)
             if decided or last:
-                reason = "decided" if decided else "half-width reached" if half <= self.target else "examples ran out"
                 looks, bounds = zip(*history)
+                reason = "decided" if decided else "examples ran out"
                 return Decision(mean, mean - half, mean + half, half, count, len(history) - 1, bound, reason, looks, bounds)
-            # the next look: the next of the grid, or sooner where the spread says a last look there reaches the target
-            count = min(self._horizon(count, total, squares, closing), next(look for look in self.grid if look > count), cap)
+        raise AssertionError("the cap is a look")  # only a bug in attnlens reaches here
 
     @property
     def grid(self) -> tuple[int, ...]:
@@ -302,12 +274,6 @@ class Design:
         while looks[-1] < self.available:
             looks.append(min(_chunks(looks[-1] * self.growth, self.chunk), self.available))
         return tuple(looks)
-
-    def _horizon(self, count: int, total: float, squares: float, bound: float) -> int:
-        """The examples at which a last look with ``bound`` would reach the target half-width, if the
-        differences keep the spread they have now: whole chunks, more than ``count``."""
-        needed = (bound / self.target) ** 2 * _spread(count, total, squares) - 4 * PSEUDO
-        return max(_chunks(needed, self.chunk), _chunks(count + 1, self.chunk))
 
 
 def _spread(count, total, squares):

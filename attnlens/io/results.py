@@ -181,10 +181,9 @@ class Result:
         if sequential:
             lines.append(
                 f"--task-eval auto: each change judged sequentially on up to {sequential['examples_available']} examples "
-                f"(early looks at {', '.join(map(str, sequential['grid']))}; the last sized by the spread), until its paired "
-                f"Δ interval answers its question against the margin {sequential.get('margin', float('nan')):g} (a change: above "
-                f"or below −margin; two choices: zero excluded, or within ±margin) or its half-width is at most "
-                f"{sequential['target_halfwidth']:g} (held_out: examples used; stopped: why)"
+                f"(looks at {', '.join(map(str, sequential['grid']))}), until its paired Δ interval answers its question "
+                f"against the margin {sequential.get('margin', float('nan')):g} (a change: wholly above or below −margin; two "
+                "choices: zero excluded, or within ±margin) or the examples run out (held_out: examples used; stopped: why)"
             )
         hidden = ("change", "protocol", "unmodified_accuracy", "majority_accuracy", "task_loss")  # change: Result.outcomes
         lines.append(format_table(table[[column for column in table.columns if column not in hidden]]))

@@ -330,10 +330,9 @@ def _task_method(task: dict) -> str:
     return (
         f"Accuracy on {task['task']} ({task['examples']}; {len(task['train_rows'])} training examples) under the "
         f"{task['protocol']} protocol: {reader}. Δ is the changed model's accuracy minus the unmodified one's, paired "
-        "over held-out examples, in points; each change was judged sequentially (repeated 95% intervals, the last look "
-        f"sized by the spread) until its interval lay on one side of −{task.get('margin', {}).get('given', 'the margin')} "
-        "(two choices: excluded zero, or lay within ± the margin) or narrowed to the half-width that decides at the "
-        "margin with 80% power."
+        "over held-out examples, in points; each change was judged sequentially (repeated 95% intervals) until its "
+        f"interval lay on one side of −{task.get('margin', {}).get('given', 'the margin')} (two choices: excluded zero, "
+        "or lay within ± the margin) or the examples ran out."
     )
 
 

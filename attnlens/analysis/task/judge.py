@@ -190,7 +190,7 @@ class TaskJudge(FineTuning):
 
         With ``task_eval="auto"`` the change is judged sequentially (:class:`~attnlens.analysis.sequential.Design`):
         on as many of the pool's examples as it takes for its paired Δ interval to lie on one side of
-        −``margin`` (or to narrow to the design's target); ``held_out`` says how many, ``stopped`` why.
+        −``margin``, or the whole pool; ``held_out`` says how many, ``stopped`` why.
         Otherwise on every held-out example, with a percentile-bootstrap interval. ``margin``: the margin
         the judgement is held to, as a fraction of accuracy."""
         if change is None:
@@ -352,15 +352,13 @@ class TaskJudge(FineTuning):
             "sequential": None
             if self.design is None
             else {
-                "rule": "repeated 95% intervals (Jennison & Turnbull 1989), Agresti-Min standard error; early looks on the "
-                "grid spend alpha*t^2 of the pool (Kim & DeMets 1987) and stop only where the interval answers its "
-                "question against the margin (a change: above or below -margin; two choices: zero excluded, or within "
-                "+-margin); the spread so far sizes the last look, which spends the rest of alpha where it reaches the "
-                "target half-width (80% power at the margin)",
+                "rule": "repeated 95% intervals (Jennison & Turnbull 1989), Agresti-Min standard error; looks on the "
+                "grid spend alpha*t^2 of the pool (Kim & DeMets 1987), the pool's end the rest; a judgement stops where "
+                "its interval answers its question against the margin (a change: wholly above or below -margin; two "
+                "choices: zero excluded, or within +-margin), or at the pool's end",
                 "grid": list(self.design.grid),
                 "chunk": self.design.chunk,
                 "margin": self.design.margin,
-                "target_halfwidth": self.design.target,
                 "examples_available": len(self.pool),
             },
             "padded": self.held_out.padded or self.train.padded,
