@@ -19,7 +19,7 @@ import numpy as np
 import seaborn as sns
 
 from .importance import LOSS_LABELS, describe
-from .style import apply_style, figure_of, label_points, new_axes, task_describe, task_references
+from .style import apply_style, figure_of, label_points, new_axes, task_describe, task_references, thinned
 
 PATTERN_MARKERS = {"strided": "s", "fixed": "D", "band": "*", "local": "^", "bigbird": "v", "no-diagonal": "X"}
 
@@ -194,22 +194,56 @@ def plot_training(result) -> plt.Figure:
     return figure
 
 
+# Up to this many images (a layer × head grid, or the heads of a layout shared by layers) the masks figure gives each
+# image its own panel (minilm-l6: 72); more are tiles of one picture (a panel each, a 30-layer model of 16 heads would
+# make a figure of 480 axes and 5,000 pixels), the picture at most MOST_PIXELS a side, so that the figure's pixels
+# and its cost stay bounded however many layers and heads the model has.
+PANELLED = 72
+MOST_PIXELS = 1000
+SHARED_COLUMNS = 6  # a layout shared by layers: its heads wrapped this many to a row of panels (16 to a row of tiles)
+
+
 def plot_masks(result, index: int | None = None) -> plt.Figure:
-    """Keep-probability images per layer and head for one λ (default: nearest 85% sparsity).
+    """Keep-probability images per layer and head for one λ (default: nearest 85% sparsity): a panel each
+    up to :data:`PANELLED` images, tiles of one image above (:func:`mosaic`).
 
     The images are of the first held-out block (the class variant depends on its tokens);
     the structured variant is the same in every layer, so one row shows it.
     """
     apply_style()
     index = result.nearest() if index is None else index
-    images = result.arrays["keep_images"][index].astype(np.float32)  # (layer, head, n, n)
+    images = result.arrays["keep_images"][index]  # (layer, head, n, n)
     shared = result.layout["shared_by_layers"]
+    layers, heads = images.shape[:2]
+    figure = _mask_panels(images, shared) if (heads if shared else layers * heads) <= PANELLED else _mask_tiles(images, shared)
+    row = result.table.iloc[index]
+    scope = ", the same in every layer" if shared else ""
+    figure.suptitle(
+        f"Learned masks (query ↓, key →), {result.meta['settings']['variant']}{scope}, λ = {row['lambda']:g}, "
+        f"sparsity {row['sparsity']:.0%}\n{describe(result.meta)}",
+        fontsize=9,
+    )
+    return figure
+
+
+def mask_panels(layers: int, heads: int, shared: bool) -> int:
+    """How many panels the masks figure of a model of ``layers`` × ``heads`` has: an image each up to
+    :data:`PANELLED`, else one of tiles.
+
+    >>> mask_panels(6, 12, shared=False), mask_panels(6, 12, shared=True), mask_panels(80, 64, shared=False)
+    (72, 12, 1)
+    """
+    count = heads if shared else layers * heads
+    return count if count <= PANELLED else 1
+
+
+def _mask_panels(images: np.ndarray, shared: bool) -> plt.Figure:
+    """One panel per image: the heads (shared by layers, wrapped six to a row), or a layer × head grid."""
     heads = images.shape[1]
-    # one image per head (shared by layers, wrapped six to a row), or a layer x head grid
     cells = (
         [(0, head) for head in range(heads)] if shared else [(layer, h) for layer in range(images.shape[0]) for h in range(heads)]
     )
-    columns = min(heads, 6) if shared else heads
+    columns = min(heads, SHARED_COLUMNS) if shared else heads
     rows = -(-len(cells) // columns)
     size = 1.25 if shared else 1.05
     figure, axes = plt.subplots(
@@ -217,7 +251,7 @@ def plot_masks(result, index: int | None = None) -> plt.Figure:
     )
     for number, (layer, head) in enumerate(cells):
         ax = axes.flat[number]
-        picture = ax.imshow(images[layer, head], cmap="viridis", vmin=0, vmax=1, interpolation="nearest")
+        picture = ax.imshow(images[layer, head].astype(np.float32), cmap="viridis", vmin=0, vmax=1, interpolation="nearest")
         ax.set_xticks([])
         ax.set_yticks([])
         if shared or layer == 0:
@@ -227,14 +261,62 @@ def plot_masks(result, index: int | None = None) -> plt.Figure:
     for ax in axes.flat[len(cells) :]:
         ax.set_visible(False)
     figure.colorbar(picture, ax=axes, shrink=0.8, label="keep probability σ(α)")
-    row = result.table.iloc[index]
-    scope = ", the same in every layer" if shared else ""
-    figure.suptitle(
-        f"Learned masks (query ↓, key →), {result.meta['settings']['variant']}{scope}, λ = {row['lambda']:g}, "
-        f"sparsity {row['sparsity']:.0%}\n{describe(result.meta)}",
-        fontsize=9,
-    )
     return figure
+
+
+def _mask_tiles(images: np.ndarray, shared: bool) -> plt.Figure:
+    """Every image as a tile of one picture: rows of layers and columns of heads, or (shared by layers) the
+    heads sixteen to a row; ticks thinned."""
+    layers, heads = images.shape[:2]
+    if shared:
+        columns = 16
+        grid = [[images[0, head] for head in range(start, min(start + columns, heads))] for start in range(0, heads, columns)]
+        row_labels, column_labels = (
+            [f"{start}–{min(start + columns, heads) - 1}" for start in range(0, heads, columns)],
+            [f"+{column}" for column in range(columns)],
+        )
+        names = ("heads", "head (the row's first + column)")
+    else:
+        grid = [[images[layer, head] for head in range(heads)] for layer in range(layers)]
+        row_labels, column_labels = [str(layer) for layer in range(layers)], [str(head) for head in range(heads)]
+        names = ("layer", "head")
+    picture, tile = mosaic(grid, MOST_PIXELS)
+    width, height = picture.shape[1] / 150, picture.shape[0] / 150  # one pixel of the picture to one of the PNG (150 dpi)
+    scale = min(1.0, 9.0 / max(width, height)) * max(1.0, 4.0 / max(width, height))
+    # at least 7 inches wide: the title's first line is about as long
+    figure, ax = plt.subplots(figsize=(max(width * scale + 2.0, 7.0), height * scale + 1.3), layout="constrained")
+    shown = ax.imshow(picture, cmap="viridis", vmin=0, vmax=1, interpolation="nearest")
+    for axis, labels in ((ax.yaxis, row_labels), (ax.xaxis, column_labels)):
+        ticks = thinned(len(labels))
+        axis.set_ticks(ticks * (tile + 1) + (tile - 1) / 2, [labels[at] for at in ticks], fontsize=7)
+    ax.set_ylabel(names[0])
+    ax.set_xlabel(names[1])
+    ax.grid(False)
+    figure.colorbar(shown, ax=ax, shrink=0.8, label="keep probability σ(α)")
+    return figure
+
+
+def mosaic(grid: list[list[np.ndarray]], most: int) -> tuple[np.ma.MaskedArray, int]:
+    """The square images of ``grid`` (rows of them) as tiles of one picture at most ``most`` pixels a side
+    (each tile a mean over blocks of its image's pixels where it must shrink), a blank pixel between tiles;
+    and the tiles' side.
+
+    >>> picture, tile = mosaic([[np.ones((8, 8)), np.zeros((8, 8))]], 9)
+    >>> picture.shape, tile, picture[0].tolist()
+    ((4, 9), 4, [1.0, 1.0, 1.0, 1.0, None, 0.0, 0.0, 0.0, 0.0])
+    """
+    n = grid[0][0].shape[-1]
+    columns = max(len(row) for row in grid)
+    tile = max(1, min(n, (most + 1) // max(len(grid), columns) - 1))
+    bins = np.linspace(0, n, tile + 1).astype(int)[:-1]  # the first pixel of each of the tile's blocks
+    picture = np.full((len(grid) * (tile + 1) - 1, columns * (tile + 1) - 1), np.nan, dtype=np.float32)
+    for row, images in enumerate(grid):
+        for column, image in enumerate(images):
+            sums = np.add.reduceat(np.add.reduceat(np.asarray(image, dtype=np.float32), bins, axis=0), bins, axis=1)
+            sizes = np.diff(np.r_[bins, n])
+            top, left = row * (tile + 1), column * (tile + 1)
+            picture[top : top + tile, left : left + tile] = sums / np.outer(sizes, sizes)
+    return np.ma.masked_invalid(picture), tile
 
 
 def draw(result) -> Iterator[tuple[str, plt.Figure]]:

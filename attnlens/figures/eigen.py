@@ -1,4 +1,5 @@
-"""Figures of eigen results: spectra against the Gaussian baseline, cumulative energy.
+"""Figures of eigen results: spectra against the Gaussian baseline, cumulative energy; a line per layer,
+named in the legend up to :data:`~attnlens.figures.style.LEGEND_LAYERS` layers and by a colour bar above.
 
 >>> import attnlens
 >>> from attnlens.figures.eigen import plot_spectra
@@ -15,7 +16,7 @@ from collections.abc import Iterator
 import matplotlib.pyplot as plt
 import numpy as np
 
-from .style import figure_of, layer_colours, new_axes
+from .style import LEGEND_LAYERS, figure_of, layer_colourbar, layer_colours, new_axes
 
 QUANTITY_LABELS = {"scores": "pre-softmax score rows", "weights": "attention-weight rows", "log-weights": "log-weight rows"}
 
@@ -41,9 +42,10 @@ def plot_spectra(result, ax: plt.Axes | None = None, *, query: int | None = None
     values = result.arrays["layer_eigenvalues"][:, 0, q]
     baseline = result.arrays["layer_baseline"][:, 0, q]
     components = np.arange(1, values.shape[-1] + 1)
+    named = _name_layers(ax, result.meta["layers"])
     for colour, layer, spectrum, base in zip(layer_colours(len(values)), result.meta["layers"], values, baseline):
         positive = spectrum > 0
-        ax.plot(components[positive], spectrum[positive], color=colour, lw=1.6, label=f"layer {layer}")
+        ax.plot(components[positive], spectrum[positive], color=colour, lw=1.6, label=f"layer {layer}" if named else None)
         ax.plot(components[base > 0], base[base > 0], color=colour, lw=1, ls="--", alpha=0.7)
     ax.plot([], [], color="grey", ls="--", label="baseline (Gaussian,\nmatched variances)")
     _note_isolated_last(ax, result, q)
@@ -51,8 +53,21 @@ def plot_spectra(result, ax: plt.Axes | None = None, *, query: int | None = None
     ax.set_xlabel("component (descending eigenvalue)")
     ax.set_ylabel("eigenvalue (variance, score²)" if result.meta["settings"]["quantity"] == "scores" else "eigenvalue (variance)")
     ax.set_title(f"Spectra of {QUANTITY_LABELS[result.meta['settings']['quantity']]}\n({_describe(result)})", fontsize=10)
-    ax.legend(fontsize=8, ncol=2 if len(values) > 6 else 1)
+    ax.legend(fontsize=8, ncol=2 if named and len(values) > 6 else 1)
     return ax
+
+
+def _name_layers(ax: plt.Axes, layers: list[int]) -> bool:
+    """Whether each layer's line has its legend entry (up to :data:`LEGEND_LAYERS` layers); above, a colour
+    bar names the layers instead, so the figure's size and its legend do not grow with the model's depth."""
+    if len(layers) <= LEGEND_LAYERS:
+        return True
+    layer_colourbar(ax, layers)
+    return False
+
+
+# The note on isolated last eigenvalues lists at most this many layers (their rows in the table list them all).
+NOTED_LAYERS = 4
 
 
 def _note_isolated_last(ax: plt.Axes, result, q: int) -> None:
@@ -68,6 +83,8 @@ def _note_isolated_last(ax: plt.Axes, result, q: int) -> None:
     rows = table[(table["level"] == "layer") & (table["query"] == query) & (table["last_isolated"] == True)]  # noqa: E712
     if rows.empty:
         return
+    more = len(rows) - NOTED_LAYERS
+    rows = rows.iloc[:NOTED_LAYERS]
     names = result.meta.get("fixed_tokens", {})
     key = lambda position: f"{position} {names[str(position)]}" if str(position) in names else str(position)
     lines = [
@@ -76,6 +93,8 @@ def _note_isolated_last(ax: plt.Axes, result, q: int) -> None:
         f"{key(row.last_key_b)}, {row.last_ones:.0%} on all-ones"
         for row in rows.itertuples()
     ]
+    if more > 0:
+        lines.append(f"and {more} more layers (the table's last_* columns)")
     if (rows["last_keys_sign"] < 0).any():
         lines.append("a − b: the scores to keys a and b differ\nby a near-constant in every row")
     box = ax.annotate("\n".join(lines), (0.97, 0.2), xycoords="axes fraction", ha="right", va="bottom", ma="left", fontsize=6.5,
@@ -97,10 +116,10 @@ def plot_energy(result, ax: plt.Axes | None = None, *, query: int | None = None)
     values = np.clip(result.arrays["layer_eigenvalues"][:, 0, q], 0, None)
     baseline = np.clip(result.arrays["layer_baseline"][:, 0, q], 0, None)
     components = np.arange(0, values.shape[-1] + 1)
+    named = _name_layers(ax, result.meta["layers"])
     for colour, layer, spectrum, base in zip(layer_colours(len(values)), result.meta["layers"], values, baseline):
-        ax.plot(
-            components, np.r_[0, np.cumsum(spectrum)] / max(spectrum.sum(), 1e-300), color=colour, lw=1.6, label=f"layer {layer}"
-        )
+        ax.plot(components, np.r_[0, np.cumsum(spectrum)] / max(spectrum.sum(), 1e-300), color=colour, lw=1.6,
+                label=f"layer {layer}" if named else None)  # fmt: skip
         ax.plot(components, np.r_[0, np.cumsum(base)] / max(base.sum(), 1e-300), color=colour, lw=1, ls="--", alpha=0.7)
     ax.plot([], [], color="grey", ls="--", label="baseline")
     ax.axhline(0.9, color="black", lw=0.8, ls=":")
@@ -112,7 +131,7 @@ def plot_energy(result, ax: plt.Axes | None = None, *, query: int | None = None)
     ax.set_title(
         f"Cumulative energy of {QUANTITY_LABELS[result.meta['settings']['quantity']]}\n({_describe(result)})", fontsize=10
     )
-    ax.legend(fontsize=8, loc="lower right", ncol=2 if len(values) > 6 else 1)
+    ax.legend(fontsize=8, loc="lower right", ncol=2 if named and len(values) > 6 else 1)
     return ax
 
 

@@ -11,7 +11,7 @@ from matplotlib.patches import Patch
 
 from attnlens.analysis.plan.result import choices_name
 
-from .style import figure_of, new_axes
+from .style import figure_of, new_axes, thinned
 
 # One look per method, so that methods at the same FLOPs stay told apart: marker, line style, and a
 # small sideways offset (a fraction of the gap between budgets).
@@ -69,9 +69,14 @@ def choice_kinds(choices: list[str]) -> dict[str, tuple[float, float, float]]:
     return colours
 
 
+# Up to this many heads each cell of the choice map has its choice written in it (minilm-l6: 72); more are read
+# by colour alone (the choices table lists them), so that the map's texts do not grow with the model.
+WRITTEN_HEADS = 200
+
+
 def choice_map(result, budget: float, ax: plt.Axes | None = None) -> plt.Axes:
     """Layer × head map of one budget's plan: each head coloured by its choice (a legend per
-    choice), with its choice written in."""
+    choice), with its choice written in (up to :data:`WRITTEN_HEADS` heads; ticks thinned above 16 a side)."""
     rows = result.tables["choices"].query("budget == @budget")
     layers, heads = int(rows["layer"].max()) + 1, int(rows["head"].max()) + 1
     ax = new_axes(ax, (min(1.6 + 0.55 * heads, 11), min(1.6 + 0.45 * layers, 9)))
@@ -82,12 +87,12 @@ def choice_map(result, budget: float, ax: plt.Axes | None = None) -> plt.Axes:
         codes[row.layer, row.head] = names.index(row.choice)
     ax.imshow(codes, cmap=ListedColormap([colours[name] for name in names]), vmin=0, vmax=len(names) - 1, aspect="auto")
     ax.grid(False)
-    for row in rows.itertuples():
+    for row in rows.itertuples() if layers * heads <= WRITTEN_HEADS else ():
         if row.choice != "exact":
             label = row.choice.replace("partial", "k").replace("window", "w")
             ax.text(row.head, row.layer, label, ha="center", va="center", fontsize=7, color="black")
-    ax.set_xticks(range(heads))
-    ax.set_yticks(range(layers))
+    ax.set_xticks(thinned(heads))
+    ax.set_yticks(thinned(layers))
     ax.set_xlabel("head")
     ax.set_ylabel("layer")
     cost = result.settings["head_flops"]

@@ -62,6 +62,26 @@ def _k_axis(ax: plt.Axes, ks) -> None:
     ax.minorticks_off()
 
 
+def layers_said(layers: str | int) -> str:
+    """The plug-in table's ``layers`` ("0 1 2 3 7") as the title says them: each, up to eight; more, with runs of
+    three or more as ranges, so that a title of 80 layers stays one line.
+
+    >>> layers_said("0 1 2 3 7"), layers_said(4), layers_said(" ".join(map(str, range(80)))), layers_said("0 1 2 4 5 6 7 8 9")
+    ('0, 1, 2, 3, 7', '4', '0–79', '0–2, 4–9')
+    """
+    numbers = [int(part) for part in str(layers).split()]
+    if len(numbers) <= 8:
+        return ", ".join(map(str, numbers))
+    runs: list[list[int]] = []
+    for number in numbers:
+        if runs and number == runs[-1][-1] + 1:
+            runs[-1].append(number)
+        else:
+            runs.append([number])
+    said = [f"{run[0]}–{run[-1]}" if len(run) > 2 else ", ".join(map(str, run)) for run in runs]
+    return ", ".join(said)
+
+
 def _title(result, what: str) -> str:
     meta = result.meta
     return f"{what}\n({meta['model']['name']}, n = {meta['n']}, {meta['settings']['rows']} rows, held-out blocks)"
@@ -136,7 +156,7 @@ def plot_fidelity_vs_k(result, ax: plt.Axes | None = None) -> plt.Axes:
     _k_axis(ax, table.k)
     ax.set_xlabel("k (exact scores per row)")
     ax.set_ylabel(label)
-    layers = str(table.layers.iloc[0]).replace(" ", ", ")
+    layers = layers_said(table.layers.iloc[0])
     ax.set_title(_title(result, f"Model outputs with reconstruction in layers {layers} (95% intervals)"), fontsize=10)
     ax.legend(fontsize=7, ncol=2, handlelength=3.5)  # long enough to show the dashes
     return ax
@@ -156,7 +176,7 @@ def plot_accuracy_vs_k(result, ax: plt.Axes | None = None) -> plt.Axes:
     _k_axis(ax, table.k)
     ax.set_xlabel("k (exact scores per row)")
     ax.set_ylabel("held-out accuracy")
-    layers = str(table.layers.iloc[0]).replace(" ", ", ")
+    layers = layers_said(table.layers.iloc[0])
     ax.set_title(
         f"Task accuracy with reconstruction in layers {layers} (95% intervals)\n{task_describe(result.meta)}", fontsize=10
     )

@@ -8,7 +8,9 @@ import matplotlib.pyplot as plt
 import numpy as np
 import seaborn as sns
 from matplotlib.artist import Artist
+from matplotlib.cm import ScalarMappable
 from matplotlib.collections import LineCollection
+from matplotlib.colors import BoundaryNorm, ListedColormap
 from matplotlib.figure import Figure
 from matplotlib.text import Annotation, Text
 from matplotlib.transforms import Bbox
@@ -40,7 +42,7 @@ def figure_of(ax: plt.Axes) -> Figure:
 
 def heatmap(ax: plt.Axes, matrix, cmap: str, label: str, *, vmin: float | None = None, vmax: float | None = None):
     """A layer × head (or any row × column) map of a data frame with a labelled colour bar, the first
-    row on top and every row and column ticked. Drawn directly: seaborn's heatmap draws the whole figure
+    row on top and every row and column ticked (up to :data:`MOST_TICKS`; more, every few, :func:`thinned`). Drawn directly: seaborn's heatmap draws the whole figure
     once per map to decide its tick labels, which makes a grid of maps seconds slower.
 
     >>> import pandas as pd
@@ -53,16 +55,56 @@ def heatmap(ax: plt.Axes, matrix, cmap: str, label: str, *, vmin: float | None =
     mesh = ax.pcolormesh(values, cmap=sns.color_palette(cmap, as_cmap=True), vmin=vmin, vmax=vmax)
     ax.figure.colorbar(mesh, ax=ax, label=label)
     rows, columns = values.shape
-    ax.set_xticks(np.arange(columns) + 0.5, [str(name) for name in matrix.columns])
-    ax.set_yticks(np.arange(rows) + 0.5, [str(name) for name in matrix.index])
+    shown_columns, shown_rows = thinned(columns), thinned(rows)
+    ax.set_xticks(shown_columns + 0.5, [str(matrix.columns[at]) for at in shown_columns])
+    ax.set_yticks(shown_rows + 0.5, [str(matrix.index[at]) for at in shown_rows])
     ax.set_xlim(0, columns)
     ax.set_ylim(rows, 0)
     ax.grid(False)
     return mesh
 
 
+# Up to this many ticks on an axis of a map every row or column is ticked; more are ticked every few (a map of
+# 80 layers × 64 heads, as wide as a page, has no room for 64 labels).
+MOST_TICKS = 16
+
+
+def thinned(count: int, most: int = MOST_TICKS) -> np.ndarray:
+    """The positions to tick on an axis of ``count`` rows or columns: all of them up to ``most``,
+    else every 2nd, 5th, 10th, 20th, ... (the smallest such step that leaves at most ``most``).
+
+    >>> thinned(6).tolist(), thinned(64).tolist()[:4], len(thinned(80)), len(thinned(5120))
+    ([0, 1, 2, 3, 4, 5], [0, 5, 10, 15], 16, 11)
+    """
+    step = next(base * 10**power for power in range(12) for base in (1, 2, 5) if -(-count // (base * 10**power)) <= most)
+    return np.arange(0, count, step)
+
+
 def layer_colours(count: int) -> list:
     return sns.color_palette("viridis", count)
+
+
+# Up to this many layers each line of a per-layer figure has its legend entry; more share a colour bar
+# (a legend of 80 entries would be taller than the figure).
+LEGEND_LAYERS = 12
+
+
+def layer_colourbar(ax: plt.Axes, layers: list[int]) -> None:
+    """A colour bar that names the layer of each line drawn in :func:`layer_colours`: one colour per layer,
+    its ticks thinned (:func:`thinned`). Stands in for the legend where there are more than
+    :data:`LEGEND_LAYERS` layers.
+
+    >>> figure, ax = plt.subplots()
+    >>> layer_colourbar(ax, list(range(30)))
+    >>> [tick.get_text() for tick in figure.axes[-1].get_yticklabels()][:3]
+    ['0', '2', '4']
+    """
+    count = len(layers)
+    mappable = ScalarMappable(BoundaryNorm(np.arange(count + 1) - 0.5, count), ListedColormap(layer_colours(count)))
+    bar = figure_of(ax).colorbar(mappable, ax=ax, label="layer", pad=0.02)
+    shown = thinned(count)
+    bar.set_ticks([float(at) for at in shown], labels=[str(layers[at]) for at in shown])
+    bar.ax.tick_params(labelsize=7)
 
 
 def task_references(ax: plt.Axes, task: dict) -> None:

@@ -39,6 +39,11 @@ class Drawable(Protocol):
 
 
 FIGURE_FORMATS = ("png", "pdf")  # every figure is saved in each
+DPI = 150
+# No PNG is larger: the page embeds every one (base64), and a reader's browser should open it at once. The figures
+# are drawn to stay well below it whatever the model (attnlens.figures bounds their panels and pixels); one that
+# still passes it (an image of noise compresses badly) is saved again at a lower resolution.
+MOST_PNG_BYTES = 1_000_000
 
 
 def _imported(path: str) -> Any:
@@ -79,7 +84,8 @@ def save_figures(
 
 
 def save_figure(figure: Any, stem: str | Path, formats: tuple[str, ...] = FIGURE_FORMATS) -> list[Path]:
-    """Write a matplotlib figure as ``stem.png`` and ``stem.pdf`` (``formats``); close the figure."""
+    """Write a matplotlib figure as ``stem.png`` and ``stem.pdf`` (``formats``), the PNG at most
+    :data:`MOST_PNG_BYTES` (:func:`save_png`); close the figure."""
     import matplotlib.pyplot as plt  # only once there is a figure: this storage layer does not load matplotlib
 
     stem = Path(stem)
@@ -87,7 +93,29 @@ def save_figure(figure: Any, stem: str | Path, formats: tuple[str, ...] = FIGURE
     paths = []
     for suffix in formats:
         path = stem.with_suffix(f".{suffix}")
-        figure.savefig(path, dpi=150)
+        if suffix == "png":
+            save_png(figure, path)
+        else:
+            figure.savefig(path, dpi=DPI)
         paths.append(path)
     plt.close(figure)
     return paths
+
+
+def save_png(figure: Any, path: Path, most: int = MOST_PNG_BYTES) -> int:
+    """Write ``figure`` as a PNG at :data:`DPI`, or where that passes ``most`` bytes, again at the resolution
+    its bytes suggest (they grow about as the pixels, the square of the dpi), until it fits; the dpi written.
+
+    >>> import tempfile, matplotlib.pyplot as plt, numpy as np
+    >>> figure, ax = plt.subplots(figsize=(8, 8))
+    >>> image = ax.imshow(np.random.default_rng(0).random((600, 600)), interpolation="nearest")
+    >>> path = Path(tempfile.mkdtemp()) / "noise.png"
+    >>> save_png(figure, path, most=200_000) < DPI, path.stat().st_size <= 200_000
+    (True, True)
+    """
+    dpi = DPI
+    figure.savefig(path, dpi=dpi)
+    while (size := path.stat().st_size) > most and dpi > 20:
+        dpi = max(20, int(dpi * min(0.9, 0.95 * (most / size) ** 0.5)))
+        figure.savefig(path, dpi=dpi)
+    return dpi

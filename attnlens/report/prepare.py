@@ -32,7 +32,6 @@ if TYPE_CHECKING:
 
 # A second model of the same geometry to compare subspaces with, when it is installed.
 COMPANIONS = {"minilm-l6": "minilm-l3", "minilm-l3": "minilm-l6"}
-REFERENCE_LAYERS = 6  # the layers of minilm-l6, the model bench/bench_report.py measures the figures' seconds on
 
 
 def companion_for(model: LoadedModel) -> str | None:
@@ -171,20 +170,21 @@ def pricer(prepared: Prepared, *, device: str = "cpu") -> Callable[[ReportSettin
     change with the sizes (the second model, the probes' set-up, the stages not counted) made once, and each
     kind of work timed once in this process (:class:`~attnlens.forecast.units.Calibration`)."""
     from attnlens.forecast import forecast
+    from attnlens.forecast.figures import figures_seconds
     from attnlens.forecast.stages import Facts
 
     loaded = prepared.loaded
     cached, setup = _probes_ready(prepared)
     second = load_model(prepared.second, device=device) if prepared.second else None
     measured = stage_weights(prepared.name)  # the stages the forecast does not count: as bench_report measured them
-    # the figures: about half of their seconds are the page's own, half grow with the layers drawn (minilm-l3's
-    # 12 s, minilm-l6's 12 s and gemma3-270m's 35 s, as bench_report measured them)
-    figures = measured["figures"] * (0.5 + 0.5 * loaded.num_layers / REFERENCE_LAYERS)
-    fixed = {"overlap": measured["overlap"], "figures": figures}
+    second_layers = None if second is None else second.num_layers
 
     def priced(settings: ReportSettings) -> Forecast:
         tasks = prepared.tasks_for(settings)
         facts = Facts(loaded.num_layers, loaded.num_heads, loaded.causal, prepared.per_query, loaded.objective, tasks, cached)
+        # the figures: minilm-l6's seconds per panel drawn, times the panels this model's figures draw
+        figures = figures_seconds(measured["figures"], settings, loaded.num_layers, loaded.num_heads, second_layers)
+        fixed = {"overlap": measured["overlap"], "figures": figures}
         return forecast(loaded, settings, facts, second=second, fixed=fixed, extra=setup, precision=prepared.precision)
 
     return priced

@@ -118,7 +118,10 @@ def _overlap_section(eigen_result, overlap_result, names: dict[str, str], figure
         "2. Do eigenspaces overlap across layers and models?",
         answer + ".",
         [
-            figures.embed(shown / "curves_layers_0.png", "Every pair of layers against d, beside both split-half floors"),
+            figures.embed(
+                shown / "curves_layers_0.png",
+                "Pairs of layers against d (every pair up to 20; else adjacent, closest, farthest), beside both split-half floors",
+            ),
             figures.embed_if_saved(shown / "curves_layers_0_1.png", "Layers of the two models against d"),
             table(
                 pairs[["comparison", "layer_a", "layer_b", "d", "overlap", "chance", "split_half_a", "split_half_b"]],
