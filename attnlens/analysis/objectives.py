@@ -37,6 +37,7 @@ from torch import nn
 
 from attnlens.errors import BadInput
 from attnlens.models.capture import no_capture
+from attnlens.models.head import language_head
 from attnlens.models.loading import LoadedModel
 from attnlens.models.precision import DEFAULT_PRECISION, judging
 
@@ -133,14 +134,16 @@ class Objective:
             token_cosine = nn.functional.cosine_similarity(hidden, reference, dim=-1).mean(-1)
             pooled_cosine = nn.functional.cosine_similarity(hidden.mean(1), reference.mean(1), dim=-1)
             return {"loss": 1 - token_cosine, "token_cosine": token_cosine, "pooled_cosine": pooled_cosine}
-        logits = self._forward(batch.input_ids).logits
         labels = batch.labels
         assert labels is not None, "prepare gives a batch of the clm and mlm objectives its labels"
-        if self.name == "clm":  # position t predicts token t + 1
-            logits, labels = logits[:, :-1], labels[:, 1:]
-        losses = nn.functional.cross_entropy(logits.transpose(1, 2).float(), labels, reduction="none", ignore_index=-100)
-        counted = (labels != -100).sum(1).clamp(min=1)
-        return {"loss": losses.sum(1) / counted}
+        head = language_head(self.model)
+        if head is None:  # a head this does not reproduce: the whole forward's logits
+            return {"loss": _mean_loss(self._forward(batch.input_ids).logits, labels, self.name)}
+        with judging(self.precision, self.model.device):
+            hidden = self.model.final_hidden(batch.input_ids)
+            if self.name == "clm":  # position t predicts token t + 1
+                hidden, labels = hidden[:, :-1], labels[:, 1:]
+            return {"loss": head.losses(hidden, labels)}  # the head only where a loss is read, a chunk at a time
 
     def _hidden(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self._forward(input_ids, output_hidden_states=True, **self._no_head).hidden_states[-1].float()
@@ -170,3 +173,11 @@ class Objective:
         labels = torch.where(chosen, input_ids, torch.full_like(input_ids, -100))
         masked = torch.where(chosen, torch.full_like(input_ids, mask_id), input_ids)
         return PreparedBatch(masked, labels=labels)
+
+
+def _mean_loss(logits: torch.Tensor, labels: torch.Tensor, name: str) -> torch.Tensor:
+    """Per block, the mean cross-entropy of the scored positions of the whole logits (clm: position t predicts t + 1)."""
+    if name == "clm":
+        logits, labels = logits[:, :-1], labels[:, 1:]
+    losses = nn.functional.cross_entropy(logits.transpose(1, 2).float(), labels, reduction="none", ignore_index=-100)
+    return losses.sum(1) / (labels != -100).sum(1).clamp(min=1)
