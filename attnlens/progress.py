@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import time
+from typing import Protocol
 
 from tqdm.auto import tqdm
 
@@ -98,6 +99,11 @@ class StageBar:
         self.n += n
         self._show()
 
+    def part(self, fraction: float, note: str = "") -> None:
+        """Show the unit under way as ``fraction`` done, ``note`` saying how far (work inside one unit: a
+        judgement's examples), without counting it: the parent moves on through the unit."""
+        self._show(min(max(fraction, 0.0), 1.0), note)
+
     def set_postfix_str(self, text: str) -> None:
         """What a tqdm bar writes after its count; nothing here: the parent's note says what the stage is at."""
 
@@ -110,13 +116,19 @@ class StageBar:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _show(self) -> None:
-        done = min(self.n / self.total, 1.0) if self.total > 0 else 0.0
-        note = " ".join(part for part in (self.name, f"{self.n}/{self.total} {self.unit}") if part)
-        self.stage.move_to(self.start + (self.end - self.start) * done, note)
+    def _show(self, part: float = 0.0, under_way: str = "") -> None:
+        done = min((self.n + part) / self.total, 1.0) if self.total > 0 else 0.0
+        note = " ".join(piece for piece in (self.name, f"{self.n}/{self.total} {self.unit}") if piece)
+        self.stage.move_to(self.start + (self.end - self.start) * done, f"{note}, {under_way}" if under_way else note)
 
 
 Progress = bool | Stage  # what every entry point takes as ``progress``: show a bar, or not, or move a parent's stage
+
+
+class Moving(Protocol):
+    """A bar that shows how far the unit under way is: :meth:`StageBar.part`, ``_Bar.part``."""
+
+    def part(self, fraction: float, note: str = "") -> None: ...
 
 
 def split(progress: Progress, *weights: float) -> list[Progress]:
@@ -133,6 +145,10 @@ def split(progress: Progress, *weights: float) -> list[Progress]:
 class _Bar(tqdm):
     """tqdm that leaves one final line: the update that completes the bar draws nothing, since close() draws it."""
 
+    def part(self, fraction: float, note: str = "") -> None:
+        """How far the unit under way is (:meth:`StageBar.part`), written after the count."""
+        self.set_postfix_str(note or f"{fraction:.0%} of the next {self.unit}")
+
     def update(self, n: float | None = 1) -> bool | None:
         # Without this, a log (stderr not a terminal) holds the 100% line twice.
         if not self.disable and self.total is not None and n is not None and self.n + n >= self.total:
@@ -141,7 +157,7 @@ class _Bar(tqdm):
         return super().update(n)
 
 
-def progress_bar(*, total: int, desc: str, unit: str = "it", initial: int = 0, enabled: Progress = True) -> tqdm | StageBar:
+def progress_bar(*, total: int, desc: str, unit: str = "it", initial: int = 0, enabled: Progress = True) -> _Bar | StageBar:
     """A tqdm bar (count, rate, ETA) that prints nothing when ``enabled`` is false, and moves
     the parent of ``enabled`` through its stage when it is a :class:`Stage`.
 

@@ -114,8 +114,9 @@ def write(timings: dict[str, dict[str, float]], stored: tuple[str, ...] = ()) ->
     weights = json.loads(WEIGHTS.read_text())
     for name, seconds in timings.items():
         weights[name] = {stage: round(value, 1) for stage, value in seconds.items()}
+    weights["machine"] = machine()  # the times are this machine's: the README and --help name it
     _replace(WEIGHTS, json.dumps(weights, indent=2) + "\n")
-    total = {name: sum(seconds.values()) for name, seconds in weights.items() if name != "about"}
+    total = {name: sum(seconds.values()) for name, seconds in weights.items() if isinstance(seconds, dict)}
     # --full's and the finetune protocol's times only when this run measured them: a stored figure may be from older code
     slow = "".join(
         f", `{' '.join(FLAGS[name])}` {duration(total[name])}"
@@ -123,12 +124,32 @@ def write(timings: dict[str, dict[str, float]], stored: tuple[str, ...] = ()) ->
         if name in timings or name in stored
     )
     sentence = (
-        f"On 2 cores the report takes {duration(total['default'])} (`--quick` {duration(total['quick'])}{slow}), as "
-        "`python bench/bench_report.py` measured it."
+        f"On 2 cores of {weights['machine']} the report took {duration(total['default'])} (`--quick` "
+        f"{duration(total['quick'])}{slow}), as `python bench/bench_report.py` measured it; machines of one kind differ "
+        "(twice as fast with AMX), and `attnlens report --dry-run` forecasts it for your model and machine."
     )
     text = README.read_text()
     start, stop = text.index(BEGIN) + len(BEGIN), text.index(END)
     _replace(README, text[:start] + "\n" + sentence + "\n" + text[stop:])
+
+
+def machine() -> str:
+    """The CPU the times were measured on, with the vector and matrix units that set its speed: "AMD EPYC (AVX-512, no AMX)"."""
+    import platform
+
+    name, flags = platform.processor() or platform.machine(), set()
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return name
+    for line in info.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "model name" and value.strip():
+            name = value.strip()
+        elif key.strip() == "flags":
+            flags = set(value.split())
+    units = "AMX" if "amx_tile" in flags else "AVX-512, no AMX" if "avx512f" in flags else "AVX2 only" if "avx2" in flags else ""
+    return f"{name} ({units})" if units else name
 
 
 def _replace(path: Path, text: str) -> None:

@@ -81,6 +81,30 @@ def test_a_bar_inside_another_bars_step_names_its_count_and_leaves_the_parent_wh
     assert parent.n > where and parent.seen == sorted(parent.seen)
 
 
+def test_a_judgements_examples_move_the_bar_through_the_unit_under_way(minilm_l3):
+    """A judgement that runs many looks (a small change against a small margin) moves the report's bar at each
+    slice of examples it judges, inside the unit its caller counts (a condition), never past it, never back."""
+    from attnlens.analysis.changes import Ablation
+    from attnlens.analysis.task import TaskJudge, TaskSettings
+    from attnlens.data.positions import parse_classes
+
+    parent = RecordingBar(total=100)
+    stage = Stage(parent, "report: importance", 20, 60)
+    settings = TaskSettings(name="rotten-tomatoes", task_train=48, task_eval="auto", task_pool=480, margin=0.1)
+    judge = TaskJudge(minilm_l3, settings, seq_len=32, batch_size=32)
+    with progress_bar(total=2, desc="importance: task", unit="condition", enabled=stage) as bar:
+        bar.update(1)
+        where = parent.n
+        with judge.moving(bar):
+            judged = judge.judge(Ablation("sep", parse_classes("self,sep,other"), "random"))
+        assert judged["held_out"] > 192, "more than one look"
+        moved = [count for count in parent.seen if count > where]
+        assert len(moved) >= 2 and max(moved) <= 60, "each slice moved it, within the unit under way (from 40 to 60)"
+        assert "examples" in parent.desc
+        bar.update(1)
+    assert parent.seen == sorted(parent.seen) and parent.n == 60
+
+
 def test_bars_one_after_another_share_the_stage_by_their_weights():
     parent = RecordingBar(total=100)
     first, second = split(Stage(parent, "report: eigen", 0, 40), 3, 1)

@@ -157,7 +157,8 @@ def _task_table(
     rows = []
     with progress_bar(total=len(conditions), desc="importance: task", unit="condition", enabled=progress) as bar:
         for condition in conditions:
-            rows.append({**condition_row(condition), **task_columns(judge.judge(condition))})
+            with judge.moving(bar):  # a judgement's examples move the bar through its condition
+                rows.append({**condition_row(condition), **task_columns(judge.judge(condition))})
             bar.update(1)
     table = pd.DataFrame(rows)
     excess = np.full((len(table), 3), np.nan)

@@ -37,6 +37,7 @@ True
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -377,7 +378,8 @@ def _evaluate(
                 blocks[layer] = {name: np.concatenate([part[name] for part in parts]) for name in parts[0]}  # (E, H)
             records += error_records(config, totals, blocks, weights)
             if plug is not None and plug.wants(config[1]):
-                plug.run(config, {layer: maps for layer, (maps, _) in fitted.items()})
+                with plug.task.moving(bar) if plug.task is not None else contextlib.nullcontext():
+                    plug.run(config, {layer: maps for layer, (maps, _) in fitted.items()})
             bar.update(1)
     return pd.DataFrame(records), selections
 

@@ -4,10 +4,12 @@ a change (:class:`TaskLoss`)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
 import math
+from collections.abc import Iterator
 
 import numpy as np
 import torch
@@ -37,7 +39,7 @@ from attnlens.data.tasks import Examples, Task
 from attnlens.models.cache import cached_array
 from attnlens.models.loading import LoadedModel
 from attnlens.models.precision import DEFAULT_PRECISION, judging
-from attnlens.progress import Progress
+from attnlens.progress import Moving, Progress
 
 
 class TaskJudge(FineTuning):
@@ -89,6 +91,7 @@ class TaskJudge(FineTuning):
             self.c = settings.probe_c if settings.probe_c is not None else self._chosen_c(features)
             self.probe = fit_probe(features, self.train.labels, self.c)
         self.finetune_runs: list[dict] = []  # every fine-tune run: change, cache file, training curve
+        self._bar: Moving | None = None  # while a caller's bar is moved by the examples judged (:meth:`moving`)
         self._structure: tuple[list[int], torch.Tensor] | None = None  # removal_share's valid masks, by layer group
         self._judged: dict[str | None, Outcomes] = {}  # by change key: outcomes on the first examples of the pool
         self._reported: dict[str | None, int] = {}  # by change key: the examples its judgement used
@@ -290,12 +293,25 @@ class TaskJudge(FineTuning):
             for start, stop in zip(cuts, cuts[1:]):
                 self._removed = np.zeros(2)  # (removed, valid) positions on the examples judged now
                 known = known.extended(*self._classified(change, self.pool.take(slice(start, stop))), self._removed)
+                if self._bar is not None:
+                    self._bar.part(stop / len(self.pool), f"{stop:,} of at most {len(self.pool):,} examples")
             self._judged[key] = known
         if count > len(self.held_out):
             self.held_out = self.pool.take(slice(0, count))
             if change is not None:
                 self._outcomes(None, count)
         return known
+
+    @contextlib.contextmanager
+    def moving(self, bar: Moving) -> Iterator[None]:
+        """While open, each slice of examples a judgement runs moves ``bar`` through the unit under way (a config,
+        a condition), by the share of the pool judged so far: a judgement that runs to the pool's end moves it
+        steadily, one that decides early jumps to the next unit when the caller counts it."""
+        self._bar = bar
+        try:
+            yield
+        finally:
+            self._bar = None
 
     def _looks(self) -> tuple[int, ...]:
         return cuts(len(self.pool)) if self.settings.task_eval == AUTO else ()
