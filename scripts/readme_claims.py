@@ -180,10 +180,9 @@ def described(meta: dict) -> str:
     seeds = f", fine-tuned with each change ({main.get('seeds')} seeds)" if protocol == "finetune" else ""
     task = f"; task `{main['task']}` under the {protocol} protocol" if main.get("task") else ""
     if main.get("task") and savings.get("task") and savings["task"] != main["task"]:
-        task = (f"; tasks under the {protocol} protocol: `{savings['task']}` for k and the plan (texts that fill n), "
-                f"`{main['task']}` for the rest")  # fmt: skip
+        task = f"; {protocol} protocol on `{savings['task']}` for k and the plan, `{main['task']}` for the rest"
     if main.get("task"):  # a report from before margins held its claims to zero: it says nothing here
-        task += "" if "margin" not in main else f", held to a margin of {Margin.parse(main['margin'])}"
+        task += "" if "margin" not in main else f"; margin {Margin.parse(main['margin'])}"
     budget = meta.get("budget")
     sized = "" if budget is None else f"; sized to `--budget {format_duration(budget['seconds'])}` here ({budget['base']} preset)"
     return (
@@ -203,11 +202,9 @@ def claims_section(columns: list[Column]) -> str:
             "",
             *(f"- {one.line}" for one in columns),
             "",
-            "The papers used BERT-base on GLUE, fine-tuned: these are findings about these models. A claim that a change "
-            "suffices, costs nothing or keeps the model holds when its paired Δ interval lies wholly above minus the "
-            "margin, does not when it lies wholly below, and is otherwise not decided; by the proxy, when the outputs "
-            "move by at most 0.01. How a verdict is reached, and what a causal model's claims mean: "
-            "[science](docs/science.md#how-the-report-decides-a-claim).",
+            "The papers used BERT-base on GLUE, fine-tuned: these are findings about these models. Task verdicts are "
+            "read against the margin each model's line states, the proxy's against 0.01. How a verdict is reached, and "
+            "what a causal model's claims mean: [science](docs/science.md#how-the-report-decides-a-claim).",
             "",
             table,
             "",
