@@ -81,6 +81,15 @@ def plan(
             rich_help_panel=ANALYSIS,
         ),
     ] = P.cost,
+    head_costs: Annotated[
+        str,
+        typer.Option(
+            "--head-costs",
+            help="How each head's cost under each choice is found: forwards (each head alone, a forward each) or, with "
+            "--max-drop, screen (every head at once, from one forward and a backward pass per class: docs/plan.md).",
+            rich_help_panel=ANALYSIS,
+        ),
+    ] = P.head_costs,
     corpus: CorpusOption = P.corpus,
     seq_len: SeqLenOption = P.seq_len,
     fit_seqs: Annotated[int, _blocks("--fit-seqs", "Blocks to fit the partial maps on.")] = P.fit_seqs,

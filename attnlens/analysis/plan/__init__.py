@@ -7,7 +7,10 @@ window of keys, and which must stay exact, at the fewest attention FLOPs?" (or, 
 :mod:`~attnlens.analysis.plan.seconds`):
 
 1. **curves**: every head alone, under every choice (:mod:`~attnlens.analysis.plan.choices`),
-   costs so much proxy loss on the curve blocks (not the blocks the plan is chosen on);
+   costs so much proxy loss on the curve blocks (not the blocks the plan is chosen on); with
+   ``head_costs="screen"`` (an accuracy budget) every head is screened at once instead, its divergence
+   estimated from a forward and a backward pass per class (:mod:`~attnlens.analysis.plan.screen`), so
+   that this step's cost does not grow with the heads;
 2. **path**: the greedy path spends FLOPs where they cost least, treating the heads' costs
    as additive (:func:`~attnlens.analysis.plan.allocate.greedy_path`);
 3. **verify and repair**: heads interact, so the step the sum predicts is run on the model
@@ -50,6 +53,7 @@ from attnlens.analysis.plan.assemble import MapBank, assignment_key, layer_plans
 from attnlens.analysis.plan.choices import EXACT, Assignment, Choice, changes_pairs, flops, flops_on, options, parse
 from attnlens.analysis.plan.judging import Budget, Costs, ProxyCosts, TaskCosts
 from attnlens.analysis.plan.result import NONE_MEETS, Form, Method, PlanResult
+from attnlens.analysis.plan.screen import screen_curves
 from attnlens.analysis.plan.seconds import Geometry, Timings, measure
 from attnlens.analysis.plan.settings import PlanSettings
 from attnlens.analysis.reconstruct import MapFitter
@@ -150,14 +154,7 @@ def plan(
     planner = _planner(source, s, device, maps_progress)
     for budget in s.budgets:  # before the curves: a budget no plan can meet is bad input, found early
         _check_meetable(planner.costs, budget)
-    curves = head_curves(
-        planner.units,
-        planner.choices,
-        planner.change,
-        lambda change: planner.costs.per_unit(change, "curve"),
-        planner.price,
-        curves_progress,
-    )
+    curves = _curves(planner, curves_progress)
     path = greedy_path(curves)
     uniforms = {choice: uniform(planner.units, choice) for choice in planner.choices}
     summaries: list[dict] = []  # per budget: its methods judged, its choices and its probes, as records
@@ -169,6 +166,24 @@ def plan(
             summaries, chosen, probes = summaries + judged, chosen + choices, probes + probed
             bar.update(1)
     return _result(planner, curves, path, pd.DataFrame(summaries), pd.DataFrame(chosen), pd.DataFrame(probes), command)
+
+
+def _curves(planner: _Planner, progress: Progress) -> pd.DataFrame:
+    """Each head's cost under each choice: screened at once, or measured head by head, a forward each."""
+    if planner.s.head_costs == "screen":
+        assert isinstance(planner.costs, TaskCosts)  # the settings refuse a screen without an accuracy budget
+        changes = [planner.change(uniform(planner.units, choice)) for choice in planner.choices]
+        alternatives = lambda view: [change.intervention(view) for change in changes]  # noqa: E731
+        task = planner.costs
+        return screen_curves(planner.units, planner.choices, task.task, task.curve.inputs, alternatives, planner.price, progress)
+    return head_curves(
+        planner.units,
+        planner.choices,
+        planner.change,
+        lambda change: planner.costs.per_unit(change, "curve"),
+        planner.price,
+        progress,
+    )
 
 
 def _plan_budget(

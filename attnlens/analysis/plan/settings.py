@@ -11,6 +11,7 @@ from attnlens.models.precision import DEFAULT_PRECISION, PRECISIONS
 from attnlens.settings import CorpusSettings, at_least, group, one_of, positive
 
 COSTS = ("flops", "seconds")  # what a plan spends: attention FLOPs, or measured seconds per call
+HEAD_COSTS = ("screen", "forwards")  # how each head's cost under each choice is found: screened at once, or measured alone
 PER_QUERY_LIMIT = 4 * 2**30  # bytes of per-query moments a causal model's maps may need
 
 
@@ -36,6 +37,10 @@ class PlanSettings(CorpusSettings):
     (:mod:`~attnlens.analysis.plan.seconds`; windows then run on the faster of FlexAttention and sdpa). An accuracy budget that one lost
     example already forecasts above, at these halves, is refused with the ``task_eval`` it needs
     (``forecastable_only``; the report plans anyway at its small sizes and says "not decided").
+    ``head_costs``: how each head's cost under each choice is found before the path is built: ``"forwards"``
+    (each head alone under each choice, a forward each) or, under an accuracy budget, ``"screen"`` (every head at
+    once, from one forward and a backward pass per class of the task, :mod:`~attnlens.analysis.plan.screen`: a cost
+    that does not grow with the heads; a proxy budget measures by forwards whatever is asked).
 
     >>> PlanSettings.build(max_loss=(0.01,), max_drop=(1.0,), task="rotten-tomatoes")
     Traceback (most recent call last):
@@ -54,6 +59,7 @@ class PlanSettings(CorpusSettings):
     objective: str = "auto"
     classes: str | None = None
     cost: str = "flops"
+    head_costs: str = "forwards"
     forecastable_only: bool = True
     bootstrap: int = 1000
     precision: str = DEFAULT_PRECISION  # the judging forwards' arithmetic, the task's too (passed down)
@@ -70,6 +76,10 @@ class PlanSettings(CorpusSettings):
                 )
         if self.cost not in COSTS:
             raise BadInput(f"`cost` '{self.cost}' is unknown; use one of {', '.join(COSTS)}")
+        one_of("head_costs", self.head_costs, HEAD_COSTS)
+        if self.head_costs == "screen" and self.max_drop is None:
+            raise BadInput("`head_costs` screen estimates what a change does to a task's predictions: give `max_drop` (a budget of "
+                           "accuracy, with a task), or measure the proxy's costs by forwards (`head_costs` forwards)")  # fmt: skip
         if self.max_drop is not None and self.task.name is None:
             raise BadInput("`max_drop` is a budget of task accuracy: name a task (imdb, rotten-tomatoes or a file)")
         for k in self.ks:
