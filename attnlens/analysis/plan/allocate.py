@@ -38,6 +38,22 @@ Price = Callable[[int, Choice], float]
 """What one head of a layer spends under a choice: ``price_of(layer, choice)``."""
 
 
+def saving_pairs(units: list[tuple[int, int]], choices: list[Choice], price_of: Price) -> list[tuple[int, int, Choice]]:
+    """Every (layer, head, choice) that saves anything against exact: a choice that costs a layer as much as
+    exact is never worth a curve."""
+    return [(layer, head, c) for layer, head in units for c in choices if price_of(layer, c) < price_of(layer, EXACT)]
+
+
+def curve_table(pairs: list[tuple[int, int, Choice]], costs: list[float], price_of: Price) -> pd.DataFrame:
+    """The curves' table: per pair its cost, its price and what it saves against exact."""
+    records = [
+        {"layer": layer, "head": head, "choice": str(choice), "price": price_of(layer, choice),
+         "saved": price_of(layer, EXACT) - price_of(layer, choice), "cost": cost}
+        for (layer, head, choice), cost in zip(pairs, costs)
+    ]  # fmt: skip
+    return pd.DataFrame(records, columns=["layer", "head", "choice", "price", "saved", "cost"])
+
+
 def head_curves(
     units: list[tuple[int, int]],
     choices: list[Choice],
@@ -46,27 +62,15 @@ def head_curves(
     price_of: Price,
     progress: Progress = True,
 ) -> pd.DataFrame:
-    """Mean cost of every (head, choice) alone, with its price and what it saves against exact: one row
-    per pair that saves anything (a choice that costs a layer as much as exact is never worth a forward)."""
-    pairs = [(layer, head, c) for layer, head in units for c in choices if price_of(layer, c) < price_of(layer, EXACT)]
-    records = []
+    """Mean cost of every (head, choice) alone, a forward each, with its price and what it saves against
+    exact: one row per pair that saves anything (:func:`saving_pairs`)."""
+    pairs = saving_pairs(units, choices, price_of)
+    costs = []
     with progress_bar(total=len(pairs), desc="head curves", unit="change", enabled=progress) as bar:
         for layer, head, choice in pairs:
-            values = cost_of(change_of({(layer, head): choice}))
-            price = price_of(layer, choice)
-            saved = price_of(layer, EXACT) - price
-            records.append(
-                {
-                    "layer": layer,
-                    "head": head,
-                    "choice": str(choice),
-                    "price": price,
-                    "saved": saved,
-                    "cost": float(values.mean()),
-                }
-            )
+            costs.append(float(cost_of(change_of({(layer, head): choice})).mean()))
             bar.update(1)
-    return pd.DataFrame(records, columns=["layer", "head", "choice", "price", "saved", "cost"])
+    return curve_table(pairs, costs, price_of)
 
 
 def _hull(points: list[tuple[float, float, str]]) -> list[tuple[float, float, str]]:

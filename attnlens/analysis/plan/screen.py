@@ -35,8 +35,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from attnlens.analysis.plan.allocate import Price
-from attnlens.analysis.plan.choices import EXACT, Choice
+from attnlens.analysis.plan.allocate import Price, curve_table, saving_pairs
+from attnlens.analysis.plan.choices import Choice
 from attnlens.analysis.task import TaskJudge
 from attnlens.models.attention import remaining_or_unmodified, softmax
 from attnlens.models.capture import Capture, Intervention
@@ -154,11 +154,5 @@ def screen_curves(
     """The curves' table (:func:`~attnlens.analysis.plan.allocate.head_curves`'s columns) with each pair's cost
     the screen's estimate (see the module): one row per (head, choice) that saves anything."""
     costs = screened_costs(judge, batches, alternatives, len(choices), progress)
-    records = [
-        {"layer": layer, "head": head, "choice": str(choice), "price": price_of(layer, choice),
-         "saved": price_of(layer, EXACT) - price_of(layer, choice), "cost": float(costs[layer, head, index])}
-        for layer, head in units
-        for index, choice in enumerate(choices)
-        if price_of(layer, choice) < price_of(layer, EXACT)
-    ]  # fmt: skip
-    return pd.DataFrame(records, columns=["layer", "head", "choice", "price", "saved", "cost"])
+    pairs = saving_pairs(units, choices, price_of)
+    return curve_table(pairs, [float(costs[layer, head, choices.index(choice)]) for layer, head, choice in pairs], price_of)

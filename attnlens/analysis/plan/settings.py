@@ -40,7 +40,7 @@ class PlanSettings(CorpusSettings):
     ``head_costs``: how each head's cost under each choice is found before the path is built: ``"forwards"``
     (each head alone under each choice, a forward each) or, under an accuracy budget, ``"screen"`` (every head at
     once, from one forward and a backward pass per class of the task, :mod:`~attnlens.analysis.plan.screen`: a cost
-    that does not grow with the heads; a proxy budget measures by forwards whatever is asked).
+    that does not grow with the heads; refused without an accuracy budget).
 
     >>> PlanSettings.build(max_loss=(0.01,), max_drop=(1.0,), task="rotten-tomatoes")
     Traceback (most recent call last):
