@@ -124,7 +124,7 @@ def write(timings: dict[str, dict[str, float]], stored: tuple[str, ...] = ()) ->
         if name in timings or name in stored
     )
     sentence = (
-        f"On 2 cores of {weights['machine']} the report took {duration(total['default'])} (`--quick` "
+        f"On 2 cores of {weights['machine']} a first report (nothing cached) took {duration(total['default'])} (`--quick` "
         f"{duration(total['quick'])}{slow}), as `python bench/bench_report.py` measured it; machines of one kind differ "
         "(twice as fast with AMX), and `attnlens report --dry-run` forecasts it for your model and machine."
     )

@@ -154,11 +154,14 @@ def digest(table: str) -> str:
     return hashlib.sha256(table.encode()).hexdigest()[:16]
 
 
-def merged(default: pd.DataFrame, full: pd.DataFrame | None) -> pd.DataFrame:
-    """The default report's claims, each it leaves to ``--full`` taken from the full report instead."""
+def merged(default: pd.DataFrame, full: pd.DataFrame | None, older: str | None = None) -> pd.DataFrame:
+    """The default report's claims, each it leaves to ``--full`` taken from the full report instead; ``older``: the
+    attnlens version that made the full report, where it is not the default report's (its cells say so)."""
     if full is None:
         return default
     by_claim = full.set_index("claim")
+    if older is not None:
+        by_claim = by_claim.assign(**{"made by": by_claim["made by"] + f", attnlens {older}"})
     later = at_this_size(default)
     rows = [by_claim.loc[row["claim"]] if later[index] and row["claim"] in by_claim.index else row
             for index, row in default.iterrows()]  # fmt: skip
@@ -256,13 +259,19 @@ def update(
     import attnlens
     from attnlens.io.files import write_bytes_atomic
 
-    fulls = {result.meta["model"]["name"]: result.claims for result in map(attnlens.load_result, full)}
+    fulls = {result.meta["model"]["name"]: result for result in map(attnlens.load_result, full)}
     finetunes = {result.meta["model"]["name"]: result for result in map(attnlens.load_result, finetune)}
     columns, pages = [], {}
     for directory in reports:
         report = attnlens.load_result(directory)
         name = report.meta["model"]["name"]
-        columns.append(column(merged(report.claims, fulls.get(name)), report.meta))
+        made = fulls.get(name)
+        older = (
+            None
+            if made is None or made.meta.get("attnlens_version") == report.meta.get("attnlens_version")
+            else made.meta.get("attnlens_version")
+        )
+        columns.append(column(merged(report.claims, None if made is None else made.claims, older), report.meta))
         pages[columns[-1].heading] = directory / "report.html"
         if name in finetunes:
             columns.append(column(finetuned(finetunes[name].claims), finetunes[name].meta))

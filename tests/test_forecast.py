@@ -120,15 +120,34 @@ def test_plan_counts_its_curves_and_plans(minilm_l3):
     assert low * search.unit.batch <= judged <= high * search.unit.batch
 
 
+def test_the_plan_screen_counts_a_forward_and_a_backward_per_class(minilm_l3):
+    """Under an accuracy budget the heads are screened at once: the curve examples' unmodified predictions, then one
+    forward with gradients per batch (the backward per class reuses it); priced as a gated step per class."""
+    from attnlens.analysis.plan import _curves, _planner
+    from attnlens.analysis.task import prepare_task
+
+    s = PlanSettings.build(seq_len=32, task="rotten-tomatoes", task_train=16, task_eval=40, max_drop=(50.0,), fit_seqs=4,
+                           curve_seqs=8, batch_size=4, ks=(), widths=(2,), forecastable_only=False)  # fmt: skip
+    assert s.screened  # the default under an accuracy budget
+    prepared = prepare_task(minilm_l3, s.task, seq_len=32, seed=s.seed)
+    work = {item.what: item for item in counted.plan_work(s, _facts(minilm_l3, tasks={"plan": prepared}))}
+    planner = _planner(minilm_l3, s, "cpu", False)
+    seen = _run_counting(minilm_l3, lambda: _curves(planner, False))
+    screen = work["curves: the screen, a backward per class"]
+    assert screen.unit.kind == "screen" and screen.count * screen.unit.batch == pytest.approx(2 * 8)  # two classes
+    assert sum(v for (_, grad), v in seen.items() if grad) == 8  # one forward with gradients per curve example
+    assert "curves: one change per head and choice" not in work
+
+
 def test_a_stage_is_priced_at_the_middle_of_its_ranges():
-    """A range counts its middle (a sequential design's looks: their geometric middle), and the least and
+    """A range counts its middle (a sequential design's looks too: bench_sequential's judgements average near it), and the least and
     the most price its ends; a width between two timed ones is read off the line through them."""
     calibration = Calibration({Unit("changed", 16, 32): 1.0, Unit("changed", 16, 128): 4.0})
     assert calibration.seconds(Unit("changed", 16, 64)) == pytest.approx(2.0)
     assert calibration.seconds(Unit("changed", 8, 64)) == pytest.approx(1.0)  # half the batch, half the seconds
-    items = [Item("fixed", Unit("changed", 16, 32), 10), Item.ranged("looks", Unit("changed", 16, 128), 4, 64, looks=True)]
+    items = [Item("fixed", Unit("changed", 16, 32), 10), Item.ranged("looks", Unit("changed", 16, 128), 4, 64)]
     stage = StageForecast.of("x", items, calibration)
-    assert stage.seconds == pytest.approx(10 + 16 * 4.0) and (stage.low, stage.high) == (10 + 16, 10 + 256)
+    assert stage.seconds == pytest.approx(10 + 34 * 4.0) and (stage.low, stage.high) == (10 + 16, 10 + 256)
 
 
 def test_task_examples_are_priced_at_their_batches_widths():

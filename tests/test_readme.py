@@ -88,6 +88,8 @@ def test_a_full_report_fills_the_claims_the_default_leaves_to_it(typed):
     full = pd.DataFrame([["a", "p", "does not hold: 2", "full"], ["b", "p", "holds: 3", "full"]], columns=generator.COLUMNS)
     merged = generator.merged(default, full)
     assert merged["verdict"].tolist() == ["holds: 1", "holds: 3"] and merged["made by"].tolist() == ["default", "full"]
+    older = generator.merged(default, full, older="0.1.0")  # a full report of another version says which
+    assert older["made by"].tolist() == ["default", "full, attnlens 0.1.0"]
 
 
 def test_the_generator_refuses_what_is_not_a_default_report(tmp_path, capsys):

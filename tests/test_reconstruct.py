@@ -69,6 +69,28 @@ def test_greedy_path_matches_naive_greedy_and_lstsq_errors(planted):
         assert errors[0, k] == pytest.approx((residual**2).sum() / (len(fit) - 1), rel=1e-6)
 
 
+def test_greedy_path_with_few_candidates_is_naive_greedy_on_them_then_the_rest_in_order():
+    """Units with different numbers of candidate keys (a causal model's queries) in one batch: each unit's order
+    begins with brute-force greedy on its candidates alone, then its other positions ascending, its error flat
+    after the last candidate; and a path cut at ``steps`` is the whole path's prefix."""
+    rng = np.random.default_rng(3)
+    n, units = 12, 6
+    factors = rng.standard_normal((units, n, n))
+    covariance = factors @ factors.transpose(0, 2, 1) / n
+    counts = np.array([1, 2, 4, 5, 7, 8])
+    candidates = np.arange(n)[None, :] < counts[:, None]
+    order, errors = greedy_path(covariance, candidates)
+    for unit, m in enumerate(counts):
+        own = covariance[unit][:m, :m]
+        np.testing.assert_array_equal(order[unit, :m], naive_greedy_path(own, steps=m))
+        np.testing.assert_array_equal(order[unit, m:], np.arange(m, n))
+        assert errors[unit, 0] == pytest.approx(np.trace(own)) and np.allclose(errors[unit, m:], errors[unit, m], atol=1e-9)
+    cut_order, cut_errors = greedy_path(covariance, candidates, steps=3)
+    np.testing.assert_array_equal(cut_order[:, :3], order[:, :3])
+    np.testing.assert_allclose(cut_errors[:, :4], errors[:, :4])
+    assert not cut_order[:, 3:].any() and not cut_errors[:, 4:].any()
+
+
 def test_greedy_beats_random_on_held_out_planted_data(planted):
     fit, held_out = planted
     fitter = fitter_for(fit)

@@ -4,11 +4,13 @@ paired outcomes of known Δ around the margin, against a fixed design as large a
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
-from attnlens.analysis.margin import COMPARISON, non_inferior
-from attnlens.analysis.sequential import ALPHA, Design, continuation, spending
+from attnlens.analysis.margin import COMPARISON, NON_INFERIORITY, decides, non_inferior
+from attnlens.analysis.sequential import ALPHA, Design, _spread, continuation, spending
 
 # Published two-sided α = 0.05 constants (Pocock 1977; O'Brien & Fleming 1979; Jennison & Turnbull 2000, tables 2.1, 2.3).
 PUBLISHED = [
@@ -33,7 +35,7 @@ def test_a_judgements_boundaries_spend_what_a_monte_carlo_of_random_walks_spends
     and by the last with probability α, within Monte Carlo error."""
     rng = np.random.default_rng(2)
     edge = rng.choice([-1.0, 0.0, 1.0], size=4000, p=[0.06, 0.9, 0.04])  # Δ = −δ, 10% discordant: every look
-    decision = Design.for_pool(4000, MARGIN).run(lambda count: edge[:count])
+    decision = Design.for_pool(4000, MARGIN, futility=0.0).run(lambda count: edge[:count])  # it looks at every look
     looks, bounds = np.array(decision.looks), np.array(decision.bounds)
     assert decision.reason == "examples ran out" and len(looks) >= 8
     walks = np.cumsum(rng.normal(size=(400_000, len(looks))) * np.sqrt(np.diff(looks, prepend=0)), axis=1)
@@ -144,6 +146,9 @@ def test_decisions_say_why_they_stopped():
     assert decision.high < -MARGIN and decision.decided
     noisy = rng.choice([-1.0, 1.0], size=1000)  # half the examples flip each way: Δ ≈ 0 and a wide interval
     decision = design.run(lambda count: noisy[:count])
+    assert not decision.decided and decision.reason in ("the pool would not decide", "examples ran out")
+    design = Design.for_pool(1000, margin=MARGIN, futility=0.0)  # without the futility rule: to the pool's end
+    decision = design.run(lambda count: noisy[:count])
     assert decision.reason == "examples ran out" and decision.examples == 1000 and decision.low < -MARGIN < decision.high
     assert decision.looks[-1] == 1000 and set(decision.looks) <= set(design.cuts) and not decision.decided
     untouched = np.zeros(1000)  # no example changes: the interval lies above −δ, never of zero width
@@ -155,15 +160,37 @@ def test_decisions_say_why_they_stopped():
     assert capped.examples == 300 and capped.reason == "examples ran out" and capped.bound < capped.bounds[0]
 
 
-def test_the_margin_sets_the_question_and_only_the_pool_ends_an_undecided_judgement():
+def test_the_margin_sets_the_question_and_an_undecided_judgement_stops_where_the_pool_would_not_decide_it():
     """Against the unmodified model a judgement stops where its interval leaves −δ; two choices compared stop
-    where theirs excludes zero or lies within ±δ. A Δ right at −δ is not decided: it runs to the pool's end."""
+    where theirs excludes zero or lies within ±δ. A Δ right at −δ is not decided: it stops where the rest of the
+    pool would decide it less than one time in ten, or, without that rule, at the pool's end."""
     design = Design.for_pool(4000, MARGIN)
     rng = np.random.default_rng(5)
     edge = rng.choice([-1.0, 0.0, 1.0], size=4000, p=[0.06, 0.9, 0.04])  # Δ = −δ
     decision = design.run(lambda count: edge[:count])
-    assert decision.reason == "examples ran out" and decision.low < -MARGIN < decision.high and decision.examples == 4000
-    assert decision.looks == design.grid and not decision.decided
+    assert decision.reason == "the pool would not decide" and decision.low < -MARGIN < decision.high
+    assert decision.examples < 4000 and not decision.decided
+    whole = dataclasses.replace(design, futility=0.0).run(lambda count: edge[:count])
+    assert whole.reason == "examples ran out" and whole.examples == 4000 and whole.looks == design.grid
     same = rng.choice([-1.0, 0.0, 1.0], size=4000, p=[0.05, 0.9, 0.05])  # two choices alike: on par within ±δ
     compared = design.run(lambda count: same[:count], question=COMPARISON)
     assert compared.decided and -MARGIN < compared.low and compared.high < MARGIN
+
+
+@pytest.mark.parametrize("question", [NON_INFERIORITY, COMPARISON])
+@pytest.mark.parametrize(
+    ("mean", "discordant", "count"), [(-0.017, 0.2, 1824), (-0.01, 0.1, 912), (0.0, 0.4, 432), (-0.03, 0.1, 288)]
+)
+def test_the_chance_the_pool_decides_is_that_of_a_monte_carlo_of_its_rest(question, mean, discordant, count):
+    """:meth:`Design.would_decide` in closed form against 50,000 draws: Δ from the normal the first ``count``
+    examples give it (flat prior), the rest of the pool's mean given Δ, the final interval at 1.96 standard errors,
+    and the question's rule (:func:`attnlens.analysis.margin.decides`) read off each draw."""
+    design, cap, rng = Design.for_pool(4000, MARGIN), 4000, np.random.default_rng(11)
+    total, squares = mean * count, discordant * count
+    variance = float(_spread(count, total, squares))
+    delta = rng.normal(mean, np.sqrt(variance / count), 50_000)
+    rest = rng.normal(delta, np.sqrt(variance / (cap - count)))
+    final = (total + rest * (cap - count)) / cap
+    half = Z * np.sqrt(variance / (cap + 2))
+    drawn = np.mean([decides(question, value - half, value + half, MARGIN) for value in final])
+    assert design.would_decide(question, count, cap, total, squares) == pytest.approx(drawn, abs=0.01)

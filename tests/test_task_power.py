@@ -10,12 +10,14 @@ the longest of the split; the power figures against numpy on the per-example out
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 
 import numpy as np
 import pandas as pd
 import pytest
 import torch
+from scipy.stats import norm
 
 import attnlens
 from attnlens.analysis.changes import Ablation
@@ -133,10 +135,10 @@ def test_power_columns_follow_from_the_paired_outcomes(minilm_l6):
 
 @pytest.mark.slow
 def test_task_eval_auto_judges_each_change_sequentially_on_a_prefix_of_the_pool(minilm_l3, monkeypatch):
-    """Each change stops at the first look where its interval lies on one side of −δ (or at the pool's end);
-    the interval is recomputed here from the per-example outcomes (mean ± boundary × the Agresti–Min
-    standard error, the boundary the design gives on these outcomes), and every earlier look is
-    checked not to have stopped."""
+    """Each change stops at the first look where its interval lies on one side of −δ, where the rest of the pool would
+    decide it less than one time in ten, or at the pool's end. The interval and that chance are recomputed here from
+    the per-example outcomes (mean ± boundary × the Agresti–Min standard error, the boundary the design gives on
+    these outcomes), and every earlier look is checked not to have stopped."""
     settings = TaskSettings(name="rotten-tomatoes", task_train=64, task_eval="auto", task_pool=400, margin=8)
     judge = TaskJudge(minilm_l3, settings, seq_len=48, batch_size=32)
     assert judge.design.available == len(judge.pool) == 400 and judge.design.grid[0] == 192
@@ -147,6 +149,14 @@ def test_task_eval_auto_judges_each_change_sequentially_on_a_prefix_of_the_pool(
         spread = (np.square(paired).sum() + 1) / (count + 2) - adjusted**2
         half = bound * np.sqrt(spread / (count + 2))
         return paired.mean() - half, paired.mean() + half
+
+    def would_decide(paired: np.ndarray, pool: int) -> float:
+        """The chance the pool's end puts the interval (1.96 standard errors) on one side of −δ, the final mean
+        drawn from N(mean, σ²(pool − n)/(pool·n))."""
+        count = len(paired)
+        spread = (np.square(paired).sum() + 1) / (count + 2) - (paired.sum() / (count + 2)) ** 2
+        half, drawn = 1.959964 * np.sqrt(spread / (pool + 2)), np.sqrt(spread * (pool - count) / (pool * count))
+        return float(norm.sf(-0.08 + half, paired.mean(), drawn) + norm.cdf(-0.08 - half, paired.mean(), drawn))
 
     for change in (Ablation("cls", CLASSES), Ablation("other", CLASSES), Ablation("sep", CLASSES, "random")):
         judged = judge.judge(change)
@@ -161,7 +171,7 @@ def test_task_eval_auto_judges_each_change_sequentially_on_a_prefix_of_the_pool(
         for look, bound in zip(decision.looks[:-1], decision.bounds):  # no earlier look met a stopping rule
             low_then, high_then = interval(judge._paired(change, None, look), bound)
             assert low_then <= -0.08 <= high_then
-        reason = {"decided": low > -0.08 or high < -0.08}
+        reason = {"decided": low > -0.08 or high < -0.08, "the pool would not decide": would_decide(paired, 400) < 0.1}
         assert reason.get(judged["stopped"], count == 400), judged["stopped"]
     assert judge.held_out.rows.tolist() == judge.pool.rows[: len(judge.held_out)].tolist()
 
@@ -173,6 +183,7 @@ def test_a_judgement_computes_each_example_once_in_the_designs_slices(minilm_l3,
     monkeypatch.setenv("ATTNLENS_CACHE", str(tmp_path / "cache"))
     settings = TaskSettings(name="rotten-tomatoes", task_train=64, task_eval="auto", task_pool=400, margin=0.5)
     auto = TaskJudge(minilm_l3, settings, seq_len=48, batch_size=16)
+    auto.design = dataclasses.replace(auto.design, futility=0.0)  # a judgement that runs to the pool's end: every slice
     judged, features = [], auto.features
 
     def counted(examples, change, *rest):

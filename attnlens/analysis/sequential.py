@@ -8,11 +8,17 @@ at most 40% a look, and stops a judgement at the first look where
 - its interval answers the question asked (``"decided"``): for a change against the unmodified model
   (non-inferiority) it lies on one side of −δ, wholly above or wholly below; for two choices compared,
   it excludes zero or lies within ±δ; or
+- the pool would not decide it (``"the pool would not decide"``): were Δ as likely as the examples so far
+  say (their mean and standard error, a flat prior), the interval at the pool's end would answer the
+  question less than one time in ten (:data:`FUTILITY`; predictive power, Spiegelhalter, Freedman &
+  Blackburn 1986): the rest of the pool would be spent on a judgement that stays undecided; or
 - the examples run out (``"examples ran out"``): the pool (``--task-pool``) is the judgement's
   budget, and a judgement undecided there says what deciding would take.
 
-A change far from −δ decides on a few hundred examples; one near it uses as many as the pool holds,
-since no smaller size would decide it; nothing stops a judgement before it has decided but the pool.
+A change far from −δ decides on a few hundred examples; one near it stops once the pool is seen to be
+too small for it, and says what deciding would take. Stopping for futility never makes a verdict: it
+only leaves undecided some judgements the pool might have decided, so the wrong side of −δ is no more
+likely than without it, and the intervals keep their coverage (they hold at every look).
 
 **Early looks spend little α.** The intervals are repeated confidence intervals (Jennison &
 Turnbull 1989): the boundary ``c_k`` of each look is set, given the boundaries already used, so
@@ -64,7 +70,8 @@ NEVER = 7.5  # a boundary no path crosses (probability 6e-14): a look with nothi
 PSEUDO = 0.5  # Agresti–Min: half an example added to each cell of the paired 2×2 table, for the standard error
 Z = 1.959964  # two-sided 95%
 Z_POWER = 0.841621  # 80% power
-REASONS = ("decided", "examples ran out")
+FUTILITY = 0.1  # stop where the pool's end would decide less often than this (predictive power)
+REASONS = ("decided", "the pool would not decide", "examples ran out")
 _GRID = np.linspace(-8.0, 8.0, 1201)  # the standardised statistic z, where the densities are integrated
 
 
@@ -199,6 +206,7 @@ class Design:
     available: int
     margin: float
     alpha: float = ALPHA
+    futility: float = FUTILITY
     first: int = FIRST_LOOK
     growth: float = GROWTH
     chunk: int = CHUNK
@@ -257,11 +265,38 @@ class Design:
             mean, half = self.interval_of_sums(count, total, squares, bound)
             history += ((count, bound),)
             decided = decides(question, mean - half, mean + half, self.margin)
-            if decided or last:
+            futile = not (decided or last) and self.would_decide(question, count, cap, total, squares) < self.futility
+            if decided or futile or last:
                 looks, bounds = zip(*history)
-                reason = "decided" if decided else "examples ran out"
+                reason = REASONS[0] if decided else REASONS[1] if futile else REASONS[2]
                 return Decision(mean, mean - half, mean + half, half, count, len(history) - 1, bound, reason, looks, bounds)
         raise AssertionError("the cap is a look")  # only a bug in attnlens reaches here
+
+    def would_decide(self, question: str, count: int, cap: int, total: float, squares: float) -> float:
+        """The probability that the look at ``cap`` examples answers ``question``, given the first ``count``
+        differences (their sum ``total`` and sum of squares ``squares``): the final mean drawn from its predictive
+        distribution under a flat prior on Δ, N(mean, σ²(cap − count)/(cap·count)), and the final interval's
+        half-width taken as 1.96 standard errors (the last boundary is a little wider: this errs towards going on).
+
+        >>> design = Design.for_pool(4000, margin=0.02)
+        >>> round(design.would_decide("non-inferiority", 1824, 4000, -0.017 * 1824, 0.21 * 1824), 2)  # near −δ, wide
+        0.09
+        >>> round(design.would_decide("non-inferiority", 192, 4000, 0.0, 0.05 * 192), 2)  # Δ ≈ 0, 5% discordant
+        0.83
+        """
+        variance = float(_spread(count, total, squares))
+        mean, half = total / count, Z * math.sqrt(variance / (cap + 4 * PSEUDO))
+        spread = max(math.sqrt(variance * (cap - count) / (cap * count)), 1e-12)
+
+        def above(value: float) -> float:  # P(final mean > value)
+            return 0.5 * math.erfc((value - mean) / (spread * math.sqrt(2)))
+
+        if question == NON_INFERIORITY:  # the final interval wholly above or wholly below −δ
+            return above(-self.margin + half) + 1 - above(-self.margin - half)
+        if self.margin >= 2 * half:  # an interval that holds zero lies within ±δ: every final mean decides
+            return 1.0
+        # zero excluded (|mean| > h), or within ±δ (|mean| < δ − h): two disjoint regions
+        return above(half) + 1 - above(-half) + max(above(-(self.margin - half)) - above(self.margin - half), 0.0)
 
     @property
     def grid(self) -> tuple[int, ...]:

@@ -85,8 +85,9 @@ def plan(
         str,
         typer.Option(
             "--head-costs",
-            help="How each head's cost under each choice is found: forwards (each head alone, a forward each) or, with "
-            "--max-drop, screen (every head at once, from one forward and a backward pass per class: docs/plan.md).",
+            help="How each head's cost under each choice is found: screen (with --max-drop: every head at once, from one "
+            "forward and a backward pass per class: docs/plan.md), forwards (each head alone, a forward each), or auto "
+            "(screen with --max-drop, forwards with --max-loss).",
             rich_help_panel=ANALYSIS,
         ),
     ] = P.head_costs,

@@ -196,11 +196,13 @@ def plan_work(s: PlanSettings, facts: Facts) -> list[Item]:
         ]
     half = int(s.task.task_eval) // 2
     curve, size = task.train.take(slice(0, s.curve_seqs)), min(s.curve_seqs, b)
-    per_curve = examples("curves: one change per head and choice", "judged", curve, size)
-    items += [
-        examples("curves: the unmodified predictions", "features", curve, size),
-        replace(per_curve, count=units * choices * per_curve.count),
-    ]
+    items.append(examples("curves: the unmodified predictions", "features", curve, size))
+    if s.screened:  # every head at once: a forward and a backward per class, whatever the heads and choices
+        screen = examples("curves: the screen, a backward per class", "screen", curve, size)
+        items.append(replace(screen, count=len(task.task.label_names) * screen.count))
+    else:
+        per_curve = examples("curves: one change per head and choice", "judged", curve, size)
+        items.append(replace(per_curve, count=units * choices * per_curve.count))
     if "plan" not in facts.cached:
         items.append(examples("task: the probe's training features", "features", task.train, b))
     pool, first = task.pool, min(PLAN_LOOKS[0], half)

@@ -23,13 +23,15 @@ from attnlens.models.capture import Capture
 from attnlens.models.loading import LoadedModel
 from attnlens.models.precision import judging
 
-KINDS = ("features", "judged", "objective", "changed", "step", "train", "moments", "scores")
+KINDS = ("features", "judged", "objective", "changed", "step", "train", "screen", "moments", "scores")
 # features: the model without its head, unmodified (a task's pooled features);
 # judged: the same with a change inside attention (a task judging a change: capture's path);
 # objective: the objective's loss of a batch of blocks, unmodified (a language model's head included);
 # changed: the same with a change inside attention (the proxy judging a change);
 # step: a changed objective and its backward to a mask (DAM's steps, the gradients, a swap search's gradient);
 # train: the same with the weights' gradients too (a fine-tune's step);
+# screen: the model without its head, a gate on every layer's scores, and the backward to the gates (the plan's
+#   head screen, a forward and a backward per class of the task: priced as that many of these);
 # moments: one batch of blocks folded into the moments (pooled; per_query: one row per query);
 # scores: a forward that records every layer's scores (the held-out rows a map is measured on).
 
@@ -156,6 +158,8 @@ def _runner(model: LoadedModel, unit: Unit, blocks: np.ndarray, precision: str) 
         return lambda: _no_grad(lambda: model.forward(ids), Capture())
     if unit.kind in ("features", "judged"):
         return lambda: _no_grad(lambda: _features(model, ids, precision), _change(unit.kind == "judged"))
+    if unit.kind == "screen":
+        return lambda: _gated_backward(model, ids, precision)
     objective = Objective(model, precision=precision)
     batch = objective.prepare(ids)
     if unit.kind in ("step", "train"):
@@ -191,6 +195,18 @@ def _step(objective, batch, weights: bool) -> None:
             loss = objective.evaluate(batch)["loss"]
         loss.sum().backward()
     module.zero_grad(set_to_none=True)
+
+
+def _gated_backward(model: LoadedModel, ids: torch.Tensor, precision: str) -> None:
+    """The backbone's features with a learnable gate on every layer's scores, and one backward to the gates, the
+    weights frozen (the plan's head screen: :mod:`attnlens.analysis.plan.screen`)."""
+    from attnlens.analysis.evaluation import frozen
+
+    gates = torch.ones(model.num_layers, device=model.device, requires_grad=True)
+    with frozen(model.model), torch.enable_grad():
+        with Capture(intervene=lambda layer, scores, valid: scores * gates[layer], record=False):
+            features = _features(model, ids, precision)
+        features.float().sum().backward()
 
 
 def _moments(model: LoadedModel, ids: np.ndarray, per_query: bool) -> None:

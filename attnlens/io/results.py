@@ -183,14 +183,15 @@ class Result:
                 f"--task-eval auto: each change judged sequentially on up to {sequential['examples_available']} examples "
                 f"(looks at {', '.join(map(str, sequential['grid']))}), until its paired Δ interval answers its question "
                 f"against the margin {sequential.get('margin', float('nan')):g} (a change: wholly above or below −margin; two "
-                "choices: zero excluded, or within ±margin) or the examples run out (held_out: examples used; stopped: why)"
+                "choices: zero excluded, or within ±margin), the rest of the examples would decide it less than one time "
+                "in ten, or they run out (held_out: examples used; stopped: why)"
             )
         hidden = ("change", "protocol", "unmodified_accuracy", "majority_accuracy", "task_loss")  # change: Result.outcomes
         lines.append(format_table(table[[column for column in table.columns if column not in hidden]]))
         if "detectable_delta" in table:
             lines.append(
-                "delta_halfwidth: half the paired Δ accuracy interval; detectable_delta: the smallest Δ these examples "
-                "detect 80% of the time at the interval's level"
+                "delta_halfwidth: half the paired Δ accuracy interval; delta_bound: that half-width in standard errors (the "
+                "look's boundary); detectable_delta: the smallest Δ these examples detect 80% of the time at the interval's level"
             )
         return lines
 

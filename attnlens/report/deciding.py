@@ -1,7 +1,8 @@
 """What deciding a claim the report left open takes, in examples or seeds and in minutes on this machine.
 
 A task judgement whose interval still holds the margin −δ needs about ``n·(h/|m + δ|)²`` examples,
-for its mean ``m`` and half-width ``h`` on ``n`` examples: where its interval would lie on one side of
+for its mean ``m`` and half-width ``h`` on ``n`` examples (1.96 standard errors: an early look's wider boundary
+taken out, :func:`~attnlens.report.verdicts.task_verdict`): where its interval would lie on one side of
 −δ if its mean held (the last look's boundary stays near 1.96, :mod:`attnlens.analysis.sequential`);
 each more example costs one forward of the changed model and one of the unmodified model,
 at the judgement's batch and width, priced by the units the forecast timed. Where the report was sized

@@ -335,7 +335,7 @@ def _task_method(task: dict) -> str:
         f"{task['protocol']} protocol: {reader}. Δ is the changed model's accuracy minus the unmodified one's, paired "
         "over held-out examples, in points; each change was judged sequentially (repeated 95% intervals) until its "
         f"interval lay on one side of −{task.get('margin', {}).get('given', 'the margin')} (two choices: excluded zero, "
-        "or lay within ± the margin) or the examples ran out."
+        "or lay within ± the margin), the rest of the examples would decide it less than one time in ten, or they ran out."
     )
 
 

@@ -41,6 +41,7 @@ import numpy as np
 import pandas as pd
 
 from attnlens.analysis.margin import DEFAULT_MARGIN, PROXY_MARGIN, Margin, compared, non_inferior
+from attnlens.analysis.sequential import Z
 from attnlens.analysis.task import seed_values
 from attnlens.report.words import TOO_FEW, number, points
 
@@ -291,7 +292,8 @@ def task_verdict(row: pd.Series | None, context: Context, prefix: str = "", stag
     phrase = on_task(difference.low, difference.high, margin=margin) if judged else None
     needs = None
     if phrase is None and context.deciding is not None and difference.examples is not None:
-        half = (difference.high - difference.low) / 2
+        # the standard error at 1.96 of them: an early look's boundary is wider than the pool's end will be
+        half = (difference.high - difference.low) / 2 * Z / row.get(f"{prefix}delta_bound", Z)
         needs = context.deciding.examples(stage, difference.examples, difference.mean, half, margin)
     return TaskJudged(phrase, judged, difference if judged else None, needs)
 

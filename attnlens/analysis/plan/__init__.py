@@ -7,10 +7,11 @@ window of keys, and which must stay exact, at the fewest attention FLOPs?" (or, 
 :mod:`~attnlens.analysis.plan.seconds`):
 
 1. **curves**: every head alone, under every choice (:mod:`~attnlens.analysis.plan.choices`),
-   costs so much proxy loss on the curve blocks (not the blocks the plan is chosen on); with
-   ``head_costs="screen"`` (an accuracy budget) every head is screened at once instead, its divergence
-   estimated from a forward and a backward pass per class (:mod:`~attnlens.analysis.plan.screen`), so
-   that this step's cost does not grow with the heads;
+   costs so much on the curve examples (not those the plan is chosen on). Under an accuracy budget
+   every head is screened at once (``head_costs`` ``"auto"`` or ``"screen"``), its divergence estimated
+   from a forward and a backward pass per class (:mod:`~attnlens.analysis.plan.screen`), so that this
+   step's cost does not grow with the heads; under a proxy budget (or ``head_costs="forwards"``) each
+   head is measured alone under each choice, a forward each;
 2. **path**: the greedy path spends FLOPs where they cost least, treating the heads' costs
    as additive (:func:`~attnlens.analysis.plan.allocate.greedy_path`);
 3. **verify and repair**: heads interact, so the step the sum predicts is run on the model
@@ -170,7 +171,7 @@ def plan(
 
 def _curves(planner: _Planner, progress: Progress) -> pd.DataFrame:
     """Each head's cost under each choice: screened at once, or measured head by head, a forward each."""
-    if planner.s.head_costs == "screen":
+    if planner.s.screened:
         assert isinstance(planner.costs, TaskCosts)  # the settings refuse a screen without an accuracy budget
         changes = [planner.change(uniform(planner.units, choice)) for choice in planner.choices]
         alternatives = lambda view: [change.intervention(view) for change in changes]  # noqa: E731
@@ -241,7 +242,7 @@ def _planner(source: str | LoadedModel, s: PlanSettings, device: str, progress: 
         rows = ModelRows(model, fit)
         queries = list(range(s.seq_len)) if model.causal else None
         moments = compute_moments(rows, queries=queries, batch_size=s.batch_size, seed=s.seed, progress=progress).total
-        fitter = MapFitter(moments, ridge=MAP_RIDGE, seed=s.seed, global_positions=(0,))
+        fitter = MapFitter(moments, ridge=MAP_RIDGE, seed=s.seed, global_positions=(0,), most_keys=max(s.ks))
     proxy = ProxyCosts(experiment, curve, select, s.batch_size, s.bootstrap, s.seed)
     costs: Costs = proxy
     if s.max_drop is not None:

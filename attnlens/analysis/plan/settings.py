@@ -11,7 +11,11 @@ from attnlens.models.precision import DEFAULT_PRECISION, PRECISIONS
 from attnlens.settings import CorpusSettings, at_least, group, one_of, positive
 
 COSTS = ("flops", "seconds")  # what a plan spends: attention FLOPs, or measured seconds per call
-HEAD_COSTS = ("screen", "forwards")  # how each head's cost under each choice is found: screened at once, or measured alone
+HEAD_COSTS = (
+    "auto",
+    "screen",
+    "forwards",
+)  # how each head's cost under each choice is found: screened at once, or measured alone
 PER_QUERY_LIMIT = 4 * 2**30  # bytes of per-query moments a causal model's maps may need
 
 
@@ -40,7 +44,8 @@ class PlanSettings(CorpusSettings):
     ``head_costs``: how each head's cost under each choice is found before the path is built: ``"forwards"``
     (each head alone under each choice, a forward each) or, under an accuracy budget, ``"screen"`` (every head at
     once, from one forward and a backward pass per class of the task, :mod:`~attnlens.analysis.plan.screen`: a cost
-    that does not grow with the heads; refused without an accuracy budget).
+    that does not grow with the heads; refused without an accuracy budget); ``"auto"``: the screen under an
+    accuracy budget, forwards under a proxy budget (:attr:`screened`).
 
     >>> PlanSettings.build(max_loss=(0.01,), max_drop=(1.0,), task="rotten-tomatoes")
     Traceback (most recent call last):
@@ -59,11 +64,23 @@ class PlanSettings(CorpusSettings):
     objective: str = "auto"
     classes: str | None = None
     cost: str = "flops"
-    head_costs: str = "forwards"
+    head_costs: str = "auto"
     forecastable_only: bool = True
     bootstrap: int = 1000
     precision: str = DEFAULT_PRECISION  # the judging forwards' arithmetic, the task's too (passed down)
     task: TaskSettings = group(TaskSettings)
+
+    @property
+    def screened(self) -> bool:
+        """Whether the heads' costs are screened at once (:mod:`~attnlens.analysis.plan.screen`) rather than measured by
+        forwards: asked for, or ``"auto"`` under an accuracy budget (the screen reads a task's predictions).
+
+        >>> PlanSettings.build(max_drop=(2.0,), task="imdb", forecastable_only=False).screened
+        True
+        >>> PlanSettings.build(max_loss=(0.01,)).screened
+        False
+        """
+        return self.head_costs == "screen" or (self.head_costs == "auto" and self.max_drop is not None)
 
     def validate(self) -> None:
         super().validate()

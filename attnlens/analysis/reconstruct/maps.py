@@ -57,8 +57,11 @@ class LayerMaps:
 class MapFitter:
     """Selections and least-squares maps for every strategy, scope and k, from fit moments."""
 
-    def __init__(self, moments: Moments, *, ridge: float, seed: int, global_positions: tuple[int, ...]) -> None:
+    def __init__(
+        self, moments: Moments, *, ridge: float, seed: int, global_positions: tuple[int, ...], most_keys: int | None = None
+    ) -> None:
         self.moments = moments
+        self.most_keys = most_keys  # the largest k a selection is asked for (None: any): the greedy path stops there
         self.ridge = ridge
         self.seed = seed
         self.global_positions = global_positions
@@ -83,10 +86,12 @@ class MapFitter:
             covariance, complete = self.covariance[scope], self.complete[scope]
             shape = covariance.shape[:3]
             flat_cov, flat_ok = covariance.reshape(-1, self.n, self.n), complete.reshape(-1, self.n)
-            if strategy == "greedy":
-                order = np.concatenate(
-                    [greedy_path(flat_cov[i : i + 256], flat_ok[i : i + 256])[0] for i in range(0, len(flat_cov), 256)]
-                )
+            if strategy == "greedy":  # in batches of units with about as many candidates (a batch stops at its most)
+                by_candidates = np.argsort(flat_ok.sum(1), kind="stable")
+                order = np.zeros((len(flat_cov), self.n), dtype=np.int64)
+                for i in range(0, len(flat_cov), 256):
+                    batch = by_candidates[i : i + 256]
+                    order[batch] = greedy_path(flat_cov[batch], flat_ok[batch], self.most_keys)[0]
             else:  # random: a seeded permutation of each unit's valid keys, then the rest
                 rng = np.random.default_rng([self.seed, SCOPES.index(scope)])
                 permutations = random_order(self.n, len(flat_ok), rng)
@@ -98,6 +103,7 @@ class MapFitter:
         """The keys a unit computes exactly: k of its valid keys (all of them if it has at most k)."""
         keys = np.flatnonzero(self.complete[scope][unit])
         m = min(k, len(keys))
+        assert self.most_keys is None or m <= self.most_keys, "the fitter was told the largest k it serves"
         if strategy in ("greedy", "random"):
             return np.sort(self.order(strategy, scope)[unit][:m])
         if strategy == "stride":

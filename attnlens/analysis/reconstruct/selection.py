@@ -37,7 +37,10 @@ def greedy_path(
     (units, n) — candidates first in greedy order, then the rest — and ``errors``
     (units, n + 1): the trace of the residual covariance over the candidates after
     0, 1, … selections (the in-sample squared error of the least-squares predictor).
-    ``steps`` stops the path early (order and errors beyond it are 0).
+    ``steps`` stops the path early (order and errors beyond it are 0). Once every candidate of
+    every unit is chosen the rest of the path is no longer searched: each unit takes its
+    unchosen positions in ascending order, and its error stays where it is (a causal model's
+    early queries have few keys: sorted by their candidates, batches stop early).
     """
     residual = np.array(covariance, dtype=np.float64)
     units, n, _ = residual.shape
@@ -48,7 +51,8 @@ def greedy_path(
     diagonal_floor = 1e-12 * np.maximum(np.einsum("uii->u", residual), 1e-300)[:, None]
     rows = np.arange(units)
     steps = n if steps is None else min(steps, n)
-    for step in range(steps):
+    searched = min(steps, int(allowed.sum(1).max(initial=0)))  # past this every unit has chosen all its candidates
+    for step in range(searched):
         diagonal = np.einsum("uii->ui", residual)
         errors[:, step] = np.where(allowed, diagonal, 0).sum(1)
         gains = np.einsum("uij,uij->uj", residual, residual * allowed[:, :, None]) / np.maximum(diagonal, diagonal_floor)
@@ -63,7 +67,9 @@ def greedy_path(
         pivot = residual[rows, :, pick]  # (units, n): Σ[:, j]
         scale = np.where(diagonal[rows, pick] > diagonal_floor[:, 0], 1 / np.maximum(diagonal[rows, pick], 1e-300), 0.0)
         residual -= scale[:, None, None] * pivot[:, :, None] * pivot[:, None, :]
-    errors[:, steps] = np.where(allowed, np.einsum("uii->ui", residual), 0).sum(1)
+    errors[:, searched:] = np.where(allowed, np.einsum("uii->ui", residual), 0).sum(1)[:, None]
+    order[:, searched:steps] = np.argsort(chosen, axis=1, kind="stable")[:, : steps - searched]  # unchosen, ascending
+    errors[:, steps + 1 :] = 0.0
     return order, np.clip(errors, 0, None)
 
 

@@ -218,6 +218,7 @@ class TaskJudge(FineTuning):
             "delta_accuracy_low": interval[1],
             "delta_accuracy_high": interval[2],
             "delta_halfwidth": (interval[2] - interval[1]) / 2,
+            "delta_bound": bound,  # the look's boundary: the half-width in standard errors
             "margin": self.margin,
             # the smallest true Δ this many examples would detect 80% of the time at this look's level
             "detectable_delta": float((bound + Z_POWER) * paired.std(ddof=1) / math.sqrt(count)),
@@ -371,10 +372,12 @@ class TaskJudge(FineTuning):
                 "rule": "repeated 95% intervals (Jennison & Turnbull 1989), Agresti-Min standard error; looks on the "
                 "grid spend alpha*t^2 of the pool (Kim & DeMets 1987), the pool's end the rest; a judgement stops where "
                 "its interval answers its question against the margin (a change: wholly above or below -margin; two "
-                "choices: zero excluded, or within +-margin), or at the pool's end",
+                "choices: zero excluded, or within +-margin), where the rest of the pool would decide it less than one "
+                "time in ten (predictive power under a flat prior), or at the pool's end",
                 "grid": list(self.design.grid),
                 "chunk": self.design.chunk,
                 "margin": self.design.margin,
+                "futility": self.design.futility,
                 "examples_available": len(self.pool),
             },
             "padded": self.held_out.padded or self.train.padded,
