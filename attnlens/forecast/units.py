@@ -159,7 +159,7 @@ def _runner(model: LoadedModel, unit: Unit, blocks: np.ndarray, precision: str) 
     if unit.kind in ("features", "judged"):
         return lambda: _no_grad(lambda: _features(model, ids, precision), _change(unit.kind == "judged"))
     if unit.kind == "screen":
-        return lambda: _gated_backward(model, ids, precision)
+        return lambda: _gated_backward(model, lambda: _features(model, ids, precision))
     objective = Objective(model, precision=precision)
     batch = objective.prepare(ids)
     if unit.kind in ("step", "train"):
@@ -186,27 +186,21 @@ def _step(objective, batch, weights: bool) -> None:
     """The objective with a learnable gate on every layer's scores, and the backward to the gates alone, the
     weights frozen (a mask's step; gradient importance's pass), or with ``weights`` to theirs too (a fine-tune's
     step; the gradients are dropped after, so the model is left as it was)."""
-    from attnlens.analysis.evaluation import frozen
-
-    module = objective.model.model
-    gates = torch.ones(objective.model.num_layers, device=objective.model.device, requires_grad=True)
-    with contextlib.nullcontext() if weights else frozen(module), torch.enable_grad():
-        with Capture(intervene=lambda layer, scores, valid: scores * gates[layer], record=False):
-            loss = objective.evaluate(batch)["loss"]
-        loss.sum().backward()
-    module.zero_grad(set_to_none=True)
+    _gated_backward(objective.model, lambda: objective.evaluate(batch)["loss"], weights)
 
 
-def _gated_backward(model: LoadedModel, ids: torch.Tensor, precision: str) -> None:
-    """The backbone's features with a learnable gate on every layer's scores, and one backward to the gates, the
-    weights frozen (the plan's head screen: :mod:`attnlens.analysis.plan.screen`)."""
+def _gated_backward(model: LoadedModel, output: Callable[[], torch.Tensor], weights: bool = False) -> None:
+    """``output()`` with a learnable gate on every layer's scores, and one backward of its sum to the gates (and,
+    with ``weights``, to the weights, whose gradients are dropped after): a mask's step, a fine-tune's, or with
+    the backbone's features the plan's head screen (:mod:`attnlens.analysis.plan.screen`)."""
     from attnlens.analysis.evaluation import frozen
 
     gates = torch.ones(model.num_layers, device=model.device, requires_grad=True)
-    with frozen(model.model), torch.enable_grad():
+    with contextlib.nullcontext() if weights else frozen(model.model), torch.enable_grad():
         with Capture(intervene=lambda layer, scores, valid: scores * gates[layer], record=False):
-            features = _features(model, ids, precision)
-        features.float().sum().backward()
+            value = output()
+        value.float().sum().backward()
+    model.model.zero_grad(set_to_none=True)
 
 
 def _moments(model: LoadedModel, ids: np.ndarray, per_query: bool) -> None:
