@@ -10,7 +10,7 @@ The package's folders are the pipeline, each depending only on those before it:
 - :mod:`attnlens.rows` — row sources (store or model), the one moments engine, and moments
   jobs sharded over ranks and passes (memory budgets, partial files, merging);
 - :mod:`attnlens.analysis` — eigen, overlap, reconstruct, importance, dam (with fixed
-  patterns), plan (the cheapest attention within a budget), objectives, task accuracy (probe, refit, finetune) and held-out evaluation;
+  patterns), sinks (the first-token sink and heavy hitters), plan (the cheapest attention within a budget), objectives, task accuracy (probe, refit, finetune) and held-out evaluation;
 - :mod:`attnlens.figures` — one module per result kind, drawing saved numbers only;
 - :mod:`attnlens.report` — every analysis of a model in one HTML page;
 - :mod:`attnlens.cli` — the ``attnlens`` command, a thin layer over the functions here.
@@ -28,6 +28,7 @@ from attnlens.analysis.importance import ImportanceResult, ImportanceSettings, i
 from attnlens.analysis.overlap import OverlapResult, OverlapSettings, overlap
 from attnlens.analysis.plan import PlanResult, PlanSettings, plan
 from attnlens.analysis.reconstruct import ReconstructResult, ReconstructSettings, reconstruct
+from attnlens.analysis.sinks import SinkResult, SinkSettings, sinks
 from attnlens.analysis.task import TaskJudge, TaskSettings
 from attnlens.data.corpus import Blocks, Corpus, load_corpus
 from attnlens.data.positions import class_masks, parse_classes
@@ -73,6 +74,8 @@ __all__ = [
     "ReconstructResult",
     "ReconstructSettings",
     "Report",
+    "SinkResult",
+    "SinkSettings",
     "Result",
     "Store",
     "Task",
@@ -99,4 +102,5 @@ __all__ = [
     "reconstruct",
     "report",
     "run_moments",
+    "sinks",
 ]

@@ -15,6 +15,8 @@ model's report's first screen at 1,280 px as ``docs/report.png``. A claim a defa
 A column whose report is not made again keeps its cells and its line as the README prints them
 (``--keep '`gemma3-270m`'``, once per column), in the README's order: the default report of
 gemma3-270m alone takes over an hour on 2 cores (65 minutes, `bench_report.py --from`), the finetune protocol about 85 minutes.
+A kept column takes the claims it lacks (claims added since its report was made) from a newer report of its
+model (``--add DIR``), each such cell naming that report's preset and attnlens version.
 
 >>> claims = pd.DataFrame([["q", "yes", "holds: a | b", "default"]], columns=COLUMNS)
 >>> section = claims_section([column(claims, {"model": {"name": "m"}})])
@@ -115,6 +117,31 @@ def kept(readme: str, headings: list[str]) -> list[Column]:
         made = {row[0]: row[2 + at] for row in rows if row[2 + at] != "—"}
         columns.append(Column(heading, lines[at], made, {row[0]: row[1] for row in rows if row[0] in made}))
     return columns
+
+
+def added(columns: list[Column], claims: pd.DataFrame, meta: dict) -> list[Column]:
+    """``columns`` with the column of ``meta``'s model given each claim of ``claims`` it lacks, its cell naming the
+    report's preset and attnlens version (the column's line is another report's).
+
+    >>> one = Column("`m`", "`m` on `kjv`.", {"a": "holds: 1 (default)"}, {"a": "p"})
+    >>> new = pd.DataFrame([["a", "p", "no: 2", "quick"], ["b", "q", "holds: 3", "quick"]], columns=COLUMNS)
+    >>> added([one], new, {"model": {"name": "m"}, "attnlens_version": "9.9"})[0].cells
+    {'a': 'holds: 1 (default)', 'b': 'holds: 3 (quick, attnlens 9.9)'}
+    """
+    heading = _heading(meta)
+    if heading not in [one.heading for one in columns]:
+        raise ValueError(f"--add: the report of {heading} has no kept column to add to; --keep its column")
+    newer = claims.assign(**{"made by": claims["made by"] + f", attnlens {meta.get('attnlens_version', '?')}"})
+    extra = column(newer, meta)
+    return [
+        one._replace(
+            cells={**one.cells, **{claim: text for claim, text in extra.cells.items() if claim not in one.cells}},
+            papers={**one.papers, **{claim: text for claim, text in extra.papers.items() if claim not in one.papers}},
+        )
+        if one.heading == heading
+        else one
+        for one in columns
+    ]
 
 
 def in_order(columns: list[Column], readme: str) -> list[Column]:
@@ -250,12 +277,14 @@ def update(
     full: list[Path] = (),
     finetune: list[Path] = (),
     keep: list[str] = (),
+    add: list[Path] = (),
 ) -> str:
     """Rewrite ``readme``'s claims section (and ``figure``, the first column's report's first screen, unless
     that column is kept) from the
     default reports in ``reports``, a column each (and each ``full`` report's verdicts where its
     model's default leaves them to it; each ``finetune`` report's column beside its model's), with
-    the columns headed ``keep`` as the README has them, in the README's order; returns the section."""
+    the columns headed ``keep`` as the README has them, in the README's order, each given the claims it lacks from
+    the report of its model in ``add``); returns the section."""
     import attnlens
     from attnlens.io.files import write_bytes_atomic
 
@@ -278,6 +307,9 @@ def update(
     text = readme.read_text()
     if keep:
         columns = in_order(columns + kept(text, list(keep)), text)
+    for directory in add:
+        newer = attnlens.load_result(directory)
+        columns = added(columns, newer.claims, newer.meta)
     section = claims_section(columns)
     write_bytes_atomic(readme, replace_section(text, section).encode())
     if figure is not None and columns[0].heading in pages:  # the first column's report; a kept one keeps its figure
@@ -311,6 +343,9 @@ def main(argv: list[str] | None = None) -> int:
         metavar="HEADING",
         help="a column kept as the README has it (its report not made again)",
     )
+    parser.add_argument(
+        "--add", type=Path, action="append", default=[], help="a newer report of a kept column's model: the claims it lacks"
+    )
     parser.add_argument("--readme", type=Path, default=ROOT / "README.md")
     args = parser.parse_args(argv)
     # a model's column comes from its default report (a quick one where no default fits: its cells say so)
@@ -318,13 +353,14 @@ def main(argv: list[str] | None = None) -> int:
         [(directory, ("default", "quick")) for directory in args.reports]
         + [(directory, ("full",)) for directory in args.full]
         + [(directory, ("finetune",)) for directory in args.finetune]
+        + [(directory, ("default", "quick", "full")) for directory in args.add]
     )
     for directory, presets in checks:
         if (why := _refused(directory, presets)) is not None:
             print(f"readme_claims: error: {why}", file=sys.stderr)
             return 2
     try:
-        update(args.reports, args.readme, full=args.full, finetune=args.finetune, keep=args.keep)
+        update(args.reports, args.readme, full=args.full, finetune=args.finetune, keep=args.keep, add=args.add)
     except ValueError as error:
         print(f"readme_claims: error: {error}", file=sys.stderr)
         return 2

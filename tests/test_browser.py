@@ -177,8 +177,16 @@ def _moments(directory: Path) -> Path:
     return attnlens.run_moments("minilm-l6", directory, seq_len=16, num_seqs=4, batch_size=2, layers=[0, 3], progress=False).path
 
 
+def _sinks(directory: Path) -> Path:
+    """A small sinks result with its figures (the quick report's model is an encoder: it runs no sinks stage)."""
+    result = attnlens.sinks("minilm-l6", num_seqs=4, seq_len=32, min_keys=8, progress=False)
+    result.save(directory)
+    result.save_figures(directory / "figures", formats=("png",))
+    return directory
+
+
 # A small result of each kind the quick report does not hold.
-BUILDERS = {"moments": _moments}
+BUILDERS = {"moments": _moments, "sinks": _sinks}
 
 
 def test_repr_html_of_every_result_kind_in_a_browser(browser, quick_report, tmp_path):

@@ -90,7 +90,13 @@ def test_a_causal_window_wider_than_the_text_is_exact_and_never_offered():
     assert not changes_pairs(Choice("window", 48), causal, short, causal=True)
     assert changes_pairs(Choice("window", 8), causal, short, causal=True)
     offered = [str(choice) for choice in options(causal[None], d, ks=(8, 64), widths=(8, 63, 100), causal=True)]
-    assert offered == ["partial(8)", "window(8)"]  # k = n and windows of n − 1 keys or more keep every pair
+    # k = n and windows of n − 1 keys or more keep every pair; a causal model's windows also come with its sinks
+    assert offered == ["partial(8)", "window(8)", "window(8)+sink(4)"]
+    # the sinks' pairs, counted by brute force: the first 4 keys of every query past the window keep 4 more pairs
+    extra = sum(min(4, max(0, i - 8)) for i in range(n))
+    assert flops(Choice("window", 8, 4), causal, d, causal=True) == pytest.approx(
+        flops(Choice("window", 8), causal, d, causal=True) * (1 + extra / sum(min(i + 1, 9) for i in range(n)))
+    )
 
 
 def test_a_sliding_layer_prices_exact_attention_on_its_window():

@@ -251,8 +251,8 @@ def test_causal_model_per_class_masks(tiny_causal, kjv):
     with pytest.raises(attnlens.AttnlensError, match="class 'next' never occurs"):
         attnlens.dam(tiny_causal, corpus=kjv, variant="class", classes="self,next", steps=2, **TINY)
     result = attnlens.dam(tiny_causal, corpus=kjv, variant="class", lambdas=[0.0], steps=2, **TINY)
-    assert result.meta["settings"]["classes_dropped"] == ["next"]
-    assert "next" not in set(result.keep["class"])
+    assert result.meta["settings"]["classes"] == ["self", "prev", "sink", "punct", "other"], "a decoder's defaults"
+    assert "next" not in set(result.keep["class"]) and "sink" in set(result.keep["class"])
     assert result.logits.shape == (1, 2, 4, len(result.meta["settings"]["layout_classes"]))
     assert result.table["sparsity"].between(0, 1).all() and np.isfinite(result.table["loss"]).all()
     # a next-token loss of its own: the table keeps it beside its change against the unmodified model

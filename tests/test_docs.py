@@ -54,6 +54,7 @@ SMALL = {
         "eigen": "--seq-len 32 --num-seqs 16",
         "reconstruct": "--seq-len 32 --num-seqs 16",
         "importance": "--seq-len 32 --num-seqs 4 --bootstrap 100",
+        "sinks": "--seq-len 32 --num-seqs 4 --min-keys 8 --bootstrap 100",
         "dam": "--seq-len 16 --steps 3 --stop-window 2 --train-seqs 4 --eval-seqs 4 --bootstrap 100 --check-window 2 "
         "--reference-rounds 2 --polish-rounds 2",
         "plan": "--seq-len 16 --fit-seqs 24 --curve-seqs 4 --select-seqs 4 --eval-seqs 4 --ks 2,4 --widths 1,4 --bootstrap 100",

@@ -186,3 +186,28 @@ def test_the_reports_precision_reaches_every_stage_that_judges():
     judging = [settings.reconstruct, settings.importance, settings.dam, settings.plan]
     assert all(stage.precision == "bfloat16" and stage.task.precision == "bfloat16" for stage in judging)
     assert "precision" not in settings.eigen.flat()
+
+
+def test_sinks_counts_its_blocks_and_one_pass_per_head(minilm_l3, tmp_path, minilm_l6, monkeypatch):
+    """The weights' pass over every block (seen by the hook); with ``far``, the unmodified losses and one pass per
+    head over ``far_seqs`` blocks (each started at its head's layer, so counted where the objective evaluates)."""
+    import attnlens
+    from attnlens.analysis import sinks as module
+    from attnlens.analysis.sinks import SinkSettings, far
+    from tiny_models import save_tiny
+
+    s = SinkSettings.build(num_seqs=6, seq_len=16, batch_size=4, min_keys=8)
+    seen = _run_counting(minilm_l3, lambda: module.sinks(minilm_l3, s, progress=False))
+    assert seen == _counted(counted.sinks_work(s, _facts(minilm_l3)))
+    causal = attnlens.load_model(str(save_tiny(tmp_path / "causal", minilm_l6, "causal")))
+    s = s.replace(far=True, far_seqs=5, window=2)
+    evaluated = collections.Counter()
+    original = far.evaluate_batch
+    monkeypatch.setattr(
+        far,
+        "evaluate_batch",
+        lambda objective, batch, *rest: evaluated.update([batch.input_ids.shape[0]]) or original(objective, batch, *rest),
+    )
+    module.sinks(causal, s, progress=False)
+    _, each_head = counted.sinks_work(s, _facts(causal))
+    assert sum(size * count for size, count in evaluated.items()) == each_head.count * each_head.unit.batch

@@ -287,9 +287,14 @@ def test_gradient_importance_equals_finite_differences_clm(tmp_path, minilm_l6, 
 # ------------------------------------------------------------------ classes that never occur, saving
 
 
-def test_a_class_that_never_occurs(tiny_causal, kjv, tmp_path):
+def test_a_class_that_never_occurs(tiny_causal, kjv, tmp_path, monkeypatch):
     with pytest.raises(attnlens.AttnlensError, match="class 'next' never occurs .* is causal, so no query sees the next token"):
         attnlens.importance(tiny_causal, corpus=kjv, classes="self,next", **SMALL)
+    own = attnlens.importance(tiny_causal, corpus=kjv, gradient=False, **SMALL)
+    assert own.meta["settings"]["classes"] == ["self", "prev", "sink", "punct", "other"], "a decoder's defaults"
+    assert own.meta["settings"]["classes_dropped"] == []
+    # defaults that hold a class the model never has (an encoder's, on a decoder) drop it with a note
+    monkeypatch.setattr("attnlens.data.positions.DECODER_CLASSES", ("self", "prev", "next", "cls", "sep", "punct", "other"))
     result = attnlens.importance(tiny_causal, corpus=kjv, gradient=False, **SMALL)
     assert result.meta["settings"]["classes_dropped"] == ["next"]
     row = result.table.set_index("class").loc["next"]
@@ -344,12 +349,16 @@ def test_per_head_ablation_figure(minilm_l6, kjv, tmp_path):
 @pytest.mark.slow
 def test_gemma_causal_path(gemma3, kjv):
     """Next-token loss, <bos> in the cls role, next dropped, query 0 spared, gradients finite."""
-    result = attnlens.importance(gemma3, corpus=kjv, seq_len=16, num_seqs=2, batch_size=2, bootstrap=50, progress=False)
+    result = attnlens.importance(gemma3, corpus=kjv, seq_len=16, num_seqs=2, batch_size=2, bootstrap=50, progress=False,
+                                 classes="self,prev,cls,sink,other")  # fmt: skip
     assert result.meta["settings"]["objective"] == "clm" and result.meta["roles"]["cls"] == "<bos> (id 2)"
-    assert result.meta["settings"]["classes_dropped"] == ["next"]
+    with pytest.raises(attnlens.AttnlensError, match="class 'next' never occurs"):
+        attnlens.importance(gemma3, corpus=kjv, seq_len=16, num_seqs=2, classes="self,next", progress=False)
     table = result.ablation.set_index(["scope", "class", "control"])
     assert table.loc[("none", "none", "none"), "loss"] > 0.5, "a next-token loss, not a distance to itself"
     assert table.loc[("model", "cls", "class"), "rows_spared"] == pytest.approx(1 / 16)
+    # <bos> is the block's first position: removing cls or sink removes the same pairs, to the bit
+    np.testing.assert_array_equal(table.loc[("model", "cls", "class"), "delta"], table.loc[("model", "sink", "class"), "delta"])
     assert np.isfinite(result.arrays["gradient_blocks"]).all() and np.isfinite(result.arrays["ablation_blocks"]).all()
     assert result.meta["model"]["weights_sha256"] == gemma3.weights_sha256()
 

@@ -26,6 +26,8 @@ def hand_keep(name: str, n: int, value: int, globals_: set[int]) -> np.ndarray:
                 keep[i, j] = near <= value
             elif name in ("local", "bigbird"):
                 keep[i, j] = near <= value or i in globals_ or j in globals_
+            elif name == "sink-window":  # StreamingLLM: the first 4 keys, whatever their tokens, and the window
+                keep[i, j] = near <= value or j < 4
             elif name == "no-diagonal":
                 keep[i, j] = i != j
     return keep
@@ -94,5 +96,6 @@ def test_patterns_are_distinct_and_name_their_family():
             key = keep.numpy().tobytes()
             assert key not in seen, f"{name}({value}) repeats {seen.get(key)}"
             seen[key] = f"{name}({value})"
-            column_whole = bool(keep[:, 0].all()) and bool(keep[0].all())
+            # a decoder's pattern keeps the first key's column whole (its first query sees that key alone)
+            column_whole = bool(keep[:, 0].all()) and (bool(keep[0].all()) or pattern.causal_only)
             assert column_whole == (pattern.family == "global"), f"{name}({value})"

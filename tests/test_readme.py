@@ -15,7 +15,8 @@ from tiny_models import README, readme_tour
 def test_the_readme_is_a_front_door():
     """Short, with the blocks that CI and the tests read (tests/test_docs.py runs every block)."""
     text = README.read_text()
-    assert len(text.encode()) <= 15_000, "reference material belongs in docs/, linked from the README"
+    # 16,500: a front door whose claims table has a decoder's four rows beside the papers' (reference goes to docs/)
+    assert len(text.encode()) <= 16_500, "reference material belongs in docs/, linked from the README"
     markers = ["<!-- main command -->", "<!-- test command -->", "<!-- tour -->", "<!-- claims -->", "<!-- claims end -->"]
     assert [text.count(marker) for marker in markers] == [1] * len(markers)
     assert [text.index(marker) for marker in markers] == sorted(text.index(marker) for marker in markers)
@@ -70,7 +71,8 @@ def test_the_readme_claims_section_is_untouched_generator_output():
     (stated,) = re.findall(r"<!-- claims digest ([0-9a-f]{16}) -->", section)
     assert stated == generator.digest(table), "edit the report and rerun scripts/readme_claims.py, not the table"
     assert table.splitlines()[0].startswith("| claim | papers report | `")
-    assert len(section.encode()) <= 8_000, "the claims section answers at a glance; the numbers live in the report"
+    # 9,500: the papers' claims and a decoder's four (sink, heavy hitters, sink + window, far heads)
+    assert len(section.encode()) <= 9_500, "the claims section answers at a glance; the numbers live in the report"
     assert "run --full" not in table, "an undecided cell says what deciding it takes here, not which preset to run"
 
 

@@ -40,7 +40,8 @@ def test_the_registry_is_filled_by_the_classes_not_the_storage_layer():
 
 @pytest.fixture(scope="module")
 def every_kind(quick_report, tmp_path_factory) -> dict[str, Result]:
-    """One saved result of every kind: the quick report's, and a small moments job."""
+    """One saved result of every kind: the quick report's, a small moments job, and a decoder's sinks (the quick
+    report's model is an encoder)."""
     report = attnlens.load_result(quick_report)
     results = {"report": report}
     for key in report.meta["results"]:
@@ -48,6 +49,9 @@ def every_kind(quick_report, tmp_path_factory) -> dict[str, Result]:
         results.setdefault(result.kind, result)
     work = tmp_path_factory.mktemp("moments") / "job"
     results["moments"] = attnlens.run_moments("minilm-l6", work, seq_len=16, num_seqs=4, batch_size=2, progress=False)
+    sinks = attnlens.sinks("minilm-l6", num_seqs=4, seq_len=32, min_keys=8, progress=False)
+    sinks.save(tmp_path_factory.mktemp("sinks") / "sinks")
+    results["sinks"] = sinks
     return results
 
 

@@ -244,6 +244,7 @@ def tiny_report():
         importance=dict(seq_len=16, num_seqs=4, **_TASK),
         dam=dict(seq_len=16, steps=4, stop_window=2, check_window=2, train_seqs=4, eval_seqs=4, **_TASK),
         plan=dict(seq_len=16, fit_seqs=8, curve_seqs=2, select_seqs=4, eval_seqs=4, ks=(4,), widths=(2,), **_TASK),
+        sinks=dict(seq_len=16, num_seqs=8, min_keys=8),
     )
 
 
@@ -282,11 +283,16 @@ def check_report(architecture: str, directory: Path, minilm, monkeypatch, capsys
     assert code == 0, err
     assert (out / "report.html").is_file()
     report = attnlens.load_result(out)
-    assert set(report.meta["results"]) >= {"eigen", "overlap", *STAGES}
+    decoder = architecture in DECODERS  # a decoder's report measures its sinks; an encoder's does not
+    stages = {stage for stage in STAGES if decoder or stage != "sinks"}
+    assert set(report.meta["results"]) >= {"eigen", "overlap", *stages} and ("sinks" in report.meta["results"]) == decoder
+    sink_claims = report.claims["claim"].str.contains("attention sink|heavy-hitter")
+    assert sink_claims.sum() == (2 if decoder else 0), "the decoder's claims on a decoder's page only"
+    assert report.claims["claim"].str.contains("recent window").sum() == int(decoder)
     assert report.meta["results"]["eigen"] == "eigen-model", "named from the model's directory"
     spectra = report.result("eigen").table.query("level == 'layer'")
     assert len(spectra) == report.meta["model"]["num_layers"] and (spectra.rows > 0).all()
     assert len(report.claims) and report.claims["verdict"].str.len().gt(0).all()
     figures = [figure for name in report.meta["results"].values() for figure in (out / name / "figures").glob("*.png")]
     assert len(figures) >= 10 and all(figure.stat().st_size > 0 for figure in figures)
-    assert set(json.loads((out / "result.json").read_text())["timings_s"]) >= {"eigen", *STAGES, "figures"}
+    assert set(json.loads((out / "result.json").read_text())["timings_s"]) >= {"eigen", *stages, "figures"}

@@ -106,9 +106,10 @@ class Experiment:
         with ``task`` (settings whose task judges the analysis), the task prepared at ``s.seq_len``
         (padded to ``task_pad_to``; ``task_trains``: something trains on its examples) before the first
         forward pass, so a task that cannot be judged costs seconds, not the passes before its judge."""
-        named = parse_classes(classes)
+        parse_classes(classes)  # a bad name fails before the model loads
         corpus = s.corpus if isinstance(s.corpus, Corpus) else load_corpus(s.corpus)
         model = source if isinstance(source, LoadedModel) else load_model(source, device=device)
+        named = parse_classes(classes, model.causal)
         model.check_seq_len(s.seq_len)
         prepared = None
         if task is not None and task.name is not None:

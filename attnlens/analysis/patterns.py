@@ -13,13 +13,16 @@ local           ``|i - j| <= w``, plus global ``cls`` rows and columns          
                 (Longformer-like; with w = 1 it is Star-Transformer's pattern)
 bigbird         local window ``w`` + global ``cls`` + ``w`` random keys per row     window w
                 (seeded; BigBird-like)
+sink-window     ``|i - j| <= w``, plus the block's first 4 keys whatever their      window w
+                tokens (StreamingLLM's attention sinks; decoders only)
 no-diagonal     every position but ``i = j`` (SparseBERT's diagonal removal)        --
 ==============  ================================================================  ==========
 
 Each pattern names its **family** (:attr:`Pattern.family`): ``band`` and ``no-diagonal``
 depend on the offset ``|i - j|`` alone (what DAM_s, one logit per head and offset, can
-express), ``local`` and ``bigbird`` carry global tokens, ``strided`` and ``fixed`` are
-periodic. A learned mask is compared with the best pattern inside its own family and with
+express), ``local``, ``bigbird`` and ``sink-window`` carry global tokens, ``strided`` and ``fixed`` are
+periodic. ``sink-window`` is offered to causal models only (:func:`offered`): StreamingLLM's question is a
+decoder's, and on an encoder its first keys are ``local``'s ``[CLS]`` and three words. A learned mask is compared with the best pattern inside its own family and with
 the best overall.
 
 :func:`removed_mask` turns a pattern into the positions it removes from a model's valid
@@ -88,6 +91,14 @@ def band(n: int, window: int, cls: torch.Tensor, generator: torch.Generator | No
     return ((i - j).abs() <= window).expand(cls.shape[0], n, n)
 
 
+STREAMING_SINKS = 4  # StreamingLLM's initial tokens: 4 kept beside the window
+
+
+def sink_window(n: int, window: int, cls: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    i, j = _positions(n, cls.device)
+    return (((i - j).abs() <= window) | (j < STREAMING_SINKS)).expand(cls.shape[0], n, n)
+
+
 def no_diagonal(n: int, parameter: int, cls: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
     i, j = _positions(n, cls.device)
     return (i != j).expand(cls.shape[0], n, n)
@@ -104,6 +115,7 @@ class Pattern:
     values: Callable[[int], list[int]]
     family: str
     random: bool = False  # draws from its generator (BigBird's random keys)
+    causal_only: bool = False  # asked of decoders only (StreamingLLM's sink and window)
 
 
 def _powers(low: int, high_fraction: float) -> Callable[[int], list[int]]:
@@ -123,9 +135,20 @@ PATTERNS: dict[str, Pattern] = {
         Pattern("band", band, "window", _powers(1, 0.25), "offset"),
         Pattern("local", local, "window", _powers(1, 0.25), "global"),
         Pattern("bigbird", bigbird, "window", _powers(1, 0.25), "global", random=True),
+        # StreamingLLM keeps most of a row (1,020 recent of 1,024 keys): windows up to three quarters of n
+        Pattern("sink-window", sink_window, "window", _powers(1, 0.75), "global", causal_only=True),
         Pattern("no-diagonal", no_diagonal, "none", lambda n: [0], "offset"),
     )
 }
+
+
+def offered(causal: bool) -> list[Pattern]:
+    """The patterns a model is compared with: every one, but those asked of decoders only where it is not causal.
+
+    >>> [pattern.name for pattern in offered(causal=False)][-2:], "sink-window" in [p.name for p in offered(causal=True)]
+    (['bigbird', 'no-diagonal'], True)
+    """
+    return [pattern for pattern in PATTERNS.values() if causal or not pattern.causal_only]
 
 
 def build(

@@ -4,7 +4,7 @@ One module per pipeline step registers its commands on the shared app.
 """
 
 # each registers its commands; --help lists them in this order, the pipeline's
-from . import report, extract, eigen, scale, overlap, reconstruct, importance, dam, plan, figures  # noqa: F401, I001
+from . import report, extract, eigen, scale, overlap, reconstruct, importance, sinks, dam, plan, figures  # noqa: F401, I001
 from .app import app, main
 
 __all__ = ["app", "main"]

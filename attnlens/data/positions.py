@@ -13,13 +13,17 @@ sep       the key is in the ``[SEP]`` role: the tokens it puts *after* a text
           (``[SEP]``), or the last position of the block when it puts none (decoders)
 punct     the key is a punctuation token: its text, without word-boundary marks
           (``##``, ``▁``, ``Ġ``), is only punctuation characters (Unicode ``P*``)
+sink(s)   the key is one of the block's first ``s`` positions, whatever its token (the
+          attention sink of decoders, StreamingLLM's initial tokens); ``sink`` is ``sink(1)``
 other     none of the other classes asked for
 ========  ===========================================================================
 
 Classes may overlap (``self`` and ``cls`` share (0, 0); ``band(2)`` holds ``prev``);
 ``other`` is what none of the others covers, so ``{self, prev, next, other}`` or
 ``{cls, sep, punct, other}`` partition every row. Which tokens took the ``cls`` and
-``sep`` roles is reported by :func:`token_roles` and recorded in every result.
+``sep`` roles is reported by :func:`token_roles` and recorded in every result. A model's default
+classes depend on its kind (:func:`default_classes`): a decoder's first token is its ``sink``, and
+it has no ``[CLS]`` or ``[SEP]`` to ask about (``cls`` would be that same first token, ``sep`` its last).
 
 The table :data:`PREDICATES` maps each class name to a predicate over query positions
 ``i``, key positions ``j`` and the tokens' roles; adding a class is adding a row.
@@ -52,7 +56,8 @@ if TYPE_CHECKING:
     from attnlens.models.loading import LoadedModel
 
 DEFAULT_CLASSES: tuple[str, ...] = ("self", "prev", "next", "cls", "sep", "punct", "other")
-_BAND = re.compile(r"band\((-?\d+)\)")
+DECODER_CLASSES: tuple[str, ...] = ("self", "prev", "sink", "punct", "other")
+_SIZED = re.compile(r"(band|sink)\((-?\d+)\)")  # the classes that take a size: band(w), sink(s)
 _WORD_MARKS = ("##", "\u2581", "\u0120")  # WordPiece continuation, SentencePiece and byte-BPE spaces
 
 
@@ -76,6 +81,11 @@ def _band(i: torch.Tensor, j: torch.Tensor, width: int | None) -> torch.Tensor:
     return ((i - j).abs() <= width) & (i != j)
 
 
+def _sink(j: torch.Tensor, size: int | None) -> torch.Tensor:
+    """``sink(s)``: the block's first ``s`` keys (``sink`` alone: the first)."""
+    return j < (1 if size is None else size)
+
+
 PREDICATES: dict[str, Predicate] = {
     "self": lambda i, j, roles, width: i == j,
     "prev": lambda i, j, roles, width: j == i - 1,
@@ -84,34 +94,46 @@ PREDICATES: dict[str, Predicate] = {
     "cls": lambda i, j, roles, width: roles.cls[:, None, :],
     "sep": lambda i, j, roles, width: roles.sep[:, None, :],
     "punct": lambda i, j, roles, width: roles.punct[:, None, :],
+    "sink": lambda i, j, roles, width: _sink(j, width),
 }
-CLASS_HELP = "self, prev, next, band(w), cls, sep, punct, other"
+CLASS_HELP = "self, prev, next, band(w), cls, sep, punct, sink(s), other"
 
 
-def parse_classes(text: str | Iterable[str] | None) -> tuple[str, ...]:
+def default_classes(causal: bool) -> tuple[str, ...]:
+    """The classes asked for when none are named: :data:`DECODER_CLASSES` for a causal model, else
+    :data:`DEFAULT_CLASSES`.
+
+    >>> default_classes(causal=True)
+    ('self', 'prev', 'sink', 'punct', 'other')
+    """
+    return DECODER_CLASSES if causal else DEFAULT_CLASSES
+
+
+def parse_classes(text: str | Iterable[str] | None, causal: bool = False) -> tuple[str, ...]:
     """Check and normalise class names: ``"self, band(2)"`` -> ``('self', 'band(2)')``.
 
-    ``None`` gives :data:`DEFAULT_CLASSES`. Raises :class:`BadInput` for an unknown
+    ``None`` gives the defaults of a model that is ``causal`` or not (:func:`default_classes`). Raises :class:`BadInput` for an unknown
     name, ``band(w)`` with ``w < 1``, a repeated class or an empty list.
 
-    >>> parse_classes(" self,prev , band(3) ")
-    ('self', 'prev', 'band(3)')
+    >>> parse_classes(" self,prev , band(3), sink(4) ")
+    ('self', 'prev', 'band(3)', 'sink(4)')
     >>> parse_classes("band(0)")
     Traceback (most recent call last):
     ...
     attnlens.errors.BadInput: classes band(0): the width w of band(w) must be at least 1, e.g. band(2)
     """
     if text is None:
-        return DEFAULT_CLASSES
+        return default_classes(causal)
     parts = [part.strip() for part in (text.split(",") if isinstance(text, str) else text)]
     parts = [part.replace(" ", "") for part in parts if part]
     if not parts:
         raise BadInput(f"`classes` is empty; name at least one of {CLASS_HELP}")
     for name in parts:
-        band = _BAND.fullmatch(name)
-        if band is not None and int(band.group(1)) < 1:
-            raise BadInput(f"`classes` {name}: the width w of band(w) must be at least 1, e.g. band(2)")
-        if band is None and name not in PREDICATES and name != "other":
+        sized = _SIZED.fullmatch(name)
+        if sized is not None and int(sized.group(2)) < 1:
+            kind, size = sized.group(1), {"band": "width w", "sink": "size s"}[sized.group(1)]
+            raise BadInput(f"`classes` {name}: the {size} of {kind}({size[-1]}) must be at least 1, e.g. {kind}(2)")
+        if sized is None and (name not in PREDICATES or name == "band") and name != "other":
             raise BadInput(f"unknown position class '{name}' in `classes`; use {CLASS_HELP}")
     repeated = sorted({name for name in parts if parts.count(name) > 1})
     if repeated:
@@ -120,8 +142,8 @@ def parse_classes(text: str | Iterable[str] | None) -> tuple[str, ...]:
 
 
 def _predicate(name: str) -> tuple[Predicate, int | None]:
-    band = _BAND.fullmatch(name)
-    return (PREDICATES["band"], int(band.group(1))) if band else (PREDICATES[name], None)
+    sized = _SIZED.fullmatch(name)
+    return (PREDICATES[sized.group(1)], int(sized.group(2))) if sized else (PREDICATES[name], None)
 
 
 def is_punctuation(token: str) -> bool:

@@ -21,7 +21,15 @@ import seaborn as sns
 from .importance import LOSS_LABELS, describe
 from .style import apply_style, figure_of, label_points, new_axes, task_describe, task_references, thinned
 
-PATTERN_MARKERS = {"strided": "s", "fixed": "D", "band": "*", "local": "^", "bigbird": "v", "no-diagonal": "X"}
+PATTERN_MARKERS = {
+    "strided": "s",
+    "fixed": "D",
+    "band": "*",
+    "local": "^",
+    "bigbird": "v",
+    "sink-window": "P",
+    "no-diagonal": "X",
+}
 
 
 def _lambda_label(value: float) -> str:

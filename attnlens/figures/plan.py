@@ -9,6 +9,7 @@ import numpy as np
 from matplotlib.colors import ListedColormap
 from matplotlib.patches import Patch
 
+from attnlens.analysis.plan.choices import parse
 from attnlens.analysis.plan.result import choices_name
 
 from .style import figure_of, new_axes, thinned
@@ -56,13 +57,15 @@ def choice_kinds(choices: list[str]) -> dict[str, tuple[float, float, float]]:
     """A colour per choice, readable without its label: exact grey, windows in blues and partial
     heads in oranges, darker for fewer keys (less computed).
 
-    >>> sorted(choice_kinds(["exact", "window(8)", "window(32)", "partial(16)"]))
-    ['exact', 'partial(16)', 'window(32)', 'window(8)']
+    >>> list(choice_kinds(["exact", "window(8)", "window(32)", "window(8)+sink(4)", "partial(16)"]))
+    ['exact', 'window(32)', 'window(8)+sink(4)', 'window(8)', 'partial(16)']
     """
     colours = {"exact": (0.86, 0.86, 0.86)}
     for kind, palette in (("window", plt.get_cmap("Blues")), ("partial", plt.get_cmap("Oranges"))):
+        # lighter for more keys kept: a wider window, then the same window with its sinks
         named = sorted(
-            (choice for choice in set(choices) if choice.startswith(kind)), key=lambda text: -int(text[len(kind) + 1 : -1])
+            (choice for choice in set(choices) if choice.startswith(kind)),
+            key=lambda text: (-parse(text).size, -parse(text).sinks),
         )
         for rank, choice in enumerate(named):
             colours[choice] = palette(0.45 + 0.5 * (rank + 1) / (len(named) + 1))[:3]
@@ -89,7 +92,7 @@ def choice_map(result, budget: float, ax: plt.Axes | None = None) -> plt.Axes:
     ax.grid(False)
     for row in rows.itertuples() if layers * heads <= WRITTEN_HEADS else ():
         if row.choice != "exact":
-            label = row.choice.replace("partial", "k").replace("window", "w")
+            label = row.choice.replace("partial", "k").replace("window", "w").replace("+sink", "+s")
             ax.text(row.head, row.layer, label, ha="center", va="center", fontsize=7, color="black")
     ax.set_xticks(thinned(heads))
     ax.set_yticks(thinned(layers))

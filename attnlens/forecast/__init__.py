@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from attnlens.analysis.importance import ImportanceSettings
     from attnlens.analysis.plan.settings import PlanSettings
     from attnlens.analysis.reconstruct.settings import ReconstructSettings
+    from attnlens.analysis.sinks.settings import SinkSettings
     from attnlens.forecast.stages import Facts
     from attnlens.models.loading import LoadedModel
 
@@ -47,12 +48,15 @@ class StageSettings(Protocol):
     def dam(self) -> DamSettings: ...
     @property
     def plan(self) -> PlanSettings | None: ...
+    @property
+    def sinks(self) -> SinkSettings | None: ...
 
 
 ORDER = (
     "eigen",
     "eigen (second model)",
     "overlap",
+    "sinks",
     "reconstruct",
     "importance",
     "dam",
@@ -162,6 +166,7 @@ def stage_work(settings: StageSettings, facts: Facts) -> dict[str, list[Item]]:
 
     work = {
         "eigen": counted.eigen_work(settings.eigen),
+        **({"sinks": counted.sinks_work(settings.sinks, facts)} if settings.sinks is not None else {}),
         "reconstruct": counted.reconstruct_work(settings.reconstruct, facts),
         "importance": counted.importance_work(settings.importance, facts),
         "dam": counted.dam_work(settings.dam, facts),

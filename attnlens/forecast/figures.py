@@ -67,6 +67,8 @@ def figure_panels(
     }
     if settings.plan is not None:
         counted["plan"] = (1 + len(settings.plan.budgets),) * 2  # FLOPs by budget, and each budget's map of choices
+    if settings.sinks is not None:  # first-token weight per head (one map), sink heads by layer, heavy hitters; far heads
+        counted["sinks"] = (3 + settings.sinks.far,) * 2
     return counted
 
 
@@ -76,10 +78,14 @@ def figures_seconds(measured: float, settings: StageSettings, layers: int, heads
     (:func:`figure_panels`).
 
     >>> from attnlens.report.presets import QUICK
-    >>> figures_seconds(11.0, QUICK, *REFERENCE), round(figures_seconds(11.0, QUICK, 30, 16) / 11.0, 2)
+    >>> encoder, decoder = QUICK.sized_for(causal=False), QUICK.sized_for(causal=True)
+    >>> figures_seconds(11.0, encoder, *REFERENCE), round(figures_seconds(11.0, encoder, 30, 16) / 11.0, 2)
     (11.0, 0.72)
+    >>> round(figures_seconds(11.0, decoder, 30, 16) / 11.0, 2)    # and the sinks' 3 figures
+    0.79
     """
     drawn, reference = (figure_panels(settings, *shape) for shape in ((layers, heads, second_layers), REFERENCE))
+    reference.pop("sinks", None)  # minilm-l6 is an encoder: its report draws no sinks
     figures, panels = (sum(counts[at] for counts in drawn.values()) for at in (0, 1))
     figures_then, panels_then = (sum(counts[at] for counts in reference.values()) for at in (0, 1))
     return measured * (PER_FIGURE * figures / figures_then + (1 - PER_FIGURE) * panels / panels_then)

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from attnlens.analysis.importance import ImportanceSettings
     from attnlens.analysis.plan.settings import PlanSettings
     from attnlens.analysis.reconstruct.settings import ReconstructSettings
+    from attnlens.analysis.sinks.settings import SinkSettings
     from attnlens.analysis.task.prepare import PreparedTask
     from attnlens.analysis.task.settings import TaskSettings
 
@@ -48,6 +49,19 @@ class Facts:
 def eigen_work(s: EigenSettings) -> list[Item]:
     """:func:`attnlens.analysis.eigen.eigen`: the blocks folded into moments (the eigendecompositions are seconds)."""
     return [batches("moments of the blocks", "moments", s.num_seqs, s.batch_size, s.seq_len, s.per_query)]
+
+
+def sinks_work(s: SinkSettings, facts: Facts) -> list[Item]:
+    """:func:`attnlens.analysis.sinks.sinks`: one forward pass per batch of blocks, its weights read as they are made;
+    with ``far``, a language model's unmodified losses and a forward pass per head on ``far_seqs`` blocks."""
+    # the backbone alone with its weights read layer by layer: priced as a batch of moments (the eigen stage's pass)
+    items = [batches("the blocks' attention weights", "moments", s.num_seqs, s.batch_size, s.seq_len)]
+    if s.far and facts.objective == "clm":
+        heads = facts.layers * facts.heads
+        items.append(
+            batches("each head kept to the sink and a window", "changed", s.far_seqs, s.batch_size, s.seq_len, passes=heads + 1)
+        )
+    return items
 
 
 def reconstruct_work(s: ReconstructSettings, facts: Facts) -> list[Item]:
@@ -93,7 +107,7 @@ def importance_work(s: ImportanceSettings, facts: Facts) -> list[Item]:
     """:func:`attnlens.analysis.importance.importance`: per held-out batch, the unmodified pass (the mass),
     each ablation and its random control, and the gradients; then each task class and its control judged."""
     n, b = s.seq_len, s.batch_size
-    classes = len(parse_classes(s.classes))
+    classes = len(parse_classes(s.classes, facts.causal))
     per = {"model": 1, "layer": 1 + facts.layers, "head": 1 + facts.layers * facts.heads}[s.per]
     items = [
         batches("the objective's references", "objective", s.num_seqs, b, n, passes=references(s.objective, facts)),
@@ -142,7 +156,7 @@ def dam_work(s: DamSettings, facts: Facts) -> list[Item]:
         ),  # fmt: skip
         batches("each mask judged (training and held-out blocks)", "changed", s.train_seqs + s.eval_seqs, b, n, passes=runs),
     ]
-    points = len(pattern_points(n)) if s.judging.patterns else 0
+    points = len(pattern_points(n, facts.causal)) if s.judging.patterns else 0
     if points:
         items.append(batches("the fixed patterns", "changed", s.eval_seqs, b, n, passes=points))
     polish = s.judging.polish_rounds if s.target.lambdas is None and not s.training.train_weights else 0
@@ -170,7 +184,8 @@ def plan_work(s: PlanSettings, facts: Facts) -> list[Item]:
     """:func:`attnlens.analysis.plan.plan`: the maps' moments, every head's curve (one change per head and
     choice), then per budget the search along the path and the methods judged on the check half."""
     n, b = s.seq_len, s.batch_size
-    units, choices = facts.layers * facts.heads, len(s.ks) + len(s.widths)
+    # a causal model's windows are offered with its sinks too (attnlens.analysis.plan.choices.options)
+    units, choices = facts.layers * facts.heads, len(s.ks) + len(s.widths) * (2 if facts.causal else 1)
     items = []
     if s.ks:
         items.append(batches("moments of the fit blocks", "moments", s.fit_seqs, b, n, facts.causal))

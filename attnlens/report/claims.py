@@ -2,8 +2,8 @@
 one number that decides it (:mod:`attnlens.report.verdicts`), and the numbers behind it, by the proxy
 and by the task (:func:`findings`, made once per report: the page's first table and the README's claims section).
 
-Paper 1's claims are here; paper 2's learned masks and patterns in :mod:`attnlens.report.dam`, and
-the planner's in :mod:`attnlens.report.plan`.
+Paper 1's claims are here; paper 2's learned masks and patterns in :mod:`attnlens.report.dam`, a decoder's
+sink and heavy hitters in :mod:`attnlens.report.decoder`, and the planner's in :mod:`attnlens.report.plan`.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from attnlens.analysis.margin import DEFAULT_MARGIN, Margin
 from attnlens.analysis.task import seed_differences, seed_values, t_interval
 from attnlens.report.dam import Unsettled, dam_claims, standing
 from attnlens.report.deciding import Deciding
+from attnlens.report.decoder import decoder_claims, shared_direction
 from attnlens.report.facts import layer_summary, task_meta
 from attnlens.report.plan import plan_claims
 from attnlens.report.presets import DECIDING
@@ -92,6 +93,7 @@ def findings(results: dict, preset: str = "default", deciding: Deciding | None =
     recon = results["reconstruct"]
     rows = [*_eigen_claims(results), *_reconstruct_claims(recon, context)]
     rows += _importance_claims(results["importance"], context)
+    rows += decoder_claims(results, context)
     masks = standing(results["dam"], context)
     rows += dam_claims(results["dam"], context, masks)
     rows += plan_claims(results["plan"], context) if "plan" in results else []
@@ -148,7 +150,8 @@ def _eigen_claims(results: dict) -> list[Claim]:
 
 
 def _across_layers(eigen_result, overlap_result) -> Claim:
-    """Adjacent layers compared at the d both determine (split-half overlap at or above the level)."""
+    """Adjacent layers compared at the d both determine (split-half overlap at or above the level); a decoder's
+    at d ≤ 2 with what they share named (:func:`~attnlens.report.decoder.shared_direction`)."""
     pairs = overlap_result.pairs
     within = pairs[pairs["comparison"] == "layers_0"]
     layers = eigen_result.meta["layers"]
@@ -158,15 +161,17 @@ def _across_layers(eigen_result, overlap_result) -> Claim:
     if not len(determined):
         return Claim(claim, papers, Verdict(Phrase.NOT_DECIDED, "no two adjacent layers determine a common d"))
     median = float(determined["overlap"].median())
+    shared = shared_direction(eigen_result, adjacent)
+    each = ", ".join(f"L{row.layer_a}–L{row.layer_b} {_at_d(row)}" for row in adjacent.itertuples())
     return Claim(
         claim,
         papers,
         Verdict(
             reaches(median, STRONG_OVERLAP),
             f"adjacent layers overlap {number(median)} (median) at the d both determine (chance "
-            f"{number(determined['chance'].median())})",
+            f"{number(determined['chance'].median())}){shared.named}",
         ),
-        ", ".join(f"L{row.layer_a}–L{row.layer_b} {_at_d(row)}" for row in adjacent.itertuples()),
+        "; ".join(part for part in (each, shared.said) if part),
     )
 
 

@@ -17,6 +17,7 @@ from attnlens.report.budget import Budget
 from attnlens.report.claims import findings
 from attnlens.report.dam import dam_section
 from attnlens.report.deciding import Deciding
+from attnlens.report.decoder import sinks_section
 from attnlens.report.html import STYLE, Figures, table
 from attnlens.report.plan import CLAIM as PLAN_CLAIM
 from attnlens.report.plan import plan_section
@@ -66,6 +67,7 @@ def write_page(
         *eigen_sections(results, names, figures),
         reconstruct_section(results, names, figures, found.k_phrases),
         importance_section(results, names, figures),
+        sinks_section(results, names, figures),
         dam_section(results, names, figures, found.masks, found.context),
         task_section(results, names, figures),
         plan_section(results, names, figures, found.claim(PLAN_CLAIM), found.context),

@@ -34,6 +34,7 @@ from attnlens.analysis.importance import ImportanceSettings
 from attnlens.analysis.margin import Margin
 from attnlens.analysis.plan.settings import PlanSettings
 from attnlens.analysis.reconstruct.settings import ReconstructSettings
+from attnlens.analysis.sinks.settings import SinkSettings
 from attnlens.analysis.task.settings import TaskSettings, task_of
 from attnlens.errors import BadInput
 from attnlens.io.legacy import upgraded_settings
@@ -41,7 +42,7 @@ from attnlens.models.precision import DEFAULT_PRECISION
 from attnlens.settings import Settings, one_of
 
 DECIDING = ("full", "finetune")  # the presets whose undecided claims the data leave open, not the size
-STAGES = ("eigen", "reconstruct", "importance", "dam", "plan")  # the stages with settings of their own, in order
+STAGES = ("eigen", "sinks", "reconstruct", "importance", "dam", "plan")  # the stages with settings of their own, in order
 _NEED_TASK = {
     "reconstruct": ("task_joint_r", "task_joint_ks"),
     "dam": ("train_on", "task_patterns"),
@@ -54,7 +55,8 @@ class ReportSettings:
     """Each stage's analysis settings, as the stage passes them on (the corpus and the seed are the
     report's, set on every stage by :meth:`for_run`); ``dim``: the overlap matrices' d (``None``:
     picked from the split-half check). A stage whose ``task`` is ``None`` is judged by its proxy
-    only; the plan (``None`` without a task) runs only with one: its budgets are points of accuracy."""
+    only; the plan (``None`` without a task) runs only with one: its budgets are points of accuracy. ``sinks``
+    (the first-token sink and heavy hitters) runs on decoders only (:meth:`sized_for`): its claims are theirs."""
 
     eigen: EigenSettings
     reconstruct: ReconstructSettings
@@ -62,10 +64,13 @@ class ReportSettings:
     dam: DamSettings
     plan: PlanSettings | None
     dim: int | None = None
+    sinks: SinkSettings | None = None
 
     def stages(self, **changes: Mapping[str, Any]) -> ReportSettings:
         """These settings with ``changes`` applied to the stages named: ``stages(dam={"steps": 40})``."""
-        return dataclasses.replace(self, **{name: getattr(self, name).replace(**change) for name, change in changes.items()})
+        return dataclasses.replace(
+            self, **{name: getattr(self, name).replace(**change) for name, change in changes.items() if getattr(self, name)}
+        )
 
     def for_run(
         self,
@@ -81,7 +86,9 @@ class ReportSettings:
         ``margin`` (``None``: the preset's) for every stage judged by a task."""
         changed = {}
         for name in STAGES:
-            stage: Settings = getattr(self, name)
+            stage: Settings | None = getattr(self, name)
+            if stage is None:
+                continue
             change: dict[str, Any] = {"corpus": corpus, "seed": seed}
             if "precision" in stage.flat():  # the stages that judge a change (the eigen analysis judges none)
                 change["precision"] = precision
@@ -116,7 +123,9 @@ class ReportSettings:
         ``windowed`` layers (a local or sliding window shorter than n: its queries see different keys).
         ``keys``: the most keys any query of any layer sees at the plan's n (fewer than n where every
         layer is windowed): the plan offers only the ks and widths that save something there, or, where
-        none of the preset's does, half and a quarter of those keys. Sized before any stage runs: a
+        none of the preset's does, half and a quarter of those keys. A causal model's report measures its
+        sinks and judges removing its first token (``sink``) by task beside the diagonal; an encoder's does
+        neither (its first token is ``[CLS]``). Sized before any stage runs: a
         stage that found too few blocks, or no choice to plan, would fail after the others had run.
 
         >>> causal, encoder = DEFAULT.sized_for(causal=True), DEFAULT.sized_for(causal=False)
@@ -128,8 +137,10 @@ class ReportSettings:
         >>> narrow = QUICK.sized_for(causal=True, keys=4).plan                # every layer a window of 4 keys
         >>> QUICK.plan.ks, QUICK.plan.widths, narrow.ks, narrow.widths
         ((16,), (8,), (2,), (1,))
+        >>> causal.sinks.seq_len, encoder.sinks, causal.importance.task_classes, encoder.importance.task_classes
+        (64, None, ('self', 'sink'), ('self',))
         """
-        sized = self
+        sized = self._for_kind(causal)
         recon = self.reconstruct
         if causal or windowed:
             fitted = lambda blocks: blocks - max(1, round(recon.eval_fraction * blocks))  # noqa: E731 -- held_out_split's count
@@ -143,6 +154,15 @@ class ReportSettings:
         if causal and sized.plan is not None and sized.plan.ks:
             sized = sized.stages(plan={"fit_seqs": max(sized.plan.fit_seqs, sized.plan.seq_len + 1)})
         return sized
+
+    def _for_kind(self, causal: bool) -> ReportSettings:
+        """The sinks stage and the first token judged by task on a causal model; neither on an encoder."""
+        if not causal:
+            return dataclasses.replace(self, sinks=None)
+        chosen = self.importance.task_classes
+        if chosen is None or "sink" in chosen:
+            return self
+        return self.stages(importance={"task_classes": (*chosen, "sink")})
 
     def judged(self) -> dict[str, tuple[TaskSettings, int, int | None]]:
         """Per stage judged by a task: its task, the width it judges at and the width its examples are padded
@@ -162,8 +182,9 @@ class ReportSettings:
         >>> ReportSettings.from_dict(json.loads(json.dumps(QUICK.to_dict()))) == QUICK
         True
         """
-        classes: dict[str, type[Settings]] = {"eigen": EigenSettings, "reconstruct": ReconstructSettings,
-                   "importance": ImportanceSettings, "dam": DamSettings, "plan": PlanSettings}  # fmt: skip
+        classes: dict[str, type[Settings]] = {"eigen": EigenSettings, "sinks": SinkSettings,
+                   "reconstruct": ReconstructSettings, "importance": ImportanceSettings, "dam": DamSettings,
+                   "plan": PlanSettings}  # fmt: skip
         stages = {
             name: None if saved.get(name) is None else classes[name].build(**upgraded_settings(saved[name])) for name in STAGES
         }
@@ -200,6 +221,9 @@ _SAVINGS: dict[str, Any] = {**_TASK, "task": "imdb"}
 
 FULL = ReportSettings(
     eigen=EigenSettings.build(num_seqs=256, seq_len=128),
+    # a decoder's first-token weight at Gu et al.'s n = 64 and its heavy hitters on 64 blocks (seconds), and each head
+    # kept alone to the sink and a recent window on 16 (a forward pass per head: --full's; the default leaves it)
+    sinks=SinkSettings(far=True),
     reconstruct=ReconstructSettings.build(
         num_seqs=128,
         ks=(1, 2, 4, 8, 16, 32, 64, 128),
@@ -269,6 +293,7 @@ DEFAULT = FULL.stages(
     # the claims' k judged by the savings task; each k costs about a minute and a half (bench/bench_report.py)
     reconstruct=dict(plug_in_scopes=("head",), task_ks=(16, 32)),
     importance=dict(task_classes=("self",)),
+    sinks=dict(far=False),
     **_MACHINERY,
 )
 QUICK = FULL.stages(
@@ -277,6 +302,7 @@ QUICK = FULL.stages(
                      plug_in_scopes=("head",), task_ks=(16,),
                      task_train=256, task_eval=64),
     importance=dict(seq_len=64, num_seqs=8, task_train=256, task_eval=64),
+    sinks=dict(num_seqs=32, far=False),
     # a probe on 256 examples costs seconds: the quick look shows DAM's task too; 20 steps (half the default's)
     # keep the look within 2 minutes: training is most of DAM's time (bench/bench_report.py)
     dam={**_MACHINERY["dam"], "eval_seqs": 8, "steps": 20, "task": _TASK["task"], "protocol": "probe", "task_train": 256,

@@ -24,6 +24,7 @@ def analyses(loaded: LoadedModel, second: str | None, settings: ReportSettings, 
     from attnlens.analysis.overlap import overlap
     from attnlens.analysis.plan import plan
     from attnlens.analysis.reconstruct import reconstruct
+    from attnlens.analysis.sinks import sinks
 
     results: dict[str, Result] = {}
     eigens = [run("eigen", lambda stage: eigen(loaded, settings.eigen, progress=stage))]
@@ -33,6 +34,8 @@ def analyses(loaded: LoadedModel, second: str | None, settings: ReportSettings, 
     if rest:
         results["eigen_second"] = rest[0]
     results["overlap"] = run("overlap", lambda stage: overlap(eigens, dim=settings.dim, progress=stage))
+    if settings.sinks is not None:  # a decoder's (ReportSettings.sized_for)
+        results["sinks"] = run("sinks", lambda stage: sinks(loaded, settings.sinks, progress=stage))
     results["reconstruct"] = run("reconstruct", lambda stage: reconstruct(loaded, settings.reconstruct, progress=stage))
     results["importance"] = run("importance", lambda stage: importance(loaded, settings.importance, progress=stage))
     results["dam"] = run("dam", lambda stage: dam(loaded, settings.dam, progress=stage))

@@ -23,7 +23,7 @@ from attnlens.analysis.dam.settings import DamSettings
 from attnlens.analysis.evaluation import evaluate_change, layer_groups
 from attnlens.analysis.experiment import Split
 from attnlens.analysis.objectives import Evaluates, Objective
-from attnlens.analysis.patterns import PATTERNS
+from attnlens.analysis.patterns import PATTERNS, offered
 from attnlens.analysis.task import TaskJudge, seed_values, seeds_difference, task_columns
 from attnlens.models.capture import Capture
 from attnlens.models.loading import LoadedModel
@@ -123,9 +123,10 @@ def removed_fraction(change: PatternChange, split: Split, valid: torch.Tensor) -
     return removed / total
 
 
-def pattern_points(n: int) -> list[tuple[str, int]]:
-    """Every fixed pattern at every value of its parameter, for blocks of ``n`` tokens."""
-    return [(pattern.name, value) for pattern in PATTERNS.values() for value in pattern.values(n)]
+def pattern_points(n: int, causal: bool) -> list[tuple[str, int]]:
+    """Every fixed pattern offered to a model (``causal`` or not, :func:`~attnlens.analysis.patterns.offered`) at every
+    value of its parameter, for blocks of ``n`` tokens."""
+    return [(pattern.name, value) for pattern in offered(causal) for value in pattern.values(n)]
 
 
 def judge_patterns(

@@ -62,7 +62,7 @@ def dam(
     setup = Setup.of(experiment, s, progress)
     with progress_bar(total=setup.total_steps(), desc="dam", unit="step", enabled=progress) as bar:
         # the patterns first (on the unmodified model): weight training under a pattern needs their sparsity
-        points = pattern_points(s.seq_len) if s.judging.patterns else []
+        points = pattern_points(s.seq_len, experiment.model.causal) if s.judging.patterns else []
         patterns, pattern_losses = judge_patterns(
             setup.judging_objective, setup.held_out.split, setup.layout.valid, points, s.seed, bar
         )

@@ -147,11 +147,11 @@ class Setup:
         judged = (
             0
             if self.task is None or s.training.train_weights
-            else len(pattern_points(s.seq_len))
+            else len(pattern_points(s.seq_len, self.experiment.model.causal))
             if s.judging.task_patterns == "all"
             else 3 * runs
         )
-        points = len(pattern_points(s.seq_len)) + judged if s.judging.patterns else 0
+        points = len(pattern_points(s.seq_len, self.experiment.model.causal)) + judged if s.judging.patterns else 0
         adapted = (
             runs * len(s.judging.adapted_patterns) * s.training.steps if s.training.train_weights and s.judging.patterns else 0
         )

@@ -111,7 +111,7 @@ def tabulate_classes(classes, counts, mass_table, roles, notes) -> pd.DataFrame:
         rows.append(
             {
                 "class": name,
-                "definition": definitions.get(name, "0 < |i - j| <= w" if name.startswith("band") else ""),
+                "definition": definitions.get(name, _sized_definition(name)),
                 "occurs": name not in notes,
                 "positions": counts.get(name, 0),
                 "share": share.get(name, np.nan),
@@ -119,6 +119,15 @@ def tabulate_classes(classes, counts, mass_table, roles, notes) -> pd.DataFrame:
             }
         )
     return pd.DataFrame(rows)
+
+
+def _sized_definition(name: str) -> str:
+    """What a class with a size (``band(w)``, ``sink(s)``) holds."""
+    if name.startswith("band"):
+        return "0 < |i - j| <= w"
+    if name.startswith("sink"):
+        return "j = 0: the block's first key" if name == "sink" else "j < s: the block's first s keys"
+    return ""
 
 
 def tabulate_summary(classes, dropped, notes, mass_table, ablation, gradient) -> pd.DataFrame:

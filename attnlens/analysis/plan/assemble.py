@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from attnlens.analysis.changes import FixedChange
-from attnlens.analysis.plan.choices import Assignment, Choice, window_keep
+from attnlens.analysis.plan.choices import Assignment, Choice
 from attnlens.analysis.reconstruct import LayerMaps, MapFitter
 from attnlens.models.partial import LayerPlan, MaskedHeads, PartialHeads
 
@@ -59,7 +59,7 @@ def layer_plans(
             n=n,
             partial=[bank.heads(layer, c.size, heads) for c, heads in groups.items() if c.kind == "partial"],
             masked=[
-                MaskedHeads(heads, window_keep(n, c.size, causal), kernels.get(layer, {}).get(str(c), "sdpa"))
+                MaskedHeads(heads, c.keep(n, causal), kernels.get(layer, {}).get(str(c), "sdpa"))
                 for c, heads in groups.items()
                 if c.kind == "window"
             ],

@@ -4,7 +4,9 @@ A head is computed **exact** (every score), **partial** with k exact scores per 
 the rest rebuilt by a least-squares map (:mod:`attnlens.analysis.reconstruct`), or under a
 **window** mask that keeps the keys within ``w`` positions of each query (before it, for
 a causal model). A window is the simplest sparse mask and the one a sparse kernel runs
-fastest (a band of blocks); it stands for the masks of :mod:`attnlens.analysis.dam` here.
+fastest (a band of blocks); it stands for the masks of :mod:`attnlens.analysis.dam` here. A causal
+model is also offered each window with the block's first 4 keys kept (``window(w)+sink(4)``:
+StreamingLLM's attention sinks beside its recent window), which a plain window takes from every query.
 
 Costs are those of :mod:`attnlens.analysis.costs`, counted on the (query, key) pairs the head's
 layer computes (``pairs``: every pair, its causal triangle, its window): a partial head pays for
@@ -19,7 +21,9 @@ exact attention there (a window wider than every row it sees) is no saving, and 
 0.069
 >>> causal = np.tril(every)                                   # a causal layer: window(127) keeps every pair it computes
 >>> [str(choice) for choice in options(causal, head_dim=256, ks=(16,), widths=(64, 127), causal=True)]
-['partial(16)', 'window(64)']
+['partial(16)', 'window(64)', 'window(64)+sink(4)']
+>>> parse("window(64)+sink(4)") == Choice("window", 64, 4)
+True
 """
 
 from __future__ import annotations
@@ -30,19 +34,27 @@ import numpy as np
 import torch
 
 from attnlens.analysis.costs import band, cost_on_lengths, exact_cost, kept_cost, partial_cost
+from attnlens.analysis.patterns import STREAMING_SINKS
 
 KINDS = ("exact", "partial", "window")
 
 
 @dataclass(frozen=True, order=True)
 class Choice:
-    """One head's computation: ``kind`` and its ``size`` (k for partial, w for window, 0 for exact)."""
+    """One head's computation: ``kind`` and its ``size`` (k for partial, w for window, 0 for exact); a window's
+    ``sinks``: the block's first keys it keeps too (0: none)."""
 
     kind: str
     size: int = 0
+    sinks: int = 0
 
     def __str__(self) -> str:
-        return self.kind if self.kind == "exact" else f"{self.kind}({self.size})"
+        name = self.kind if self.kind == "exact" else f"{self.kind}({self.size})"
+        return name + (f"+sink({self.sinks})" if self.sinks else "")
+
+    def keep(self, n: int, causal: bool) -> torch.Tensor:
+        """A window's (n, n) keep mask (:func:`window_keep`)."""
+        return window_keep(n, self.size, causal, self.sinks)
 
 
 EXACT = Choice("exact")
@@ -51,13 +63,22 @@ Assignment = dict[tuple[int, int], Choice]
 """A choice per ``(layer, head)``; heads it leaves out are exact."""
 
 
-def window_keep(n: int, width: int, causal: bool) -> torch.Tensor:
-    """(n, n) boolean: the keys within ``width`` of each query (at or before it when ``causal``).
+def window_keep(n: int, width: int, causal: bool, sinks: int = 0) -> torch.Tensor:
+    """(n, n) boolean: the keys within ``width`` of each query (at or before it when ``causal``), and the first
+    ``sinks`` keys.
 
     >>> window_keep(4, 1, causal=True).int().tolist()
     [[1, 0, 0, 0], [1, 1, 0, 0], [0, 1, 1, 0], [0, 0, 1, 1]]
+    >>> window_keep(4, 1, causal=True, sinks=1).int().tolist()[3]
+    [1, 0, 1, 1]
     """
-    return torch.from_numpy(band(n, width, causal=causal))
+    return torch.from_numpy(_kept(n, width, causal, sinks))
+
+
+def _kept(n: int, width: int, causal: bool, sinks: int) -> np.ndarray:
+    keep = band(n, width, causal=causal)
+    first = np.arange(n)[None, :] < sinks
+    return keep | (first & np.tril(np.ones((n, n), dtype=bool)) if causal else keep | first)
 
 
 def flops(choice: Choice, pairs: np.ndarray, head_dim: int, *, causal: bool, length: int | None = None) -> float:
@@ -66,7 +87,7 @@ def flops(choice: Choice, pairs: np.ndarray, head_dim: int, *, causal: bool, len
     if choice.kind == "partial":
         return partial_cost(pairs, head_dim, choice.size, length)
     if choice.kind == "window":
-        return kept_cost(pairs, band(pairs.shape[-1], choice.size, causal=causal), head_dim, length)
+        return kept_cost(pairs, _kept(pairs.shape[-1], choice.size, causal, choice.sinks), head_dim, length)
     return exact_cost(pairs, head_dim, length)
 
 
@@ -94,7 +115,7 @@ def changes_pairs(choice: Choice, pairs: np.ndarray, lengths: np.ndarray, *, cau
     True
     """
     if choice.kind == "window":
-        dropped = np.asarray(pairs, dtype=bool) & ~band(pairs.shape[-1], choice.size, causal=causal)
+        dropped = np.asarray(pairs, dtype=bool) & ~_kept(pairs.shape[-1], choice.size, causal, choice.sinks)
         return any(bool(dropped[:size, :size].any()) for size in np.unique(np.asarray(lengths, dtype=int)))
     return choice.kind == "partial"
 
@@ -103,8 +124,10 @@ def options(
     layer_pairs: np.ndarray, head_dim: int, ks: tuple[int, ...], widths: tuple[int, ...], *, causal: bool
 ) -> list[Choice]:
     """The choices cheaper than exact attention in at least one layer (``layer_pairs``, (layer, n, n): what
-    each computes at width n), partial ones first."""
+    each computes at width n), partial ones first; a causal model's windows each also with its sinks."""
     offered = [Choice("partial", k) for k in sorted(ks)] + [Choice("window", w) for w in sorted(widths)]
+    if causal:
+        offered += [Choice("window", w, STREAMING_SINKS) for w in sorted(widths)]
     return [
         choice
         for choice in offered
@@ -118,7 +141,8 @@ def parse(text: str) -> Choice:
     """A choice from its name, as :class:`Choice` prints it.
 
     >>> parse("partial(16)"), parse("exact")
-    (Choice(kind='partial', size=16), Choice(kind='exact', size=0))
+    (Choice(kind='partial', size=16, sinks=0), Choice(kind='exact', size=0, sinks=0))
     """
+    text, _, sinks = text.partition("+sink(")
     kind, _, size = text.rstrip(")").partition("(")
-    return Choice(kind, int(size) if size else 0)
+    return Choice(kind, int(size) if size else 0, int(sinks.rstrip(")")) if sinks else 0)

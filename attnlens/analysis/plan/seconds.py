@@ -180,7 +180,7 @@ def _timed(
     heads = list(range(g.heads))
     for row, choice in enumerate(choices):
         if choice.kind == "window":
-            keep = window_keep(n, choice.size, g.causal)
+            keep = choice.keep(n, g.causal)
             table[row, 0] = _seconds(LayerPlan(n, masked=[MaskedHeads(heads, keep, "sdpa")]), query, key, value, mask, repeats)
             if flex:
                 table[row, 1] = _flex_seconds(
