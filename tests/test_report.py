@@ -82,6 +82,9 @@ def test_report_claims_are_the_page_summary_and_reload(quick_report):
     adjacent = overlap.pairs.query("comparison == 'layers_0' and layer_b == layer_a + 1 and d > 0")
     for row in adjacent.itertuples():
         assert f"L{row.layer_a}–L{row.layer_b} {row.overlap:.2f} at d = {row.d}" in claims.iloc[1]["proxy"]
+    # minilm-l6 is an encoder: no sinks stage, none of a decoder's claims, and its overlap names no shared direction
+    assert "sinks" not in report.meta["results"] and not claims["claim"].str.contains("sink|heavy-hitter|look far").any()
+    assert "all-ones" not in claims.iloc[1]["verdict"] + claims.iloc[1]["proxy"]
 
 
 def test_report_refuses_to_overwrite(capsys, quick_report):
