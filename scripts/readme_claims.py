@@ -232,9 +232,8 @@ def claims_section(columns: list[Column]) -> str:
             "",
             *(f"- {one.line}" for one in columns),
             "",
-            "The papers used BERT-base on GLUE, fine-tuned: these are findings about these models. Task verdicts are "
-            "read against the margin each model's line states, the proxy's against 0.01. How a verdict is reached, and "
-            "what a causal model's claims mean: [science](docs/science.md#how-the-report-decides-a-claim).",
+            "The papers used BERT-base on GLUE, fine-tuned: these are findings about these models, task verdicts against "
+            "each line's margin, the proxy's against 0.01 ([how](docs/science.md#how-the-report-decides-a-claim)).",
             "",
             table,
             "",

@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
+from attnlens.analysis.plan.choices import windows
 from attnlens.analysis.reconstruct.cost import default_ks
 from attnlens.analysis.sequential import FIRST_LOOK
 from attnlens.data.positions import parse_classes
@@ -184,8 +185,7 @@ def plan_work(s: PlanSettings, facts: Facts) -> list[Item]:
     """:func:`attnlens.analysis.plan.plan`: the maps' moments, every head's curve (one change per head and
     choice), then per budget the search along the path and the methods judged on the check half."""
     n, b = s.seq_len, s.batch_size
-    # a causal model's windows are offered with its sinks too (attnlens.analysis.plan.choices.options)
-    units, choices = facts.layers * facts.heads, len(s.ks) + len(s.widths) * (2 if facts.causal else 1)
+    units, choices = facts.layers * facts.heads, len(s.ks) + len(windows(s.widths, causal=facts.causal))
     items = []
     if s.ks:
         items.append(batches("moments of the fit blocks", "moments", s.fit_seqs, b, n, facts.causal))

@@ -22,16 +22,18 @@ These claims are a decoder's: an encoder's report runs no sinks stage (:meth:`Re
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 import pandas as pd
 
-from attnlens.analysis.evaluation import bootstrap_interval
 from attnlens.analysis.overlap import subspace_overlap
 from attnlens.report.html import Figures, folded, section, table
 from attnlens.report.verdicts import Claim, Context, Difference, Phrase, Stated, Verdict, beats, combine, task_verdict
 from attnlens.report.words import LOSS_UNITS, interval, number, points, too_few
+
+if TYPE_CHECKING:
+    from attnlens.report.deciding import Needs
 
 SINK = (
     "The first token is an attention sink (Gu et al.; StreamingLLM)",
@@ -79,12 +81,12 @@ def _sink_claim(sinks, importance, context: Context) -> Claim:
     proxy = Difference(float(excess["excess"]), float(excess["excess_low"]), float(excess["excess_high"]), unit)
     proxy_phrase = beats(proxy, context.proxy_margin)  # above zero: removing the sink costs more
     proxy_said = f"removing it {interval(own)} {unit}, as many random positions {interval(own, 'random')}"
-    task_row, task_phrase, task_said, task_difference = _sink_task(importance, context)
+    task_row, task_phrase, task_said, task_difference, needs = _sink_task(importance, context)
     if task_row is None:
         phrase = {Phrase.HOLDS: Phrase.PROXY_HOLDS, Phrase.DOES_NOT_HOLD: Phrase.PROXY_DOES_NOT_HOLD}.get(
             proxy_phrase, Phrase.NOT_DECIDED
         )
-        verdict = context.verdict(phrase, f"{share}; {proxy_said}", _needs(importance, context))
+        verdict = context.verdict(phrase, f"{share}; {proxy_said}", needs)
     else:
         proxy_holds = None if not proxy_phrase.decided else proxy_phrase is Phrase.HOLDS
         phrase = combine(proxy=proxy_holds, task=task_phrase if task_phrase.decided else None)
@@ -94,27 +96,19 @@ def _sink_claim(sinks, importance, context: Context) -> Claim:
     return Claim(*SINK, verdict, f"{proxy_said}; {by_layer}", task_said, difference=difference, margin=margin)
 
 
-def _needs(importance, context: Context):
-    """What judging the first token's removal by task takes here, where the task judged it on too few examples to
-    decide (as the diagonal's claim reads it; ``None`` where not known)."""
-    judged = importance.tables.get("task")
-    rows = None if judged is None else judged[(judged["class"] == "sink") & (judged["control"] == "class")]
-    return None if rows is None or not len(rows) else task_verdict(rows.iloc[0], context, stage="importance").needs
-
-
-def _sink_task(importance, context: Context) -> tuple[pd.Series | None, Phrase, str, Difference | None]:
+def _sink_task(importance, context: Context) -> tuple[pd.Series | None, Phrase, str, Difference | None, Needs | None]:
     """The task's judgement of removing the first token beside as many random positions: the row, whether removing
-    it costs more accuracy than the control (their paired difference below zero), in words, and that difference
-    (the sink's accuracy less the control's, in points)."""
+    it costs more accuracy than the control (their paired difference below zero), in words, that difference (the
+    sink's accuracy less the control's), and where the task judged it on too few examples, what deciding takes."""
     judged = importance.tables.get("task")
     if judged is None:
-        return None, Phrase.NOT_DECIDED, "", None
+        return None, Phrase.NOT_DECIDED, "", None, None
     rows = judged[(judged["scope"] == "model") & (judged["class"] == "sink")].set_index("control")
     own = rows.loc["class"] if "class" in rows.index else None
     if own is None or not np.isfinite(float(own.get("excess_accuracy", np.nan))):  # the task did not judge it
-        return None, Phrase.NOT_DECIDED, "", None
+        return None, Phrase.NOT_DECIDED, "", None, None
     if too_few(own) is not None:  # as the diagonal's: a judgement on fewer examples than an interval needs is not one
-        return None, Phrase.NOT_DECIDED, points(own), None
+        return None, Phrase.NOT_DECIDED, points(own), None, task_verdict(own, context, stage="importance").needs
     excess = Difference(
         -float(own["excess_accuracy"]), -float(own["excess_accuracy_high"]), -float(own["excess_accuracy_low"]), "points"
     )
@@ -126,7 +120,7 @@ def _sink_task(importance, context: Context) -> tuple[pd.Series | None, Phrase, 
         + f"; sink − random {points(own, 'excess_accuracy', examples=None)} points"
     )
     difference = Difference.of(own, "excess_accuracy")  # in the unit every task difference is kept in
-    return own, phrase, said, difference
+    return own, phrase, said, difference, None
 
 
 def _heavy_claim(sinks) -> Claim:
@@ -134,7 +128,7 @@ def _heavy_claim(sinks) -> Claim:
     blocks, and the mass of the top 5% of a row's keys, each beside the typical head."""
     s, measures = sinks.settings, sinks.table.set_index("measure")
     below, top = measures.loc["below"], measures.loc["top_mass"]
-    share = _pooled_share(sinks)
+    share = float(below["value"]), float(below["low"]), float(below["high"])
     phrase = Phrase.HOLDS if share[1] >= H2O_SHARE else Phrase.DOES_NOT_HOLD if share[2] < H2O_SHARE else Phrase.NOT_DECIDED
     said = (
         f"{number(share[0], 1, percent=True)} of weights below {s['fraction']:.0%} of their row's largest "
@@ -149,15 +143,6 @@ def _heavy_claim(sinks) -> Claim:
     )
     difference = Difference(share[0], share[1], share[2], "share", examples=int(s["num_seqs"]))
     return Claim(*HEAVY, Verdict(phrase, said), heads, difference=difference)
-
-
-def _pooled_share(sinks) -> tuple[float, float, float]:
-    """The share of every head's valid weights that are negligible, with its 95% interval over blocks."""
-    below, pairs = sinks.arrays["below"], sinks.arrays["pairs"]  # (block, layer, head), (block, layer)
-    per_block = below.sum((1, 2)) / (pairs.sum(1) * below.shape[2])  # every block has the same pairs: a plain mean
-    s = sinks.settings
-    mean, low, high = bootstrap_interval(per_block[None], s["bootstrap"], s["seed"])
-    return float(mean[0]), float(low[0]), float(high[0])
 
 
 def _far_claim(sinks) -> Claim:

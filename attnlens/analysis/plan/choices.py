@@ -120,14 +120,22 @@ def changes_pairs(choice: Choice, pairs: np.ndarray, lengths: np.ndarray, *, cau
     return choice.kind == "partial"
 
 
+def windows(widths: tuple[int, ...], *, causal: bool) -> list[Choice]:
+    """The windows of these ``widths`` a model is offered: each plain, and for a causal model each with its sinks.
+
+    >>> [str(choice) for choice in windows((8,), causal=True)]
+    ['window(8)', 'window(8)+sink(4)']
+    """
+    plain = [Choice("window", w) for w in sorted(widths)]
+    return plain + ([Choice("window", w, STREAMING_SINKS) for w in sorted(widths)] if causal else [])
+
+
 def options(
     layer_pairs: np.ndarray, head_dim: int, ks: tuple[int, ...], widths: tuple[int, ...], *, causal: bool
 ) -> list[Choice]:
     """The choices cheaper than exact attention in at least one layer (``layer_pairs``, (layer, n, n): what
     each computes at width n), partial ones first; a causal model's windows each also with its sinks."""
-    offered = [Choice("partial", k) for k in sorted(ks)] + [Choice("window", w) for w in sorted(widths)]
-    if causal:
-        offered += [Choice("window", w, STREAMING_SINKS) for w in sorted(widths)]
+    offered = [Choice("partial", k) for k in sorted(ks)] + windows(widths, causal=causal)
     return [
         choice
         for choice in offered

@@ -174,12 +174,14 @@ def _tables(counts: dict[str, np.ndarray], s: SinkSettings) -> dict[str, pd.Data
         "layer": np.arange(layers), "sink_share": (alpha > s.epsilon).mean(1), "sink_share_low": share_low,
         "sink_share_high": share_high, "first_weight_median": np.median(alpha, 1), "below_median": np.median(below, 1),
     })  # fmt: skip
-    pooled_below = counts["below"].sum() / (counts["pairs"].sum() * heads)
+    # every block has the same valid pairs: the pooled share is the mean of the blocks' shares
+    per_block = counts["below"].sum((1, 2)) / (counts["pairs"].sum(1) * heads)
+    pooled_below, below_low, below_high = (float(v[0]) for v in bootstrap_interval(per_block[None], s.bootstrap, s.seed))
     model_low, model_high = np.percentile(sink_heads.mean((1, 2)), [2.5, 97.5])
     summary = pd.DataFrame(
         [
             _measure_row("sink_share", float((alpha > s.epsilon).mean()), model_low, model_high, alpha, "first_weight"),
-            _measure_row("below", float(pooled_below), np.nan, np.nan, below, "below"),
+            _measure_row("below", pooled_below, below_low, below_high, below, "below"),
             _measure_row(
                 "top_mass", float(read[:, at].mean()) if len(read) else np.nan, np.nan, np.nan, top[..., at], "top_mass"
             ),

@@ -3,8 +3,8 @@ next-token loss (StreamingLLM's cache, kept per head: DuoAttention's streaming h
 restricted are Wu et al.'s retrieval heads).
 
 A head restricted to ``sink-window(w)`` keeps, of each row's valid keys, the block's first 4
-(:data:`~attnlens.analysis.patterns.STREAMING_SINKS`) and the ``w`` before the query (and the query itself); its
-weights on them are renormalised, as removing the rest before softmax does. Each head is restricted alone, in one
+(DAM's fixed pattern :func:`~attnlens.analysis.patterns.sink_window`) and the ``w`` before the query (and the query itself): the
+rest (:func:`far_pairs`) are removed before softmax. Each head is restricted alone, in one
 forward pass per batch that starts at its layer (the layers below are the unmodified model's, recorded once), and
 its cost is the paired change of the blocks' mean next-token loss, with a bootstrap interval over blocks. A head
 **looks far** where that interval lies wholly above ``margin`` nats, can be restricted where it lies wholly below,
@@ -15,11 +15,9 @@ read gemma3-270m's costs 10 to 15 times too small (its four largest: 0.0002–0.
 measured), and gave some heads a negative cost that measured positive; near a trained model's optimum the first
 order term is small. So the cost is a forward per head: ``layers × heads`` passes over ``far_seqs`` blocks.
 
->>> from attnlens.analysis.sinks.far import restricted
->>> weights = torch.full((1, 1, 8, 8), 1 / 8)
->>> kept, removed = restricted(weights, torch.ones(1, 8, 8, dtype=torch.bool), window=1)
->>> removed[0, 7].int().tolist(), round(float(kept[0, 0, 7].sum()), 6)
-([0, 0, 0, 0, 1, 1, 0, 0], 1.0)
+>>> from attnlens.analysis.sinks.far import far_pairs
+>>> far_pairs(torch.ones(1, 8, 8, dtype=torch.bool), window=1)[0, 7].int().tolist()
+[0, 0, 0, 0, 1, 1, 0, 0]
 """
 
 from __future__ import annotations
@@ -29,18 +27,14 @@ import torch
 
 from attnlens.analysis.evaluation import Starts, evaluate_batch, removal
 from attnlens.analysis.objectives import Objective
-from attnlens.analysis.patterns import STREAMING_SINKS
+from attnlens.analysis.patterns import sink_window
 
 
-def restricted(weights: torch.Tensor, valid: torch.Tensor, window: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The weights (block, head, query, key) of heads restricted to the first 4 keys and the ``window`` before each
-    query, renormalised over what they keep, and the (block, query, key) pairs the restriction removes."""
-    n = weights.shape[-1]
-    index = torch.arange(n, device=weights.device)
-    keep = (index[None, :] < STREAMING_SINKS) | ((index[:, None] - index[None, :]).abs() <= window)
-    removed = valid & ~keep
-    kept = weights * (~removed[:, None]).to(weights.dtype)
-    return kept / kept.sum(-1, keepdim=True).clamp(min=torch.finfo(weights.dtype).tiny), removed
+def far_pairs(valid: torch.Tensor, window: int) -> torch.Tensor:
+    """The (block, query, key) valid pairs a head kept to the first 4 keys and the ``window`` before each query
+    loses (the query itself is always kept)."""
+    n = valid.shape[-1]
+    return valid & ~sink_window(n, window, torch.zeros(1, n, dtype=torch.bool, device=valid.device))  # DAM's pattern
 
 
 def head_costs(objective: Objective, ids: torch.Tensor, window: int, batch_size: int, bar) -> tuple[np.ndarray, np.ndarray]:
@@ -63,7 +57,7 @@ def _one_head(head: int, heads: int, window: int):
     """The removal of :func:`~attnlens.analysis.evaluation.removal` that restricts ``head`` alone."""
 
     def remove(layer: int, valid: torch.Tensor) -> torch.Tensor:
-        _, removed = restricted(torch.zeros(1, 1, *valid.shape[-2:], device=valid.device), valid, window)
+        removed = far_pairs(valid, window)
         mask = torch.zeros(removed.shape[0], heads, *removed.shape[1:], dtype=torch.bool, device=valid.device)
         mask[:, head] = removed
         return mask
