@@ -75,6 +75,7 @@ def test_dam_end_to_end(capsys, tmp_path):
         (DAM, ["--steps", "-5"], ["--steps -5 must be at least 2"]),
         (DAM, ["--variant", "dense"], ["--variant dense is unknown", "structured"]),
         (DAM, ["--classes", "self,band(-1)"], ["band(-1): the width w"]),
+        (DAM, ["--classes", "self,heavy(2)"], ["chosen by each head's scores", "attnlens importance measures it"]),
     ],
 )
 @pytest.mark.integration  # runs a real model by name

@@ -200,7 +200,7 @@ def test_sinks_counts_its_blocks_and_one_pass_per_head(minilm_l3, tmp_path, mini
     seen = _run_counting(minilm_l3, lambda: module.sinks(minilm_l3, s, progress=False))
     assert seen == _counted(counted.sinks_work(s, _facts(minilm_l3)))
     causal = attnlens.load_model(str(save_tiny(tmp_path / "causal", minilm_l6, "causal")))
-    s = s.replace(far=True, far_seqs=5, window=2)
+    s = s.replace(far=True, far_seqs=5, far_max_seqs=5, window=2)  # one round: its passes are known before it runs
     evaluated = collections.Counter()
     original = far.evaluate_batch
     monkeypatch.setattr(

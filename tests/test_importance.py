@@ -19,7 +19,7 @@ from attnlens.analysis.importance import ImportanceResult
 from attnlens.analysis.importance.passes import hidden_projection
 from attnlens.analysis.objectives import Objective
 from attnlens.data.positions import class_masks
-from tiny_models import identical_columns, save_tiny
+from tiny_models import identical_columns, save_tiny, top_keys
 
 SMALL = dict(seq_len=16, num_seqs=4, batch_size=2, bootstrap=100, progress=False)
 
@@ -48,10 +48,11 @@ def linear(x, module):
     return x @ module.weight.double().T + module.bias.double()
 
 
-def bert_by_hand(model, ids: torch.Tensor, remove) -> torch.Tensor:
+def bert_by_hand(model, ids: torch.Tensor, remove, by_scores: bool = False) -> torch.Tensor:
     """BERT's forward pass in float64, attention by hand: scores, masked softmax, context.
 
-    ``remove(layer)`` gives a boolean (batch, head or 1, n, n) mask of keys to drop, or None.
+    ``remove(layer)`` (``by_scores``: ``remove(layer, scores)``) gives a boolean (batch, head or 1, n, n)
+    mask of keys to drop, or None.
     """
     bert = model.model
     heads, dim = model.num_heads, model.head_dim
@@ -63,7 +64,7 @@ def bert_by_hand(model, ids: torch.Tensor, remove) -> torch.Tensor:
             split = lambda t: t.reshape(batch, n, heads, dim).transpose(1, 2)
             q, k, v = (split(linear(x, getattr(attention, name))) for name in ("query", "key", "value"))
             scores = q @ k.transpose(-1, -2) / math.sqrt(dim)
-            mask = remove(index)
+            mask = remove(index, scores) if by_scores else remove(index)
             if mask is not None:
                 scores = scores.masked_fill(mask, float("-inf"))
             context = (torch.softmax(scores, -1) @ v).transpose(1, 2).reshape(batch, n, heads * dim)
@@ -167,6 +168,52 @@ def test_class_ablation_equals_a_hand_written_masked_forward(minilm_l6, kjv):
     assert (table.loc[table["control"] == "class", "removed"].iloc[0]) == pytest.approx(1 / n)
 
 
+def test_heavy_hitter_ablation_equals_a_hand_written_top_k_forward(minilm_double, kjv):
+    # float64 on both sides, so that the k-th and (k+1)-th scores of a row are never confused
+    model = minilm_double
+    classes = "cls,heavy(2),other"
+    result = attnlens.importance(model, corpus=kjv, classes=classes, gradient=False, **{**SMALL, "num_seqs": 2})
+    ids = torch.from_numpy(eval_ids(result, model, kjv))
+    reference = bert_by_hand(model, ids, lambda layer: None)
+    not_cls = ~(ids == 101)[:, None, None, :].expand(-1, model.num_heads, ids.shape[1], -1)  # the keys heavy(2) chooses among
+    table = result.ablation.set_index(["scope", "class", "control"])
+    conditions = list(table.index)  # the rows of ablation_blocks, in order
+    for name, removed in (
+        ("heavy(2)", lambda layer, scores: top_keys(scores, not_cls, 2)),
+        ("other", lambda layer, scores: not_cls & ~top_keys(scores, not_cls, 2)),
+    ):
+        by_hand = one_minus_cosine(bert_by_hand(model, ids, removed, by_scores=True), reference)
+        losses = result.arrays["ablation_blocks"][conditions.index(("model", name, "class"))]
+        # any class's losses (cls too) agree with this hand-written forward to 1e-8, the judging precision's rounding
+        np.testing.assert_allclose(losses, by_hand, atol=1e-7)
+    n = ids.shape[1]
+    assert table.loc[("model", "heavy(2)", "class"), "removed"] == pytest.approx(2 / n)  # 2 of every row's n keys
+    assert table.loc[("model", "other", "class"), "removed"] == pytest.approx((n - 3) / n)
+    assert table.loc[("model", "heavy(2)", "random"), "removed"] == pytest.approx(2 / n)
+
+
+def test_heavy_hitter_mass_matches_the_captured_weights(minilm_l6, kjv):
+    """Each head's mass on its top-2 scores among the keys that are not [CLS], from scores and weights
+    captured in the run's own batches (the same float32 forwards, so the same scores choose)."""
+    result = attnlens.importance(minilm_l6, corpus=kjv, classes="cls,heavy(2),other", gradient=False, **SMALL)
+    ids = torch.from_numpy(eval_ids(result, minilm_l6, kjv))
+    n, heads = ids.shape[1], minilm_l6.num_heads
+    for layer in (0, 5):
+        heavy = rest = torch.zeros(heads, dtype=torch.float64)
+        for chunk in torch.split(ids, SMALL["batch_size"]):
+            with torch.no_grad(), Capture(weights=True) as cap:
+                minilm_l6.forward(chunk)
+            not_cls = ~(chunk == 101)[:, None, None, :].expand(-1, heads, n, -1)
+            weights = cap.weights[layer].double()
+            chosen = top_keys(cap.scores[layer], not_cls, 2)
+            heavy = heavy + (weights * chosen).sum((0, 2, 3))
+            rest = rest + (weights * (not_cls & ~chosen)).sum((0, 2, 3))
+        rows = result.mass[(result.mass["layer"] == layer)].set_index(["head", "class"])["mass"]
+        np.testing.assert_allclose(rows.xs("heavy(2)", level="class").to_numpy(), heavy.numpy() / ids.numel(), atol=1e-6)
+        np.testing.assert_allclose(rows.xs("other", level="class").to_numpy(), rest.numpy() / ids.numel(), atol=1e-6)
+    assert np.allclose(result.mass.groupby(["layer", "head"])["mass"].sum(), 1, atol=1e-5), "still a partition"
+
+
 def test_random_control_removes_as_many_valid_positions_per_row():
     generator = torch.Generator().manual_seed(0)
     valid = torch.ones(4, 10, 10, dtype=torch.bool).tril()
@@ -205,6 +252,11 @@ def test_causal_rows_that_would_lose_every_key_are_spared(tiny_causal, kjv):
     valid_positions = n * (n + 1) / 2
     assert table.loc[("model", "self", "class"), "removed"] == pytest.approx((n - 1) / valid_positions)
     assert np.isfinite(result.arrays["ablation_blocks"]).all()
+    # heavy(2) alone: queries 0 and 1 have no key beside their top 2, so they are spared; every later row loses 2
+    heavy = attnlens.importance(tiny_causal, corpus=kjv, classes="heavy(2)", gradient=False, **SMALL).ablation
+    heavy = heavy[(heavy["scope"] == "model") & (heavy["class"] == "heavy(2)")].set_index("control")
+    assert heavy.loc["class", "rows_spared"] == pytest.approx(2 / n)
+    assert heavy.loc["class", "removed"] == heavy.loc["random", "removed"] == pytest.approx(2 * (n - 2) / valid_positions)
 
 
 # ------------------------------------------------------------------ gradient
@@ -231,7 +283,7 @@ def minilm_double():
 
 def test_gradient_importance_equals_finite_differences_hidden(minilm_double, kjv):
     model = minilm_double
-    result = attnlens.importance(model, corpus=kjv, classes="prev,cls", **{**SMALL, "num_seqs": 2})
+    result = attnlens.importance(model, corpus=kjv, classes="prev,cls,heavy(2)", **{**SMALL, "num_seqs": 2})
     ids = torch.from_numpy(eval_ids(result, model, kjv))
     masks = class_masks(ids, model, ("prev", "cls"))
     blocks = result.meta["corpus"]["block_index"]
@@ -251,9 +303,15 @@ def test_gradient_importance_equals_finite_differences_hidden(minilm_double, kjv
         mask = masks[name]
         numeric = (f(layer, head, mask, 1 + step) - f(layer, head, mask, 1 - step)) / (2 * step)
         np.testing.assert_allclose(grads[:, layer, head, index], numeric, rtol=1e-5, atol=1e-10)
+    # heavy(2): the head's top-2 scores among the keys neither prev nor cls holds, chosen at gate 1
+    with torch.no_grad(), Capture() as cap:
+        model.forward(ids)
+    heavy = top_keys(cap.scores[4][:, 2], ~(masks["prev"] | masks["cls"]), 2)
+    numeric = (f(4, 2, heavy, 1 + step) - f(4, 2, heavy, 1 - step)) / (2 * step)
+    np.testing.assert_allclose(grads[:, 4, 2, 2], numeric, rtol=1e-5, atol=1e-10)
     everything = torch.ones_like(masks["prev"])
     numeric = (f(2, 7, everything, 1 + step) - f(2, 7, everything, 1 - step)) / (2 * step)
-    np.testing.assert_allclose(grads[:, 2, 7, 2], numeric, rtol=1e-5, atol=1e-10)
+    np.testing.assert_allclose(grads[:, 2, 7, 3], numeric, rtol=1e-5, atol=1e-10)
     # levels: a gate shared by a layer's heads has the sum of their derivatives
     table = result.gradient.set_index(["level", "layer", "head", "class"])
     assert table.loc[("layer", 1, -1, "prev"), "importance"] == pytest.approx(np.abs(grads[:, 1, :, 0].sum(1)).mean())

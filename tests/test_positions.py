@@ -85,6 +85,7 @@ def test_parse_classes_accepts_and_normalises():
     assert parse_classes(None) == DEFAULT_CLASSES
     assert parse_classes("self, band( 3 ),other") == ("self", "band(3)", "other")
     assert parse_classes(["cls", "sep"]) == ("cls", "sep")
+    assert parse_classes("sink, heavy ( 4 ), other") == ("sink", "heavy(4)", "other")
 
 
 @pytest.mark.parametrize(
@@ -95,6 +96,8 @@ def test_parse_classes_accepts_and_normalises():
         ("band(-2)", "band(-2): the width w"),
         ("band(x)", "unknown position class 'band(x)'"),
         ("self,self", "names 'self' more than once"),
+        ("heavy(0)", "heavy(0): the number k of heavy(k) must be at least 1"),
+        ("heavy,heavy(4)", "names heavy(k) more than once"),
         (" , ", "classes is empty"),
     ],
 )

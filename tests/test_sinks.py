@@ -10,11 +10,12 @@ import pytest
 import torch
 
 import attnlens
+from attnlens.analysis.evaluation import bootstrap_interval
 from attnlens.analysis.sinks import sinks
 from attnlens.data.positions import class_masks, parse_classes
 from attnlens.errors import BadInput
 from test_capture import eager_twin
-from tiny_models import assert_one_line_error, run_cli
+from tiny_models import assert_one_line_error, run_cli, save_tiny
 
 FRACTIONS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5)
 
@@ -104,7 +105,7 @@ def test_bad_settings_are_one_line(capsys, tmp_path):
 def test_a_head_kept_to_the_sink_and_a_window_costs_what_a_full_forward_says(gemma3, kjv):
     """Each head's cost (a forward from its layer, attnlens.analysis.sinks.far) against a full forward with that head's
     far scores set to -inf by hand and the next-token loss taken from the model's own logits."""
-    result = sinks(gemma3, num_seqs=4, seq_len=32, min_keys=8, far=True, far_seqs=2, window=4, progress=False)
+    result = sinks(gemma3, num_seqs=4, seq_len=32, min_keys=8, far=True, far_seqs=2, far_max_seqs=2, window=4, progress=False)
     heads = result.tables["heads"].set_index(["layer", "head"])
     ids = torch.from_numpy(kjv.blocks(gemma3, 32, 4, 0).ids[:2])
     i, j = torch.arange(32)[:, None], torch.arange(32)[None, :]
@@ -131,3 +132,26 @@ def test_a_head_kept_to_the_sink_and_a_window_costs_what_a_full_forward_says(gem
     share = result.table.set_index("measure").loc["far_share"]
     looks = result.tables["heads"]["looks"]
     assert share["value"] == (looks == "far").mean() and share["high"] == (looks != "near").mean()
+
+
+def test_a_head_not_decided_is_measured_on_more_blocks(tmp_path, minilm_l6):
+    """Rounds of 4, 8 and 12 blocks: a head measured on more blocks was not decided on the blocks before, a head
+    measured on fewer was, and every head's verdict is its interval over the blocks it was measured on."""
+    causal = attnlens.load_model(str(save_tiny(tmp_path / "causal", minilm_l6, "causal")))
+    s = dict(num_seqs=12, seq_len=16, batch_size=4, min_keys=8, far=True, far_seqs=4, window=2)
+    first = sinks(causal, progress=False, far_max_seqs=4, **s).tables["heads"]
+    costliest = first.loc[first["far_cost"].idxmax()]
+    margin = (costliest["far_cost_low"] + costliest["far_cost_high"]) / 2  # inside its interval: not decided on 4 blocks
+    result = sinks(causal, progress=False, far_max_seqs=12, far_margin=margin, **s)
+    heads = result.tables["heads"]
+    change = (result.arrays["far_loss"] - result.arrays["far_unmodified"]).reshape(len(heads), -1)
+    assert set(heads["far_blocks"]) <= {4, 8, 12} and (heads["far_blocks"] > 4).any(), "some head needs a second round"
+    for (_, head), row in zip(heads.iterrows(), change):
+        blocks = int(head["far_blocks"])
+        assert np.isfinite(row[:blocks]).all() and np.isnan(row[blocks:]).all()
+        for before in (4, 8):
+            interval = bootstrap_interval(row[None, :before], 1000, 0)
+            decided = interval[1][0] > margin or interval[2][0] < margin
+            assert decided == (blocks == before) if blocks >= before else True
+        mean, low, high = (value[0] for value in bootstrap_interval(row[None, :blocks], 1000, 0))
+        assert (head["far_cost"], head["far_cost_low"], head["far_cost_high"]) == pytest.approx((mean, low, high))

@@ -23,7 +23,7 @@ from attnlens.analysis.changes import FunctionChange as Change
 from attnlens.analysis.task import TaskBatch, TaskJudge, TaskSettings, pooled_features
 from attnlens.data.tasks import load_task
 from attnlens.errors import BadInput
-from tiny_models import assert_one_line_error, import_or_skip, run_cli, save_tiny
+from tiny_models import assert_one_line_error, import_or_skip, run_cli, save_tiny, top_keys
 
 SMALL = dict(task_train=96, task_eval=48)
 
@@ -215,6 +215,26 @@ def test_the_ablation_change_removes_exactly_the_class_positions_that_are_valid(
         random = Ablation(name, classes, "random").intervention(batch.view(minilm_l6))
         removed_random = torch.isinf(random(0, scores, valid))
         assert torch.equal(removed_random.sum(-1), removed.sum(-1)) and not (removed_random & ~valid[:, None]).any()
+
+
+def test_heavy_hitters_chosen_on_padded_task_examples(minilm_l6, rotten):
+    examples = rotten.held_out.take(slice(0, 4))
+    batch = TaskBatch(
+        torch.from_numpy(examples.ids), torch.from_numpy(examples.attention_mask), torch.zeros(4, dtype=torch.long), 0
+    )
+    n, heads = examples.ids.shape[1], minilm_l6.num_heads
+    scores = torch.randn(4, heads, n, n, generator=torch.Generator().manual_seed(0))
+    own = torch.from_numpy(examples.attention_mask).bool()
+    valid = own[:, None, :] & own[:, :, None]
+    classes = ("self", "heavy(3)", "other")
+    removed = torch.isinf(Ablation("heavy(3)", classes).intervention(batch.view(minilm_l6))(0, scores, valid))
+    eye = torch.eye(n, dtype=torch.bool)
+    among = (valid & ~eye)[:, None].expand(-1, heads, -1, -1)
+    expected = top_keys(scores, among, 3) & own[:, None, :, None]  # padding queries attend to nothing: no row to choose in
+    assert torch.equal(removed, expected)
+    assert not (removed & ~valid[:, None]).any() and not (removed & eye).any()
+    random = torch.isinf(Ablation("heavy(3)", classes, "random").intervention(batch.view(minilm_l6))(0, scores, valid))
+    assert torch.equal(random.sum(-1), removed.sum(-1)), "the control removes as many keys in every row"
 
 
 def test_importance_reconstruct_and_dam_carry_a_task_table(minilm_l6, tmp_path):

@@ -272,3 +272,10 @@ def fine_tuned_classifier(base: str, rows, directory: Path, *, max_length: int, 
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return directory
+
+
+def top_keys(scores, among, k: int):
+    """Each row's ``k`` keys of largest score among ``among`` (bool, the shape of ``scores``), by
+    ``torch.topk``: the heavy hitters written independently of attnlens's stable sort."""
+    chosen = scores.masked_fill(~among, float("-inf")).topk(k, dim=-1).indices
+    return torch.zeros_like(scores, dtype=torch.bool).scatter(-1, chosen, True) & among

@@ -44,7 +44,7 @@ from torch import nn
 
 from attnlens.analysis.evaluation import guard_rows
 from attnlens.analysis.patterns import PATTERNS, build, removed_mask
-from attnlens.data.positions import TokenRoles, class_masks, token_roles
+from attnlens.data.positions import TokenRoles, choose, class_masks, reads_scores, token_roles
 from attnlens.models.capture import Intervention
 from attnlens.models.loading import LoadedModel
 
@@ -208,8 +208,17 @@ class Removal(Change):
         """What the kind needs of one batch (its own type, given back to :meth:`remove`); here the batch."""
         return batch
 
+    @property
+    def reads_scores(self) -> bool:
+        """Whether the positions removed depend on the layer's scores (:meth:`remove_scored`)."""
+        return False
+
     def remove(self, prepared: Any, layer: int, valid: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
+
+    def remove_scored(self, prepared: Any, layer: int, valid: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        """The positions removed where they depend on the layer's ``scores`` (batch, head, n, n)."""
+        return self.remove(prepared, layer, valid)
 
     def removed(self, batch: Batch, layer: int, valid: torch.Tensor) -> torch.Tensor:
         """The positions removed in ``layer`` of ``batch`` whose valid mask is ``valid`` (batch or 1, n, n)."""
@@ -220,6 +229,8 @@ class Removal(Change):
         seen: list[tuple[torch.Tensor, torch.Tensor]] = []  # (valid mask, positions removed) of the layers so far
 
         def intervene(layer: int, scores: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+            if self.reads_scores:
+                return scores.masked_fill(self.remove_scored(prepared, layer, valid, scores), float("-inf"))
             hit = next((remove for v, remove in seen if v.shape == valid.shape and torch.equal(v, valid)), None)
             if hit is None or not self.shared_by_layers:
                 hit = self.remove(prepared, layer, valid)
@@ -234,7 +245,9 @@ class Ablation(Removal):
     """Position class ``cls`` removed (``control="class"``), or as many valid positions per row
     at random (``"random"``, seeded by ``seed`` and the batch), in ``layer`` (-1: every layer)
     and ``head`` (-1: every head). ``classes`` is the partition the class belongs to (``other``
-    is what the rest leave), and keys the random draws.
+    is what the rest leave), and keys the random draws. Removing ``heavy(k)`` (or ``other`` beside
+    it) reads each head's scores in each layer (:func:`~attnlens.data.positions.choose`); its
+    random control, as many positions per row, does not need them.
     """
 
     cls: str
@@ -257,21 +270,30 @@ class Ablation(Removal):
     def layers(self) -> list[int] | None:
         return None if self.layer < 0 else [self.layer]
 
-    def prepare(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    @property
+    def reads_scores(self) -> bool:
+        return self.control == "class" and reads_scores(self.cls, self.classes)
+
+    def prepare(self, batch: Batch) -> tuple[dict[str, torch.Tensor], torch.Tensor | None, torch.Tensor | None]:
         keys = batch.random_keys(self.seed, self.classes, self.cls) if self.control == "random" else None
         heads = None
         if self.head >= 0:  # (head, 1, 1): this head only
             heads = torch.eye(batch.model.num_heads, dtype=torch.bool, device=batch.ids.device)[self.head][:, None, None]
-        return batch.classes(self.classes)[self.cls], keys, heads
+        return batch.classes(self.classes), keys, heads
 
-    def positions(self, prepared, valid: torch.Tensor) -> torch.Tensor:
-        """(batch, n, n): the positions removed, in every head the ablation applies to."""
-        mask, keys, _ = prepared
-        remove = guard_rows(mask & valid, valid)
-        return remove if keys is None else random_positions(remove, valid, keys)
+    def positions(self, prepared, valid: torch.Tensor, scores: torch.Tensor | None = None) -> torch.Tensor:
+        """(batch, heads or 1, n, n): the positions removed, in every head the ablation applies to (a
+        class chosen by ``scores`` without them: as many per row, which is all a count needs)."""
+        masks, keys, _ = prepared
+        valid = valid.reshape(-1, 1, *valid.shape[-2:])  # (batch or 1, 1, n, n): every head's
+        remove = guard_rows(choose(masks, scores, valid[:, 0])[self.cls] & valid, valid)
+        return remove if keys is None else random_positions(remove, valid, keys[:, None])
 
     def remove(self, prepared, layer: int, valid: torch.Tensor) -> torch.Tensor:
-        remove = self.positions(prepared, valid)[:, None]
+        return self.remove_scored(prepared, layer, valid, None)
+
+    def remove_scored(self, prepared, layer: int, valid: torch.Tensor, scores: torch.Tensor | None) -> torch.Tensor:
+        remove = self.positions(prepared, valid, scores if self.reads_scores else None)
         heads = prepared[2]
         return remove if heads is None else remove & heads
 

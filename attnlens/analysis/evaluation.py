@@ -28,6 +28,7 @@ import torch
 
 from attnlens.analysis.objectives import Evaluates, Objective, PreparedBatch
 from attnlens.data.corpus import Blocks, Corpus
+from attnlens.data.positions import choose
 from attnlens.errors import BadInput
 from attnlens.models.capture import Capture, Intervention
 from attnlens.models.layer_inputs import DEFAULT_BUDGET, LayerInputs
@@ -177,7 +178,11 @@ def class_counts(masks: dict[str, torch.Tensor], valid: torch.Tensor) -> dict[st
     {'self': 6, 'next': 2}
     """
     valid = valid.to(next(iter(masks.values())).device)
-    return {name: int(sum(int((mask & layer).sum()) for layer in valid)) for name, mask in masks.items()}
+    counts = dict.fromkeys(masks, 0)
+    for layer in valid:  # heavy(k)'s count needs no scores (positions.choose)
+        for name, mask in choose(masks, None, layer[None]).items():
+            counts[name] += int((mask & layer).sum())
+    return counts
 
 
 class Starts:

@@ -55,6 +55,10 @@ def sinks(
     far_seqs: Annotated[
         int, typer.Option("--far-seqs", help="Blocks each head is kept so on, with --far.")
     ] = SinkSettings.far_seqs,
+    far_max_seqs: Annotated[
+        int,
+        typer.Option("--far-max-seqs", help="A head not decided on --far-seqs blocks is measured on twice as many, up to this."),
+    ] = SinkSettings.far_max_seqs,
     window: Annotated[int, typer.Option("--window", help="The recent keys a head keeps beside the first 4, with --far.")] = (
         SinkSettings.window
     ),

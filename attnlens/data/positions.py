@@ -15,6 +15,9 @@ punct     the key is a punctuation token: its text, without word-boundary marks
           (``##``, ``▁``, ``Ġ``), is only punctuation characters (Unicode ``P*``)
 sink(s)   the key is one of the block's first ``s`` positions, whatever its token (the
           attention sink of decoders, StreamingLLM's initial tokens); ``sink`` is ``sink(1)``
+heavy(k)  the row's ``k`` keys of largest score in each layer and head (H2O's heavy hitters:
+          softmax is monotone, so they hold the row's largest weights), among the keys no
+          other class asked for holds; ``heavy`` is ``heavy(1)``
 other     none of the other classes asked for
 ========  ===========================================================================
 
@@ -27,6 +30,13 @@ it has no ``[CLS]`` or ``[SEP]`` to ask about (``cls`` would be that same first 
 
 The table :data:`PREDICATES` maps each class name to a predicate over query positions
 ``i``, key positions ``j`` and the tokens' roles; adding a class is adding a row.
+
+``heavy(k)`` is the one class chosen by scores, so its positions differ by layer and head.
+:func:`class_masks` gives, for it and for ``other``, the keys it chooses among (those no other
+class holds), and :func:`choose` narrows both with one layer's scores: ``heavy(k)`` to each
+row's ``k`` largest (ties to the earlier key), ``other`` to the rest. How many positions each
+holds does not depend on the scores, so a count needs none. With ``sink`` asked for,
+``heavy(k)`` are the heavy hitters beside the sink.
 
 >>> import torch
 >>> from attnlens import load_model
@@ -57,7 +67,8 @@ if TYPE_CHECKING:
 
 DEFAULT_CLASSES: tuple[str, ...] = ("self", "prev", "next", "cls", "sep", "punct", "other")
 DECODER_CLASSES: tuple[str, ...] = ("self", "prev", "sink", "punct", "other")
-_SIZED = re.compile(r"(band|sink)\((-?\d+)\)")  # the classes that take a size: band(w), sink(s)
+_SIZED = re.compile(r"(band|sink|heavy)\((-?\d+)\)")  # the classes that take a size: band(w), sink(s), heavy(k)
+_SIZE_NAMES = {"band": "width w", "sink": "size s", "heavy": "number k"}
 _WORD_MARKS = ("##", "\u2581", "\u0120")  # WordPiece continuation, SentencePiece and byte-BPE spaces
 
 
@@ -96,7 +107,8 @@ PREDICATES: dict[str, Predicate] = {
     "punct": lambda i, j, roles, width: roles.punct[:, None, :],
     "sink": lambda i, j, roles, width: _sink(j, width),
 }
-CLASS_HELP = "self, prev, next, band(w), cls, sep, punct, sink(s), other"
+CLASS_HELP = "self, prev, next, band(w), cls, sep, punct, sink(s), heavy(k), other"
+CHOSEN = ("heavy", "other")  # chosen among the same keys by each head's scores, where heavy(k) is asked for
 
 
 def default_classes(causal: bool) -> tuple[str, ...]:
@@ -131,19 +143,58 @@ def parse_classes(text: str | Iterable[str] | None, causal: bool = False) -> tup
     for name in parts:
         sized = _SIZED.fullmatch(name)
         if sized is not None and int(sized.group(2)) < 1:
-            kind, size = sized.group(1), {"band": "width w", "sink": "size s"}[sized.group(1)]
+            kind, size = sized.group(1), _SIZE_NAMES[sized.group(1)]
             raise BadInput(f"`classes` {name}: the {size} of {kind}({size[-1]}) must be at least 1, e.g. {kind}(2)")
-        if sized is None and (name not in PREDICATES or name == "band") and name != "other":
+        if sized is None and (name not in PREDICATES or name == "band") and name not in ("other", "heavy"):
             raise BadInput(f"unknown position class '{name}' in `classes`; use {CLASS_HELP}")
     repeated = sorted({name for name in parts if parts.count(name) > 1})
     if repeated:
         raise BadInput(f"`classes` names '{repeated[0]}' more than once; name each class once")
+    if len([name for name in parts if _kind(name) == "heavy"]) > 1:
+        raise BadInput("`classes` names heavy(k) more than once; name one k (a larger k holds every smaller one's keys)")
     return tuple(parts)
+
+
+def _kind(name: str) -> str:
+    """A class's kind: its name without a size (``band(2)`` -> ``band``)."""
+    sized = _SIZED.fullmatch(name)
+    return sized.group(1) if sized else name
+
+
+def heavy_class(classes: Iterable[str]) -> str | None:
+    """The ``heavy(k)`` class among ``classes``, if one is asked for.
+
+    >>> heavy_class(("self", "heavy(4)", "other")), heavy_class(("self", "other"))
+    ('heavy(4)', None)
+    """
+    return next((name for name in classes if _kind(name) == "heavy"), None)
+
+
+def reads_scores(name: str, classes: Iterable[str]) -> bool:
+    """Whether class ``name``'s positions among ``classes`` depend on each head's scores: ``heavy(k)``,
+    and ``other`` beside it."""
+    return _kind(name) in CHOSEN and heavy_class(classes) is not None
+
+
+def refuse_heavy(classes: str | Iterable[str] | None, where: str) -> None:
+    """Raise :class:`BadInput` where an analysis (``where``) fixes positions by tokens and places, so
+    cannot take ``heavy(k)``."""
+    if classes is not None and heavy_class(parse_classes(classes)) is not None:
+        raise BadInput(
+            f"{where} learns or keeps positions fixed by tokens and places, and heavy(k) is chosen by each head's "
+            "scores; drop it from `classes` (attnlens importance measures it)"
+        )
 
 
 def _predicate(name: str) -> tuple[Predicate, int | None]:
     sized = _SIZED.fullmatch(name)
     return (PREDICATES[sized.group(1)], int(sized.group(2))) if sized else (PREDICATES[name], None)
+
+
+def heavy_size(name: str) -> int:
+    """The ``k`` of a ``heavy(k)`` class (``heavy``: 1)."""
+    sized = _SIZED.fullmatch(name)
+    return int(sized.group(2)) if sized else 1
 
 
 def is_punctuation(token: str) -> bool:
@@ -203,7 +254,8 @@ def class_masks(
     """Boolean (batch, n, n) masks, one per class, for blocks ``ids`` (batch, n).
 
     ``other`` is everything no other listed class covers. With ``valid`` (batch or 1, n, n)
-    every mask is restricted to the pairs the model may attend to.
+    every mask is restricted to the pairs the model may attend to. A ``heavy(k)`` class and
+    ``other`` beside it are both the keys it chooses among; :func:`choose` narrows them.
     """
     ids = torch.as_tensor(ids)
     batch, n = ids.shape
@@ -212,18 +264,44 @@ def class_masks(
     j = torch.arange(n, device=ids.device)[None, None, :]
     masks: dict[str, torch.Tensor] = {}
     for name in classes:
-        if name == "other":
+        if _kind(name) in CHOSEN:
             continue
         predicate, width = _predicate(name)
         masks[name] = predicate(i, j, roles, width).expand(batch, n, n)
-    if "other" in classes:
-        covered = torch.zeros(batch, n, n, dtype=torch.bool, device=ids.device)
-        for mask in masks.values():
-            covered |= mask
-        masks["other"] = ~covered
+    covered = torch.zeros(batch, n, n, dtype=torch.bool, device=ids.device)
+    for mask in masks.values():
+        covered |= mask
+    masks.update({name: ~covered for name in classes if _kind(name) in CHOSEN})
     if valid is not None:
         masks = {name: mask & valid for name, mask in masks.items()}
     return {name: masks[name] for name in classes}
+
+
+def choose(masks: dict[str, torch.Tensor], scores: torch.Tensor | None, valid: torch.Tensor) -> dict[str, torch.Tensor]:
+    """One layer's masks, (batch, heads or 1, n, n): :func:`class_masks`' ``masks`` with ``heavy(k)``
+    narrowed to each row's ``k`` valid keys of largest ``scores`` (batch, heads, n, n) among those it
+    chooses from, ties to the earlier key, and ``other`` to the rest; ``valid`` (batch or 1, n, n).
+    Without ``scores`` every key ties, so the first ``k`` are taken: the same number of positions in
+    every row as any head's scores take, which is all a count needs.
+
+    >>> masks = {"heavy(2)": torch.ones(1, 3, 3, dtype=torch.bool), "other": torch.ones(1, 3, 3, dtype=torch.bool)}
+    >>> scores = torch.tensor([[[[0.0, 5.0, 1.0]] * 3]])
+    >>> chosen = choose(masks, scores, torch.ones(1, 3, 3, dtype=torch.bool).tril())
+    >>> chosen["heavy(2)"][0, 0].int().tolist(), chosen["other"][0, 0, 2].int().tolist()
+    ([[1, 0, 0], [1, 1, 0], [0, 1, 1]], [1, 0, 0])
+    """
+    heavy = heavy_class(masks)
+    chosen = {name: mask[:, None] for name, mask in masks.items()}
+    if heavy is None:
+        return chosen
+    among = masks[heavy][:, None] & valid[:, None]
+    ranked = (scores if scores is not None else torch.zeros(among.shape, device=among.device)).masked_fill(~among, float("-inf"))
+    order = torch.sort(ranked, dim=-1, descending=True, stable=True).indices  # stable: ties to the earlier key
+    rank = torch.empty_like(order).scatter_(-1, order, torch.arange(order.shape[-1], device=order.device).expand_as(order))
+    chosen[heavy] = among & (rank < heavy_size(heavy))
+    if "other" in masks:
+        chosen["other"] = chosen["other"] & ~chosen[heavy]
+    return chosen
 
 
 def exclusive_index(masks: dict[str, torch.Tensor]) -> torch.Tensor:

@@ -91,7 +91,9 @@ def plot_far_heads(result, ax: plt.Axes | None = None) -> plt.Axes:
     heads, s = result.tables["heads"], result.settings
     far, said = heads[heads["looks"] == "far"], f"looks far (> {s['far_margin']:g} nats)"
     _head_map(ax, heads, "far_cost", "mako_r", "Δ next-token loss, nats", far, said)
-    measured = f"{result.model_name}, n = {s['seq_len']}, {s['far_seqs']} blocks"
+    most = s.get("far_max_seqs", s["far_seqs"])
+    blocks = f"{s['far_seqs']} blocks" if most == s["far_seqs"] else f"{s['far_seqs']}–{most} blocks"
+    measured = f"{result.model_name}, n = {s['seq_len']}, {blocks}"
     ax.set_title(f"Each head alone kept to the first 4 and {s['window']} recent keys\n({measured})", fontsize=10)
     return ax
 

@@ -152,7 +152,10 @@ def _far_claim(sinks) -> Claim:
     s, measures = sinks.settings, sinks.table.set_index("measure")
     heads = int(sinks.meta["model"]["num_layers"]) * int(sinks.meta["model"]["num_heads"])
     if "far_share" not in measures.index:
-        missing = f"measuring every head takes {heads:,} forward passes of {s['far_seqs']} blocks; --full measures them"
+        missing = (
+            f"measuring every head takes {heads:,} forward passes of {s['far_seqs']} blocks, and more for a head they "
+            "do not decide; --full measures them"
+        )
         return Claim(*FAR, Verdict(Phrase.AT_THIS_SIZE, missing=missing))
     row = measures.loc["far_share"]
     phrase = Phrase.HOLDS if row["high"] < FEW_HEADS else Phrase.DOES_NOT_HOLD if row["low"] >= FEW_HEADS else Phrase.NOT_DECIDED
@@ -161,10 +164,16 @@ def _far_claim(sinks) -> Claim:
         f"not decided): kept alone to the first 4 and {s['window']} recent keys, each costs over {s['far_margin']:g} nats"
     )
     typical = (
-        f"n = {s['seq_len']}, {s['far_seqs']} blocks; the median head's cost {number(row['head_median'], 3, sign=True, significant=True)} nats (quartiles "
+        f"n = {s['seq_len']}, {_far_blocks(s)}; the median head's cost {number(row['head_median'], 3, sign=True, significant=True)} nats (quartiles "
         f"{number(row['head_q1'], 3, sign=True, significant=True)} to {number(row['head_q3'], 3, sign=True, significant=True)})"
     )
     return Claim(*FAR, Verdict(phrase, said), typical, margin=Stated(float(s["far_margin"]), "nats"))
+
+
+def _far_blocks(s: dict) -> str:
+    """The blocks each head was measured on: ``far_seqs``, and up to ``far_max_seqs`` for a head not decided on fewer."""
+    first, most = int(s["far_seqs"]), int(s.get("far_max_seqs", s["far_seqs"]))  # 0.3.0's results measured every head alike
+    return f"{first} blocks" if most == first else f"{first} blocks a head, up to {most} where fewer did not decide"
 
 
 def _window_claim(dam, context: Context) -> Claim | None:

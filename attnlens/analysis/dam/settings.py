@@ -18,7 +18,7 @@ from attnlens.analysis.evaluation import MIN_HELD_OUT_BLOCKS
 from attnlens.analysis.objectives import OBJECTIVES
 from attnlens.analysis.patterns import PATTERNS
 from attnlens.analysis.task import TaskSettings
-from attnlens.data.positions import parse_classes
+from attnlens.data.positions import refuse_heavy
 from attnlens.errors import BadInput
 from attnlens.models.precision import DEFAULT_PRECISION, PRECISIONS
 from attnlens.settings import CorpusSettings, Settings, at_least, group, one_of, positive, probability, setting
@@ -55,7 +55,7 @@ class MaskSettings(Settings):
 
     def validate(self) -> None:
         one_of("variant", self.variant, LAYOUTS)
-        parse_classes(self.classes)
+        refuse_heavy(self.classes, "dam")
         probability("init_keep", self.init_keep, ", e.g. 0.9")
         if self.removal not in REMOVALS:
             raise BadInput(

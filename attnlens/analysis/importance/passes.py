@@ -21,6 +21,7 @@ from attnlens.analysis.evaluation import evaluate_batch, frozen, layer_groups
 from attnlens.analysis.experiment import Experiment
 from attnlens.analysis.importance.settings import ImportanceSettings
 from attnlens.analysis.objectives import Objective, PreparedBatch
+from attnlens.data.positions import choose, heavy_class
 from attnlens.models.capture import Capture
 from attnlens.models.precision import DEFAULT_PRECISION
 from attnlens.progress import Progress, progress_bar
@@ -94,15 +95,20 @@ def condition_row(ablation: Ablation | None) -> dict[str, object]:
 
 
 class MassAccumulator:
-    """Sums for attention mass, share and entropy, fed layer by layer by a capture sink."""
+    """Sums for attention mass, share and entropy, fed layer by layer by a capture sink.
 
-    def __init__(self, num_layers: int, num_heads: int, num_classes: int) -> None:
-        self.mass = np.zeros((num_layers, num_heads, num_classes))
+    ``heavy(k)`` and ``other`` beside it are first summed over the keys they choose among (where
+    their masks are the same for every head), then the heavy hitters' part, which each head's
+    scores choose (:class:`HeavySplit`), is moved from ``other`` to ``heavy(k)``."""
+
+    def __init__(self, num_layers: int, num_heads: int, classes: tuple[str, ...]) -> None:
+        self.mass = np.zeros((num_layers, num_heads, len(classes)))
         self.entropy = np.zeros((num_layers, num_heads))
-        self.share = np.zeros((num_layers, num_classes))
+        self.share = np.zeros((num_layers, len(classes)))
         self.uniform_entropy = np.zeros(num_layers)
         self.rows = np.zeros(num_layers)
         self.masks: torch.Tensor | None = None  # (C, batch, n, n) float, set per batch
+        self.heavy = HeavySplit.of(classes)
 
     def sink(self, layer: int, scores: torch.Tensor, valid: torch.Tensor, weights: torch.Tensor | None) -> None:
         assert self.masks is not None, "the unmodified pass sets the classes' masks before it runs"
@@ -110,13 +116,49 @@ class MassAccumulator:
         masks = self.masks * valid[None].to(self.masks.dtype)
         weights = weights.to(masks.dtype)
         rows = valid.any(-1)  # (batch, n): queries that attend at all
-        self.mass[layer] += torch.einsum("bhqk,cbqk->hc", weights, masks).double().cpu().numpy()
+        mass = torch.einsum("bhqk,cbqk->hc", weights, masks)
         entropy = -torch.special.xlogy(weights, weights).sum(-1)  # (batch, head, n)
         self.entropy[layer] += (entropy * rows[:, None]).sum((0, 2)).double().cpu().numpy()
         keys = valid.sum(-1).clamp(min=1).to(masks.dtype)
-        self.share[layer] += (masks.sum(-1) / keys).sum((1, 2)).double().cpu().numpy()
+        share = (masks.sum(-1) / keys).sum((1, 2))
+        if self.heavy is not None:
+            chosen = self.heavy.chosen(self.masks, scores, valid).to(masks.dtype)  # (batch, head, n, n)
+            mass = self.heavy.move(mass.T, (weights * chosen).sum((0, 2, 3))).T
+            share = self.heavy.move(share, (chosen[:, 0].sum(-1) / keys).sum())  # as many in every head
+        self.mass[layer] += mass.double().cpu().numpy()
+        self.share[layer] += share.double().cpu().numpy()
         self.uniform_entropy[layer] += float(torch.log(keys)[rows].sum())
         self.rows[layer] += float(rows.sum())
+
+
+@dataclass(frozen=True)
+class HeavySplit:
+    """Where ``heavy(k)`` (and ``other``, if asked for) sit among the classes, to split the keys they
+    share by each head's scores (:func:`~attnlens.data.positions.choose`)."""
+
+    name: str
+    index: int
+    other: int | None
+
+    @classmethod
+    def of(cls, classes: tuple[str, ...]) -> HeavySplit | None:
+        name = heavy_class(classes)
+        if name is None:
+            return None
+        return cls(name, classes.index(name), classes.index("other") if "other" in classes else None)
+
+    def chosen(self, masks: torch.Tensor, scores: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        """(batch, head, n, n) bool: each head's heavy hitters, from the shared keys in ``masks`` (C, batch, n, n)."""
+        return choose({self.name: masks[self.index].bool()}, scores, valid)[self.name]
+
+    def move(self, sums: torch.Tensor, heavy: torch.Tensor) -> torch.Tensor:
+        """``sums`` (C, ...) with the heavy hitters' part ``heavy`` taken from ``other`` and given to ``heavy(k)``,
+        whose entry held every shared key's."""
+        sums = sums.clone()
+        if self.other is not None:
+            sums[self.other] = sums[self.index] - heavy
+        sums[self.index] = heavy
+        return sums
 
 
 @dataclass
@@ -136,7 +178,7 @@ class Passes:
         model, classes, blocks = experiment.model, experiment.classes, experiment.held_out
         size = (len(conditions), len(blocks))
         passes = cls(
-            MassAccumulator(model.num_layers, model.num_heads, len(classes)),
+            MassAccumulator(model.num_layers, model.num_heads, classes),
             np.zeros(size),
             np.zeros(size) if experiment.objective.name == "hidden" else None,
             np.zeros((len(conditions), 2)),
@@ -161,7 +203,7 @@ class Passes:
                     passes.measure(experiment, index, condition, batch, view, rows, stacked, groups, group_valid, where, exactly)
                     bar.update(1)
                 if s.gradient:
-                    passes.gradients[rows] = _batch_gradients(*exactly, blocks.index[rows], stacked, s.seed)
+                    passes.gradients[rows] = _batch_gradients(*exactly, blocks.index[rows], stacked, s.seed, passes.mass.heavy)
                     bar.update(1)
                 start = rows.stop
         return passes
@@ -182,10 +224,10 @@ class Passes:
             affected = range(experiment.model.num_layers) if condition.layer < 0 else [condition.layer]
             for layer in affected:
                 valid = group_valid[groups[layer]]
-                remove = condition.positions(prepared, valid)
+                remove = condition.positions(prepared, valid)[:, 0]  # counts: the same in every head
                 self.removed[index] += (float(remove.sum()), float(valid.sum()) * size)
                 if condition.control == "class":
-                    target = prepared[0] & valid
+                    target = choose(prepared[0], None, valid[None])[condition.cls][:, 0] & valid
                     self.spared[index] += (float((target.any(-1) & ~remove.any(-1)).sum()), float(valid.any(-1).sum()) * size)
         self.losses[index, rows] = metrics["loss"]
         if self.pooled is not None:
@@ -193,10 +235,11 @@ class Passes:
 
 
 def _batch_gradients(
-    judge: Objective, batch: PreparedBatch, block_index: np.ndarray, stacked: torch.Tensor, seed: int
+    judge: Objective, batch: PreparedBatch, block_index: np.ndarray, stacked: torch.Tensor, seed: int, heavy: HeavySplit | None
 ) -> np.ndarray:
     """(batch, layer, head, class + all) derivatives of each block's loss w.r.t. its gates at 1."""
     gates: dict[int, torch.Tensor] = {}
+    chosen: dict[int, torch.Tensor] = {}  # each layer's heavy hitters, chosen by its scores
 
     def gate(layer: int, weights: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
         # One gate per (block, head, query, key); a class gate's derivative is the sum over
@@ -204,7 +247,11 @@ def _batch_gradients(
         gates[layer] = torch.ones_like(weights, requires_grad=True)
         return weights * gates[layer]
 
-    with torch.enable_grad(), frozen(judge.model.model), Capture(record=False, intervene_weights=gate):
+    def choose_heavy(layer: int, scores: torch.Tensor, valid: torch.Tensor) -> None:
+        if heavy is not None:
+            chosen[layer] = heavy.chosen(stacked, scores.detach(), valid)
+
+    with torch.enable_grad(), frozen(judge.model.model), Capture(record=False, intervene=choose_heavy, intervene_weights=gate):
         gradient_target(judge, batch, block_index, seed).backward()
     per_class = []
     masks = stacked.double()  # float64 sums: per-position derivatives of both signs cancel
@@ -213,5 +260,7 @@ def _batch_gradients(
         assert grad is not None, "the backward pass reaches every gate"
         grad = grad.double()
         classes = torch.einsum("bhqk,cbqk->bhc", grad, masks)
+        if heavy is not None:
+            classes = heavy.move(classes.permute(2, 0, 1), (grad * chosen[layer]).sum((-1, -2))).permute(1, 2, 0)
         per_class.append(torch.cat([classes, grad.sum((-1, -2))[..., None]], dim=-1))
     return torch.stack(per_class, dim=1).double().cpu().numpy()

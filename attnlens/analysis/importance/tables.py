@@ -8,6 +8,7 @@ import pandas as pd
 
 from attnlens.analysis.evaluation import bootstrap_interval
 from attnlens.analysis.importance.passes import MassAccumulator, condition_row
+from attnlens.data.positions import heavy_size
 
 
 def tabulate_mass(acc: MassAccumulator, classes: tuple[str, ...]) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -127,6 +128,8 @@ def _sized_definition(name: str) -> str:
         return "0 < |i - j| <= w"
     if name.startswith("sink"):
         return "j = 0: the block's first key" if name == "sink" else "j < s: the block's first s keys"
+    if name.startswith("heavy"):
+        return f"each row's {heavy_size(name)} keys of largest score, per layer and head, among those no other class holds"
     return ""
 
 

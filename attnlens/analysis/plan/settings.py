@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from attnlens.analysis.plan.judging import Budget, one_loss_forecast, task_eval_needed
 from attnlens.analysis.task import TaskSettings
+from attnlens.data.positions import refuse_heavy
 from attnlens.errors import BadInput
 from attnlens.models.precision import DEFAULT_PRECISION, PRECISIONS
 from attnlens.settings import CorpusSettings, at_least, group, one_of, positive
@@ -94,6 +95,7 @@ class PlanSettings(CorpusSettings):
         if self.cost not in COSTS:
             raise BadInput(f"`cost` '{self.cost}' is unknown; use one of {', '.join(COSTS)}")
         one_of("head_costs", self.head_costs, HEAD_COSTS)
+        refuse_heavy(self.classes, "plan")
         if self.head_costs == "screen" and self.max_drop is None:
             raise BadInput("`head_costs` screen estimates what a change does to a task's predictions: give `max_drop` (a budget of "
                            "accuracy, with a task), or measure the proxy's costs by forwards (`head_costs` forwards)")  # fmt: skip

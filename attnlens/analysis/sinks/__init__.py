@@ -72,9 +72,11 @@ def sinks(
     with progress_bar(total=total, desc="sinks", unit="pass", enabled=progress) as bar:
         counts = _measure(model, ids, s, bar)
         if looks:
+            judge = lambda change: far.looks(change, s.far_margin, s.bootstrap, s.seed)  # noqa: E731
             losses, unmodified = far.head_costs(
-                Objective(model, "clm", seed=s.seed), ids[: s.far_seqs], s.window, s.batch_size, bar
-            )
+                Objective(model, "clm", seed=s.seed), ids[: s.far_max_seqs], s.window, s.batch_size, bar,
+                first=s.far_seqs, judge=judge,
+            )  # fmt: skip
             counts |= {"far_loss": losses, "far_unmodified": unmodified}
     tables = _tables(counts, s)
     meta = result_meta(
@@ -194,13 +196,13 @@ def _tables(counts: dict[str, np.ndarray], s: SinkSettings) -> dict[str, pd.Data
 def _far_tables(tables: dict[str, pd.DataFrame], counts: dict[str, np.ndarray], s: SinkSettings) -> dict[str, pd.DataFrame]:
     """The heads that look far: each head's cost of its restriction with its interval over blocks and whether it lies
     above the margin (``heads``), and the share of heads that do (``summary``, beside the median head)."""
-    change = counts["far_loss"] - counts["far_unmodified"]  # (layer, head, block)
+    change = counts["far_loss"] - counts["far_unmodified"]  # (layer, head, block): NaN past a head's blocks
     layers, heads, _ = change.shape
-    mean, low, high = bootstrap_interval(change.reshape(layers * heads, -1), s.bootstrap, s.seed)
-    looks = np.where(low > s.far_margin, "far", np.where(high < s.far_margin, "near", "not decided"))
-    head_table = tables["heads"].assign(far_cost=mean, far_cost_low=low, far_cost_high=high, looks=looks)
+    mean, low, high, looks = far.looks(change.reshape(layers * heads, -1), s.far_margin, s.bootstrap, s.seed)
+    blocks = np.isfinite(change).sum(-1).ravel()
+    head_table = tables["heads"].assign(far_cost=mean, far_cost_low=low, far_cost_high=high, looks=looks, far_blocks=blocks)
     share = float((looks == "far").mean())
-    undecided = float((looks == "not decided").mean())  # the share's bounds: every undecided head either way
+    undecided = float((looks == far.UNDECIDED).mean())  # the share's bounds: every undecided head either way
     row = _measure_row("far_share", share, share, share + undecided, mean, "far_cost")
     return {**tables, "summary": pd.concat([tables["summary"], pd.DataFrame([row])], ignore_index=True), "heads": head_table}
 

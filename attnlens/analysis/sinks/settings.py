@@ -24,8 +24,9 @@ class SinkSettings(CorpusSettings):
     hitters, read on rows of at least ``min_keys`` keys (on a shorter row the top 5% is one key of a
     handful, which holds much of it by construction); ``bootstrap`` resamples of the blocks give the intervals.
     With ``far`` (a language model's), each head is restricted alone to the first 4 keys and the ``window`` before
-    each query on the first ``far_seqs`` blocks (:mod:`~attnlens.analysis.sinks.far`: a forward pass per head); a
-    head whose cost lies above ``far_margin`` nats of next-token loss looks far.
+    each query on the first ``far_seqs`` blocks (:mod:`~attnlens.analysis.sinks.far`: a forward pass per head), and a
+    head left undecided on twice as many, up to ``far_max_seqs``; a head whose cost lies above ``far_margin`` nats of
+    next-token loss looks far.
     """
 
     num_seqs: int = 64
@@ -37,6 +38,7 @@ class SinkSettings(CorpusSettings):
     min_keys: int = 20
     far: bool = False
     far_seqs: int = 16
+    far_max_seqs: int = 64
     window: int = 16
     far_margin: float = FAR_MARGIN
     bootstrap: int = 1000
@@ -51,9 +53,14 @@ class SinkSettings(CorpusSettings):
         at_least("window", self.window, 1)
         at_least("far_seqs", self.far_seqs, 2)
         at_least("far_margin", self.far_margin, 0)
-        if self.far and self.far_seqs > self.num_seqs:
+        if self.far and self.far_max_seqs > self.num_seqs:
             raise BadInput(
-                f"`far_seqs` {self.far_seqs} is more than the {self.num_seqs} blocks read; give `far_seqs` {self.num_seqs} or less"
+                f"`far_max_seqs` {self.far_max_seqs} is more than the {self.num_seqs} blocks read; "
+                f"give `far_max_seqs` {self.num_seqs} or less"
+            )
+        if self.far and self.far_seqs > self.far_max_seqs:
+            raise BadInput(
+                f"`far_seqs` {self.far_seqs} is more than `far_max_seqs` {self.far_max_seqs}; give it {self.far_max_seqs} or less"
             )
         if self.min_keys > self.seq_len:
             raise BadInput(
