@@ -44,7 +44,7 @@ from torch import nn
 
 from attnlens.analysis.evaluation import guard_rows
 from attnlens.analysis.patterns import PATTERNS, build, removed_mask
-from attnlens.data.positions import TokenRoles, choose, class_masks, reads_scores, token_roles
+from attnlens.data.positions import TokenRoles, chosen_mask, class_masks, reads_scores, token_roles
 from attnlens.models.capture import Intervention
 from attnlens.models.loading import LoadedModel
 
@@ -286,7 +286,7 @@ class Ablation(Removal):
         class chosen by ``scores`` without them: as many per row, which is all a count needs)."""
         masks, keys, _ = prepared
         valid = valid.reshape(-1, 1, *valid.shape[-2:])  # (batch or 1, 1, n, n): every head's
-        remove = guard_rows(choose(masks, scores, valid[:, 0])[self.cls] & valid, valid)
+        remove = guard_rows(chosen_mask(masks, self.cls, scores, valid[:, 0]) & valid, valid)
         return remove if keys is None else random_positions(remove, valid, keys[:, None])
 
     def remove(self, prepared, layer: int, valid: torch.Tensor) -> torch.Tensor:

@@ -268,10 +268,12 @@ def class_masks(
             continue
         predicate, width = _predicate(name)
         masks[name] = predicate(i, j, roles, width).expand(batch, n, n)
-    covered = torch.zeros(batch, n, n, dtype=torch.bool, device=ids.device)
-    for mask in masks.values():
-        covered |= mask
-    masks.update({name: ~covered for name in classes if _kind(name) in CHOSEN})
+    chosen = [name for name in classes if _kind(name) in CHOSEN]
+    if chosen:
+        covered = torch.zeros(batch, n, n, dtype=torch.bool, device=ids.device)
+        for mask in masks.values():
+            covered |= mask
+        masks.update(dict.fromkeys(chosen, ~covered))
     if valid is not None:
         masks = {name: mask & valid for name, mask in masks.items()}
     return {name: masks[name] for name in classes}
@@ -302,6 +304,14 @@ def choose(masks: dict[str, torch.Tensor], scores: torch.Tensor | None, valid: t
     if "other" in masks:
         chosen["other"] = chosen["other"] & ~chosen[heavy]
     return chosen
+
+
+def chosen_mask(masks: dict[str, torch.Tensor], name: str, scores: torch.Tensor | None, valid: torch.Tensor) -> torch.Tensor:
+    """Class ``name``'s mask from :func:`choose`, (batch, heads or 1, n, n), narrowing only where ``name`` reads
+    scores (a class of tokens and places is its mask as it stands)."""
+    if not reads_scores(name, masks):
+        return masks[name][:, None]
+    return choose(masks, scores, valid)[name]
 
 
 def exclusive_index(masks: dict[str, torch.Tensor]) -> torch.Tensor:

@@ -21,7 +21,7 @@ from attnlens.analysis.evaluation import evaluate_batch, frozen, layer_groups
 from attnlens.analysis.experiment import Experiment
 from attnlens.analysis.importance.settings import ImportanceSettings
 from attnlens.analysis.objectives import Objective, PreparedBatch
-from attnlens.data.positions import choose, heavy_class
+from attnlens.data.positions import choose, chosen_mask, heavy_class
 from attnlens.models.capture import Capture
 from attnlens.models.precision import DEFAULT_PRECISION
 from attnlens.progress import Progress, progress_bar
@@ -227,7 +227,7 @@ class Passes:
                 remove = condition.positions(prepared, valid)[:, 0]  # counts: the same in every head
                 self.removed[index] += (float(remove.sum()), float(valid.sum()) * size)
                 if condition.control == "class":
-                    target = choose(prepared[0], None, valid[None])[condition.cls][:, 0] & valid
+                    target = chosen_mask(prepared[0], condition.cls, None, valid[None])[:, 0] & valid
                     self.spared[index] += (float((target.any(-1) & ~remove.any(-1)).sum()), float(valid.any(-1).sum()) * size)
         self.losses[index, rows] = metrics["loss"]
         if self.pooled is not None:

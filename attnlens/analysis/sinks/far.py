@@ -65,8 +65,8 @@ def head_costs(
             per_batch = [evaluate_batch(objective, batch, change, [layer], (starts, at)) for at, batch in batches]
             losses[layer, head, done:upto] = np.concatenate([metrics["loss"] for metrics in per_batch])
             bar.update(1)
-        costs = losses[:, :, :upto] - unmodified[:upto]
-        heads = [(layer, head) for layer, head in heads if judge(costs[layer, head][None])[3][0] == UNDECIDED]
+        costs = np.stack([losses[layer, head, :upto] for layer, head in heads]) - unmodified[:upto]
+        heads = [unit for unit, verdict in zip(heads, judge(costs)[3]) if verdict == UNDECIDED]
         if upto == len(ids):
             break
         done, upto = upto, min(2 * upto, len(ids))
