@@ -199,7 +199,7 @@ def counted_prices(monkeypatch):
     beside the seconds spent preparing, which are measured)."""
     from attnlens.forecast import units
 
-    def measure(cls, model, wanted, blocks, precision="float32"):
+    def measure(cls, model, wanted, blocks, precision="float32", new_shapes=True):
         return cls({unit: (1e-3 * unit.batch * unit.width if unit.kind in units.KINDS else 0.1) for unit in set(wanted)})
 
     monkeypatch.setattr(units.Calibration, "measure", classmethod(measure))

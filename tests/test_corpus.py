@@ -106,3 +106,19 @@ def test_wordnet_glosses(tmp_path):
     assert attnlens.load_corpus(f"wordnet:{tmp_path}").documents[0].startswith("that which")
     with pytest.raises(attnlens.AttnlensError, match="apt-get install wordnet-base"):
         read_wordnet(tmp_path / "nowhere")
+
+
+def test_a_tokenizers_fingerprint_is_kept_and_made_again_when_a_token_is_added(minilm_l6):
+    """Read once per tokenizer (a large vocabulary takes half a second to describe), and again once a token added
+    changes how text splits; two copies of one tokenizer agree, a copy with the token added does not."""
+    import copy
+
+    from attnlens.data.corpus import tokenizer_fingerprint
+
+    tokenizer = copy.deepcopy(minilm_l6.tokenizer)
+    before = tokenizer_fingerprint(tokenizer)
+    assert tokenizer_fingerprint(copy.deepcopy(minilm_l6.tokenizer)) == before
+    tokenizer.add_tokens(["attnlensword"])
+    after = tokenizer_fingerprint(tokenizer)
+    assert after != before and tokenizer_fingerprint(tokenizer) == after
+    assert tokenizer("an attnlensword")["input_ids"] != minilm_l6.tokenizer("an attnlensword")["input_ids"]

@@ -100,7 +100,7 @@ def test_importance_counts_every_pass_and_every_judged_example(minilm_l6, tmp_pa
 def test_dam_counts_its_steps_and_judgements(minilm_l6):
     from attnlens.analysis.dam import dam
 
-    s = DamSettings.build(seq_len=16, batch_size=4, train_seqs=8, eval_seqs=8, sparsity=(0.5,), steps=4, stop_window=2,
+    s = DamSettings.build(seq_len=16, batch_size=4, train_seqs=8, eval_seqs=8, sparsity=(0.5,), steps=2, stop_window=2,
                           polish_rounds=0, reference=None, patterns=False, bootstrap=50)  # fmt: skip
     seen = _run_counting(minilm_l6, lambda: dam(minilm_l6, s, progress=False))
     assert seen == _counted(counted.dam_work(s, _facts(minilm_l6)))
@@ -113,11 +113,11 @@ def test_plan_counts_its_curves_and_plans(minilm_l3):
                            max_loss=(0.05,), bootstrap=50)  # fmt: skip
     seen = _run_counting(minilm_l3, lambda: plan(minilm_l3, s, progress=False))
     work = counted.plan_work(s, _facts(minilm_l3))
-    search = next(item for item in work if item.what == "plans judged on the selection blocks")
-    fixed = _counted([item for item in work if item is not search])
-    judged = sum(seen.values()) - sum(fixed.values())  # what the search ran, within the range its item gives
-    low, high = search.bounds
-    assert low * search.unit.batch <= judged <= high * search.unit.batch
+    ranged = [item for item in work if item.what.startswith("plans judged")]  # the search and the check
+    fixed = _counted([item for item in work if item not in ranged])
+    judged = sum(seen.values()) - sum(fixed.values())  # what the search and the check ran, within their ranges
+    assert {item.unit.batch for item in ranged} == {4}
+    assert sum(item.bounds[0] for item in ranged) * 4 <= judged <= sum(item.bounds[1] for item in ranged) * 4
 
 
 def test_the_plan_screen_counts_a_forward_and_a_backward_per_class(minilm_l3):
@@ -148,6 +148,22 @@ def test_a_stage_is_priced_at_the_middle_of_its_ranges():
     items = [Item("fixed", Unit("changed", 16, 32), 10), Item.ranged("looks", Unit("changed", 16, 128), 4, 64)]
     stage = StageForecast.of("x", items, calibration)
     assert stage.seconds == pytest.approx(10 + 34 * 4.0) and (stage.low, stage.high) == (10 + 16, 10 + 256)
+
+
+def test_without_new_shapes_a_kind_timed_before_is_read_off_its_timing_and_a_new_kind_is_timed(minilm_l3):
+    """The budget's search prices many sizes: a kind timed at one batch is scaled to another, not timed again; a kind
+    never timed is timed; and the next calibration with new shapes times the shape it scaled."""
+    from attnlens.forecast import units
+
+    blocks = np.arange(4 * 24).reshape(4, 24) % 1000 + 1000
+    units._TIMED.clear()
+    first = Calibration.measure(minilm_l3, [Unit("changed", 4, 16)], blocks)
+    timed = first.seconds_of[Unit("changed", 4, 16)]
+    read = Calibration.measure(minilm_l3, [Unit("changed", 8, 16), Unit("features", 4, 16)], blocks, new_shapes=False)
+    assert Unit("changed", 8, 16) not in read.seconds_of and read.seconds(Unit("changed", 8, 16)) == pytest.approx(2 * timed)
+    assert Unit("features", 4, 16) in read.seconds_of  # a kind not timed before is timed
+    again = Calibration.measure(minilm_l3, [Unit("changed", 8, 16)], blocks)
+    assert Unit("changed", 8, 16) in again.seconds_of and set(again.seconds_of) == {Unit("changed", 8, 16)}
 
 
 def test_task_examples_are_priced_at_their_batches_widths():

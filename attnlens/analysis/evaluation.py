@@ -9,7 +9,7 @@
   meaning: softmax over nothing). Ablations, random controls, fixed patterns and the
   hard DAM masks all follow it, and every reported sparsity counts what was actually
   removed after it.
-- :func:`bootstrap_interval`: percentile bootstrap over blocks.
+- :func:`bootstrap_interval`: expanded percentile bootstrap over blocks (covers at few blocks too).
 
 >>> import torch
 >>> valid = torch.ones(1, 2, 2, dtype=torch.bool).tril()         # causal, two queries
@@ -264,17 +264,38 @@ def bootstrap_weights(num_blocks: int, resamples: int, seed: int) -> np.ndarray:
 def bootstrap_interval(
     values: np.ndarray, resamples: int = 1000, seed: int = 0, confidence: float = CONFIDENCE
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Mean over the last axis (blocks) and its percentile-bootstrap interval.
+    """Mean over the last axis (blocks) and its expanded percentile-bootstrap interval: each arm of the percentile
+    interval widened by :func:`expansion` of the number of blocks (Hesterberg 2015). The plain percentile interval
+    is too narrow at few blocks: it covered the mean 79% of the time at 4 blocks of normal data and 89% at 8
+    (``tests/test_evaluation.py``), and the median fixed pattern's change on gemma3-270m 82% at 4 of its default
+    report's 32 blocks (the 32 blocks' mean covered); expanded, 95%, 95% and 95%. At 128 blocks it is 1.4% wider.
 
-    >>> mean, low, high = bootstrap_interval(np.array([[1.0, 2.0, 3.0, 4.0]]), resamples=200)
-    >>> float(mean[0]), bool(1.0 <= low[0] < 2.5 < high[0] <= 4.0)
-    (2.5, True)
+    >>> mean, low, high = bootstrap_interval(np.array([[1.0, 2.0, 3.0, 4.0]]), resamples=2000)
+    >>> float(mean[0]), round(float(high[0] - mean[0]), 2)   # near the t interval's half-width: 3.18 · 1.29 / 2 = 2.05
+    (2.5, 1.87)
     """
     values = np.asarray(values, dtype=np.float64)
     means = values @ bootstrap_weights(values.shape[-1], resamples, seed)
     tail = (1 - confidence) / 2 * 100
     low, high = np.percentile(means, [tail, 100 - tail], axis=-1)
-    return values.mean(-1), low, high
+    mean, widen = values.mean(-1), expansion(values.shape[-1], confidence)
+    return mean, mean - widen * (mean - low), mean + widen * (high - mean)
+
+
+def expansion(blocks: int, confidence: float = CONFIDENCE) -> float:
+    """How much wider than the plain percentile interval the one over ``blocks`` is made: sqrt(n / (n - 1)) for the
+    resamples' variance, which divides by n, and t over z for the quantile, which the variance's own noise widens
+    (1 for fewer than two blocks, whose interval has no width).
+
+    >>> round(expansion(4), 3), round(expansion(32), 3), round(expansion(128), 3)
+    (1.875, 1.057, 1.014)
+    """
+    if blocks < 2:
+        return 1.0
+    from scipy import stats
+
+    tail = 0.5 + confidence / 2
+    return float(np.sqrt(blocks / (blocks - 1)) * stats.t.ppf(tail, blocks - 1) / stats.norm.ppf(tail))
 
 
 @contextlib.contextmanager

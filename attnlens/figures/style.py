@@ -109,8 +109,12 @@ def layer_colourbar(ax: plt.Axes, layers: list[int]) -> None:
 
 def task_references(ax: plt.Axes, task: dict) -> None:
     """The unmodified model's accuracy and the majority-class baseline as horizontal lines."""
-    ax.axhline(task["unmodified_accuracy"], color="grey", ls="--", lw=1, label="unmodified model")
-    ax.axhline(task["majority_accuracy"], color="grey", ls=":", lw=1, label="majority class")
+    lines = (task["unmodified_accuracy"], task["majority_accuracy"])
+    ax.axhline(lines[0], color="grey", ls="--", lw=1, label="unmodified model")
+    ax.axhline(lines[1], color="grey", ls=":", lw=1, label="majority class")
+    # a horizontal line does not widen the axes' limits by itself: its legend entry would name a line outside them
+    ax.update_datalim([(0.0, value) for value in lines], updatex=False)
+    ax.autoscale_view()
 
 
 def task_describe(meta: dict) -> str:

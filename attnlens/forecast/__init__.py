@@ -133,23 +133,26 @@ def forecast(
     fixed: dict[str, float] | None = None,
     extra: dict[str, float] | None = None,
     precision: str = "float32",
+    new_shapes: bool = True,
 ) -> Forecast:
     """Each stage of a report with ``settings`` on ``loaded`` (and the eigen analysis of ``second``), its
     work counted (``facts``: what the counts need of the model and the tasks) and priced on this machine;
     ``fixed``: seconds of stages that are not priced by their work (the overlap, the figures); ``extra``: seconds
     measured apart that a stage adds to its work (its task's set-up); ``precision``:
-    the judging forwards' (the stages judge at it, so their units are timed at it)."""
+    the judging forwards' (the stages judge at it, so their units are timed at it); without ``new_shapes``, a
+    kind of work timed before at another shape is read off it, not timed again (:meth:`Calibration.measure`)."""
     from attnlens.data.corpus import load_corpus
 
     work = stage_work(settings, facts)
     blocks = load_corpus(settings.eigen.corpus).blocks(loaded, max(_widths(work)), 16, settings.eigen.seed).ids
-    calibration = Calibration.measure(loaded, [u for items in work.values() for u in _units(items)], blocks, precision)
+    units = [u for items in work.values() for u in _units(items)]
+    calibration = Calibration.measure(loaded, units, blocks, precision, new_shapes=new_shapes)
     stages = {name: StageForecast.of(name, items, calibration, (extra or {}).get(name, 0.0)) for name, items in work.items()}
     if second is not None:
         from attnlens.forecast.stages import eigen_work
 
         items = eigen_work(settings.eigen)
-        theirs = Calibration.measure(second, [u for u in _units(items)], blocks, precision)
+        theirs = Calibration.measure(second, _units(items), blocks, precision, new_shapes=new_shapes)
         stages = {
             "eigen": stages.pop("eigen"),
             "eigen (second model)": StageForecast.of("eigen (second model)", items, theirs),

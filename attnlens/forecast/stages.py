@@ -138,7 +138,7 @@ def dam_work(s: DamSettings, facts: Facts) -> list[Item]:
     runs = len(s.runs())
     train_batches = s.train_seqs / b
     every = max(s.stopping.check_window // 2, 1)  # the convergence check judges the mask on its training blocks this often
-    least, most = min(s.training.steps, 2 * s.stopping.window), s.training.steps
+    least, most = min(s.training.steps, s.stopping.window), s.training.steps  # the rule first looks after a window
     judged = batches("", "changed", s.train_seqs, b, n)
     items = [
         batches("the unmodified baseline", "objective", s.eval_seqs, b, n),
@@ -196,10 +196,9 @@ def plan_work(s: PlanSettings, facts: Facts) -> list[Item]:
         items.append(batches("moments of the fit blocks", "moments", s.fit_seqs, b, n, facts.causal))
     task = facts.tasks.get("plan") if s.max_drop is not None else None
     kinds = int(bool(s.ks)) + int(bool(s.widths))
-    low, high = (count * len(s.budgets) for count in _searched(units, choices, kinds))
-    checked = _methods(kinds) * len(s.budgets)
+    (least, most), checks = _searched(units, choices, kinds, len(s.budgets)), _checked(kinds, len(s.budgets))
     if task is None:  # the proxy: the curves and every plan on corpus blocks
-        select = batches("", "changed", s.select_seqs, b, n)
+        select, held = batches("", "changed", s.select_seqs, b, n), batches("", "changed", s.eval_seqs, b, n)
         return [
             *items,
             batches(
@@ -211,8 +210,14 @@ def plan_work(s: PlanSettings, facts: Facts) -> list[Item]:
                 passes=references(s.objective, facts),
             ),
             batches("curves: one change per head and choice", "changed", s.curve_seqs, b, n, passes=units * choices),
-            Item.ranged("plans judged on the selection blocks", select.unit, low * select.count, high * select.count),
-            batches("plans judged on the held-out blocks", "changed", s.eval_seqs, b, n, passes=checked),
+            Item(
+                "plans judged on the selection blocks",
+                select.unit,
+                least * select.count,
+                least * select.count,
+                most * select.count,
+            ),
+            _checks("plans judged on the held-out blocks", held, checks),
         ]
     half = int(s.task.task_eval) // 2
     curve, size = task.train.take(slice(0, s.curve_seqs)), min(s.curve_seqs, b)
@@ -226,11 +231,12 @@ def plan_work(s: PlanSettings, facts: Facts) -> list[Item]:
     if "plan" not in facts.cached:
         items.append(examples("task: the probe's training features", "features", task.train, b))
     pool, first = task.pool, min(PLAN_LOOKS[0], half)
+    search = examples("plans judged on the choosing half", "judged", pool, b, least * first, most * half)
     return [
         *items,
         examples("task: the unmodified outcomes", "features", pool, b),
-        examples("plans judged on the choosing half", "judged", pool, b, low * first, high * half),
-        examples("plans judged on the check half", "judged", pool, b, checked * half, checked * half),
+        replace(search, count=least * half / b),  # the least plans, each seen whole (one that misses may stop early)
+        _checks("plans judged on the check half", replace(search, count=half / b), checks),  # a plan: the half, whole
     ]
 
 
@@ -263,11 +269,26 @@ def references(objective: str, facts: Facts) -> int:
     return int((facts.objective if objective == "auto" else objective) == "hidden")
 
 
-def _searched(units: int, choices: int, kinds: int) -> tuple[int, int]:
-    """How many plans a budget's search judges on the choosing data: at least the binary search along the path
-    (its steps: every head's choices in turn); at most that, every uniform plan, and the methods compared."""
+def _searched(units: int, choices: int, kinds: int, budgets: int) -> tuple[int, int]:
+    """How many plans the budgets' search judges on the choosing data: at least one binary search along the path (its
+    steps: every head's choices in turn), since a later budget finds the path's points and the uniform plans judged
+    already (minilm-l6's and gemma3-270m's reports judged 16–19 plans in all at two budgets, their checks included);
+    at most, per budget, that search, every uniform plan and the methods compared."""
     search = math.ceil(math.log2(units * choices + 1)) + 1
-    return search, search + choices + _methods(kinds)
+    return search, budgets * (search + choices + _methods(kinds))
+
+
+def _checked(kinds: int, budgets: int) -> tuple[int, int, int]:
+    """How many plans the check judges: at least each budget's random allocation and one plan; as a rule each budget's
+    plan and random allocation and each kind's two uniform plans, the same for every budget; at most every method of
+    every budget."""
+    return budgets + 1, 2 * budgets + 2 * kinds, budgets * _methods(kinds)
+
+
+def _checks(what: str, one: Item, checks: tuple[int, int, int]) -> Item:
+    """The check's plans (``one``: a plan judged on its data), as many as the rule of :func:`_checked`, within its range."""
+    low, rule, high = (count * one.count for count in checks)
+    return Item(what, one.unit, rule, low, high)
 
 
 def _methods(kinds: int) -> int:

@@ -57,14 +57,24 @@ class Calibration:
     timed_s: float = 0.0  # how long the timing took
 
     @classmethod
-    def measure(cls, model: LoadedModel, units: Iterable[Unit], blocks: np.ndarray, precision: str = "float32") -> Calibration:
+    def measure(
+        cls, model: LoadedModel, units: Iterable[Unit], blocks: np.ndarray, precision: str = "float32", *, new_shapes: bool = True
+    ) -> Calibration:
         """Each of ``units`` timed on ``model`` (after one untimed pass of each kind), on token ids from
         ``blocks`` (rows of a corpus's blocks at least as wide as any unit); the maps' fits by :func:`time_fits`.
-        A unit timed before in this process on the same weights is not timed again (a notebook's second report)."""
+        A unit timed before in this process on the same weights is not timed again (a notebook's second report).
+        Without ``new_shapes`` a unit whose kind was timed before at another shape is read off those
+        (:meth:`seconds`), not timed: the budget's search prices dozens of sizes in a second, not a minute."""
         began, seconds = time.perf_counter(), {}
         model_key = (model.weights_sha256(), str(model.device), precision)
-        wanted = sorted(set(units), key=lambda u: (u.kind, -u.batch * u.width))  # a kind's largest first: it warms the kind
-        known = {unit: _TIMED[model_key, unit] for unit in wanted if (model_key, unit) in _TIMED}
+        asked = set(units)
+        mine = {unit: value for (key, unit), value in _TIMED.items() if key == model_key}
+        kinds = {(unit.kind, unit.per_query) for unit in mine}
+        wanted = sorted(
+            (u for u in asked if new_shapes or (_priced_as(u.kind), u.per_query) not in kinds),
+            key=lambda u: (u.kind, -u.batch * u.width),
+        )  # a kind's largest first: it warms the kind
+        known = mine if not new_shapes else {unit: value for unit, value in mine.items() if unit in asked}
         warmed: set[str] = set()
         for unit in (u for u in wanted if u.kind in KINDS and u not in known):
             if unit.kind not in warmed:  # a kind's first call pays one-off costs (allocations, lazy set-up): on a small batch
@@ -82,7 +92,7 @@ class Calibration:
         the line through them (a forward costs a fixed part and a part per token), scaled to its batch."""
         if unit in self.seconds_of:
             return self.seconds_of[unit]
-        kind = "changed" if unit.kind == "objective" else unit.kind  # priced as a changed pass: see forecast._units
+        kind = _priced_as(unit.kind)
         same = sorted(
             (u for u in self.seconds_of if (u.kind, u.per_query) == (kind, unit.per_query)),
             key=lambda u: (abs(u.batch - unit.batch), u.width),
@@ -103,6 +113,11 @@ class Calibration:
         return {
             f"{u.kind}{'/per-query' if u.per_query else ''} {u.batch}x{u.width}": s for u, s in sorted(self.seconds_of.items())
         }
+
+
+def _priced_as(kind: str) -> str:
+    """The kind a unit is timed as: the objective's unmodified loss as a changed pass (see forecast._units)."""
+    return "changed" if kind == "objective" else kind
 
 
 def _best_of(run: Callable[[], object], budget: float = 0.5, tries: int = 3) -> float:

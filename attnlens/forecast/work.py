@@ -9,10 +9,11 @@ decides as it goes how much to run, an item carries a range, ``low`` to ``high``
 
 - a sequential judgement (``task_eval="auto"``) uses between its design's first look (192 examples)
   and the whole pool; a comparison between two changes may extend either to the pool;
-- DAM's training stops when the mask has stopped changing: between twice its stopping window and its cap
-  of steps, and the forecast is the cap (its schedule ends there, and the mask stops flipping only near
-  its end: the full report's runs stopped at 277-289 of 300); a swap search ends at a local optimum:
-  between one round and its cap;
+- DAM's training stops when the mask has stopped changing: between its stopping window and its cap of
+  steps, and the forecast is the cap (its schedule ends there, and the mask stops flipping only near
+  its end: the full report's runs stopped at 277-289 of 300, the default's and the quick's at their caps;
+  only a budget's few training blocks, one batch seen at every step, stopped gemma3-270m's at 11-12 of
+  20); a swap search ends at a local optimum: between one round and its cap;
 - the plan's search judges plans on between the first early look and the whole choosing half.
 """
 

@@ -151,9 +151,16 @@ def _budgeted(
             if priced(larger.settings).seconds > FILL * seconds - (time.perf_counter() - began):
                 break
             chosen, price, is_open = larger, priced, False
+    else:  # the levers will move: the smallest sizes' shapes timed too, as the largest's were
+        price(chosen.sized(sizing.shrunk(chosen.settings, sizing.LEAST)))
     spent = time.perf_counter() - began
-    budget = sizing.fit(
-        chosen.name, chosen.settings, lambda settings: price(chosen.sized(settings)).seconds, seconds, spent, is_open
+    budget = sizing.fit(  # every size between read off the shapes timed: a second, not a unit timed per size
+        chosen.name,
+        chosen.settings,
+        lambda settings: price(chosen.sized(settings), new_shapes=False).seconds,
+        seconds,
+        spent,
+        is_open,
     )
     settings = chosen.sized(sizing.shrunk(chosen.settings, budget.levers))
     return dataclasses.replace(chosen, settings=settings, tasks=chosen.tasks_for(settings), budget=budget)
@@ -165,10 +172,11 @@ def forecast_report(prepared: Prepared, *, device: str = "cpu") -> Forecast:
     return pricer(prepared, device=device)(prepared.settings)
 
 
-def pricer(prepared: Prepared, *, device: str = "cpu") -> Callable[[ReportSettings], Forecast]:
+def pricer(prepared: Prepared, *, device: str = "cpu") -> Callable[..., Forecast]:
     """The forecast of ``prepared``'s report with other settings of the same preset (other sizes): what does not
     change with the sizes (the second model, the probes' set-up, the stages not counted) made once, and each
-    kind of work timed once in this process (:class:`~attnlens.forecast.units.Calibration`)."""
+    kind of work timed once in this process (:class:`~attnlens.forecast.units.Calibration`); ``new_shapes=False``
+    reads a shape not timed yet off the kind's timed ones."""
     from attnlens.forecast import forecast
     from attnlens.forecast.figures import figures_seconds
     from attnlens.forecast.stages import Facts
@@ -179,13 +187,15 @@ def pricer(prepared: Prepared, *, device: str = "cpu") -> Callable[[ReportSettin
     measured = stage_weights(prepared.name)  # the stages the forecast does not count: as bench_report measured them
     second_layers = None if second is None else second.num_layers
 
-    def priced(settings: ReportSettings) -> Forecast:
+    def priced(settings: ReportSettings, new_shapes: bool = True) -> Forecast:
         tasks = prepared.tasks_for(settings)
         facts = Facts(loaded.num_layers, loaded.num_heads, loaded.causal, prepared.per_query, loaded.objective, tasks, cached)
         # the figures: minilm-l6's seconds per panel drawn, times the panels this model's figures draw
         figures = figures_seconds(measured["figures"], settings, loaded.num_layers, loaded.num_heads, second_layers)
         fixed = {"overlap": measured["overlap"], "figures": figures}
-        return forecast(loaded, settings, facts, second=second, fixed=fixed, extra=setup, precision=prepared.precision)
+        return forecast(
+            loaded, settings, facts, second=second, fixed=fixed, extra=setup, precision=prepared.precision, new_shapes=new_shapes
+        )
 
     return priced
 

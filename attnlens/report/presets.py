@@ -119,8 +119,9 @@ class ReportSettings:
     def sized_for(self, causal: bool, windowed: bool = False, keys: int | None = None) -> ReportSettings:
         """These settings for a model: a causal model's maps (the reconstruction's, the plan's partial
         heads) are one per query, fitted on one row per block, so they fit on at least n + 1 blocks
-        (more than an encoder's pooled rows need); so are the reconstruction's maps of an encoder with
-        ``windowed`` layers (a local or sliding window shorter than n: its queries see different keys).
+        (more than an encoder's pooled rows need), beside the held-out blocks the preset asks for; so are the
+        reconstruction's maps of an encoder with ``windowed`` layers (a local or sliding window shorter than n: its
+        queries see different keys).
         ``keys``: the most keys any query of any layer sees at the plan's n (fewer than n where every
         layer is windowed): the plan offers only the ks and widths that save something there, or, where
         none of the preset's does, half and a quarter of those keys. A causal model's report measures its
@@ -130,10 +131,12 @@ class ReportSettings:
 
         >>> causal, encoder = DEFAULT.sized_for(causal=True), DEFAULT.sized_for(causal=False)
         >>> causal.reconstruct.num_seqs, causal.plan.fit_seqs, encoder.reconstruct.num_seqs, encoder.plan.fit_seqs
-        (172, 129, 128, 16)
+        (161, 129, 128, 16)
+        >>> round(causal.reconstruct.eval_fraction * 161), round(encoder.reconstruct.eval_fraction * 128)  # held out alike
+        (32, 32)
         >>> windowed = QUICK.sized_for(causal=False, windowed=True)
-        >>> windowed.reconstruct.num_seqs, windowed.plan.fit_seqs
-        (87, 16)
+        >>> windowed.reconstruct.num_seqs, windowed.plan.fit_seqs, round(windowed.reconstruct.eval_fraction * 81)
+        (81, 16, 16)
         >>> narrow = QUICK.sized_for(causal=True, keys=4).plan                # every layer a window of 4 keys
         >>> QUICK.plan.ks, QUICK.plan.widths, narrow.ks, narrow.widths
         ((16,), (8,), (2,), (1,))
@@ -142,10 +145,10 @@ class ReportSettings:
         """
         sized = self._for_kind(causal)
         recon = self.reconstruct
-        if causal or windowed:
-            fitted = lambda blocks: blocks - max(1, round(recon.eval_fraction * blocks))  # noqa: E731 -- held_out_split's count
-            blocks = next(count for count in range(recon.num_seqs, 100 * recon.seq_len) if fitted(count) >= recon.seq_len + 1)
-            sized = sized.stages(reconstruct={"num_seqs": blocks})
+        held = max(1, round(recon.eval_fraction * recon.num_seqs))  # held_out_split's count: the preset's, kept
+        if (causal or windowed) and recon.num_seqs - held < recon.seq_len + 1:
+            blocks = recon.seq_len + 1 + held
+            sized = sized.stages(reconstruct={"num_seqs": blocks, "eval_fraction": held / blocks})
         plan = self.plan
         if plan is not None and keys is not None and keys < plan.seq_len:
             ks = tuple(k for k in plan.ks if k < keys) or ((max(1, keys // 2),) if plan.ks else ())
