@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _timing import rounds  # noqa: E402
 
 import attnlens  # noqa: E402
+from attnlens.analysis import patterns  # noqa: E402
 from attnlens.models.head import language_head  # noqa: E402
 
 SHARES = (0.5, 0.25, 0.125)
@@ -38,14 +39,13 @@ BATCH = 16
 
 
 def keeps(n: int) -> dict[str, torch.Tensor]:
-    """The changes judged, as the (query, key) positions each keeps."""
+    """The changes judged, as the (query, key) positions each keeps: the report's own fixed patterns."""
     q, k = torch.arange(n)[:, None], torch.arange(n)[None, :]
+    none = torch.zeros(1, n, dtype=torch.bool)  # no global tokens: the patterns take them beside their window
     return {
         "first token removed": ~((k == 0) & (q > 0)),
-        "sink(4) + window(48)": (k < 4) | (q - k < 48),
-        "sink(4) + window(32)": (k < 4) | (q - k < 32),
-        "sink(4) + window(16)": (k < 4) | (q - k < 16),
-        "band(16)": (q - k).abs() < 16,
+        **{f"sink-window({w})": patterns.sink_window(n, w, none)[0] for w in (48, 32, 16)},
+        "band(16)": patterns.band(n, 16, none)[0],
     }
 
 

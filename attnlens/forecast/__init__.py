@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from attnlens.forecast.units import KINDS, Calibration, Unit
+from attnlens.forecast.units import KINDS, Calibration, Unit, priced_as
 from attnlens.forecast.work import Item
 
 if TYPE_CHECKING:
@@ -188,7 +188,7 @@ def _units(items: list[Item]) -> list[Unit]:
     carried: dict[tuple[str, bool], dict[int, float]] = {}
     widths: dict[tuple[str, bool], set[int]] = {}
     for item in (i for i in items if i.unit.kind in KINDS):
-        key = ("changed" if item.unit.kind == "objective" else item.unit.kind, item.unit.per_query)
+        key = (priced_as(item.unit.kind), item.unit.per_query)
         carried.setdefault(key, {}).setdefault(item.unit.batch, 0.0)
         carried[key][item.unit.batch] += item.count * item.unit.batch
         widths.setdefault(key, set()).add(item.unit.width)

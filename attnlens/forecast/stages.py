@@ -231,12 +231,13 @@ def plan_work(s: PlanSettings, facts: Facts) -> list[Item]:
     if "plan" not in facts.cached:
         items.append(examples("task: the probe's training features", "features", task.train, b))
     pool, first = task.pool, min(PLAN_LOOKS[0], half)
-    search = examples("plans judged on the choosing half", "judged", pool, b, least * first, most * half)
+    one = replace(examples("", "judged", pool, b), count=half / b)  # a plan judged on a half, whole
     return [
         *items,
         examples("task: the unmodified outcomes", "features", pool, b),
-        replace(search, count=least * half / b),  # the least plans, each seen whole (one that misses may stop early)
-        _checks("plans judged on the check half", replace(search, count=half / b), checks),  # a plan: the half, whole
+        # the least plans, each seen whole (one that misses may stop early, after its first look)
+        Item("plans judged on the choosing half", one.unit, least * one.count, least * first / b, most * one.count),
+        _checks("plans judged on the check half", one, checks),
     ]
 
 

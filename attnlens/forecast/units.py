@@ -71,7 +71,7 @@ class Calibration:
         mine = {unit: value for (key, unit), value in _TIMED.items() if key == model_key}
         kinds = {(unit.kind, unit.per_query) for unit in mine}
         wanted = sorted(
-            (u for u in asked if new_shapes or (_priced_as(u.kind), u.per_query) not in kinds),
+            (u for u in asked if new_shapes or (priced_as(u.kind), u.per_query) not in kinds),
             key=lambda u: (u.kind, -u.batch * u.width),
         )  # a kind's largest first: it warms the kind
         known = mine if not new_shapes else {unit: value for unit, value in mine.items() if unit in asked}
@@ -92,7 +92,7 @@ class Calibration:
         the line through them (a forward costs a fixed part and a part per token), scaled to its batch."""
         if unit in self.seconds_of:
             return self.seconds_of[unit]
-        kind = _priced_as(unit.kind)
+        kind = priced_as(unit.kind)
         same = sorted(
             (u for u in self.seconds_of if (u.kind, u.per_query) == (kind, unit.per_query)),
             key=lambda u: (abs(u.batch - unit.batch), u.width),
@@ -115,7 +115,7 @@ class Calibration:
         }
 
 
-def _priced_as(kind: str) -> str:
+def priced_as(kind: str) -> str:
     """The kind a unit is timed as: the objective's unmodified loss as a changed pass (see forecast._units)."""
     return "changed" if kind == "objective" else kind
 
